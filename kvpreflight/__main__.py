@@ -1,0 +1,3 @@
+from kvpreflight.cli import main
+
+main()

@@ -1,0 +1,63 @@
+"""Loads the declarative check data (thresholds, advisories) shipped in `checks/`."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+class CheckDataError(Exception):
+    """The check data (ours or a user's folder) is missing or malformed."""
+
+
+def data_dir() -> Path:
+    """The installed copy inside the wheel, else the repository's `checks/` (editable installs)."""
+    packaged = Path(__file__).parent / "_checks_data"
+    if packaged.is_dir():
+        return packaged
+    source = Path(__file__).resolve().parent.parent / "checks"
+    if source.is_dir():
+        return source
+    raise CheckDataError("kvpreflight's check data is missing; reinstall kvpreflight")
+
+
+def load_yaml(path: Path) -> Any:
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return yaml.safe_load(fh)
+    except OSError as exc:
+        raise CheckDataError(f"cannot read {path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise CheckDataError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    fail_below_ratio: float
+    warn_below_ratio: float
+    accepted_tokens_per_second: float
+    concurrency: int
+
+
+@lru_cache(maxsize=None)
+def load_thresholds(path: Path | None = None) -> Thresholds:
+    path = path or data_dir() / "thresholds.yaml"
+    raw = load_yaml(path) or {}
+    try:
+        cap = raw["kv_capacity"]
+        probes = raw.get("probes", {})
+        t = Thresholds(
+            fail_below_ratio=float(cap["fail_below_ratio"]),
+            warn_below_ratio=float(cap["warn_below_ratio"]),
+            accepted_tokens_per_second=float(probes.get("accepted_tokens_per_second", 20000)),
+            concurrency=int(probes.get("concurrency", 2)),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CheckDataError(f"{path}: kv_capacity.fail_below_ratio and warn_below_ratio are required numbers ({exc})") from exc
+    if not 0 < t.fail_below_ratio <= t.warn_below_ratio:
+        raise CheckDataError(f"{path}: need 0 < fail_below_ratio <= warn_below_ratio")
+    return t

@@ -1,0 +1,1 @@
+"""One module per CLI command, each with `register(app)`. Keep module-level imports light."""

@@ -1,0 +1,123 @@
+"""Result types shared by every stage. All frozen: stages hand data on, they never mutate it.
+
+Flow: targets -> engine adapter -> EngineSnapshot -> probes -> ProbeResult -> checks ->
+CheckResult -> Report -> formats / record.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+class Status(str, enum.Enum):
+    PASS = "pass"
+    FAIL = "fail"
+    WARN = "warn"
+    SKIP = "skip"
+    INCONCLUSIVE = "inconclusive"
+
+
+class Role(str, enum.Enum):
+    UNIFIED = "unified"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class Origin(str, enum.Enum):
+    """Where a capacity number comes from. Two numbers of one origin are not independent."""
+
+    LOG = "log"  # the allocator's start-up log line
+    API = "api"  # the scheduler's HTTP API and metrics
+    BEHAVIOUR = "behaviour"  # the observed accept/reject boundary
+
+
+EXIT_OK = 0
+EXIT_FAIL = 1
+EXIT_USAGE = 2
+EXIT_INCONCLUSIVE = 3
+
+
+@dataclass(frozen=True)
+class PoolReading:
+    """One KV pool size, in tokens, with the exact source it came from."""
+
+    source: str  # e.g. "log:KV Cache is allocated", "api:/server_info max_total_num_tokens"
+    origin: Origin
+    tokens: int
+    rank: str | None = None  # "dp0", "tp1"... when the source is per rank
+
+
+@dataclass(frozen=True)
+class EngineSnapshot:
+    """What one engine says about itself. Read-only facts; no verdicts."""
+
+    url: str
+    engine: str  # sglang | vllm | llamacpp | tgi | builtin
+    version: str | None
+    role: Role
+    model: str | None
+    served_context: int | None  # what the engine serves (/v1/models max_model_len ...)
+    pool_readings: tuple[PoolReading, ...] = ()
+    page_size: int | None = None
+    vocab_size: int | None = None
+    max_request_tokens: int | None = None  # the engine's own per-request input limit, if stated
+    settings: Mapping[str, Any] = field(default_factory=dict)  # allow_auto_truncate, transfer backend, ...
+    notes: tuple[str, ...] = ()  # what could not be read, and why
+
+    def pool_tokens(self) -> int | None:
+        """The pool that counts: the smallest non-behavioural reading (smallest rank counts)."""
+        values = [r.tokens for r in self.pool_readings if r.origin is not Origin.BEHAVIOUR]
+        return min(values) if values else None
+
+
+@dataclass(frozen=True)
+class Waiver:
+    check_id: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    id: str
+    status: Status
+    message: str
+    endpoint: str | None = None
+    evidence: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Report:
+    tool_version: str
+    engines: tuple[EngineSnapshot, ...]
+    checks: tuple[CheckResult, ...]
+    waivers: tuple[Waiver, ...] = ()
+    context_length_promised: int | None = None
+    entry: str | None = None
+    started_at: str | None = None  # RFC 3339 UTC
+    finished_at: str | None = None
+    gpus: tuple[Mapping[str, Any], ...] = ()
+    schema_version: int = 1
+
+    @property
+    def verdict(self) -> Status:
+        return verdict_of(self.checks)
+
+    @property
+    def exit_code(self) -> int:
+        return exit_code_of(self.verdict)
+
+
+def verdict_of(checks: tuple[CheckResult, ...] | list[CheckResult]) -> Status:
+    """fail beats inconclusive beats pass. warn and skip (always with a reason) still pass."""
+    statuses = {c.status for c in checks}
+    if Status.FAIL in statuses:
+        return Status.FAIL
+    if Status.INCONCLUSIVE in statuses or not checks:
+        return Status.INCONCLUSIVE
+    return Status.PASS
+
+
+def exit_code_of(verdict: Status) -> int:
+    return {Status.PASS: EXIT_OK, Status.FAIL: EXIT_FAIL}.get(verdict, EXIT_INCONCLUSIVE)
