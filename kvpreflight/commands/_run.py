@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-import click
 import typer
 
 from kvpreflight.errors import KvpreflightError
@@ -17,22 +16,14 @@ def error(message: str) -> None:
 
 
 def run_app(app: typer.Typer) -> int:
+    # typer (standalone mode) handles its own usage errors (exit 2) and typer.Exit; anything of
+    # ours that escapes a command becomes one line and its exit code.
     try:
-        # standalone_mode=False: click returns typer.Exit's code instead of calling sys.exit.
-        rv = app(standalone_mode=False)
+        app()
     except KvpreflightError as exc:
         error(str(exc))
         return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.exceptions.Abort:
-        error("interrupted")
-        return 130
-    except click.ClickException as exc:
-        # Usage errors: typer/click already formats "Usage: ..." helpfully.
-        exc.show()
-        return 2
     except KeyboardInterrupt:
         error("interrupted")
         return 130
-    return rv if isinstance(rv, int) else 0
+    return 0
