@@ -28,8 +28,8 @@ class Role(str, enum.Enum):
 class Origin(str, enum.Enum):
     """Where a capacity number comes from. Two numbers of one origin are not independent."""
 
-    LOG = "log"  # the allocator's start-up log line
-    API = "api"  # the scheduler's HTTP API and metrics
+    ALLOCATOR = "allocator"  # the allocator's start-up log line (what was really allocated)
+    SCHEDULER = "scheduler"  # the scheduler's HTTP API, metrics and its own log line
     BEHAVIOUR = "behaviour"  # the observed accept/reject boundary
 
 
@@ -43,7 +43,7 @@ EXIT_INCONCLUSIVE = 3
 class PoolReading:
     """One KV pool size, in tokens, with the exact source it came from."""
 
-    source: str  # e.g. "log:KV Cache is allocated", "api:/server_info max_total_num_tokens"
+    source: str  # e.g. "log:KV Cache is allocated", "/server_info max_total_num_tokens"
     origin: Origin
     tokens: int
     rank: str | None = None  # "dp0", "tp1"... when the source is per rank
