@@ -1,0 +1,133 @@
+"""Helpers the text formats share: the verdict line, engine facts, check names, source locations.
+
+Formats only render what the checks decided; nothing here judges. Every string that comes from a
+CheckResult is its `message` or its `evidence`, which the checks keep free of response text.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import IO, Any
+
+from kvpreflight.model import CheckResult, EngineSnapshot, Report, Status
+
+UNKNOWN = "unknown"
+
+# What each status means to a reader, in the order a reader wants them counted.
+STATUS_ORDER = (Status.FAIL, Status.INCONCLUSIVE, Status.WARN, Status.SKIP, Status.PASS)
+
+
+def tokens(n: int | None) -> str:
+    """131072 -> '131,072'; None -> 'unknown'."""
+    return UNKNOWN if n is None else f"{n:,}"
+
+
+def checked_context(report: Report, engine: EngineSnapshot) -> int | None:
+    """The context length the run checked: the one promised (--context-length), else what the engine serves."""
+    return report.context_length_promised if report.context_length_promised is not None else engine.served_context
+
+
+def pool_ratio(report: Report, engine: EngineSnapshot) -> float | None:
+    """KV pool tokens per checked-context token (below 1.0 one full-context request cannot fit)."""
+    pool, ctx = engine.pool_tokens(), checked_context(report, engine)
+    if pool is None or not ctx:
+        return None
+    return pool / ctx
+
+
+def ratio_text(ratio: float | None) -> str:
+    return UNKNOWN if ratio is None else f"{ratio:.2f}x"
+
+
+def pool_sources(engine: EngineSnapshot) -> list[str]:
+    """One line per reading: 'api:/server_info max_total_num_tokens [dp0] = 131,072 (api)'."""
+    out = []
+    for r in engine.pool_readings:
+        rank = f" [{r.rank}]" if r.rank else ""
+        out.append(f"{r.source}{rank} = {tokens(r.tokens)} ({r.origin.value})")
+    return out
+
+
+def engine_facts(report: Report, engine: EngineSnapshot) -> list[tuple[str, str]]:
+    """The per-engine facts a reader needs, as (label, value) pairs, in reading order."""
+    facts = [
+        ("url", engine.url),
+        ("engine", engine.engine),
+        ("version", engine.version or UNKNOWN),
+        ("role", engine.role.value),
+    ]
+    if engine.model:
+        facts.append(("model", engine.model))
+    facts += [
+        ("KV pool tokens", tokens(engine.pool_tokens())),
+        ("pool sources", "\n".join(pool_sources(engine)) or "none read"),
+        ("served context", tokens(engine.served_context)),
+        ("checked context", tokens(checked_context(report, engine))),
+        ("pool / context", ratio_text(pool_ratio(report, engine))),
+    ]
+    if engine.notes:
+        facts.append(("notes", "\n".join(engine.notes)))
+    return facts
+
+
+def check_name(check: CheckResult) -> str:
+    """What identifies one result: the check id, and the endpoint when there is one."""
+    return f"{check.id} {check.endpoint}" if check.endpoint else check.id
+
+
+def source_location(check: CheckResult) -> tuple[str, int | None] | None:
+    """(file, line) when the evidence points at a file (the `review` command does), else None."""
+    path = check.evidence.get("file")
+    if not path:
+        return None
+    line: Any = check.evidence.get("line")
+    try:
+        line = int(line) if line is not None else None
+    except (TypeError, ValueError):
+        line = None
+    if line is not None and line < 1:
+        line = None
+    return str(path), line
+
+
+def counts(report: Report) -> dict[Status, int]:
+    return {s: sum(1 for c in report.checks if c.status is s) for s in STATUS_ORDER}
+
+
+def counts_text(report: Report) -> str:
+    """'1 fail, 2 pass' (statuses that occur, worst first)."""
+    return ", ".join(f"{n} {s.value}" for s, n in counts(report).items() if n)
+
+
+def _ids(report: Report, status: Status) -> list[str]:
+    return [check_name(c) for c in report.checks if c.status is status]
+
+
+def verdict_line(report: Report) -> str:
+    """One line: the verdict, the exit code it means, and what caused it.
+
+    `PASS`, `PASS: 1 warn (...)`, `FAIL (exit 1): 2 failed: a, b`,
+    `INCONCLUSIVE (exit 3): nothing proved safe: could not measure x`.
+    """
+    verdict, code = report.verdict, report.exit_code
+    if verdict is Status.PASS:
+        warned = _ids(report, Status.WARN)
+        return f"PASS: {len(warned)} warn ({', '.join(warned)})" if warned else "PASS"
+    if verdict is Status.FAIL:
+        failed = _ids(report, Status.FAIL)
+        return f"FAIL (exit {code}): {len(failed)} failed: {', '.join(failed)}"
+    unmeasured = _ids(report, Status.INCONCLUSIVE)
+    why = f"could not measure {', '.join(unmeasured)}" if unmeasured else "no checks ran"
+    return f"INCONCLUSIVE (exit {code}): nothing proved safe: {why}"
+
+
+def waiver_lines(report: Report) -> list[str]:
+    return [f"{w.check_id}: {w.reason}" for w in report.waivers]
+
+
+def colour_wanted(stream: IO[str], environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+    """Colour only on a terminal, and never when NO_COLOR is set or TERM=dumb."""
+    if "NO_COLOR" in environ or environ.get("TERM") == "dumb":
+        return False
+    isatty = getattr(stream, "isatty", None)
+    return bool(isatty and isatty())

@@ -1,0 +1,73 @@
+"""A Markdown summary ready for a PR comment or `$GITHUB_STEP_SUMMARY`.
+
+Verdict headline, an engines table, a checks table, the waivers. Every value is escaped so that a
+message can neither break a table (`|`, newlines) nor inject HTML or Markdown markup.
+"""
+
+from __future__ import annotations
+
+from kvpreflight.formats import _common
+from kvpreflight.formats.interface import ReportFormat
+from kvpreflight.model import Report, Status
+
+ICONS = {
+    Status.PASS: "✅",
+    Status.FAIL: "❌",
+    Status.INCONCLUSIVE: "❓",
+    Status.WARN: "⚠️",
+    Status.SKIP: "⏭️",
+}
+
+_ESCAPES = {
+    "&": "&amp;",
+    "<": "&lt;",
+    ">": "&gt;",
+    "|": "\\|",
+    "\\": "\\\\",
+    "`": "\\`",
+    "*": "\\*",
+    "_": "\\_",
+    "[": "\\[",
+    "]": "\\]",
+}
+
+
+def escape(text: str) -> str:
+    """One table cell: markup characters escaped, line breaks as <br>."""
+    out = "".join(_ESCAPES.get(ch, ch) for ch in text.replace("\r\n", "\n").replace("\r", "\n"))
+    return out.replace("\n", "<br>")
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
+    lines = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    lines += ["| " + " | ".join(escape(cell) for cell in row) + " |" for row in rows]
+    return lines
+
+
+class MarkdownFormat(ReportFormat):
+    name = "markdown"
+
+    def render(self, report: Report) -> str:
+        out = [f"## {ICONS[report.verdict]} kvpreflight: {escape(_common.verdict_line(report))}", ""]
+        if report.checks:
+            out += [f"{escape(_common.counts_text(report))} (kvpreflight {escape(report.tool_version)})", ""]
+        out += ["### Engines", ""]
+        if report.engines:
+            facts = [_common.engine_facts(report, e) for e in report.engines]
+            labels = list(dict.fromkeys(label for f in facts for label, _ in f))
+            rows = [[dict(f).get(label, "") for label in labels] for f in facts]
+            out += _table(labels, rows)
+        else:
+            out.append("No engine was reached.")
+        out += ["", "### Checks", ""]
+        if report.checks:
+            rows = [
+                [f"{ICONS[c.status]} {c.status.value}", c.id, c.endpoint or "", c.message] for c in report.checks
+            ]
+            out += _table(["status", "check", "endpoint", "message"], rows)
+        else:
+            out.append("No check ran.")
+        if report.waivers:
+            out += ["", "### Waivers", ""]
+            out += _table(["check", "reason"], [[w.check_id, w.reason] for w in report.waivers])
+        return "\n".join(out) + "\n"

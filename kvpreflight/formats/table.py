@@ -1,0 +1,85 @@
+"""The human report: a block per engine, the checks, the waivers, then one verdict line.
+
+Colour only on a terminal (and never with NO_COLOR). Messages are never cut: on a terminal the
+message column wraps to the terminal's width; anywhere else each message is kept whole.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+
+from tabulate import tabulate
+
+from kvpreflight.formats import _common
+from kvpreflight.formats.interface import ReportFormat
+from kvpreflight.model import Report, Status
+
+_COLOUR = {
+    Status.FAIL: "\x1b[1;31m",
+    Status.INCONCLUSIVE: "\x1b[1;35m",
+    Status.WARN: "\x1b[33m",
+    Status.SKIP: "\x1b[2m",
+    Status.PASS: "\x1b[32m",
+}
+_RESET = "\x1b[0m"
+_MIN_MESSAGE_WIDTH = 24
+
+
+class TableFormat(ReportFormat):
+    name = "table"
+
+    def __init__(self, *, color: bool | None = None, width: int | None = None) -> None:
+        """color/width None: decided at render time from stdout (a terminal gets colour and wrapping)."""
+        self.color = color
+        self.width = width
+
+    def _paint(self, status: Status, text: str, color: bool) -> str:
+        return f"{_COLOUR[status]}{text}{_RESET}" if color else text
+
+    def render(self, report: Report) -> str:
+        color = _common.colour_wanted(sys.stdout) if self.color is None else self.color
+        width = self.width
+        if width is None and sys.stdout.isatty():
+            width = shutil.get_terminal_size().columns
+        parts = [f"kvpreflight {report.tool_version}"]
+        if report.entry:
+            parts[0] += f" via {report.entry}"
+        for i, engine in enumerate(report.engines, 1):
+            facts = tabulate(_common.engine_facts(report, engine), tablefmt="plain")
+            parts.append(f"Engine {i} of {len(report.engines)}\n" + _indent(facts))
+        if not report.engines:
+            parts.append("Engines: none reached")
+        parts.append(self._checks(report, color, width))
+        if report.waivers:
+            parts.append("Waivers:\n" + "\n".join(f"  - {line}" for line in _common.waiver_lines(report)))
+        parts.append(self._paint(report.verdict, _common.verdict_line(report), color))
+        return "\n\n".join(parts) + "\n"
+
+    def _checks(self, report: Report, color: bool, width: int | None) -> str:
+        if not report.checks:
+            return "Checks: none ran"
+        rows = [
+            [self._paint(c.status, c.status.value.upper(), color), c.id, c.endpoint or "-", c.message]
+            for c in report.checks
+        ]
+        headers = ["status", "check", "endpoint", "message"]
+        maxcolwidths = None
+        if width:
+            # Room left for the message once the other columns (and tabulate's 2-space gaps) fit.
+            used = sum(
+                max(len(h), *(len(_strip(str(r[i]))) for r in rows)) + 2 for i, h in enumerate(headers[:3])
+            )
+            maxcolwidths = [None, None, None, max(_MIN_MESSAGE_WIDTH, width - used)]
+        table = tabulate(rows, headers=headers, tablefmt="simple", maxcolwidths=maxcolwidths)
+        return f"Checks ({_common.counts_text(report)})\n" + table
+
+
+def _strip(text: str) -> str:
+    for code in (*_COLOUR.values(), _RESET):
+        text = text.replace(code, "")
+    return text
+
+
+def _indent(text: str) -> str:
+    return "\n".join("  " + line for line in text.splitlines())
