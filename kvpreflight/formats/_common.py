@@ -7,6 +7,7 @@ CheckResult is its `message` or its `evidence`, which the checks keep free of re
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import IO, Any
 
 from kvpreflight.model import CheckResult, EngineSnapshot, Report, Status
@@ -125,7 +126,7 @@ def waiver_lines(report: Report) -> list[str]:
     return [f"{w.check_id}: {w.reason}" for w in report.waivers]
 
 
-def colour_wanted(stream: IO[str], environ: dict[str, str] | os._Environ[str] = os.environ) -> bool:
+def colour_wanted(stream: IO[str], environ: Mapping[str, str] = os.environ) -> bool:
     """Colour only on a terminal, and never when NO_COLOR is set or TERM=dumb."""
     if "NO_COLOR" in environ or environ.get("TERM") == "dumb":
         return False

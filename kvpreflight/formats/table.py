@@ -66,9 +66,10 @@ class TableFormat(ReportFormat):
         headers = ["status", "check", "endpoint", "message"]
         maxcolwidths = None
         if width:
-            # Room left for the message once the other columns (and tabulate's 2-space gaps) fit.
+            # Room left for the message once the other columns fit: tabulate pads each header by
+            # 2 and puts 2 spaces between columns.
             used = sum(
-                max(len(h), *(len(_strip(str(r[i]))) for r in rows)) + 2 for i, h in enumerate(headers[:3])
+                max(len(h) + 2, *(len(_strip(str(r[i]))) for r in rows)) + 2 for i, h in enumerate(headers[:3])
             )
             maxcolwidths = [None, None, None, max(_MIN_MESSAGE_WIDTH, width - used)]
         table = tabulate(rows, headers=headers, tablefmt="simple", maxcolwidths=maxcolwidths)

@@ -1,0 +1,380 @@
+"""The output formats, rendered from hand-built Reports, checked for what a reader or a CI system sees."""
+
+from __future__ import annotations
+
+import io
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from kvpreflight.formats import FORMATS, FormatError, get_format, write_report
+from kvpreflight.formats.ci import github_actions_side_effects
+from kvpreflight.formats.github import GithubFormat
+from kvpreflight.formats.junit import JunitFormat
+from kvpreflight.formats.markdown import MarkdownFormat
+from kvpreflight.formats.sarif import SarifFormat
+from kvpreflight.formats.table import TableFormat
+from kvpreflight.model import CheckResult, EngineSnapshot, Origin, PoolReading, Report, Role, Status, Waiver
+
+PREFILL = "http://prefill-0:30000"
+DECODE = "http://decode-0:30001"
+SPECIAL = 'pool <too small> & "quoted" 100%\nsecond line: a, b'
+LONG = "the engine accepted a request of 200,001 tokens and silently truncated it " + " ".join(
+    f"w{i}" for i in range(60)
+) + " THE-END"
+
+
+def engines() -> tuple[EngineSnapshot, ...]:
+    prefill = EngineSnapshot(
+        url=PREFILL,
+        engine="sglang",
+        version="0.4.6.post1",
+        role=Role.PREFILL,
+        model="meta-llama/Llama-3.1-8B",
+        served_context=131072,
+        pool_readings=(
+            PoolReading("log:KV Cache is allocated", Origin.ALLOCATOR, 140_000, rank="dp0"),
+            PoolReading("log:KV Cache is allocated", Origin.ALLOCATOR, 141_000, rank="dp1"),
+            PoolReading("/server_info max_total_num_tokens", Origin.SCHEDULER, 139_500),
+            PoolReading("behaviour:largest accepted", Origin.BEHAVIOUR, 50),
+        ),
+    )
+    decode = EngineSnapshot(
+        url=DECODE,
+        engine="sglang",
+        version=None,
+        role=Role.DECODE,
+        model=None,
+        served_context=131072,
+        pool_readings=(PoolReading("/server_info max_total_num_tokens", Origin.SCHEDULER, 65_536),),
+        notes=("no start-up log was given",),
+    )
+    return prefill, decode
+
+
+def report(*checks: CheckResult, waivers: tuple[Waiver, ...] = (), context: int | None = None) -> Report:
+    return Report(
+        tool_version="0.1.0",
+        engines=engines(),
+        checks=tuple(checks),
+        waivers=waivers,
+        context_length_promised=context,
+        started_at="2026-11-29T08:00:00Z",
+        finished_at="2026-11-29T08:01:00Z",
+    )
+
+
+PASS = CheckResult("kv.capacity", Status.PASS, "pool holds the served context twice", PREFILL)
+FAIL = CheckResult("reject.over_capacity", Status.FAIL, LONG, PREFILL, {"sent_tokens": 200_001})
+FAIL_DECODE = CheckResult("reject.over_capacity", Status.FAIL, "decode accepted 70,000 tokens", DECODE)
+INCONCLUSIVE = CheckResult("tenant.isolation", Status.INCONCLUSIVE, SPECIAL, DECODE)
+WARN_FILE = CheckResult(
+    "review.auto_truncate",
+    Status.WARN,
+    "allow_auto_truncate: true lets over-long prompts through",
+    None,
+    {"file": "deploy/sglang, prod:v2.yaml", "line": 12},
+)
+SKIP = CheckResult("gpu.memory", Status.SKIP, "no NVIDIA driver on this host")
+MIXED = report(PASS, FAIL, INCONCLUSIVE, WARN_FILE, SKIP, waivers=(Waiver("gpu.memory", "CPU-only runner"),))
+
+
+def plain_table(r: Report, **kw) -> str:
+    return TableFormat(color=False, **kw).render(r)
+
+
+def last_line(text: str) -> str:
+    return text.rstrip("\n").splitlines()[-1]
+
+
+# ---------------------------------------------------------------- table
+
+
+@pytest.mark.parametrize(
+    "checks, expected",
+    [
+        ((PASS,), "PASS"),
+        ((PASS, WARN_FILE), "PASS: 1 warn (review.auto_truncate)"),
+        ((PASS, FAIL, INCONCLUSIVE), f"FAIL (exit 1): 1 failed: reject.over_capacity {PREFILL}"),
+        ((PASS, INCONCLUSIVE), f"INCONCLUSIVE (exit 3): nothing proved safe: could not measure tenant.isolation {DECODE}"),
+        ((), "INCONCLUSIVE (exit 3): nothing proved safe: no checks ran"),
+    ],
+)
+def test_table_ends_with_one_verdict_line_naming_the_exit_code(checks, expected):
+    assert last_line(plain_table(report(*checks))) == expected
+
+
+def test_table_engine_block_shows_every_pool_source_and_the_ratio():
+    out = plain_table(report(PASS, context=128_000))
+    assert "Engine 1 of 2" in out and "Engine 2 of 2" in out
+    for fact in (PREFILL, DECODE, "0.4.6.post1", "prefill", "decode", "no start-up log was given"):
+        assert fact in out
+    assert "log:KV Cache is allocated [dp0] = 140,000 (allocator)" in out
+    assert "log:KV Cache is allocated [dp1] = 141,000 (allocator)" in out
+    assert "/server_info max_total_num_tokens = 139,500 (scheduler)" in out
+    # The pool that counts is the smallest non-behavioural reading; the ratio uses the checked context.
+    prefill_block = out.split("Engine 2 of 2")[0]
+    assert "KV pool tokens   139,500" in prefill_block
+    assert "served context   131,072" in prefill_block
+    assert "checked context  128,000" in prefill_block
+    assert "1.09x" in prefill_block  # 139,500 / 128,000
+    assert "0.51x" in out.split("Engine 2 of 2")[1]  # 65,536 / 128,000: below one full request
+
+
+def test_table_lists_checks_and_waivers_with_reasons():
+    out = plain_table(MIXED)
+    for status in ("PASS", "FAIL", "INCONCLUSIVE", "WARN", "SKIP"):
+        assert status in out
+    assert "no NVIDIA driver on this host" in out
+    assert "gpu.memory: CPU-only runner" in out.split("Waivers:")[1]
+
+
+@pytest.mark.parametrize("width", [None, 100])
+def test_table_never_truncates_a_long_message(width):
+    out = plain_table(report(FAIL), width=width)
+    squeezed = "".join(out.split())
+    assert "".join(LONG.split()) in squeezed
+    if width:  # wrapped to fit, not cut
+        checks_part = out.split("Checks")[1].split("\n\n")[0]
+        assert max(len(line) for line in checks_part.splitlines()) <= width
+    else:
+        assert LONG in out
+
+
+def test_table_has_no_colour_off_a_terminal_and_colour_when_asked(capsys):
+    auto = TableFormat().render(MIXED)  # stdout is captured by pytest, so not a TTY
+    assert "\x1b[" not in auto
+    coloured = TableFormat(color=True).render(MIXED)
+    assert "\x1b[1;31mFAIL" in coloured
+
+
+# ---------------------------------------------------------------- junit
+
+
+def parse_junit(r: Report) -> ET.Element:
+    return ET.fromstring(JunitFormat().render(r).encode("utf-8"))
+
+
+def test_junit_one_testcase_per_result_with_the_right_outcome():
+    suite = parse_junit(MIXED)
+    assert suite.tag == "testsuite"
+    cases = suite.findall("testcase")
+    assert [c.get("name") for c in cases] == [
+        f"kv.capacity {PREFILL}",
+        f"reject.over_capacity {PREFILL}",
+        f"tenant.isolation {DECODE}",
+        "review.auto_truncate",
+        "gpu.memory",
+    ]
+    assert len(suite.findall("testcase/failure")) == 1
+    assert (suite.get("tests"), suite.get("failures"), suite.get("errors"), suite.get("skipped")) == ("5", "1", "1", "1")
+    passed, failed, inconclusive, warned, skipped = cases
+    assert list(passed) == [passed.find("system-out")]
+    assert failed.find("failure").get("message") == LONG
+    assert '"sent_tokens": 200001' in failed.find("failure").text
+    assert inconclusive.find("error") is not None  # could not measure is not a pass
+    assert skipped.find("skipped").get("message") == "no NVIDIA driver on this host"
+    assert warned.find("failure") is None and warned.find("error") is None
+    assert "allow_auto_truncate" in warned.find("system-out").text
+    assert warned.get("file") == "deploy/sglang, prod:v2.yaml" and warned.get("line") == "12"
+
+
+def test_junit_escapes_special_characters_and_drops_nothing():
+    bad = CheckResult("odd]]>", Status.FAIL, SPECIAL + " ctrl:\x1b\x00 end", "http://h/?a=1&b=<2>")
+    suite = parse_junit(report(bad))
+    case = suite.find("testcase")
+    assert case.get("name") == "odd]]> http://h/?a=1&b=<2>"
+    message = case.find("failure").get("message")
+    assert message.startswith(SPECIAL)
+    assert message.endswith(r"ctrl:\x1b\x00 end")  # shown, not raw (XML 1.0 cannot carry them)
+
+
+# ---------------------------------------------------------------- sarif
+
+
+def sarif(r: Report) -> dict:
+    return json.loads(SarifFormat().render(r))
+
+
+def test_sarif_structure_rules_and_levels():
+    doc = sarif(report(PASS, FAIL, FAIL_DECODE, INCONCLUSIVE, WARN_FILE, SKIP))
+    assert doc["version"] == "2.1.0" and "sarif-2.1.0" in doc["$schema"]
+    run = doc["runs"][0]
+    driver = run["tool"]["driver"]
+    assert driver["name"] == "kvpreflight" and driver["version"] == "0.1.0"
+    rule_ids = [r["id"] for r in driver["rules"]]
+    assert rule_ids == ["kv.capacity", "reject.over_capacity", "tenant.isolation", "review.auto_truncate", "gpu.memory"]
+    results = run["results"]
+    # pass and skip are not findings
+    assert [(r["ruleId"], r["level"]) for r in results] == [
+        ("reject.over_capacity", "error"),
+        ("reject.over_capacity", "error"),
+        ("tenant.isolation", "error"),
+        ("review.auto_truncate", "warning"),
+    ]
+    for r in results:
+        assert set(r) >= {"ruleId", "ruleIndex", "level", "message", "locations"}
+        assert rule_ids[r["ruleIndex"]] == r["ruleId"]
+        assert r["message"]["text"]
+    assert results[2]["message"]["text"].startswith("inconclusive")
+    assert results[2]["properties"]["status"] == "inconclusive"
+    assert run["invocations"][0]["exitCode"] == 1
+
+
+def test_sarif_locations_file_line_else_endpoint():
+    results = sarif(report(FAIL, WARN_FILE))["runs"][0]["results"]
+    failing = results[0]["locations"][0]
+    assert failing == {"logicalLocations": [{"fullyQualifiedName": PREFILL, "kind": "resource"}]}
+    physical = results[1]["locations"][0]["physicalLocation"]
+    assert physical["artifactLocation"]["uri"] == "deploy/sglang, prod:v2.yaml"
+    assert physical["region"]["startLine"] == 12
+
+
+def test_sarif_failing_review_check_points_at_the_config_line():
+    failing = CheckResult("review.max_model_len", Status.FAIL, "context above pool", None, {"file": "/etc/engine.yaml", "line": "7"})
+    (result,) = sarif(report(failing))["runs"][0]["results"]
+    assert result["level"] == "error"
+    physical = result["locations"][0]["physicalLocation"]
+    assert physical == {"artifactLocation": {"uri": "file:///etc/engine.yaml"}, "region": {"startLine": 7}}
+
+
+def test_sarif_waived_result_is_suppressed_with_the_reason():
+    r = report(FAIL, waivers=(Waiver("reject.over_capacity", "ticket OPS-12"),))
+    (result,) = sarif(r)["runs"][0]["results"]
+    assert result["suppressions"] == [{"kind": "external", "justification": "ticket OPS-12"}]
+
+
+# ---------------------------------------------------------------- github
+
+
+def test_github_commands_escape_message_and_properties():
+    lines = GithubFormat().render(report(PASS, INCONCLUSIVE, WARN_FILE, SKIP)).splitlines()
+    assert lines[0] == (
+        "::warning title=tenant.isolation::inconclusive (nothing proved safe): "
+        'pool <too small> & "quoted" 100%25%0Asecond line: a, b [http://decode-0:30001]'
+    )
+    assert lines[1] == (
+        "::warning file=deploy/sglang%2C prod%3Av2.yaml,line=12,title=review.auto_truncate::"
+        "allow_auto_truncate: true lets over-long prompts through"
+    )
+    assert lines[2] == f"INCONCLUSIVE (exit 3): nothing proved safe: could not measure tenant.isolation {DECODE}"
+    assert len(lines) == 3  # pass and skip are not annotated
+
+
+def test_github_fail_is_an_error_with_its_title():
+    lines = GithubFormat().render(report(FAIL)).splitlines()
+    assert lines[0].startswith("::error title=reject.over_capacity::the engine accepted")
+    assert lines[0].endswith(f"THE-END [{PREFILL}]")
+
+
+def test_github_no_checks_is_still_a_warning():
+    (annotation, verdict) = GithubFormat().render(report()).splitlines()
+    assert annotation.startswith("::warning title=kvpreflight::INCONCLUSIVE (exit 3)")
+
+
+# ---------------------------------------------------------------- markdown
+
+
+def test_markdown_summary_headline_tables_and_escaping():
+    out = MarkdownFormat().render(MIXED)
+    assert out.startswith(f"## ❌ kvpreflight: FAIL (exit 1): 1 failed: reject.over\\_capacity {PREFILL}\n")
+    tables = [line for line in out.splitlines() if line.startswith("|")]
+    checks_header = "| status | check | endpoint | message |"
+    assert checks_header in tables
+    inconclusive_row = next(line for line in tables if "tenant.isolation" in line)
+    # newline and markup neither break the row nor inject HTML
+    assert "&lt;too small&gt; &amp; \"quoted\" 100%<br>second line: a, b" in inconclusive_row
+    assert inconclusive_row.count(" | ") == checks_header.count(" | ")
+    assert "| gpu.memory | CPU-only runner |" in out.split("### Waivers")[1]
+    engines_part = out.split("### Engines")[1].split("### Checks")[0]
+    assert PREFILL in engines_part and DECODE in engines_part and "139,500" in engines_part
+
+
+def test_markdown_pipe_in_message_stays_in_its_cell():
+    r = report(CheckResult("x", Status.FAIL, "a | b", PREFILL))
+    row = next(line for line in MarkdownFormat().render(r).splitlines() if line.startswith("| ❌"))
+    assert row.endswith("| a \\| b |")
+
+
+# ---------------------------------------------------------------- GitHub Actions side effects
+
+
+def test_outside_github_actions_nothing_happens(tmp_path):
+    summary = tmp_path / "summary.md"
+    err = io.StringIO()
+    assert github_actions_side_effects(MIXED, {"GITHUB_STEP_SUMMARY": str(summary)}, stderr=err) is False
+    assert err.getvalue() == "" and not summary.exists()
+
+
+def test_github_actions_annotates_stderr_and_appends_the_summary(tmp_path):
+    summary = tmp_path / "summary.md"
+    summary.write_text("# from an earlier step\n", encoding="utf-8")
+    env = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(summary)}
+    err = io.StringIO()
+    assert github_actions_side_effects(MIXED, env, stderr=err) is True
+    github_actions_side_effects(report(PASS), env, stderr=io.StringIO())
+    text = summary.read_text(encoding="utf-8")
+    assert text.startswith("# from an earlier step\n")
+    assert text.count("## ❌ kvpreflight: FAIL (exit 1)") == 1
+    assert "## ✅ kvpreflight: PASS" in text.split("## ❌")[1]  # the second run came after the first
+    lines = err.getvalue().splitlines()
+    assert [line.split(" ")[0].split("::")[1] for line in lines] == ["error", "warning", "warning"]
+
+
+def test_github_actions_without_summary_file_and_with_github_format(tmp_path):
+    err = io.StringIO()
+    github_actions_side_effects(MIXED, {"GITHUB_ACTIONS": "true"}, stderr=err, format_name="github")
+    assert err.getvalue() == ""  # the annotations already went to stdout; not shown twice
+
+
+def test_unwritable_step_summary_becomes_a_warning(tmp_path):
+    env = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(tmp_path / "no-such-dir" / "s.md")}
+    err = io.StringIO()
+    github_actions_side_effects(report(PASS), env, stderr=err)
+    assert err.getvalue().startswith("::warning title=kvpreflight::cannot append the step summary to ")
+
+
+# ---------------------------------------------------------------- registry and write_report
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_every_registered_format_renders(name):
+    out = get_format(name).render(MIXED)
+    assert out.endswith("\n") and "tenant.isolation" in out
+
+
+def test_unknown_format_is_a_usage_error():
+    with pytest.raises(FormatError) as info:
+        get_format("yaml")
+    assert info.value.exit_code == 2 and "sarif" in str(info.value)
+
+
+def test_write_report_to_a_new_nested_file(tmp_path):
+    target = tmp_path / "out" / "deep" / "report.sarif"
+    write_report(MIXED, "sarif", target)
+    assert json.loads(target.read_text(encoding="utf-8"))["runs"][0]["tool"]["driver"]["name"] == "kvpreflight"
+    assert [p.name for p in target.parent.iterdir()] == ["report.sarif"]  # no temporary file left
+
+
+def test_write_report_replaces_and_table_file_has_no_colour(tmp_path):
+    target = tmp_path / "report.txt"
+    target.write_text("old contents that are longer than nothing" * 100)
+    write_report(MIXED, "table", target)
+    text = target.read_text(encoding="utf-8")
+    assert "\x1b[" not in text and "old contents" not in text
+    assert last_line(text) == f"FAIL (exit 1): 1 failed: reject.over_capacity {PREFILL}"
+
+
+def test_write_report_to_stdout(capsys):
+    write_report(report(PASS), "github", None)
+    assert capsys.readouterr().out == "PASS\n"
+
+
+def test_write_report_unwritable_target_is_a_clear_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(FormatError) as info:
+        write_report(MIXED, "json", blocker / "report.json")
+    assert str(blocker / "report.json") in str(info.value)
