@@ -143,6 +143,13 @@ def test_table_never_truncates_a_long_message(width):
         assert LONG in out
 
 
+def test_table_cannot_drive_the_terminal():
+    sneaky = CheckResult("kv.capacity", Status.FAIL, "ok\x1b[2J\rcleared", PREFILL)
+    out = plain_table(report(sneaky))
+    assert "\x1b" not in out and "\r" not in out
+    assert r"ok\x1b[2J\x0dcleared" in out
+
+
 def test_table_has_no_colour_off_a_terminal_and_colour_when_asked(capsys):
     auto = TableFormat().render(MIXED)  # stdout is captured by pytest, so not a TTY
     assert "\x1b[" not in auto

@@ -7,12 +7,22 @@ CheckResult is its `message` or its `evidence`, which the checks keep free of re
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from typing import IO, Any
 
 from kvpreflight.model import CheckResult, EngineSnapshot, Report, Status
 
 UNKNOWN = "unknown"
+
+# Control characters (but tab and newline), lone surrogates and non-characters: a terminal would
+# obey them and XML 1.0 cannot carry them, so they are shown as \xNN instead.
+_INVISIBLE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff\ufffe\uffff]")
+
+
+def visible(text: object) -> str:
+    """The text with every control character written out as \\xNN (nothing is dropped)."""
+    return _INVISIBLE.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
 
 # What each status means to a reader, in the order a reader wants them counted.
 STATUS_ORDER = (Status.FAIL, Status.INCONCLUSIVE, Status.WARN, Status.SKIP, Status.PASS)

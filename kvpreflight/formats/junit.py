@@ -7,19 +7,13 @@ fail -> <failure>; inconclusive -> <error> (could not measure is not a pass); sk
 from __future__ import annotations
 
 import json
-import re
 import xml.etree.ElementTree as ET
 
 from kvpreflight.formats import _common
 from kvpreflight.formats.interface import ReportFormat
 from kvpreflight.model import CheckResult, Report, Status
 
-# Characters XML 1.0 cannot carry at all, even escaped; they are shown as \xNN instead.
-_NOT_XML = re.compile("[^\t\n\r\x20-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
-
-
-def _xml_text(text: object) -> str:
-    return _NOT_XML.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+_xml_text = _common.visible  # XML 1.0 cannot carry control characters, even escaped
 
 
 def _evidence(check: CheckResult) -> str:
@@ -59,7 +53,10 @@ class JunitFormat(ReportFormat):
         return '<?xml version="1.0" encoding="UTF-8"?>\n' + ET.tostring(suite, encoding="unicode") + "\n"
 
     def _testcase(self, check: CheckResult) -> ET.Element:
-        case = ET.Element("testcase", {"name": _xml_text(_common.check_name(check)), "classname": _xml_text(f"kvpreflight.{check.id}")})
+        case = ET.Element(
+            "testcase",
+            {"name": _xml_text(_common.check_name(check)), "classname": _xml_text(f"kvpreflight.{check.id}")},
+        )
         location = _common.source_location(check)
         if location:
             case.set("file", _xml_text(location[0]))

@@ -1,7 +1,8 @@
 """The human report: a block per engine, the checks, the waivers, then one verdict line.
 
 Colour only on a terminal (and never with NO_COLOR). Messages are never cut: on a terminal the
-message column wraps to the terminal's width; anywhere else each message is kept whole.
+message column wraps to the terminal's width; anywhere else each message is kept whole. Control
+characters in any value are written out as \\xNN, so a value cannot drive the terminal.
 """
 
 from __future__ import annotations
@@ -42,25 +43,28 @@ class TableFormat(ReportFormat):
         width = self.width
         if width is None and sys.stdout.isatty():
             width = shutil.get_terminal_size().columns
-        parts = [f"kvpreflight {report.tool_version}"]
+        parts = [f"kvpreflight {_common.visible(report.tool_version)}"]
         if report.entry:
-            parts[0] += f" via {report.entry}"
+            parts[0] += f" via {_common.visible(report.entry)}"
         for i, engine in enumerate(report.engines, 1):
-            facts = tabulate(_common.engine_facts(report, engine), tablefmt="plain")
+            facts = [(label, _common.visible(value)) for label, value in _common.engine_facts(report, engine)]
+            facts = tabulate(facts, tablefmt="plain")
             parts.append(f"Engine {i} of {len(report.engines)}\n" + _indent(facts))
         if not report.engines:
             parts.append("Engines: none reached")
         parts.append(self._checks(report, color, width))
         if report.waivers:
-            parts.append("Waivers:\n" + "\n".join(f"  - {line}" for line in _common.waiver_lines(report)))
-        parts.append(self._paint(report.verdict, _common.verdict_line(report), color))
+            waivers = _common.visible("\n".join(f"  - {line}" for line in _common.waiver_lines(report)))
+            parts.append("Waivers:\n" + waivers)
+        parts.append(self._paint(report.verdict, _common.visible(_common.verdict_line(report)), color))
         return "\n\n".join(parts) + "\n"
 
     def _checks(self, report: Report, color: bool, width: int | None) -> str:
         if not report.checks:
             return "Checks: none ran"
         rows = [
-            [self._paint(c.status, c.status.value.upper(), color), c.id, c.endpoint or "-", c.message]
+            [self._paint(c.status, c.status.value.upper(), color)]
+            + [_common.visible(text) for text in (c.id, c.endpoint or "-", c.message)]
             for c in report.checks
         ]
         headers = ["status", "check", "endpoint", "message"]
