@@ -26,7 +26,7 @@ def github_actions_side_effects(
 ) -> bool:
     """Annotate and summarise under GitHub Actions; returns whether it ran (False elsewhere).
 
-    format_name: the --format already written to stdout; with "github" the annotations are there
+    format_name: the --format written to stdout (not to --output); with "github" the annotations are there
     already and are not written twice (GitHub would show each one twice).
     A step summary that cannot be written is reported as a warning annotation, not raised: the
     verdict and exit code of the run stay those of the checks.
