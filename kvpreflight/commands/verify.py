@@ -1,0 +1,39 @@
+"""`kvpreflight verify`: the release gate for a signed record. Never imports torch or an engine."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("verify")
+    def verify(
+        record: Path = typer.Argument(..., help="The record file (DSSE envelope) written by `kvpreflight check --record`."),
+        key: Path = typer.Option(..., "--key", help="The signer's public key (kvpreflight.pub)."),
+        subject: Optional[List[str]] = typer.Option(None, "--subject", help="NAME=sha256:HEX that must be in the record with exactly this digest. Repeatable."),
+        max_age: str = typer.Option("24h", "--max-age", help="Refuse a record older than this (s, m, h, d)."),
+        allow_fail: bool = typer.Option(False, "--allow-fail", help="Check authenticity, subjects and age only; accept any verdict."),
+        require_pass: bool = typer.Option(False, "--require-pass", help="Require the verdict pass (the default; for explicit pipelines)."),
+        any_subject: bool = typer.Option(False, "--any-subject", help="Accept a record without naming a --subject."),
+    ) -> None:
+        """Exit 0 only if RECORD is signed by --key, names every --subject with its digest, is younger than --max-age and passed.
+
+        Exit 1: refused (the reason names the condition). Exit 2: bad input (missing or malformed file or key, bad option).
+        """
+        from kvpreflight.record import Policy, RecordError, load_public_key, parse_duration, parse_subject, read_record, summary, verify_envelope
+
+        if allow_fail and require_pass:
+            raise RecordError("--allow-fail and --require-pass contradict each other; pass one")
+        policy = Policy(
+            subjects=tuple(parse_subject(s) for s in subject or ()),
+            any_subject=any_subject,
+            max_age=parse_duration(max_age),
+            allow_fail=allow_fail,
+        )
+        public = load_public_key(key)
+        envelope = read_record(record)
+        verified = verify_envelope(envelope, public, policy)
+        typer.echo(summary(verified, path=str(record)), nl=False)

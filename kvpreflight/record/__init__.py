@@ -1,0 +1,47 @@
+"""Signed release records: an in-toto Statement v1 in a DSSE envelope, and its verification.
+
+Public interface (what ``check`` and ``verify`` call):
+
+- :func:`parse_subject` ``"NAME=sha256:HEX"`` -> :class:`Subject`
+- :func:`build_statement` (report, command_line=, subjects=, files_read=) -> statement dict
+- :func:`resolve_sign_key_path` (``--sign-key`` value or ``$KVPREFLIGHT_SIGN_KEY``) -> path or None
+- :func:`load_signing_key` (path) -> :class:`SigningKey`
+- :func:`sign_statement` (statement, key) -> DSSE envelope dict; :func:`unsigned_envelope` (statement)
+- :func:`write_record` (path, envelope)
+- :func:`read_record`, :func:`load_public_key`, :class:`Policy`, :func:`verify_envelope`
+
+Every failure is a :class:`RecordError` (exit 2 bad input, exit 1 refusal).
+"""
+
+from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, Envelope, pae
+from kvpreflight.record.errors import RecordError
+from kvpreflight.record.keys import (
+    PASSWORD_ENV,
+    SIGN_KEY_ENV,
+    PublicKey,
+    SigningKey,
+    generate,
+    load_public_key,
+    load_signing_key,
+    resolve_sign_key_path,
+    write_keypair,
+)
+from kvpreflight.record.sign import read_record, sign_statement, unsigned_envelope, write_record
+from kvpreflight.record.statement import (
+    PREDICATE_TYPE,
+    STATEMENT_TYPE,
+    Subject,
+    build_statement,
+    file_subject,
+    parse_subject,
+    redact_command_line,
+)
+from kvpreflight.record.verify import Policy, VerifiedRecord, parse_duration, summary, verify_envelope
+
+__all__ = [
+    "IN_TOTO_PAYLOAD_TYPE", "PASSWORD_ENV", "PREDICATE_TYPE", "SIGN_KEY_ENV", "STATEMENT_TYPE",
+    "Envelope", "Policy", "PublicKey", "RecordError", "SigningKey", "Subject", "VerifiedRecord",
+    "build_statement", "file_subject", "generate", "load_public_key", "load_signing_key", "pae",
+    "parse_duration", "parse_subject", "read_record", "redact_command_line", "resolve_sign_key_path",
+    "sign_statement", "summary", "unsigned_envelope", "verify_envelope", "write_keypair", "write_record",
+]

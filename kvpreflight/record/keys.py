@@ -1,0 +1,190 @@
+"""Signing and verification keys: generate, write, load, sign, verify. Nothing else.
+
+Keys are PEM files: the private key PKCS#8 (optionally encrypted), the public key
+SubjectPublicKeyInfo. ECDSA P-256 with SHA-256 is the default (what cosign handles best with a
+plain key); Ed25519 is the alternative. A key's id is the lower-case hex SHA-256 of its public key
+DER, the same for signer and verifier.
+
+A signing key is named by a path: ``--sign-key PATH``, or the environment variable
+``KVPREFLIGHT_SIGN_KEY`` holding a PATH (never the key itself). An encrypted key's password comes
+only from ``KVPREFLIGHT_SIGN_KEY_PASSWORD``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Union
+
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec, ed25519
+
+from kvpreflight.record._io import read_input
+from kvpreflight.record.errors import RecordError
+
+SIGN_KEY_ENV = "KVPREFLIGHT_SIGN_KEY"
+PASSWORD_ENV = "KVPREFLIGHT_SIGN_KEY_PASSWORD"
+ALGORITHMS = ("ecdsa-p256", "ed25519")
+PRIVATE_NAME = "kvpreflight.key"
+PUBLIC_NAME = "kvpreflight.pub"
+
+PrivateKey = Union[ec.EllipticCurvePrivateKey, ed25519.Ed25519PrivateKey]
+PublicKeyType = Union[ec.EllipticCurvePublicKey, ed25519.Ed25519PublicKey]
+
+
+def _spki_der(public: PublicKeyType) -> bytes:
+    return public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+
+def _check_supported(key: object, source: str) -> str:
+    if isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)):
+        if not isinstance(key.curve, ec.SECP256R1):
+            raise RecordError(f"{source}: ECDSA curve {key.curve.name} is not supported; use P-256 (`kvpreflight keygen`)")
+        return "ecdsa-p256"
+    if isinstance(key, (ed25519.Ed25519PrivateKey, ed25519.Ed25519PublicKey)):
+        return "ed25519"
+    raise RecordError(f"{source}: {type(key).__name__} keys are not supported; use ECDSA P-256 or Ed25519 (`kvpreflight keygen`)")
+
+
+@dataclass(frozen=True)
+class PublicKey:
+    """A verification key."""
+
+    key: PublicKeyType
+    algorithm: str
+    keyid: str
+    source: str
+
+    @classmethod
+    def from_crypto(cls, key: PublicKeyType, source: str = "<memory>") -> "PublicKey":
+        algorithm = _check_supported(key, source)
+        return cls(key=key, algorithm=algorithm, keyid=hashlib.sha256(_spki_der(key)).hexdigest(), source=source)
+
+    def pem(self) -> bytes:
+        return self.key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
+
+    def verify(self, signature: bytes, data: bytes) -> bool:
+        try:
+            if isinstance(self.key, ec.EllipticCurvePublicKey):
+                self.key.verify(signature, data, ec.ECDSA(hashes.SHA256()))
+            else:
+                self.key.verify(signature, data)
+        except (InvalidSignature, ValueError):
+            return False
+        return True
+
+
+@dataclass(frozen=True)
+class SigningKey:
+    """A private key and its public half. Never printed, never serialised into a record."""
+
+    key: PrivateKey
+    public: PublicKey
+
+    @classmethod
+    def from_crypto(cls, key: PrivateKey, source: str = "<memory>") -> "SigningKey":
+        _check_supported(key, source)
+        return cls(key=key, public=PublicKey.from_crypto(key.public_key(), source))
+
+    @property
+    def keyid(self) -> str:
+        return self.public.keyid
+
+    def sign(self, data: bytes) -> bytes:
+        if isinstance(self.key, ec.EllipticCurvePrivateKey):
+            return self.key.sign(data, ec.ECDSA(hashes.SHA256()))  # DER, as cosign and DSSE tools expect
+        return self.key.sign(data)
+
+    def __repr__(self) -> str:  # keep the private key out of any log or traceback
+        return f"SigningKey(algorithm={self.public.algorithm!r}, keyid={self.keyid!r})"
+
+
+def generate(algorithm: str = "ecdsa-p256") -> SigningKey:
+    if algorithm == "ecdsa-p256":
+        return SigningKey.from_crypto(ec.generate_private_key(ec.SECP256R1()))
+    if algorithm == "ed25519":
+        return SigningKey.from_crypto(ed25519.Ed25519PrivateKey.generate())
+    raise RecordError(f"unknown key algorithm {algorithm!r}; use one of: {', '.join(ALGORITHMS)}")
+
+
+def write_keypair(directory: Path, key: SigningKey, password: bytes | None = None) -> tuple[Path, Path]:
+    """Write DIR/kvpreflight.key (PKCS#8 PEM, mode 0600) and DIR/kvpreflight.pub. Never overwrites."""
+    directory = Path(directory)
+    private_path, public_path = directory / PRIVATE_NAME, directory / PUBLIC_NAME
+    for path in (private_path, public_path):
+        if path.exists() or path.is_symlink():
+            raise RecordError(f"{path} already exists; refusing to overwrite a key. Choose another --out directory or move the old key away")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RecordError(f"cannot create key directory {directory}: {exc.strerror}; choose a writable --out directory") from None
+    encryption = (
+        serialization.BestAvailableEncryption(password) if password else serialization.NoEncryption()
+    )
+    private_pem = key.key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, encryption)
+    _write_new(private_path, private_pem, 0o600)
+    try:
+        _write_new(public_path, key.public.pem(), 0o644)
+    except RecordError:
+        private_path.unlink()
+        raise
+    return private_path, public_path
+
+
+def _write_new(path: Path, data: bytes, mode: int) -> None:
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+    except FileExistsError:
+        raise RecordError(f"{path} already exists; refusing to overwrite a key. Choose another --out directory") from None
+    except OSError as exc:
+        raise RecordError(f"cannot write {path}: {exc.strerror}; choose a writable --out directory") from None
+    with os.fdopen(fd, "wb") as fh:
+        fh.write(data)
+    os.chmod(path, mode)  # the umask must not loosen or tighten what we promised
+
+
+def resolve_sign_key_path(option: str | os.PathLike[str] | None) -> Path | None:
+    """The signing key path: ``--sign-key PATH`` if given, else ``$KVPREFLIGHT_SIGN_KEY`` (a path)."""
+    if option:
+        return Path(option)
+    value = os.environ.get(SIGN_KEY_ENV, "").strip()
+    if not value:
+        return None
+    if value.startswith("-----BEGIN"):
+        raise RecordError(f"{SIGN_KEY_ENV} holds a key, not a path; put the key in a file (mode 0600) and set {SIGN_KEY_ENV} to its path")
+    return Path(value)
+
+
+def load_signing_key(path: str | os.PathLike[str]) -> SigningKey:
+    """Load a PEM private key (PKCS#8 or traditional). Password only from KVPREFLIGHT_SIGN_KEY_PASSWORD."""
+    path = Path(path)
+    data = read_input(path, "signing key", "create one with `kvpreflight keygen --out DIR`")
+    if b"PRIVATE KEY" not in data:
+        raise RecordError(f"signing key {path} is not a PEM private key; pass the kvpreflight.key file from `kvpreflight keygen`, not the .pub")
+    password = os.environ.get(PASSWORD_ENV)
+    try:
+        key = serialization.load_pem_private_key(data, password=password.encode() if password else None)
+    except TypeError:
+        if password:
+            raise RecordError(f"signing key {path} is not encrypted but {PASSWORD_ENV} is set; unset it") from None
+        raise RecordError(f"signing key {path} is encrypted; set {PASSWORD_ENV} to its password") from None
+    except (ValueError, UnsupportedAlgorithm):
+        if password and b"ENCRYPTED" in data:
+            raise RecordError(f"signing key {path}: wrong password in {PASSWORD_ENV}") from None
+        raise RecordError(f"signing key {path} is not a readable PEM private key; create one with `kvpreflight keygen --out DIR`") from None
+    return SigningKey.from_crypto(key, str(path))  # type: ignore[arg-type]
+
+
+def load_public_key(path: str | os.PathLike[str]) -> PublicKey:
+    path = Path(path)
+    data = read_input(path, "public key", "pass the kvpreflight.pub written by `kvpreflight keygen`")
+    if b"PRIVATE KEY" in data:
+        raise RecordError(f"{path} is a private key; verify with the public key (kvpreflight.pub) and keep the private key on the signer")
+    try:
+        key = serialization.load_pem_public_key(data)
+    except (ValueError, UnsupportedAlgorithm):
+        raise RecordError(f"public key {path} is not a PEM public key; pass the kvpreflight.pub written by `kvpreflight keygen`") from None
+    return PublicKey.from_crypto(key, str(path))  # type: ignore[arg-type]

@@ -1,0 +1,176 @@
+"""Verify a release record against a public key and a release policy.
+
+Order: the envelope's payloadType, the signature over the PAE, the statement and predicate types
+(these are gates: nothing else is trusted before they pass), then subjects, age and verdict. Every
+refusal names the condition that failed (exit 1); bad input is exit 2.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, Mapping
+
+from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, Envelope
+from kvpreflight.record.errors import RecordError, refusal
+from kvpreflight.record.keys import PublicKey
+from kvpreflight.record.statement import PREDICATE_TYPE, STATEMENT_TYPE, Subject
+
+DEFAULT_MAX_AGE = "24h"
+FUTURE_SKEW = timedelta(minutes=5)
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def parse_duration(text: str) -> timedelta:
+    """``90s``, ``30m``, ``24h``, ``7d``. Anything else is a usage error (exit 2)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([smhd])\s*", text or "")
+    if match is None or int(match.group(1)) == 0:
+        raise RecordError(f"--max-age {text!r} is not a duration; use a positive number with a unit s, m, h or d, e.g. --max-age 24h")
+    return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+
+
+def format_duration(delta: timedelta) -> str:
+    seconds = int(abs(delta.total_seconds()))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            whole, rest = divmod(seconds, size)
+            return f"{whole}{unit}" if not rest or unit == "m" else f"{seconds / size:.1f}{unit}"
+    return f"{seconds}s"
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What a record must satisfy besides being authentic."""
+
+    subjects: tuple[Subject, ...] = ()
+    any_subject: bool = False
+    max_age: timedelta = timedelta(hours=24)
+    allow_fail: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.subjects and not self.any_subject:
+            raise RecordError("verify needs at least one --subject NAME=sha256:HEX (the artifact you are releasing); pass --any-subject to accept a record about any artifact")
+
+
+@dataclass(frozen=True)
+class VerifiedRecord:
+    keyid: str
+    time: datetime
+    verdict: str
+    subjects: tuple[Subject, ...]
+    predicate: Mapping[str, Any]
+
+
+def _parse_time(value: Any) -> datetime | None:
+    if not isinstance(value, str):
+        return None
+    try:
+        moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return moment if moment.tzinfo is not None else None
+
+
+def _check_signature(envelope: Envelope, key: PublicKey) -> str:
+    if not envelope.signatures:
+        raise refusal("record is unsigned (written with --unsigned); a release needs a record signed with --sign-key")
+    if envelope.payload_type != IN_TOTO_PAYLOAD_TYPE:
+        raise refusal(f"payloadType is {envelope.payload_type!r}, expected {IN_TOTO_PAYLOAD_TYPE!r}; not a kvpreflight record, or altered")
+    named = [s for s in envelope.signatures if s.keyid]
+    if named and all(s.keyid != key.keyid for s in named) and len(named) == len(envelope.signatures):
+        ids = ", ".join(sorted({s.keyid[:16] for s in named}))
+        raise refusal(f"record is signed by keyid {ids}…, not by the --key {key.source} (keyid {key.keyid[:16]}…); wrong key or a record from another signer")
+    data = envelope.pae()
+    for s in envelope.signatures:
+        if (not s.keyid or s.keyid == key.keyid) and key.verify(s.sig, data):
+            return key.keyid
+    raise refusal(f"signature does not verify with {key.source}: the payload or the signature was altered after signing")
+
+
+def _statement(envelope: Envelope) -> dict[str, Any]:
+    try:
+        statement = json.loads(envelope.payload)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise refusal("signed payload is not JSON; not a kvpreflight record") from None
+    if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
+        got = statement.get("_type") if isinstance(statement, dict) else type(statement).__name__
+        raise refusal(f"statement type is {got!r}, expected {STATEMENT_TYPE!r}")
+    if statement.get("predicateType") != PREDICATE_TYPE:
+        raise refusal(f"predicateType is {statement.get('predicateType')!r}, expected {PREDICATE_TYPE!r}; not a kvpreflight release record")
+    if not isinstance(statement.get("predicate"), dict) or not isinstance(statement.get("subject"), list):
+        raise refusal("statement has no predicate object or subject list")
+    return statement
+
+
+def _subjects(statement: dict[str, Any]) -> tuple[Subject, ...]:
+    out = []
+    for item in statement["subject"]:
+        if isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("digest"), dict):
+            digest = item["digest"].get("sha256")
+            if isinstance(digest, str):
+                out.append(Subject(item["name"], digest.lower()))
+    return tuple(out)
+
+
+def verify_envelope(envelope: Envelope, key: PublicKey, policy: Policy, *, now: datetime | None = None) -> VerifiedRecord:
+    """Accept the record or raise RecordError(exit 1) naming every condition that failed."""
+    keyid = _check_signature(envelope, key)
+    statement = _statement(envelope)
+    predicate = statement["predicate"]
+    recorded = _subjects(statement)
+    by_name = {s.name: s for s in recorded}
+    problems: list[str] = []
+
+    for want in policy.subjects:
+        have = by_name.get(want.name)
+        if have is None:
+            names = ", ".join(sorted(by_name)) or "none"
+            problems.append(f"subject {want.name} is not in the record (it names: {names})")
+        elif have.sha256 != want.sha256:
+            problems.append(f"subject {want.name} has digest sha256:{have.sha256} in the record, not sha256:{want.sha256}")
+
+    now = now or datetime.now(timezone.utc)
+    moment = _parse_time(predicate.get("time"))
+    if moment is None:
+        problems.append(f"record time {predicate.get('time')!r} is missing or not RFC 3339")
+    else:
+        age = now - moment
+        if age < -FUTURE_SKEW:
+            problems.append(f"record is dated {format_duration(age)} in the future ({predicate['time']}); check the signer's clock")
+        elif age > policy.max_age:
+            problems.append(f"record is {format_duration(age)} old, older than --max-age {format_duration(policy.max_age)} ({predicate['time']}); run the preflight again")
+
+    verdict = predicate.get("verdict")
+    if not policy.allow_fail and verdict != "pass":
+        failed = [c.get("id") for c in predicate.get("checks", []) if isinstance(c, dict) and c.get("status") in ("fail", "inconclusive")]
+        detail = f" (checks: {', '.join(map(str, failed))})" if failed else ""
+        problems.append(f"verdict is {verdict!r}, not 'pass'{detail}; pass --allow-fail to check authenticity only")
+
+    if problems:
+        raise refusal("; ".join(problems))
+    return VerifiedRecord(keyid=keyid, time=moment, verdict=str(verdict), subjects=recorded, predicate=predicate)  # type: ignore[arg-type]
+
+
+def summary(record: VerifiedRecord, *, path: str, now: datetime | None = None) -> str:
+    now = now or datetime.now(timezone.utc)
+    p = record.predicate
+    lines = [
+        f"verified {path}",
+        f"  signed by  keyid {record.keyid[:16]}…",
+        f"  verdict    {record.verdict}",
+        f"  time       {p.get('time')} ({format_duration(now - record.time)} ago) on {p.get('host')}",
+        f"  tool       kvpreflight {(p.get('tool') or {}).get('version')}",
+    ]
+    for i, s in enumerate(record.subjects):
+        lines.append(f"  {'subjects' if i == 0 else '':<10} {s.name}=sha256:{s.sha256[:16]}…")
+    for i, e in enumerate(p.get("engines") or []):
+        if not isinstance(e, dict):
+            continue
+        desc = (f"{e.get('engine')} {e.get('version') or ''} {e.get('role')} at {e.get('url')}: model {e.get('model')}, "
+                f"pool {e.get('kv_pool_tokens')} tokens, context served {e.get('context_served')}")
+        lines.append(f"  {'engines' if i == 0 else '':<10} {' '.join(desc.split())}")
+    if not p.get("engines"):
+        lines.append("  engines    none recorded")
+    return "\n".join(lines) + "\n"
