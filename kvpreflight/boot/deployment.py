@@ -1,0 +1,47 @@
+"""What a booted deployment looks like to the rest of kvpreflight: the same targets attach mode
+has (URLs), plus the log file of each engine and the processes that belong to it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from kvpreflight.boot import proctree
+from kvpreflight.boot.spec import DeploymentSpec
+
+
+@dataclass(frozen=True)
+class BootedEngine:
+    name: str
+    role: str  # prefill | decode | unified | router
+    url: str
+    ready_url: str
+    pid: int  # also the process group id
+    log_path: str
+    engine: str  # sglang | vllm | llamacpp | tgi | builtin | auto (not known from the command)
+    gpus: tuple[str, ...]  # what CUDA_VISIBLE_DEVICES was set to; () when not set
+    port: int | None
+
+    def process_ids(self) -> frozenset[int]:
+        """The engine's live processes now (its group and any descendant that left the group).
+        Match these with gpus.inventory() PIDs to see which engine holds which GPU."""
+        return frozenset(proctree.family(self.pid, self.pid))
+
+
+@dataclass(frozen=True)
+class BootedDeployment:
+    spec: DeploymentSpec
+    engines: tuple[BootedEngine, ...]
+    entry_url: str
+    log_files: Mapping[str, str]  # engine URL -> its log file
+
+    def engine(self, name: str) -> BootedEngine:
+        for engine in self.engines:
+            if engine.name == name:
+                return engine
+        raise KeyError(name)
+
+    @property
+    def workers(self) -> tuple[BootedEngine, ...]:
+        """The engines that hold KV pools (everything but routers)."""
+        return tuple(e for e in self.engines if e.role != "router")

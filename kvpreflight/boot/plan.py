@@ -1,0 +1,141 @@
+"""From a spec to concrete launch plans: ports chosen, placeholders filled in, URLs fixed.
+
+Nothing is started here. Problems found now (a port already taken, a placeholder that points at
+an engine without a port) are configuration errors: BootError with exit code 2.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+import sys
+import types
+from dataclasses import dataclass
+from typing import Mapping
+from urllib.parse import urlsplit
+
+from kvpreflight.boot.errors import BootError
+from kvpreflight.boot.spec import DEFAULT_HEALTH_PATH, PLACEHOLDER, DeploymentSpec, EngineSpec
+from kvpreflight.model import EXIT_USAGE
+
+LOOPBACK = "127.0.0.1"
+_LOCAL_HOSTS = {"127.0.0.1", "localhost", "0.0.0.0", "::1", "::"}
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """One engine, ready to start."""
+
+    spec: EngineSpec
+    argv: tuple[str, ...]
+    env: Mapping[str, str]  # added to the parent's environment
+    port: int | None
+    url: str
+    ready_url: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+
+@dataclass(frozen=True)
+class DeploymentPlan:
+    spec: DeploymentSpec
+    engines: tuple[LaunchPlan, ...]
+    entry_url: str
+
+
+def free_port(host: str = LOOPBACK, avoid: frozenset[int] | set[int] = frozenset()) -> int:
+    """A port nothing listens on right now (the kernel's pick), not one of `avoid`."""
+    for _ in range(50):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind((host, 0))
+            port = sock.getsockname()[1]
+        if port not in avoid:
+            return port
+    raise BootError("could not find a free port on 127.0.0.1")
+
+
+def port_in_use(port: int, host: str = LOOPBACK) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return True
+            raise
+    return False
+
+
+def plan_deployment(spec: DeploymentSpec, *, python: str | None = None) -> DeploymentPlan:
+    python = python or sys.executable
+    ports = _choose_ports(spec)
+    urls: dict[str, str] = {}
+    for engine in spec.engines:
+        port = ports[engine.name]
+        template = engine.url or "http://127.0.0.1:{port}"
+        urls[engine.name] = template.replace("{port}", str(port)).rstrip("/")
+    hosts = {name: urlsplit(url).hostname or LOOPBACK for name, url in urls.items()}
+
+    def fill(text: str, engine: EngineSpec | None, where: str) -> str:
+        def one(match) -> str:
+            target, _, attr = match.group(1).rpartition(".")
+            if not target and attr == "python":
+                return python
+            name = target or (engine.name if engine is not None else "")
+            value = {"port": ports.get(name), "url": urls.get(name), "host": hosts.get(name)}[attr]
+            if value is None:
+                raise BootError(f"{spec.source}: {where}: {{{match.group(1)}}} refers to engine {name!r}, "
+                                "which has no port; give it port: auto or a number", exit_code=EXIT_USAGE)
+            return str(value)
+
+        return PLACEHOLDER.sub(one, text)
+
+    plans = []
+    for i, engine in enumerate(spec.engines):
+        where = f"engines[{i}]"
+        argv = tuple(fill(arg, engine, f"{where}.command") for arg in engine.command)
+        env = {key: fill(value, engine, f"{where}.env.{key}") for key, value in engine.env.items()}
+        if engine.gpus:
+            env["CUDA_VISIBLE_DEVICES"] = ",".join(engine.gpus)
+        env.setdefault("PYTHONUNBUFFERED", "1")  # log lines reach the log file as they happen
+        ready = engine.ready_url or DEFAULT_HEALTH_PATH
+        ready = urls[engine.name] + ready if ready.startswith("/") else fill(ready, engine, f"{where}.ready_url")
+        plans.append(LaunchPlan(
+            spec=engine, argv=argv, env=types.MappingProxyType(env), port=ports[engine.name],
+            url=urls[engine.name], ready_url=ready,
+        ))
+    return DeploymentPlan(spec=spec, engines=tuple(plans), entry_url=_entry_url(spec, urls, fill))
+
+
+def _choose_ports(spec: DeploymentSpec) -> dict[str, int | None]:
+    fixed: dict[int, str] = {}
+    for i, engine in enumerate(spec.engines):
+        if isinstance(engine.port, int):
+            if engine.port in fixed:
+                raise BootError(f"{spec.source}: engines[{i}].port: {engine.port} is also the port of "
+                                f"{fixed[engine.port]!r}; give each engine its own port or use auto",
+                                exit_code=EXIT_USAGE)
+            fixed[engine.port] = engine.name
+            host = urlsplit((engine.url or "http://127.0.0.1").replace("{port}", "1")).hostname or LOOPBACK
+            if host in _LOCAL_HOSTS and port_in_use(engine.port):
+                raise BootError(f"{spec.source}: engines[{i}].port: {engine.port} is already in use on this "
+                                "machine (is an old server still running?); stop it or use port: auto",
+                                exit_code=EXIT_USAGE)
+    ports: dict[str, int | None] = {}
+    taken = set(fixed)
+    for engine in spec.engines:
+        if engine.port == "auto":
+            port = free_port(avoid=taken)
+            taken.add(port)
+            ports[engine.name] = port
+        else:
+            ports[engine.name] = engine.port if isinstance(engine.port, int) else None
+    return ports
+
+
+def _entry_url(spec: DeploymentSpec, urls: dict[str, str], fill) -> str:
+    if spec.entry in urls:
+        return urls[spec.entry]
+    return fill(spec.entry, None, "entry").rstrip("/")

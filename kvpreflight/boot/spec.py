@@ -1,0 +1,392 @@
+"""Boot specs: what a deployment runs, parsed from YAML into frozen dataclasses.
+
+Every problem is one line that names the file and the field, e.g.
+``spec.yaml: engines[1].port: expected an integer or "auto", got 'x'``. Unknown keys are errors
+(a typo must not silently drop a setting). Placeholders are checked here and filled in at boot
+(see ``kvpreflight.boot.plan``):
+
+- ``{port}``, ``{url}``, ``{host}``: this engine's port, URL and host;
+- ``{NAME.port}``, ``{NAME.url}``, ``{NAME.host}``: another engine's (a router needs its workers');
+- ``{python}``: the Python running kvpreflight (so a spec can start ``{python} -m ...`` in the
+  same environment).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import types
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from kvpreflight.boot.errors import BootError
+from kvpreflight.model import EXIT_USAGE, Waiver
+
+ROLES = ("prefill", "decode", "unified", "router")
+ENGINE_KINDS = ("sglang", "vllm", "llamacpp", "tgi", "builtin", "auto")
+DEFAULT_READY_TIMEOUT_S = 600.0
+DEFAULT_HEALTH_PATH = "/health"
+
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
+# Only brace groups shaped like a placeholder count; JSON such as '{"a": 1}' is left alone.
+PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]*)?)\}")
+_SELF_KEYS = ("port", "url", "host")
+_GLOBAL_KEYS = ("python",)
+
+_TOP_KEYS = ("deployment", "context_length", "entry", "engines", "checks")
+_ENGINE_KEYS = (
+    "name", "role", "command", "env", "gpus", "port", "url", "ready_url", "ready_timeout_s",
+    "engine", "cwd",
+)
+
+
+@dataclass(frozen=True)
+class EngineSpec:
+    """One engine process as the spec describes it (placeholders not yet filled in)."""
+
+    name: str
+    role: str  # prefill | decode | unified | router
+    command: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=lambda: types.MappingProxyType({}))
+    gpus: tuple[str, ...] = ()  # becomes CUDA_VISIBLE_DEVICES
+    port: int | str | None = None  # an integer, "auto", or None when only url is given
+    url: str | None = None  # template; default http://127.0.0.1:{port}
+    ready_url: str | None = None  # URL, /path on url, or template; default url + /health
+    ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
+    engine: str = "auto"  # sglang | vllm | llamacpp | tgi | builtin | auto
+    cwd: str | None = None  # absolute (relative paths are taken from the spec's folder)
+
+    @property
+    def kind(self) -> str:
+        """The engine kind: as given, or guessed from the command; "auto" when unknown."""
+        return self.engine if self.engine != "auto" else guess_engine_kind(self.command)
+
+
+@dataclass(frozen=True)
+class ChecksSpec:
+    skip: tuple[Waiver, ...] = ()
+    settings: Mapping[str, Any] = field(default_factory=lambda: types.MappingProxyType({}))
+
+
+@dataclass(frozen=True)
+class DeploymentSpec:
+    deployment: str
+    engines: tuple[EngineSpec, ...]
+    entry: str  # an engine name or a URL (template); defaults to the router, else the only engine
+    context_length: int | None = None  # the context length promised to users
+    checks: ChecksSpec = field(default_factory=ChecksSpec)
+    source: str = "<spec>"  # the file it came from, for messages
+
+    def engine(self, name: str) -> EngineSpec:
+        for engine in self.engines:
+            if engine.name == name:
+                return engine
+        raise KeyError(name)
+
+
+def guess_engine_kind(command: tuple[str, ...]) -> str:
+    """A cheap guess from the command line; adapters confirm over HTTP."""
+    text = " ".join(command).lower()
+    if "kvpreflight" in text and "engine" in text:
+        return "builtin"
+    if "sglang" in text:
+        return "sglang"
+    if "vllm" in text:
+        return "vllm"
+    if "llama-server" in text or "llama_cpp" in text or "llama-cpp" in text:
+        return "llamacpp"
+    if "text-generation-launcher" in text:
+        return "tgi"
+    return "auto"
+
+
+def load_spec(path: str | os.PathLike[str]) -> DeploymentSpec:
+    """Read and parse a spec file. Raises BootError (exit 2) with one line on any problem."""
+    import yaml
+
+    label = os.fspath(path)
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        raise _error(label, None, "no such file; give the path of a boot spec (see examples/specs/)")
+    except OSError as exc:
+        raise _error(label, None, f"cannot read: {exc.strerror or exc}")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise _error(label, None, f"not valid YAML{where}: {problem}")
+    base_dir = os.path.dirname(os.path.abspath(label))
+    return parse_spec(data, source=label, base_dir=base_dir)
+
+
+def parse_spec(data: Any, *, source: str = "<spec>", base_dir: str | None = None) -> DeploymentSpec:
+    """Turn already-loaded YAML data into a DeploymentSpec, or raise BootError (exit 2)."""
+    p = _Parser(source, base_dir or os.getcwd())
+    if not isinstance(data, dict):
+        raise p.error(None, f"expected a mapping with {', '.join(_TOP_KEYS)}, got {_kind(data)}")
+    p.unknown_keys(data, _TOP_KEYS, None)
+    deployment = p.name(data.get("deployment"), "deployment", required=True, pattern=False)
+    context_length = p.positive_int(data.get("context_length"), "context_length")
+    raw_engines = data.get("engines")
+    if not isinstance(raw_engines, list) or not raw_engines:
+        raise p.error("engines", f"expected a non-empty list of engines, got {_kind(raw_engines)}")
+    engines = tuple(p.engine(raw, f"engines[{i}]") for i, raw in enumerate(raw_engines))
+    names = [e.name for e in engines]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise p.error(f"engines[{i}].name", f"duplicate engine name {name!r}; names must be unique")
+    entry = p.entry(data.get("entry"), engines)
+    checks = p.checks(data.get("checks"))
+    for i, engine in enumerate(engines):
+        p.check_placeholders(engine, f"engines[{i}]", names)
+    if entry not in names:
+        p.check_template(entry, "entry", names, self_allowed=False)
+    return DeploymentSpec(
+        deployment=deployment,
+        engines=engines,
+        entry=entry,
+        context_length=context_length,
+        checks=checks,
+        source=source,
+    )
+
+
+def _error(source: str, where: str | None, problem: str) -> BootError:
+    prefix = f"{source}: {where}: " if where else f"{source}: "
+    return BootError(prefix + problem, exit_code=EXIT_USAGE)
+
+
+def _kind(value: Any) -> str:
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        return f"{value!r}"
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+class _Parser:
+    def __init__(self, source: str, base_dir: str) -> None:
+        self.source = source
+        self.base_dir = base_dir
+
+    def error(self, where: str | None, problem: str) -> BootError:
+        return _error(self.source, where, problem)
+
+    def unknown_keys(self, data: dict, allowed: tuple[str, ...], where: str | None) -> None:
+        for key in data:
+            if key not in allowed:
+                at = f"{where}.{key}" if where else str(key)
+                raise self.error(at, f"unknown key (expected one of: {', '.join(allowed)})")
+
+    def name(self, value: Any, where: str, *, required: bool, pattern: bool = True) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self.error(where, f"expected a non-empty string, got {_kind(value)}")
+        if pattern and not _NAME.match(value):
+            raise self.error(where, f"{value!r} is not a valid name (letters, digits, '-' and '_'; "
+                             "it names the log file and {NAME.port} placeholders)")
+        return value
+
+    def positive_int(self, value: Any, where: str) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise self.error(where, f"expected a positive integer, got {_kind(value)}")
+        return value
+
+    def engine(self, raw: Any, where: str) -> EngineSpec:
+        if not isinstance(raw, dict):
+            raise self.error(where, f"expected a mapping with name, role, command, port, got {_kind(raw)}")
+        self.unknown_keys(raw, _ENGINE_KEYS, where)
+        name = self.name(raw.get("name"), f"{where}.name", required=True)
+        role = raw.get("role")
+        if role not in ROLES:
+            raise self.error(f"{where}.role", f"expected one of {', '.join(ROLES)}, got {_kind(role)}")
+        command = self.command(raw.get("command"), f"{where}.command")
+        env = self.env(raw.get("env"), f"{where}.env")
+        gpus = self.gpus(raw.get("gpus"), f"{where}.gpus")
+        if gpus and "CUDA_VISIBLE_DEVICES" in env:
+            raise self.error(f"{where}.gpus", "set either gpus or env.CUDA_VISIBLE_DEVICES, not both")
+        port = self.port(raw.get("port"), f"{where}.port")
+        url = self.optional_url(raw.get("url"), f"{where}.url")
+        ready_url = self.optional_url(raw.get("ready_url"), f"{where}.ready_url")
+        if port is None and url is None:
+            raise self.error(where, "needs a port (a number or auto) or a url to reach the engine at")
+        timeout = raw.get("ready_timeout_s", DEFAULT_READY_TIMEOUT_S)
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
+            raise self.error(f"{where}.ready_timeout_s", f"expected a positive number of seconds, got {_kind(timeout)}")
+        kind = raw.get("engine", "auto")
+        if kind not in ENGINE_KINDS:
+            raise self.error(f"{where}.engine", f"expected one of {', '.join(ENGINE_KINDS)}, got {_kind(kind)}")
+        cwd = raw.get("cwd")
+        if cwd is not None:
+            if not isinstance(cwd, str) or not cwd:
+                raise self.error(f"{where}.cwd", f"expected a folder path, got {_kind(cwd)}")
+            cwd = os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(cwd)))
+        return EngineSpec(
+            name=name, role=role, command=command, env=env, gpus=gpus, port=port, url=url,
+            ready_url=ready_url, ready_timeout_s=float(timeout), engine=kind, cwd=cwd,
+        )
+
+    def command(self, value: Any, where: str) -> tuple[str, ...]:
+        if isinstance(value, str):
+            try:
+                argv = shlex.split(value)
+            except ValueError as exc:
+                raise self.error(where, f"cannot split into arguments: {exc}")
+        elif isinstance(value, list):
+            argv = []
+            for i, item in enumerate(value):
+                if isinstance(item, bool) or not isinstance(item, (str, int, float)):
+                    raise self.error(f"{where}[{i}]", f"expected a string, got {_kind(item)}")
+                argv.append(str(item))
+        else:
+            raise self.error(where, f"expected a list of arguments or a command string, got {_kind(value)}")
+        if not argv or not argv[0]:
+            raise self.error(where, "is empty; give the program to start and its arguments")
+        return tuple(argv)
+
+    def env(self, value: Any, where: str) -> Mapping[str, str]:
+        if value is None:
+            return types.MappingProxyType({})
+        if not isinstance(value, dict):
+            raise self.error(where, f"expected a mapping of variable names to values, got {_kind(value)}")
+        env: dict[str, str] = {}
+        for key, item in value.items():
+            if not isinstance(key, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+                raise self.error(where, f"{key!r} is not a valid environment variable name")
+            if isinstance(item, bool):
+                item = "1" if item else "0"
+            if not isinstance(item, (str, int, float)):
+                raise self.error(f"{where}.{key}", f"expected a string or number, got {_kind(item)}")
+            env[key] = str(item)
+        return types.MappingProxyType(env)
+
+    def gpus(self, value: Any, where: str) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if isinstance(value, bool):
+            raise self.error(where, f"expected GPU indices like [0, 1] or \"0,1\", got {_kind(value)}")
+        if isinstance(value, int):
+            items: list[Any] = [value]
+        elif isinstance(value, str):
+            items = [part.strip() for part in value.split(",")]
+        elif isinstance(value, list):
+            items = value
+        else:
+            raise self.error(where, f"expected GPU indices like [0, 1] or \"0,1\", got {_kind(value)}")
+        out: list[str] = []
+        for item in items:
+            if isinstance(item, bool) or isinstance(item, int) and item < 0:
+                raise self.error(where, f"expected GPU indices (0, 1, ...) or UUIDs, got {_kind(item)}")
+            text = str(item).strip()
+            if not text or not re.match(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)$", text):
+                raise self.error(where, f"expected GPU indices (0, 1, ...) or UUIDs, got {_kind(item)}")
+            if text in out:
+                raise self.error(where, f"GPU {text} is listed twice")
+            out.append(text)
+        if not out:
+            raise self.error(where, "is empty; list the GPU indices this engine uses or leave it out")
+        return tuple(out)
+
+    def port(self, value: Any, where: str) -> int | str | None:
+        if value is None or value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise self.error(where, f"expected an integer or \"auto\", got {_kind(value)}")
+        if not 1 <= value <= 65535:
+            raise self.error(where, f"expected a port between 1 and 65535, got {value}")
+        return value
+
+    def optional_url(self, value: Any, where: str) -> str | None:
+        if value is None:
+            return None
+        if where.endswith(".ready_url"):
+            # also a path on the engine's own URL ("/v1/models") or a template ("{url}/ready")
+            if isinstance(value, str) and (value.startswith("/") or re.match(r"^\{[A-Za-z0-9_.-]*url\}", value)):
+                return value
+            if not isinstance(value, str) or not re.match(r"^https?://[^/\s]+", value):
+                raise self.error(where, "expected an http(s):// URL, a path such as /health, or {url}/PATH, "
+                                 f"got {_kind(value)}")
+            return value
+        if not isinstance(value, str) or not re.match(r"^https?://[^/\s]+", value):
+            raise self.error(where, f"expected an http:// or https:// URL, got {_kind(value)}")
+        return value.rstrip("/")
+
+    def entry(self, value: Any, engines: tuple[EngineSpec, ...]) -> str:
+        names = [e.name for e in engines]
+        if value is None:
+            routers = [e.name for e in engines if e.role == "router"]
+            if len(routers) == 1:
+                return routers[0]
+            if len(engines) == 1:
+                return engines[0].name
+            raise self.error("entry", "missing, and there is no single router to default to; set it to "
+                             "the engine name (or URL) that clients send requests to")
+        if not isinstance(value, str) or not (value in names or re.match(r"^https?://[^/\s]+", value)):
+            raise self.error("entry", f"expected an engine name ({', '.join(names)}) or an http(s):// URL, got {_kind(value)}")
+        return value.rstrip("/")
+
+    def checks(self, value: Any) -> ChecksSpec:
+        if value is None:
+            return ChecksSpec()
+        if not isinstance(value, dict):
+            raise self.error("checks", f"expected a mapping (skip: [...] and check settings), got {_kind(value)}")
+        raw_skip = value.get("skip", [])
+        if not isinstance(raw_skip, list):
+            raise self.error("checks.skip", f"expected a list of {{id, reason}}, got {_kind(raw_skip)}")
+        skip: list[Waiver] = []
+        for i, item in enumerate(raw_skip):
+            where = f"checks.skip[{i}]"
+            if not isinstance(item, dict):
+                raise self.error(where, f"expected a mapping with id and reason, got {_kind(item)}")
+            self.unknown_keys(item, ("id", "reason"), where)
+            check_id = item.get("id")
+            reason = item.get("reason")
+            if not isinstance(check_id, str) or not check_id.strip():
+                raise self.error(f"{where}.id", f"expected a check id, got {_kind(check_id)}")
+            if not isinstance(reason, str) or not reason.strip():
+                raise self.error(f"{where}.reason", "a skipped check needs a reason (it goes into the record)")
+            skip.append(Waiver(check_id=check_id.strip(), reason=reason.strip()))
+        settings = {k: v for k, v in value.items() if k != "skip"}
+        return ChecksSpec(skip=tuple(skip), settings=types.MappingProxyType(settings))
+
+    def check_placeholders(self, engine: EngineSpec, where: str, names: list[str]) -> None:
+        for i, arg in enumerate(engine.command):
+            self.check_template(arg, f"{where}.command[{i}]", names, self_allowed=True, engine=engine)
+        for key, item in engine.env.items():
+            self.check_template(item, f"{where}.env.{key}", names, self_allowed=True, engine=engine)
+        if engine.url is not None:
+            self.check_template(engine.url, f"{where}.url", [], self_allowed=True, engine=engine, url_ok=False)
+        if engine.ready_url is not None:
+            self.check_template(engine.ready_url, f"{where}.ready_url", names, self_allowed=True, engine=engine)
+
+    def check_template(self, text: str, where: str, names: list[str], *, self_allowed: bool,
+                       engine: EngineSpec | None = None, url_ok: bool = True) -> None:
+        for match in PLACEHOLDER.finditer(text):
+            key = match.group(1)
+            target, _, attr = key.rpartition(".")
+            if not target and key in _GLOBAL_KEYS:
+                continue
+            if not url_ok and key != "port":
+                raise self.error(where, f"the url may use only {{port}}, not {{{key}}}")
+            if not target and self_allowed and key in _SELF_KEYS:
+                if key == "port" and engine is not None and engine.port is None:
+                    raise self.error(where, "uses {port} but the engine has no port; add port: auto or a number")
+                continue
+            if target and attr in _SELF_KEYS and target in names:
+                continue
+            known = ", ".join(["{python}", "{port}", "{url}", "{host}", "{NAME.port}", "{NAME.url}", "{NAME.host}"])
+            raise self.error(where, f"unknown placeholder {{{key}}} (known: {known}; NAME is an engine name)")
