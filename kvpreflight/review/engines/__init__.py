@@ -1,0 +1,16 @@
+"""One module per engine: reads its launch flags the way the engine does and estimates the KV
+pool it will allocate. Each has `estimate(launch, inputs, models) -> Estimate`."""
+
+from __future__ import annotations
+
+import importlib
+
+ENGINES = {
+    "sglang": "kvpreflight.review.engines.sglang",
+    "vllm": "kvpreflight.review.engines.vllm",
+    "llamacpp": "kvpreflight.review.engines.llamacpp",
+}
+
+
+def estimator(engine: str):
+    return importlib.import_module(ENGINES[engine])

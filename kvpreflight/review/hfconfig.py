@@ -1,0 +1,177 @@
+"""A model's shape from its Hugging Face ``config.json``: what one token costs in KV cache and
+what the weights weigh. MHA/GQA, MLA (DeepSeek-V2/V3) and sliding-window declarations."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kvpreflight.review.interface import ReviewError
+
+DTYPE_BYTES = {
+    "float32": 4, "fp32": 4, "float": 4,
+    "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2, "f16": 2, "auto": None,
+    "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1, "q8_0": 1,
+}
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    name: str
+    config_path: str
+    model_type: str
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    kv_lora_rank: int | None  # MLA only
+    qk_rope_head_dim: int | None  # MLA only
+    max_position_embeddings: int | None
+    dtype_bytes: int  # the model's own dtype: what "auto" KV dtype means
+    weight_bytes: int
+    weight_source: str
+    sliding_note: str | None  # set when the config declares sliding-window layers
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank is not None
+
+    def kv_heads_per_rank(self, attn_tp: int) -> int:
+        """Heads are split over TP ranks and replicated when TP exceeds them (ceil)."""
+        return math.ceil(self.num_kv_heads / max(attn_tp, 1))
+
+    def layers_per_rank(self, pp: int = 1) -> int:
+        return math.ceil(self.num_layers / max(pp, 1))
+
+    def kv_bytes_per_token(self, kv_dtype_bytes: int, attn_tp: int, pp: int = 1) -> int:
+        """Per rank. MLA: (kv_lora_rank + qk_rope_head_dim) * layers * bytes, not split by TP."""
+        layers = self.layers_per_rank(pp)
+        if self.is_mla:
+            assert self.kv_lora_rank is not None and self.qk_rope_head_dim is not None
+            return (self.kv_lora_rank + self.qk_rope_head_dim) * layers * kv_dtype_bytes
+        return 2 * layers * self.kv_heads_per_rank(attn_tp) * self.head_dim * kv_dtype_bytes
+
+    def formula(self, kv_dtype_bytes: int, attn_tp: int, pp: int = 1) -> str:
+        layers = f"{self.layers_per_rank(pp)} layers" + (f" (of {self.num_layers}, PP {pp})" if pp > 1 else "")
+        if self.is_mla:
+            return (
+                f"MLA: (kv_lora_rank {self.kv_lora_rank} + qk_rope_head_dim {self.qk_rope_head_dim})"
+                f" * {layers} * {kv_dtype_bytes} B (not split by TP)"
+            )
+        return (
+            f"2 * {layers} * ceil({self.num_kv_heads} kv_heads / TP {attn_tp})"
+            f" * head_dim {self.head_dim} * {kv_dtype_bytes} B"
+        )
+
+
+def load_model(path: Path) -> ModelShape:
+    """`path` is a model directory holding config.json (or the config.json itself)."""
+    config_path = path / "config.json" if path.is_dir() else path
+    try:
+        raw = json.loads(config_path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ReviewError(
+            f"{config_path}: no config.json; point --model-dir at the model's folder (the Hugging Face config.json)"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ReviewError(f"{config_path}: cannot read the model config ({exc}); use the model's Hugging Face config.json") from None
+    if not isinstance(raw, dict):
+        raise ReviewError(f"{config_path}: expected a JSON object (a Hugging Face config.json)")
+    cfg = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    name = config_path.parent.name
+
+    def need(key: str, *alts: str) -> int:
+        for k in (key, *alts):
+            v = cfg.get(k)
+            if isinstance(v, int) and v > 0:
+                return v
+        raise ReviewError(f"{config_path}: '{key}' is missing or not a positive integer; review needs it to size the KV cache")
+
+    layers = need("num_hidden_layers", "n_layer", "num_layers")
+    heads = need("num_attention_heads", "n_head")
+    hidden = need("hidden_size", "n_embd", "d_model")
+    kv_heads = cfg.get("num_key_value_heads") or heads
+    head_dim = cfg.get("head_dim") or hidden // heads
+    mla = cfg.get("kv_lora_rank")
+    rope = cfg.get("qk_rope_head_dim") if mla else None
+    if mla and not rope:
+        raise ReviewError(f"{config_path}: has kv_lora_rank (MLA) but no qk_rope_head_dim")
+    dtype_name = str(cfg.get("torch_dtype") or raw.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
+    dtype_bytes = DTYPE_BYTES.get(dtype_name) or 2
+    weight_bytes, weight_source = _weights(config_path.parent, raw, cfg, dtype_bytes)
+    return ModelShape(
+        name=name,
+        config_path=str(config_path),
+        model_type=str(cfg.get("model_type", "unknown")),
+        num_layers=layers,
+        num_kv_heads=int(kv_heads),
+        head_dim=int(head_dim),
+        kv_lora_rank=int(mla) if mla else None,
+        qk_rope_head_dim=int(rope) if rope else None,
+        max_position_embeddings=cfg.get("max_position_embeddings") or cfg.get("max_sequence_length"),
+        dtype_bytes=dtype_bytes,
+        weight_bytes=weight_bytes,
+        weight_source=weight_source,
+        sliding_note=_sliding(cfg),
+    )
+
+
+def _sliding(cfg: dict[str, Any]) -> str | None:
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and any("sliding" in str(t) for t in types):
+        n = sum("sliding" in str(t) for t in types)
+        return (
+            f"config declares {n} of {len(types)} layers sliding-window ({cfg.get('sliding_window')} tokens); "
+            "every layer is counted at full length, so an engine with a hybrid SWA pool holds more than this estimate"
+        )
+    if cfg.get("use_sliding_window") is True or (cfg.get("sliding_window") and "use_sliding_window" not in cfg):
+        return (
+            f"config declares sliding_window {cfg.get('sliding_window')}; every layer is counted at full length, "
+            "so an engine with a hybrid SWA pool holds more than this estimate"
+        )
+    return None
+
+
+def _weights(folder: Path, raw: dict[str, Any], cfg: dict[str, Any], dtype_bytes: int) -> tuple[int, str]:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            total = json.loads(index.read_text(encoding="utf-8"))["metadata"]["total_size"]
+            return int(total), f"{index.name} metadata.total_size"
+        except (OSError, ValueError, KeyError, TypeError):
+            raise ReviewError(f"{index}: no metadata.total_size; fix the file or remove it to estimate from config.json") from None
+    params = parameter_count(cfg)
+    quant = raw.get("quantization_config") or {}
+    per = 1 if str(quant.get("quant_method", "")).lower() == "fp8" else dtype_bytes
+    return params * per, f"parameter count from config.json ({params:,} x {per} B; approximate)"
+
+
+def parameter_count(cfg: dict[str, Any]) -> int:
+    """Parameters of a decoder-only transformer as its config describes it (Llama/Qwen/Mistral
+    dense, Mixtral/Qwen-MoE/DeepSeek MoE and MLA). Biases are ignored."""
+    h = cfg["hidden_size"]
+    layers = cfg["num_hidden_layers"]
+    heads = cfg["num_attention_heads"]
+    kv = cfg.get("num_key_value_heads") or heads
+    hd = cfg.get("head_dim") or h // heads
+    vocab = cfg.get("vocab_size", 0)
+    inter = cfg.get("intermediate_size", 4 * h)
+    if cfg.get("kv_lora_rank"):
+        nope, rope, v = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+        ql = cfg.get("q_lora_rank")
+        q = h * ql + ql * heads * (nope + rope) + ql if ql else h * heads * (nope + rope)
+        kvr = cfg["kv_lora_rank"]
+        attn = q + h * (kvr + rope) + kvr + kvr * heads * (nope + v) + heads * v * h
+    else:
+        attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
+    experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
+    moe_inter = cfg.get("moe_intermediate_size") or inter
+    shared = (cfg.get("n_shared_experts") or 0) * 3 * h * moe_inter + 3 * h * (cfg.get("shared_expert_intermediate_size") or 0)
+    dense_layers = cfg.get("first_k_dense_replace", 0) if experts else layers
+    dense_mlp = 3 * h * inter
+    moe_mlp = experts * 3 * h * moe_inter + h * experts + shared
+    total = layers * (attn + 2 * h) + dense_layers * dense_mlp + (layers - dense_layers) * moe_mlp
+    total += vocab * h * (1 if cfg.get("tie_word_embeddings") else 2) + h
+    return int(total)

@@ -1,0 +1,34 @@
+"""kvpreflight boot specs (`engines: [{name, role, command, ...}]`, top-level `context_length`):
+the same file `kvpreflight check --boot` starts, read here without starting anything."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from yaml.nodes import Node
+
+from kvpreflight.review.interface import CommandSite, ReviewError
+from kvpreflight.review.sources.yamlnodes import command_tokens, env_literals, get, items, line, scalar, span
+
+
+def sites(path: Path, docs: list[Node]) -> list[CommandSite]:
+    out: list[CommandSite] = []
+    for doc in docs:
+        ctx_node = get(doc, "context_length")
+        context = None
+        if scalar(ctx_node) is not None:
+            try:
+                context = int(scalar(ctx_node) or "")
+            except ValueError:
+                raise ReviewError(f"{path}:{line(ctx_node)}: context_length {scalar(ctx_node)!r} is not an integer") from None
+        for i, eng in enumerate(items(get(doc, "engines"))):
+            role = scalar(get(eng, "role"))
+            if role == "router":
+                continue
+            tokens = command_tokens(get(eng, "command"))
+            if tokens:
+                out.append(CommandSite(
+                    file=str(path), where=f"engine {scalar(get(eng, 'name')) or f'engines[{i}]'}", tokens=tuple(tokens),
+                    role=role, context_length=context, search_lines=span(eng), env=env_literals(eng),
+                ))
+    return out
