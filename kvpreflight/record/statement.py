@@ -127,7 +127,7 @@ def _redact_header(header: str, dropped: list[str]) -> str:
         dropped.append(hvalue)
         for part in hvalue.split():  # "Bearer sk-..." -> also the bare token
             dropped.append(part)
-        return f"{hname}{sep} {REDACTED}"
+        return f"{hname}{sep}{' ' if sep == ':' else ''}{REDACTED}"
     return header
 
 

@@ -1,0 +1,77 @@
+"""Shared pieces for the record tests: a hand-built Report, keys on disk, the real CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+from kvpreflight.model import CheckResult, EngineSnapshot, Origin, PoolReading, Report, Role, Status, Waiver
+from kvpreflight.record import build_statement, generate, parse_subject, sign_statement, write_keypair, write_record
+
+KVPREFLIGHT = Path(sys.executable).with_name("kvpreflight")
+APP_DIGEST = "3f" * 32
+APP = parse_subject(f"app=sha256:{APP_DIGEST}")
+
+
+def sample_report(*, failing: bool = False) -> Report:
+    prefill = EngineSnapshot(
+        url="http://prefill-0:30000", engine="sglang", version="0.4.9", role=Role.PREFILL, model="tiny-llama",
+        served_context=131072,
+        pool_readings=(
+            PoolReading("log:KV Cache is allocated", Origin.ALLOCATOR, 140000),
+            PoolReading("/server_info max_total_num_tokens", Origin.SCHEDULER, 139264),
+        ),
+    )
+    decode = EngineSnapshot(
+        url="http://decode-0:30001", engine="sglang", version="0.4.9", role=Role.DECODE, model="tiny-llama",
+        served_context=131072,
+        pool_readings=(PoolReading("log:KV Cache is allocated", Origin.ALLOCATOR, 150000, rank="dp0"),),
+    )
+    checks = (
+        CheckResult("kv.pool_holds_context", Status.PASS, "pool 139264 tokens >= context 131072",
+                    endpoint=prefill.url, evidence={"pool_tokens": 139264, "context": 131072}),
+        CheckResult("reject.over_capacity", Status.FAIL if failing else Status.PASS,
+                    "over-capacity request got HTTP 200" if failing else "over-capacity request got HTTP 400",
+                    endpoint=decode.url, evidence={"http_status": 200 if failing else 400,
+                                                   "response_text": "fluent text from another tenant"}),
+        CheckResult("throughput.note", Status.WARN, "no throughput baseline"),
+    )
+    return Report(
+        tool_version="0.1.0", engines=(prefill, decode), checks=checks,
+        waivers=(Waiver("throughput.note", "baseline lands next sprint"),),
+        context_length_promised=131072, entry="http://router:8000",
+        started_at="2026-01-01T00:00:00Z", finished_at="2026-01-01T00:01:00Z",
+    )
+
+
+def make_keys(directory: Path, algorithm: str = "ecdsa-p256"):
+    key = generate(algorithm)
+    private_path, public_path = write_keypair(directory, key)
+    return key, private_path, public_path
+
+
+def write_signed(path: Path, key, *, failing: bool = False, now: datetime | None = None,
+                 subjects=(APP,), command_line=("kvpreflight", "check")) -> dict:
+    statement = build_statement(sample_report(failing=failing), command_line=list(command_line),
+                                subjects=list(subjects), now=now)
+    envelope = sign_statement(statement, key)
+    write_record(path, envelope)
+    return envelope
+
+
+def hours_ago(hours: float) -> datetime:
+    return datetime.now(timezone.utc) - timedelta(hours=hours)
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The installed console script, as a user or a pipeline runs it."""
+    return subprocess.run([str(KVPREFLIGHT), *map(str, args)], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, **(env or {})})
+
+
+def load(path: Path) -> dict:
+    return json.loads(path.read_text())
