@@ -43,7 +43,7 @@ def render_table(found) -> str:
         pids = ", ".join(str(p.pid) for p in gpu.processes) or "-"
         rows.append([gpu.index, gpu.name or "?", gpu.uuid or "?", _gib(gpu.memory_used_bytes),
                      _gib(gpu.memory_total_bytes), pids])
-    table = tabulate(rows, headers=["#", "name", "uuid", "used GiB", "total GiB", "PIDs"])
+    table = tabulate(rows, headers=["#", "name", "uuid", "used GiB", "total GiB", "PIDs"], disable_numparse=True)
     return f"{table}\nNVIDIA driver {found.driver_version or 'unknown'}\n"
 
 
