@@ -1,6 +1,7 @@
 """Signed release records: an in-toto Statement v1 in a DSSE envelope, and its verification.
 
-Public interface (what ``check`` and ``verify`` call):
+Public interface (what ``check`` and ``verify`` call). Most commands need only ``release.py``:
+``prepare_signer`` + ``parse_subjects`` before running, ``emit_record`` after. The parts:
 
 - :func:`parse_subject` ``"NAME=sha256:HEX"`` -> :class:`Subject`
 - :func:`build_statement` (report, command_line=, subjects=, files_read=) -> statement dict
@@ -26,6 +27,7 @@ from kvpreflight.record.keys import (
     resolve_sign_key_path,
     write_keypair,
 )
+from kvpreflight.record.release import emit_record, parse_subjects, prepare_signer
 from kvpreflight.record.sign import read_record, sign_statement, unsigned_envelope, write_record
 from kvpreflight.record.statement import (
     PREDICATE_TYPE,
@@ -41,7 +43,7 @@ from kvpreflight.record.verify import Policy, VerifiedRecord, parse_duration, su
 __all__ = [
     "IN_TOTO_PAYLOAD_TYPE", "PASSWORD_ENV", "PREDICATE_TYPE", "SIGN_KEY_ENV", "STATEMENT_TYPE",
     "Envelope", "Policy", "PublicKey", "RecordError", "SigningKey", "Subject", "VerifiedRecord",
-    "build_statement", "file_subject", "generate", "load_public_key", "load_signing_key", "pae",
+    "build_statement", "emit_record", "parse_subjects", "prepare_signer", "file_subject", "generate", "load_public_key", "load_signing_key", "pae",
     "parse_duration", "parse_subject", "read_record", "redact_command_line", "resolve_sign_key_path",
     "sign_statement", "summary", "unsigned_envelope", "verify_envelope", "write_keypair", "write_record",
 ]

@@ -135,8 +135,14 @@ def _env_secrets() -> list[str]:
     return [v for k, v in os.environ.items() if _SECRET_ENV.search(k) and v]
 
 
+_URL_USERINFO = re.compile(r"(?i)\b([a-z][a-z0-9+.-]*://)[^/@\s]+@")
+_URL_SECRET_PARAM = re.compile(r"(?i)([?&][\w-]*(?:key|token|secret|password|auth|sig)[\w-]*=)[^&#\s]+")
+
+
 def _scrub(value: Any, secrets: list[str]) -> Any:
     if isinstance(value, str):
+        value = _URL_USERINFO.sub(rf"\1{REDACTED}@", value)
+        value = _URL_SECRET_PARAM.sub(rf"\1{REDACTED}", value)
         for s in secrets:
             if s in value:
                 value = value.replace(s, REDACTED)

@@ -1,0 +1,55 @@
+"""The two calls a command that writes records makes (``check``, ``demo``).
+
+1. Before anything runs: ``signer = prepare_signer(sign_key_option, unsigned=...)`` and
+   ``subjects = parse_subjects(subject_options)``, so a missing key or a bad ``--subject`` is exit 2
+   before minutes of probing.
+2. After the report exists: ``emit_record(report, path=..., signer=signer, command_line=sys.argv,
+   subjects=subjects, files_read=[...])``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Iterable
+
+from kvpreflight.record.errors import RecordError
+from kvpreflight.record.keys import SIGN_KEY_ENV, SigningKey, load_signing_key, resolve_sign_key_path
+from kvpreflight.record.sign import sign_statement, unsigned_envelope, write_record
+from kvpreflight.record.statement import Subject, build_statement, parse_subject
+
+
+def parse_subjects(options: Iterable[str] | None) -> list[Subject]:
+    return [parse_subject(text) for text in options or ()]
+
+
+def prepare_signer(sign_key: str | os.PathLike[str] | None, *, unsigned: bool) -> SigningKey | None:
+    """The signing key (``--sign-key`` or ``$KVPREFLIGHT_SIGN_KEY``), or None with ``--unsigned``.
+
+    Neither is an error: a record is signed unless the user asked, in so many words, for it not to be.
+    """
+    path = resolve_sign_key_path(sign_key)
+    if unsigned:
+        if sign_key:
+            raise RecordError("--unsigned and --sign-key contradict each other; pass one")
+        return None
+    if path is None:
+        raise RecordError(f"a record must be signed: pass --sign-key PATH or set {SIGN_KEY_ENV}=PATH "
+                          "(make a key with `kvpreflight keygen --out DIR`), or pass --unsigned for a record verify will refuse")
+    return load_signing_key(path)
+
+
+def emit_record(
+    report: object,
+    *,
+    path: str | os.PathLike[str],
+    signer: SigningKey | None,
+    command_line: list[str],
+    subjects: list[Subject],
+    files_read: Iterable[str | os.PathLike[str]] = (),
+) -> Path:
+    """Build the statement, sign it (or mark it unsigned when ``signer`` is None) and write it."""
+    statement = build_statement(report, command_line=command_line, subjects=subjects,
+                                files_read=[Path(p) for p in files_read])
+    envelope = sign_statement(statement, signer) if signer is not None else unsigned_envelope(statement)
+    return write_record(path, envelope)
