@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from datetime import datetime, timedelta, timezone
@@ -12,7 +13,16 @@ from pathlib import Path
 from kvpreflight.model import CheckResult, EngineSnapshot, Origin, PoolReading, Report, Role, Status, Waiver
 from kvpreflight.record import build_statement, generate, parse_subject, sign_statement, write_keypair, write_record
 
-KVPREFLIGHT = Path(sys.executable).with_name("kvpreflight")
+
+
+def _console_script() -> Path:
+    beside = Path(sys.executable).with_name("kvpreflight")  # the venv the tests run in
+    found = beside if beside.exists() else shutil.which("kvpreflight")
+    assert found, "the kvpreflight console script is not installed; run `pip install -e .[test]` in this venv"
+    return Path(found)
+
+
+KVPREFLIGHT = _console_script()
 APP_DIGEST = "3f" * 32
 APP = parse_subject(f"app=sha256:{APP_DIGEST}")
 
