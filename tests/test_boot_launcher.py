@@ -238,3 +238,56 @@ def test_signal_to_the_launching_process_stops_every_engine(tmp_path, reaper, si
     assert code == exit_code, stderr
     assert "all engines stopped" in stderr
     assert_all_gone(pids)
+
+
+def test_sigterm_while_engines_still_load_stops_them(tmp_path, reaper):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "deployment: loading\n"
+        "engines:\n"
+        f"  - {{name: big, role: unified, port: auto, command: ['{{python}}', '{FAKE}', '{{port}}', slow, '60']}}\n"
+    )
+    driver = subprocess.Popen([sys.executable, DRIVER, str(spec), str(tmp_path / "logs")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True, cwd=Path(__file__).parent.parent)
+    reaper.add(driver.pid)
+    try:
+        line = driver.stderr.readline()
+        found = re.search(r"started big \(unified\) pid (\d+)", line)
+        assert found, line
+        pid = int(found.group(1))
+        reaper.add(pid)
+        time.sleep(1.0)  # it is loading now
+        assert pid in live_pids()
+        os.kill(driver.pid, signal.SIGTERM)
+        code = driver.wait(timeout=20)
+        stderr = driver.stderr.read()
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
+    assert code == 143, stderr
+    assert "READY" not in driver.stdout.read()
+    assert_all_gone({pid})
+
+
+def test_engine_dying_after_boot_is_visible(tmp_path, reaper):
+    with boot_deployment(spec_of(engine("one", "ok")), tmp_path, stderr=io.StringIO()) as deployment:
+        (one,) = deployment.engines
+        reaper.add(one.pid)
+        assert one.running()
+        os.kill(one.pid, signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while one.running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not one.running()
+    assert_all_gone({one.pid})
+
+
+def test_unwritable_log_folder_is_a_configuration_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(BootError, match=r"cannot write engine logs to .*file/logs .*; choose a writable log folder") as caught:
+        with boot_deployment(spec_of(engine("one", "ok")), blocker / "logs", stderr=io.StringIO()):
+            pass
+    assert caught.value.exit_code == 2

@@ -22,6 +22,10 @@ class BootedEngine:
     gpus: tuple[str, ...]  # what CUDA_VISIBLE_DEVICES was set to; () when not set
     port: int | None
 
+    def running(self) -> bool:
+        """Whether the engine's main process is still alive (an engine may die under a probe)."""
+        return proctree.alive(self.pid)
+
     def process_ids(self) -> frozenset[int]:
         """The engine's live processes now (its group and any descendant that left the group).
         Match these with gpus.inventory() PIDs to see which engine holds which GPU."""

@@ -7,7 +7,11 @@ Engines other than routers start together; routers start once every worker is re
 needs its workers). An engine that exits, or is not ready by its ready_timeout_s, stops the boot
 with BootError (exit 3) naming it, its exit status and its last log lines. On leaving the block
 for any reason (success, error, Ctrl-C, SIGTERM) every engine's process family gets SIGTERM, then
-SIGKILL after `stop_grace_s`, and is reaped.
+SIGKILL after `stop_grace_s`, and is reaped. SIGTERM/SIGHUP become SystemExit(128+signal) in the
+main thread for the duration, so callers' `finally` blocks run too.
+
+Not covered: SIGKILL of the launching process itself (nothing can run then); the engines, in
+their own sessions, would stay; their PIDs are in the "started" progress lines.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from kvpreflight.boot.progress import Progress, clip
 from kvpreflight.boot.readiness import probe
 from kvpreflight.boot.signals import signals_held, sigterm_raises
 from kvpreflight.boot.spec import DeploymentSpec
+from kvpreflight.model import EXIT_USAGE
 
 POLL_S = 0.25
 
@@ -48,7 +53,14 @@ def boot_deployment(
     progress = Progress(stderr, progress_interval_s)
     plan = plan_deployment(spec)
     log_dir = os.fspath(log_dir)
-    os.makedirs(log_dir, exist_ok=True)
+    try:
+        os.makedirs(log_dir, exist_ok=True)
+        with open(os.path.join(log_dir, ".kvpreflight-write-test"), "wb"):
+            pass
+        os.unlink(os.path.join(log_dir, ".kvpreflight-write-test"))
+    except OSError as exc:
+        raise BootError(f"cannot write engine logs to {log_dir} ({exc.strerror or exc}); "
+                        "choose a writable log folder", exit_code=EXIT_USAGE) from None
     started: list[EngineProcess] = []
     failed = False
     with sigterm_raises():

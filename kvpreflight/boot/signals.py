@@ -1,4 +1,4 @@
-"""SIGTERM while engines run: raise, so that every `finally` stops them. While they are being
+"""SIGTERM (or SIGHUP) while engines run: raise, so that every `finally` stops them. While they are being
 stopped: hold SIGINT/SIGTERM back (a second Ctrl-C must not abandon half-stopped engines) and
 deliver them once the clean-up is done.
 
@@ -14,14 +14,12 @@ import signal
 import threading
 from typing import Iterator
 
-EXIT_SIGTERM = 128 + signal.SIGTERM
-
-
 class Terminated(SystemExit):
-    """Raised in the main thread when SIGTERM arrives while a deployment is booted."""
+    """Raised in the main thread when SIGTERM or SIGHUP arrives while a deployment is booted;
+    exits 128 + the signal number, as a shell reports a process killed by it."""
 
-    def __init__(self) -> None:
-        super().__init__(EXIT_SIGTERM)
+    def __init__(self, signum: int = signal.SIGTERM) -> None:
+        super().__init__(128 + signum)
 
 
 def _main_thread() -> bool:
@@ -35,18 +33,19 @@ def sigterm_raises() -> Iterator[None]:
         return
 
     def handler(signum, frame):
-        raise Terminated()
+        raise Terminated(signum)
 
-    previous = signal.signal(signal.SIGTERM, handler)
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 @contextlib.contextmanager
 def signals_held(*, deliver: bool = True) -> Iterator[None]:
-    """Hold SIGINT and SIGTERM for the duration; afterwards re-deliver them if `deliver`."""
+    """Hold SIGINT, SIGTERM and SIGHUP for the duration; afterwards re-deliver them if `deliver`."""
     if not _main_thread():
         yield
         return
@@ -55,7 +54,7 @@ def signals_held(*, deliver: bool = True) -> Iterator[None]:
     def hold(signum, frame):
         pending.append(signum)
 
-    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:
