@@ -58,13 +58,16 @@ def resolve_model(launch: Launch, model_arg: str | None, inputs: ReviewInputs, c
         if (inputs.model_dir / "config.json").is_file():
             candidates.append(inputs.model_dir)
         elif model_arg:
-            tail = model_arg.rstrip("/")
-            candidates += [inputs.model_dir / tail, inputs.model_dir / Path(tail).name]
+            tail = Path(model_arg.strip("/"))
+            candidates += [inputs.model_dir / tail, inputs.model_dir / tail.name]
+            if tail.suffix == ".gguf":  # llama.cpp: the folder the GGUF sits in names the model
+                candidates.append(inputs.model_dir / tail.parent.name)
     if model_arg and not candidates:
         p = Path(model_arg)
         candidates += [p, Path(launch.site.file).parent / p]
         if p.suffix == ".gguf":  # llama.cpp: the config.json beside the GGUF
             candidates += [p.parent, Path(launch.site.file).parent / p.parent]
+    candidates = list(dict.fromkeys(candidates))
     for c in candidates:
         if (c / "config.json").is_file():
             key = c.resolve()

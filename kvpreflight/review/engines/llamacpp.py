@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from fractions import Fraction
+from pathlib import Path
 
 from kvpreflight.review.estimate import Estimate, ReviewInputs, checked_context, parse_size, resolve_gpu, resolve_model
 from kvpreflight.review.flags import parse_args
@@ -69,12 +70,17 @@ def estimate(launch: Launch, inputs: ReviewInputs, models: dict) -> Estimate:
         bpt = math.ceil(per * (k_b + v_b))
         formula = f"{model.num_layers} layers * {model.num_kv_heads} kv_heads * head_dim {model.head_dim} * (K {types[0]} + V {types[1]})"
     numbers: dict[str, object] = {"n_ctx": n_ctx, "n_parallel": n_par, "kv_unified": unified, "kv_pool_bytes": n_ctx * bpt}
+    weights, source = model.weight_bytes, model.weight_source
+    gguf = Path(a.value("model") or "")
+    if gguf.suffix == ".gguf" and gguf.is_file():
+        weights, source = gguf.stat().st_size, f"size of {gguf}"
     if gpu is not None:
-        need = n_ctx * bpt + model.weight_bytes
+        assumptions.append(f"weights {weights:,} B ({source})")
+        need = n_ctx * bpt + weights
         numbers["gpu_memory_bytes"] = gpu.memory_bytes
         if need > gpu.memory_bytes:
             assumptions.append(
-                f"KV {n_ctx * bpt:,} B + weights {model.weight_bytes:,} B exceed one {gpu.name} ({gpu.memory_bytes:,} B): "
+                f"KV {n_ctx * bpt:,} B + weights {weights:,} B exceed one {gpu.name} ({gpu.memory_bytes:,} B): "
                 "llama-server will fail to allocate unless layers are split over more GPUs"
             )
     if model.sliding_note:
