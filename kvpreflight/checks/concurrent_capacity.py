@@ -1,0 +1,43 @@
+"""concurrent-capacity: K near-limit requests at once each succeed or get a capacity refusal."""
+
+from __future__ import annotations
+
+from kvpreflight.checks.interface import CheckContext, probes_missing
+from kvpreflight.checks.probe_common import accepted_cleanly, probe_evidence, worst_status
+from kvpreflight.engines.interface import ERROR_LENGTH
+from kvpreflight.model import CheckResult, Status
+
+ID = "concurrent-capacity"
+
+
+def evaluate(ctx: CheckContext) -> list[CheckResult]:
+    missing = probes_missing(ctx, ID, ctx.entry)
+    if missing:
+        return [missing]
+    assert ctx.probes is not None
+    probes = ctx.probes.named("concurrent-")
+    if not probes:
+        return [CheckResult(ID, Status.INCONCLUSIVE, "no concurrent probe was sent", ctx.entry)]
+    verdicts = []
+    for p in probes:
+        c = p.completion
+        if c.timed_out:
+            verdicts.append((Status.FAIL, f"{p.name}: no answer within its budget"))
+        elif c.transport_error:
+            verdicts.append((Status.INCONCLUSIVE, f"{p.name}: {c.transport_error}"))
+        elif (c.status or 0) >= 500:
+            verdicts.append((Status.FAIL, f"{p.name}: HTTP {c.status} {c.error_message or ''}".rstrip()))
+        elif c.error_message is not None:
+            capacity = c.status == 429 or c.error_kind == ERROR_LENGTH
+            verdicts.append((Status.PASS if capacity else Status.INCONCLUSIVE,
+                             f"{p.name}: refused (HTTP {c.status}){'' if capacity else ' for a reason other than capacity'}: {c.error_message}"))
+        elif c.truncated or (c.prompt_tokens is not None and c.prompt_tokens < c.sent_tokens):
+            verdicts.append((Status.FAIL, f"{p.name}: prompt truncated ({c.prompt_tokens} of {c.sent_tokens})"))
+        elif accepted_cleanly(c) and c.completion_tokens:
+            verdicts.append((Status.PASS, f"{p.name}: served"))
+        else:
+            verdicts.append((Status.FAIL, f"{p.name}: HTTP {c.status} without generated tokens"))
+    worst = worst_status(s for s, _ in verdicts)
+    size = probes[0].completion.sent_tokens
+    message = f"{len(probes)} x {size:,}-token requests at once: " + "; ".join(m for _, m in verdicts)
+    return [CheckResult(ID, worst, message, ctx.entry, {"probes": [probe_evidence(p) for p in probes]})]

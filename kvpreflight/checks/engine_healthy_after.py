@@ -1,0 +1,35 @@
+"""engine-healthy-after: after the probes every engine is healthy, a small request works, and
+used-token gauges are back to idle (no leaked pages) where the engine has them."""
+
+from __future__ import annotations
+
+from kvpreflight.checks.interface import CheckContext, probes_missing
+from kvpreflight.checks.probe_common import accepted_cleanly
+from kvpreflight.model import CheckResult, Status
+
+ID = "engine-healthy-after"
+
+
+def evaluate(ctx: CheckContext) -> list[CheckResult]:
+    missing = probes_missing(ctx, ID, ctx.entry)
+    if missing:
+        return [missing]
+    run = ctx.probes
+    assert run is not None
+    results = []
+    small_ok = run.small_request_after is not None and accepted_cleanly(run.small_request_after) and bool(run.small_request_after.completion_tokens)
+    for snap in ctx.snapshots:
+        healthy = run.healthy_after.get(snap.url)
+        idle = run.idle_after.get(snap.url)
+        ev = {"health_ok": healthy, "idle": idle, "small_request_ok": small_ok}
+        if not healthy:
+            results.append(CheckResult(ID, Status.FAIL, f"{snap.role.value} engine is not healthy after the probes", snap.url, ev))
+        elif not small_ok:
+            results.append(CheckResult(ID, Status.FAIL, "a small request through the entry failed after the probes", snap.url, ev))
+        elif idle is False:
+            results.append(CheckResult(ID, Status.FAIL, f"{snap.role.value} engine still holds KV tokens 10 s after the probes ended (leaked pages?)", snap.url, ev))
+        elif idle is None:
+            results.append(CheckResult(ID, Status.PASS, f"{snap.role.value} engine healthy and serving; it exposes no used-token gauge to confirm idle", snap.url, ev))
+        else:
+            results.append(CheckResult(ID, Status.PASS, f"{snap.role.value} engine healthy, serving, and back to idle", snap.url, ev))
+    return results

@@ -1,0 +1,55 @@
+"""What every check gets, and how the list of checks is run (waivers applied here, once)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+from kvpreflight.checkdata import Thresholds
+from kvpreflight.model import CheckResult, EngineSnapshot, Status, Waiver
+from kvpreflight.probes.capacity import ProbeRun
+
+
+@dataclass(frozen=True)
+class CheckContext:
+    snapshots: tuple[EngineSnapshot, ...]
+    thresholds: Thresholds
+    promised_context: int | None = None  # --context-length: what the operator promises users
+    probes: ProbeRun | None = None  # None: capacity-only (no request sent)
+    entry: str | None = None
+    advisories: tuple = ()  # kvpreflight.checks.advisory_data.Advisory
+    expected_model: str | None = None  # --model
+
+    def checked_context(self, snapshot: EngineSnapshot) -> int | None:
+        """The larger of what the engine serves and what the operator promises."""
+        values = [v for v in (snapshot.served_context, self.promised_context) if v]
+        return max(values) if values else None
+
+
+def probes_missing(ctx: CheckContext, check_id: str, endpoint: str | None = None) -> CheckResult | None:
+    """The result for a probe check when no probe ran, else None."""
+    if ctx.probes is None:
+        return CheckResult(check_id, Status.SKIP, "--capacity-only: no request was sent (read-only mode)", endpoint)
+    if ctx.probes.not_run:
+        status = Status.SKIP if ctx.probes.not_run_status == "skip" else Status.INCONCLUSIVE
+        return CheckResult(check_id, status, ctx.probes.not_run, endpoint)
+    return None
+
+
+def run_checks(ctx: CheckContext, check_ids: Sequence[str], waivers: Sequence[Waiver] = ()) -> tuple[CheckResult, ...]:
+    from kvpreflight.checks import check_module
+
+    waived = {w.check_id: w for w in waivers}
+    results: list[CheckResult] = []
+    for check_id in check_ids:
+        for result in check_module(check_id).evaluate(ctx):
+            waiver = waived.get(check_id)
+            if waiver is not None:
+                # The check still ran: the report keeps what it found next to the reason it was waived.
+                result = CheckResult(
+                    result.id, Status.SKIP,
+                    f"waived: {waiver.reason} (found: {result.status.value}: {result.message})",
+                    result.endpoint, {**result.evidence, "waiver": waiver.reason, "status_before_waiver": result.status.value},
+                )
+            results.append(result)
+    return tuple(results)

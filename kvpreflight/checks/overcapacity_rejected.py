@@ -1,0 +1,58 @@
+"""overcapacity-rejected: real over-pool and over-context requests get a hard, length-specific
+rejection with zero generated tokens, before any KV transfer; a shorter twin is accepted."""
+
+from __future__ import annotations
+
+from kvpreflight.checks.interface import CheckContext, probes_missing
+from kvpreflight.checks.probe_common import (
+    accepted_cleanly,
+    decode_urls,
+    probe_evidence,
+    refusal_verdict,
+    unreached,
+    worst_status,
+)
+from kvpreflight.model import CheckResult, Status
+
+ID = "overcapacity-rejected"
+# Counters that move when KV is handed to a decode engine.
+TRANSFER_KEYS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures",
+                 "sglang:kv_transfers_total", "sglang:kv_transfer_tokens_total")
+
+
+def evaluate(ctx: CheckContext) -> list[CheckResult]:
+    missing = probes_missing(ctx, ID, ctx.entry)
+    if missing:
+        return [missing]
+    run = ctx.probes
+    assert run is not None
+    probes = run.named("over-pool") + run.named("over-context")
+    twin = run.get("boundary-accept")
+    verdicts = []
+    decoders = decode_urls(ctx)
+    for p in probes:
+        status, message = refusal_verdict(p.completion)
+        if status is Status.PASS:
+            moved = {url: {k: v for k, v in d.items() if k in TRANSFER_KEYS and v}
+                     for url, d in p.counter_deltas.items() if url in decoders}
+            moved = {u: d for u, d in moved.items() if d}
+            if moved:
+                status, message = Status.FAIL, f"refused, but KV reached the decode engine first (counters moved: {moved})"
+        if p.foreign_markers:
+            status = Status.FAIL
+            message += f"; the response carried another request's synthetic marker(s): {', '.join(p.foreign_markers)}"
+        verdicts.append((status, f"{p.name} ({p.completion.sent_tokens:,} tokens): {message}", probe_evidence(p)))
+    if not verdicts:
+        return [CheckResult(ID, Status.INCONCLUSIVE, "no over-capacity probe was sent", ctx.entry)]
+    if twin is None or not accepted_cleanly(twin.completion):
+        verdicts.append((Status.INCONCLUSIVE,
+                         "the shorter twin (boundary-accept) was not accepted, so a refusal cannot be shown to be about length",
+                         probe_evidence(twin) if twin else {}))
+    worst = worst_status(v[0] for v in verdicts)
+    lines = [m for s, m, _ in verdicts if s is worst] if worst is not Status.PASS else [m for _, m, _ in verdicts]
+    gap = ""
+    if run.limits and not run.limits.pool_bound:
+        gap = " (the pool holds the served context: no over-pool gap exists, only over-context was probed)"
+    result = CheckResult(ID, worst, "; ".join(lines) + gap, ctx.entry,
+                         {"probes": [e for _, _, e in verdicts], "twin_accepted": bool(twin and accepted_cleanly(twin.completion))})
+    return [result, *unreached(ctx, ID)]

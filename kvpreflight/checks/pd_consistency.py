@@ -1,0 +1,27 @@
+"""pd-consistency: the engines of one deployment serve the same model, context and page size."""
+
+from __future__ import annotations
+
+from kvpreflight.checks.interface import CheckContext
+from kvpreflight.model import CheckResult, Status
+
+ID = "pd-consistency"
+
+
+def evaluate(ctx: CheckContext) -> list[CheckResult]:
+    wrong = [s for s in ctx.snapshots if ctx.expected_model and s.model != ctx.expected_model]
+    if wrong:
+        return [CheckResult(ID, Status.FAIL, "; ".join(f"{s.url} serves {s.model!r}, not --model {ctx.expected_model!r}" for s in wrong),
+                            None, {"expected_model": ctx.expected_model})]
+    if len(ctx.snapshots) < 2:
+        return [CheckResult(ID, Status.PASS, "one engine: nothing to compare", None)]
+    problems, evidence = [], {}
+    for field in ("model", "served_context", "page_size", "engine"):
+        values = {s.url: getattr(s, field) for s in ctx.snapshots}
+        evidence[field] = values
+        distinct = {v for v in values.values() if v is not None}
+        if len(distinct) > 1:
+            problems.append(f"{field} differs: " + ", ".join(f"{u}={v}" for u, v in values.items()))
+    if problems:
+        return [CheckResult(ID, Status.FAIL, "; ".join(problems), None, evidence)]
+    return [CheckResult(ID, Status.PASS, f"{len(ctx.snapshots)} engines serve the same model, context and page size", None, evidence)]

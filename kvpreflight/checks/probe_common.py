@@ -1,0 +1,77 @@
+"""Helpers shared by the checks that read probe results."""
+
+from __future__ import annotations
+
+from kvpreflight.checks.interface import CheckContext
+from kvpreflight.engines.interface import ERROR_LENGTH, ERROR_VOCAB, Completion
+from kvpreflight.model import CheckResult, Role, Status
+from kvpreflight.probes.capacity import ProbeResult
+
+
+def unreached(ctx: CheckContext, check_id: str) -> list[CheckResult]:
+    """Engines that no probe reached: nothing about them was proved by the probes."""
+    run = ctx.probes
+    if run is None or run.not_run or not run.probes:
+        return []
+    reached = {url for p in run.probes for url in p.reached}
+    out = []
+    for snap in ctx.snapshots:
+        if snap.url in reached:
+            continue
+        if ctx.entry is None or ctx.entry.rstrip("/") == snap.url:
+            continue  # the probes were sent to this engine itself
+        out.append(CheckResult(check_id, Status.INCONCLUSIVE,
+                               f"no probe reached this {snap.role.value} engine (its request and token counters never moved); "
+                               "check it directly with --endpoint and no --entry, or enable its metrics",
+                               snap.url))
+    return out
+
+
+def refusal_verdict(c: Completion) -> tuple[Status, str]:
+    """How a request that must be refused was answered."""
+    if c.timed_out:
+        return Status.FAIL, f"no answer within the timeout ({c.elapsed_s:.1f}s): a hang, not a rejection"
+    if c.transport_error:
+        return Status.INCONCLUSIVE, f"transport failure, nothing measured: {c.transport_error}"
+    if c.status is not None and c.status >= 500:
+        return Status.FAIL, f"HTTP {c.status} (server error, not a clean rejection): {c.error_message or ''}".rstrip(": ")
+    if c.error_message is not None:
+        if c.completion_tokens:
+            return Status.FAIL, f"error reported but {c.completion_tokens} tokens were generated"
+        if c.error_kind == ERROR_LENGTH:
+            where = "inside an HTTP 200 stream" if c.status == 200 else f"HTTP {c.status}"
+            return Status.PASS, f"refused for length ({where}), zero tokens generated"
+        if c.error_kind == ERROR_VOCAB:
+            return Status.INCONCLUSIVE, f"refused as out-of-vocabulary, not for length (HTTP {c.status}): not a capacity verdict"
+        return Status.INCONCLUSIVE, f"refused, but not for length (HTTP {c.status}): {c.error_message}"
+    if c.truncated or (c.prompt_tokens is not None and c.prompt_tokens < c.sent_tokens):
+        return Status.FAIL, (f"HTTP {c.status}: the prompt was silently truncated "
+                             f"(engine processed {c.prompt_tokens} of {c.sent_tokens} tokens)")
+    return Status.FAIL, (f"HTTP {c.status} with {c.completion_tokens if c.completion_tokens is not None else 'an unknown number of'} "
+                         "generated tokens: the over-capacity request was served, not rejected")
+
+
+def accepted_cleanly(c: Completion) -> bool:
+    return c.status == 200 and c.error_message is None and not c.timed_out and not c.transport_error
+
+
+def probe_evidence(p: ProbeResult) -> dict:
+    ev = {"probe": p.name, "purpose": p.purpose, **p.completion.evidence()}
+    if p.reached:
+        ev["reached"] = list(p.reached)
+    if p.counter_deltas:
+        ev["counter_deltas"] = {u: dict(d) for u, d in p.counter_deltas.items()}
+    if p.foreign_markers:
+        ev["foreign_markers"] = list(p.foreign_markers)
+    return ev
+
+
+def decode_urls(ctx: CheckContext) -> set[str]:
+    return {s.url for s in ctx.snapshots if s.role is Role.DECODE}
+
+
+SEVERITY = (Status.FAIL, Status.INCONCLUSIVE, Status.WARN, Status.PASS, Status.SKIP)
+
+
+def worst_status(statuses) -> Status:
+    return min(statuses, key=SEVERITY.index)

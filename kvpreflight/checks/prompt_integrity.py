@@ -1,0 +1,33 @@
+"""prompt-integrity: a request just under the limit succeeds AND the engine processed exactly
+the tokens sent (no silent truncation, no placeholder)."""
+
+from __future__ import annotations
+
+from kvpreflight.checks.interface import CheckContext, probes_missing
+from kvpreflight.checks.probe_common import accepted_cleanly, probe_evidence
+from kvpreflight.model import CheckResult, Status
+
+ID = "prompt-integrity"
+
+
+def evaluate(ctx: CheckContext) -> list[CheckResult]:
+    missing = probes_missing(ctx, ID, ctx.entry)
+    if missing:
+        return [missing]
+    assert ctx.probes is not None
+    p = ctx.probes.get("boundary-accept")
+    if p is None:
+        return [CheckResult(ID, Status.INCONCLUSIVE, "no near-limit request was sent", ctx.entry)]
+    c, ev = p.completion, probe_evidence(p)
+    if not accepted_cleanly(c):
+        why = "timed out" if c.timed_out else (c.transport_error or f"HTTP {c.status}: {c.error_message}")
+        return [CheckResult(ID, Status.FAIL, f"a {c.sent_tokens:,}-token prompt within the stated limits was not served ({why})", ctx.entry, ev)]
+    if c.truncated:
+        return [CheckResult(ID, Status.FAIL, f"the engine says it truncated a {c.sent_tokens:,}-token prompt within its limits", ctx.entry, ev)]
+    if c.prompt_tokens is None:
+        return [CheckResult(ID, Status.INCONCLUSIVE, "served, but the engine does not report how many prompt tokens it processed", ctx.entry, ev)]
+    if c.prompt_tokens != c.sent_tokens:
+        return [CheckResult(ID, Status.FAIL, f"sent {c.sent_tokens:,} tokens, the engine processed {c.prompt_tokens:,}", ctx.entry, ev)]
+    if not c.completion_tokens:
+        return [CheckResult(ID, Status.FAIL, f"HTTP 200 but no token was generated for a {c.sent_tokens:,}-token prompt", ctx.entry, ev)]
+    return [CheckResult(ID, Status.PASS, f"a {c.sent_tokens:,}-token prompt (the stated maximum) was served with every token processed", ctx.entry, ev)]

@@ -1,0 +1,51 @@
+"""`kvpreflight check`: prove live engines' KV pools hold the served context and that
+over-capacity requests are hard-rejected. Parses arguments and wires the parts; no logic here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("check")
+    def check(
+        endpoint: Optional[List[str]] = typer.Option(None, "--endpoint", help="Engine URL, or ROLE=URL (prefill, decode, unified) to override the role it reports. Repeatable."),
+        entry: Optional[str] = typer.Option(None, "--entry", help="Client-facing URL (router, load balancer, gateway) where probes are sent. Default: each unified endpoint itself."),
+        engine: str = typer.Option("auto", "--engine", help="auto|sglang|vllm|llamacpp|builtin"),
+        model: Optional[str] = typer.Option(None, "--model", help="Model name the engines must serve (and the OpenAI `model` field)."),
+        context_length: Optional[int] = typer.Option(None, "--context-length", help="Context length promised to users. Default: what the engine serves. The larger is checked."),
+        log: Optional[List[str]] = typer.Option(None, "--log", help="URL=PATH of an engine's start-up log (an independent capacity source). Repeatable."),
+        api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Name of the environment variable holding the API key."),
+        api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="File holding the API key."),
+        header: Optional[List[str]] = typer.Option(None, "--header", help="Extra request header 'Name: value'. Repeatable."),
+        ca_bundle: Optional[Path] = typer.Option(None, "--ca-bundle", help="CA bundle for engines behind TLS with a private CA."),
+        capacity_only: bool = typer.Option(False, "--capacity-only", help="Read-only: send no request (production endpoints under a change freeze)."),
+        skip: Optional[List[str]] = typer.Option(None, "--skip", help="Waive a check id; needs a matching --reason. Repeatable."),
+        reason: Optional[List[str]] = typer.Option(None, "--reason", help="Why the matching --skip is waived (kept in the report and record)."),
+        fmt: Optional[str] = typer.Option(None, "--format", help="table|json|junit|sarif|github|markdown (default: table)."),
+        output: Optional[Path] = typer.Option(None, "--output", help="Write the report here instead of stdout."),
+        timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for a rejection; accepted long prompts get more, scaled by size."),
+        concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Near-limit requests sent at once by concurrent-capacity (default from checks/thresholds.yaml)."),
+        accepted_tps: Optional[float] = typer.Option(None, "--accepted-tokens-per-second", help="Budget for accepted long prompts: timeout + tokens / this."),
+        advisories: Optional[List[Path]] = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files. Repeatable."),
+        record: Optional[Path] = typer.Option(None, "--record", help="Write a signed release record (DSSE, in-toto) of this run here, pass or fail."),
+        sign_key: Optional[str] = typer.Option(None, "--sign-key", help="Private key file for --record (or set KVPREFLIGHT_SIGN_KEY to its path)."),
+        subject: Optional[List[str]] = typer.Option(None, "--subject", help="NAME=sha256:HEX the record is about (image, config, model revision). Repeatable."),
+        unsigned: bool = typer.Option(False, "--unsigned", help="Write the record unsigned (verify will refuse it)."),
+    ) -> None:
+        """Check running engines. Exit 0 pass, 1 a check failed, 2 usage error, 3 inconclusive."""
+        from kvpreflight.commands.run_check import CheckRequest, execute
+
+        request = CheckRequest(
+            endpoints=tuple(endpoint or ()), entry=entry, engine=engine, model=model, context_length=context_length,
+            logs=tuple(log or ()), api_key_env=api_key_env, api_key_file=api_key_file, headers=tuple(header or ()),
+            ca_bundle=ca_bundle, capacity_only=capacity_only, skips=tuple(skip or ()), reasons=tuple(reason or ()),
+            fmt=fmt, output=output, timeout=timeout, concurrency=concurrency, accepted_tps=accepted_tps,
+            advisories=tuple(advisories or ()), record=record, sign_key=sign_key, subjects=tuple(subject or ()),
+            unsigned=unsigned,
+        )
+        raise typer.Exit(execute(request))
+

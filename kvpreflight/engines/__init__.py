@@ -1,0 +1,47 @@
+"""Engine adapters: one module per engine kind, one registry line each.
+
+Auto-detection asks each adapter, in this order, whether the server is its kind (by what the
+server answers). The builtin engine comes before SGLang because it speaks SGLang's wire format.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from kvpreflight.engines.errors import EngineError
+from kvpreflight.engines.http import HttpClient
+from kvpreflight.engines.interface import EngineAdapter
+
+ENGINES: dict[str, str] = {
+    "builtin": "kvpreflight.engines.builtin:BuiltinAdapter",
+    "sglang": "kvpreflight.engines.sglang:SglangAdapter",
+    "vllm": "kvpreflight.engines.vllm:VllmAdapter",
+    "llamacpp": "kvpreflight.engines.llamacpp:LlamaCppAdapter",
+}
+
+
+def adapter_class(kind: str) -> type[EngineAdapter]:
+    try:
+        module_name, _, cls = ENGINES[kind].partition(":")
+    except KeyError:
+        raise EngineError(f"unknown --engine {kind!r}; choose auto or one of: {', '.join(ENGINES)}", exit_code=2) from None
+    return getattr(importlib.import_module(module_name), cls)
+
+
+def open_adapter(url: str, client: HttpClient, kind: str = "auto") -> EngineAdapter:
+    """The adapter for the engine at url; `auto` asks each kind in turn."""
+    if kind != "auto":
+        return adapter_class(kind)(url, client)
+    # Reachability first, so an unreachable URL says so instead of "unknown engine".
+    client.get(url.rstrip("/") + "/health", timeout_s=client.timeout_s)
+    for name in ENGINES:
+        cls = adapter_class(name)
+        if cls.detect(url, client):
+            return cls(url, client)
+    raise EngineError(
+        f"{url}: not recognised as any of {', '.join(ENGINES)} (no SGLang /server_info, vLLM /version, "
+        "llama.cpp /props); pass --engine KIND if it is one of them"
+    )
+
+
+__all__ = ["ENGINES", "EngineAdapter", "EngineError", "HttpClient", "adapter_class", "open_adapter"]

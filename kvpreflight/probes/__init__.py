@@ -1,0 +1,1 @@
+"""Probes send real requests through the entry and record what came back. They never judge."""

@@ -1,0 +1,38 @@
+"""kvpreflight's synthetic markers: the only response text a report may ever quote.
+
+A marker is `KVPF-<KIND>-<24 hex>`: high-entropy, fresh per run, never real data. A response is
+scanned for whole markers and for fragments (a marker cut by a page boundary still counts).
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+
+MARKER = re.compile(r"KVPF-[A-Z]{2,12}-[0-9a-f]{24}")
+FRAGMENT_MIN = 12  # hex characters of a marker's tail that count as a fragment
+
+
+def new_marker(kind: str) -> str:
+    return f"KVPF-{kind.upper()}-{secrets.token_hex(12)}"
+
+
+def markers_in(text: str) -> set[str]:
+    return set(MARKER.findall(text))
+
+
+def foreign_markers(text: str, own: set[str] | frozenset[str], known: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """Markers (or fragments of `known` markers) in text that do not belong to `own`.
+
+    Only marker strings are returned, so evidence never quotes anything else from a response.
+    """
+    found = {m for m in markers_in(text) if m not in own}
+    for marker in known - set(own):
+        if marker in found:
+            continue
+        tail = marker.rsplit("-", 1)[-1]
+        for start in range(0, len(tail) - FRAGMENT_MIN + 1, 4):
+            if tail[start:start + FRAGMENT_MIN] in text:
+                found.add(marker + " (fragment)")
+                break
+    return sorted(found)
