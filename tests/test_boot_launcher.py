@@ -5,6 +5,7 @@ kills, by PID and process group, whatever a failing test would otherwise leave r
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import re
@@ -37,6 +38,21 @@ def reaper():
                 kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+@contextlib.contextmanager
+def driver_process(spec: Path, tmp_path: Path, reaper: set[int]):
+    """tests/boot_support/driver.py running the launcher in a process (and session) of its own."""
+    driver = subprocess.Popen([sys.executable, DRIVER, str(spec), str(tmp_path / "logs")],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              start_new_session=True, cwd=Path(__file__).parent.parent)
+    reaper.add(driver.pid)
+    try:
+        yield driver
+    finally:
+        if driver.poll() is None:
+            os.killpg(driver.pid, signal.SIGKILL)
+            driver.wait()
 
 
 def engine(name, mode, role="unified", **extra):
@@ -218,11 +234,7 @@ def test_signal_to_the_launching_process_stops_every_engine(tmp_path, reaper, si
         f"  - {{name: decode, role: decode, port: auto, command: ['{{python}}', '{FAKE}', '{{port}}', ignore-term]}}\n"
         f"  - {{name: router, role: router, port: auto, command: ['{{python}}', '{FAKE}', '{{port}}', ok]}}\n"
     )
-    driver = subprocess.Popen([sys.executable, DRIVER, str(spec), str(tmp_path / "logs")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True, cwd=Path(__file__).parent.parent)
-    reaper.add(driver.pid)
-    try:
+    with driver_process(spec, tmp_path, reaper) as driver:
         line = driver.stdout.readline()
         assert line.startswith("READY "), driver.stderr.read() if driver.poll() is not None else line
         pids = {int(p) for p in line.split()[1:]}
@@ -231,10 +243,6 @@ def test_signal_to_the_launching_process_stops_every_engine(tmp_path, reaper, si
         os.kill(driver.pid, sig)
         code = driver.wait(timeout=20)
         stderr = driver.stderr.read()
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait()
     assert code == exit_code, stderr
     assert "all engines stopped" in stderr
     assert_all_gone(pids)
@@ -247,11 +255,7 @@ def test_sigterm_while_engines_still_load_stops_them(tmp_path, reaper):
         "engines:\n"
         f"  - {{name: big, role: unified, port: auto, command: ['{{python}}', '{FAKE}', '{{port}}', slow, '60']}}\n"
     )
-    driver = subprocess.Popen([sys.executable, DRIVER, str(spec), str(tmp_path / "logs")],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              start_new_session=True, cwd=Path(__file__).parent.parent)
-    reaper.add(driver.pid)
-    try:
+    with driver_process(spec, tmp_path, reaper) as driver:
         line = driver.stderr.readline()
         found = re.search(r"started big \(unified\) pid (\d+)", line)
         assert found, line
@@ -262,10 +266,6 @@ def test_sigterm_while_engines_still_load_stops_them(tmp_path, reaper):
         os.kill(driver.pid, signal.SIGTERM)
         code = driver.wait(timeout=20)
         stderr = driver.stderr.read()
-    finally:
-        if driver.poll() is None:
-            os.killpg(driver.pid, signal.SIGKILL)
-            driver.wait()
     assert code == 143, stderr
     assert "READY" not in driver.stdout.read()
     assert_all_gone({pid})
