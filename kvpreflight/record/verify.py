@@ -32,12 +32,16 @@ def parse_duration(text: str) -> timedelta:
 
 
 def format_duration(delta: timedelta) -> str:
-    seconds = int(abs(delta.total_seconds()))
-    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
-        if seconds >= size:
-            whole, rest = divmod(seconds, size)
-            return f"{whole}{unit}" if not rest or unit == "m" else f"{seconds / size:.1f}{unit}"
-    return f"{seconds}s"
+    """A human duration in the unit a user would write: 45s, 90m, 30h, 3d, 1.5d."""
+    seconds = abs(delta.total_seconds())
+    for unit, size, below in (("s", 1, 120), ("m", 60, 120 * 60), ("h", 3600, 48 * 3600)):
+        if seconds < below:
+            return _number(seconds / size) + unit
+    return _number(seconds / 86400) + "d"
+
+
+def _number(value: float) -> str:
+    return f"{value:.0f}" if abs(value - round(value)) < 0.05 else f"{value:.1f}"
 
 
 @dataclass(frozen=True)
