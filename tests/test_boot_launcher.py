@@ -291,3 +291,21 @@ def test_unwritable_log_folder_is_a_configuration_error(tmp_path):
         with boot_deployment(spec_of(engine("one", "ok")), blocker / "logs", stderr=io.StringIO()):
             pass
     assert caught.value.exit_code == 2
+
+
+def test_deployment_says_which_engine_holds_which_gpu(tmp_path, reaper):
+    from kvpreflight.gpus import Gpu, GpuInventory, GpuProcess
+
+    spec = spec_of(engine("p", "ok", role="prefill"), engine("d", "ok", role="decode"), entry="p")
+    with boot_deployment(spec, tmp_path, stderr=io.StringIO()) as deployment:
+        p, d = deployment.engines
+        reaper.update({p.pid, d.pid})
+        assert deployment.endpoint_args() == (f"prefill={p.url}", f"decode={d.url}")
+        found = GpuInventory(driver_version="580", gpus=(
+            Gpu(0, "H100", "GPU-a", 80, 70, (GpuProcess(p.pid, 69, "compute"),)),
+            Gpu(1, "H100", "GPU-b", 80, 70, (GpuProcess(d.pid, 69, "compute"),)),
+            Gpu(2, "H100", "GPU-c", 80, 0, ()),
+        ))
+        records = deployment.gpu_records(found)
+    assert [(r["uuid"], r["engines"]) for r in records] == [("GPU-a", ["p"]), ("GPU-b", ["d"]), ("GPU-c", [])]
+    assert_all_gone({p.pid, d.pid})

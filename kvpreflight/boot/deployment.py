@@ -4,7 +4,7 @@ has (URLs), plus the log file of each engine and the processes that belong to it
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping
+from typing import Any, Mapping
 
 from kvpreflight.boot import proctree
 from kvpreflight.boot.spec import DeploymentSpec
@@ -49,3 +49,21 @@ class BootedDeployment:
     def workers(self) -> tuple[BootedEngine, ...]:
         """The engines that hold KV pools (everything but routers)."""
         return tuple(e for e in self.engines if e.role != "router")
+
+    def endpoint_args(self) -> tuple[str, ...]:
+        """`ROLE=URL` for every worker, the form `kvpreflight check --endpoint` takes."""
+        return tuple(f"{e.role}={e.url}" for e in self.workers)
+
+    def gpu_records(self, found=None) -> tuple[Mapping[str, Any], ...]:
+        """The GPU inventory (kvpreflight.gpus.inventory() unless `found` is given), one mapping
+        per GPU, each with "engines": the names of the engines whose processes run on it."""
+        if found is None:
+            from kvpreflight.gpus import inventory
+
+            found = inventory()
+        families = {e.name: e.process_ids() for e in self.engines}
+        records = []
+        for gpu, record in zip(found.gpus, found.records()):
+            on_it = {p.pid for p in gpu.processes}
+            records.append({**record, "engines": [name for name, pids in families.items() if pids & on_it]})
+        return tuple(records)
