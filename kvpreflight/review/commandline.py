@@ -196,8 +196,12 @@ def _launch_at(words: list[Token], i: int) -> tuple[str | None, int]:
     base = posixpath.basename(words[i].text)
     nxt = words[i + 1].text if i + 1 < len(words) else None
     if _PYTHON.match(base) and nxt == "-m" and i + 2 < len(words):
+        if words[i + 2].text == "kvpreflight" and [w.text for w in words[i + 3 : i + 5]] == ["engine", "serve"]:
+            return "builtin", 5
         engine = _MODULES.get(words[i + 2].text)
         return (engine, 3) if engine else (None, 0)
+    if base == "kvpreflight" and [w.text for w in words[i + 1 : i + 3]] == ["engine", "serve"]:
+        return "builtin", 3
     if (base, nxt) in _SCRIPTS:
         return _SCRIPTS[(base, nxt)], 2
     if base in _BINARIES:

@@ -9,6 +9,7 @@ ENGINES = {
     "sglang": "kvpreflight.review.engines.sglang",
     "vllm": "kvpreflight.review.engines.vllm",
     "llamacpp": "kvpreflight.review.engines.llamacpp",
+    "builtin": "kvpreflight.review.engines.builtin",
 }
 
 
