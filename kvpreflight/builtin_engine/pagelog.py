@@ -1,0 +1,26 @@
+"""Debug log of page ownership (--page-log FILE): one JSON line per event, so a test can prove a
+scenario really happened (pages given, freed, transfer writes landing, deferred releases)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+
+class PageLog:
+    def __init__(self, path: str | None) -> None:
+        self._file = open(path, "a", encoding="utf-8", buffering=1) if path else None
+        self._lock = threading.Lock()
+
+    def event(self, event: str, rid: str | None, pages: list[int] | None = None, **fields: object) -> None:
+        if self._file is None:
+            return
+        record = {"ts": time.time(), "event": event, "rid": rid, "pages": list(pages or []), **fields}
+        with self._lock:
+            self._file.write(json.dumps(record) + "\n")
+
+
+def read_page_log(path: str) -> list[dict]:
+    with open(path, encoding="utf-8") as fh:
+        return [json.loads(line) for line in fh if line.strip()]

@@ -1,0 +1,178 @@
+"""Start builtin engines as real subprocesses for tests and demos, and stop them by PID.
+
+Not a general launcher (that is kvpreflight/boot/): just enough to bring up one unified engine
+or a PD trio (prefill + decode + router) on free 127.0.0.1 ports and always take it down.
+
+    with pd_trio(tmp_path, context_length=8192, prefill_pool=4096, decode_pool=16384) as trio:
+        requests.post(trio.router.url + "/generate", json={...})
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator, Sequence
+
+from kvpreflight.builtin_engine.config import FAULTS_ENV
+
+HOST = "127.0.0.1"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind((HOST, 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class RunningEngine:
+    role: str
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+    page_log: Path | None
+    argv: tuple[str, ...]
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def log_text(self) -> str:
+        return self.log_path.read_text(encoding="utf-8", errors="replace")
+
+    def page_events(self) -> list[dict]:
+        if self.page_log is None or not self.page_log.exists():
+            return []
+        return [json.loads(line) for line in self.page_log.read_text().splitlines() if line.strip()]
+
+
+@dataclass
+class PDTrio:
+    prefill: RunningEngine
+    decode: RunningEngine
+    router: RunningEngine
+
+    @property
+    def url(self) -> str:
+        return self.router.url
+
+    def all(self) -> list[RunningEngine]:
+        return [self.router, self.prefill, self.decode]
+
+
+def engine_argv(role: str, port: int, *, context_length: int | None = None, pool_tokens: int | None = None,
+                page_log: Path | None = None, enable_metrics: bool = True, extra_args: Sequence[str] = ()) -> list[str]:
+    argv = [sys.executable, "-m", "kvpreflight", "engine", "serve", "--role", role, "--host", HOST, "--port", str(port)]
+    if context_length is not None:
+        argv += ["--context-length", str(context_length)]
+    if pool_tokens is not None:
+        argv += ["--pool-tokens", str(pool_tokens)]
+    if page_log is not None:
+        argv += ["--page-log", str(page_log)]
+    if enable_metrics and role != "router":
+        argv.append("--enable-metrics")
+    return argv + list(extra_args)
+
+
+def start_engine(role: str, workdir: Path, *, name: str | None = None, context_length: int | None = None,
+                 pool_tokens: int | None = None, faults: Sequence[str] = (), page_log: bool = False,
+                 enable_metrics: bool = True, extra_args: Sequence[str] = (), wait_s: float = 60.0) -> RunningEngine:
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    name = name or role
+    port = free_port()
+    plog = workdir / f"{name}.pages.jsonl" if page_log else None
+    argv = engine_argv(role, port, context_length=context_length, pool_tokens=pool_tokens, page_log=plog,
+                       enable_metrics=enable_metrics, extra_args=extra_args)
+    env = dict(os.environ)
+    env.pop(FAULTS_ENV, None)
+    if faults:
+        env[FAULTS_ENV] = ",".join(faults)  # faults never appear in argv
+    log_path = workdir / f"{name}.log"
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+    engine = RunningEngine(role, f"http://{HOST}:{port}", process, log_path, plog, tuple(argv))
+    try:
+        _wait_healthy(engine, wait_s)
+    except BaseException:
+        stop_engine(engine)
+        raise
+    return engine
+
+
+def _wait_healthy(engine: RunningEngine, wait_s: float) -> None:
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        if engine.process.poll() is not None:
+            raise RuntimeError(f"{engine.role} engine exited with {engine.process.returncode}: {engine.log_text()[-2000:]}")
+        try:
+            with urllib.request.urlopen(engine.url + "/health", timeout=1) as resp:
+                if resp.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{engine.role} engine at {engine.url} not healthy after {wait_s:.0f}s: {engine.log_text()[-2000:]}")
+
+
+def stop_engine(engine: RunningEngine) -> None:
+    """SIGTERM by PID, then SIGKILL if it does not exit within 5 s."""
+    proc = engine.process
+    if proc.poll() is None:
+        try:
+            os.kill(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=5)
+        except ProcessLookupError:
+            pass
+
+
+def start_pd(workdir: Path, *, context_length: int, prefill_pool: int, decode_pool: int,
+             prefill_faults: Sequence[str] = (), decode_faults: Sequence[str] = (), page_log: bool = True,
+             prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (),
+             decode_context_length: int | None = None) -> PDTrio:
+    started: list[RunningEngine] = []
+    try:
+        decode = start_engine("decode", workdir, context_length=decode_context_length or context_length,
+                              pool_tokens=decode_pool, faults=decode_faults, page_log=page_log, extra_args=decode_args)
+        started.append(decode)
+        prefill = start_engine("prefill", workdir, context_length=context_length, pool_tokens=prefill_pool,
+                               faults=prefill_faults, page_log=page_log, extra_args=prefill_args)
+        started.append(prefill)
+        router = start_engine("router", workdir, extra_args=["--prefill-url", prefill.url, "--decode-url", decode.url])
+        started.append(router)
+    except BaseException:
+        for engine in reversed(started):
+            stop_engine(engine)
+        raise
+    return PDTrio(prefill, decode, router)
+
+
+@contextlib.contextmanager
+def unified_engine(workdir: Path, **kwargs) -> Iterator[RunningEngine]:
+    engine = start_engine("unified", workdir, **kwargs)
+    try:
+        yield engine
+    finally:
+        stop_engine(engine)
+
+
+@contextlib.contextmanager
+def pd_trio(workdir: Path, **kwargs) -> Iterator[PDTrio]:
+    trio = start_pd(workdir, **kwargs)
+    try:
+        yield trio
+    finally:
+        for engine in trio.all():
+            stop_engine(engine)

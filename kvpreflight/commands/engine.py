@@ -1,0 +1,96 @@
+"""`kvpreflight engine serve`: run one role of the builtin engine (unified, prefill, decode, router).
+
+Only typer and the stdlib are imported here; torch is imported inside the engine process.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import sys
+from typing import List, Optional
+
+import typer
+
+engine_app = typer.Typer(help="The builtin engine: a small SGLang-compatible engine with fault injection.", no_args_is_help=True)
+
+
+def _strip_fault_args(argv: list[str]) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+            continue
+        if arg == "--fault":
+            skip = True
+            continue
+        if arg.startswith("--fault="):
+            continue
+        out.append(arg)
+    return out
+
+
+@engine_app.command("serve")
+def serve(
+    role: str = typer.Option("unified", "--role", help="unified | prefill | decode | router"),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(30000, "--port"),
+    context_length: Optional[int] = typer.Option(None, "--context-length", help="Served context length in tokens."),
+    pool_tokens: Optional[int] = typer.Option(None, "--pool-tokens", help="KV pool size in tokens (like SGLang --max-total-tokens)."),
+    mem_budget_bytes: Optional[int] = typer.Option(None, "--mem-budget-bytes", help="Memory the engine may use; with --mem-fraction-static sizes the pool as SGLang does."),
+    mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static"),
+    page_size: int = typer.Option(16, "--page-size"),
+    model_name: str = typer.Option("kvpreflight-builtin-copy", "--model-name"),
+    fault: Optional[List[str]] = typer.Option(None, "--fault", help="Inject a fault (repeatable). Moved to the environment before the engine starts, so nothing the engine exposes shows it."),
+    transfer_delay_ms: int = typer.Option(0, "--transfer-delay-ms", help="Test only: sleep before each KV page batch is sent."),
+    transfer_fail_every: int = typer.Option(0, "--transfer-fail-every", help="Test only: every Nth KV transfer loses its pages after the first batch."),
+    page_log: Optional[str] = typer.Option(None, "--page-log", help="Debug: JSON lines of pages given, freed and written by transfers."),
+    decode_url: Optional[str] = typer.Option(None, "--decode-url", help="router: the decode engine."),
+    prefill_url: Optional[List[str]] = typer.Option(None, "--prefill-url", help="router: a prefill engine (repeatable)."),
+    bootstrap_port: int = typer.Option(0, "--disaggregation-bootstrap-port", help="decode: TCP port prefills send KV pages to (0 picks one; see /server_info)."),
+    enable_metrics: bool = typer.Option(False, "--enable-metrics"),
+    disable_radix_cache: bool = typer.Option(False, "--disable-radix-cache", help="Turn the prefix cache off."),
+    device: str = typer.Option("auto", "--device", help="cpu | cuda | auto"),
+) -> None:
+    """Serve one role of the builtin engine until killed."""
+    from kvpreflight.builtin_engine.config import FAULTS_ENV, EngineConfig, faults_from_env
+
+    if fault:
+        # Re-exec without --fault in argv: faults travel in the environment only.
+        known = set(faults_from_env())
+        merged = ",".join(sorted(known | set(fault)))
+        env = dict(os.environ, **{FAULTS_ENV: merged})
+        faults_from_env(env)  # an unknown name fails here, before anything starts
+        args = _strip_fault_args(sys.argv[1:])
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, [sys.executable, "-m", "kvpreflight", *args], env)
+    config = EngineConfig(
+        role=role,
+        host=host,
+        port=port,
+        context_length=context_length,
+        pool_tokens=pool_tokens,
+        mem_budget_bytes=mem_budget_bytes,
+        mem_fraction_static=mem_fraction_static,
+        page_size=page_size,
+        model_name=model_name,
+        faults=faults_from_env(),
+        transfer_delay_ms=transfer_delay_ms,
+        transfer_fail_every=transfer_fail_every,
+        page_log=page_log,
+        decode_url=decode_url,
+        prefill_urls=tuple(prefill_url or ()),
+        enable_metrics=enable_metrics,
+        device=device,
+        launch_command=shlex.join(["kvpreflight", *sys.argv[1:]]),
+        bootstrap_port=bootstrap_port,
+        extra={"disable_radix_cache": disable_radix_cache},
+    )
+    from kvpreflight.builtin_engine.server import serve as serve_engine
+
+    raise typer.Exit(serve_engine(config))
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(engine_app, name="engine")
