@@ -30,9 +30,10 @@ from kvpreflight.engines.interface import (
 from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
 
 # memory_pool.py: "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 681280, KV size: 12.34 GB"
-ALLOCATOR_LINE = re.compile(r"KV Cache is allocated\. .*?#tokens: (?P<tokens>\d+)")
+# Only the main pool: labelled pools ("draft KV Cache", "MiniMax ... KV Cache") are other caches.
+ALLOCATOR_LINE = re.compile(r"(?:^|\] )KV Cache is allocated\. .*?#tokens: (?P<tokens>\d+)")
 # The VA-reservation mode prints an upper bound, not an allocation: noted, never counted.
-VA_BOUND_LINE = re.compile(r"KV Cache VA upper bound\. .*?#tokens: (?P<tokens>\d+)")
+VA_BOUND_LINE = re.compile(r"(?:^|\] )KV Cache VA upper bound\. .*?#tokens: (?P<tokens>\d+)")
 # scheduler.py (tp_rank 0): "max_total_num_tokens=681280, chunked_prefill_size=..., context_len=1048576, ..."
 SCHEDULER_LINE = re.compile(r"max_total_num_tokens=(?P<tokens>\d+),.*?context_len=(?P<ctx>\d+)")
 # tp_worker.py (0.5.23): "KV pool holds %d tokens, fewer than --context-length %d."

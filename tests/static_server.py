@@ -1,0 +1,69 @@
+"""A tiny in-process HTTP server that answers fixed bodies (copied from an engine's real output)
+for the engines that cannot run here. Listens on 127.0.0.1 only; always shut down by the fixture."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Callable, Iterator, Mapping, Union
+
+Body = Union[bytes, str, dict, list]
+Route = Union[tuple[int, str, Body], Callable[[dict], tuple[int, str, Body]]]
+
+
+def _encode(body: Body) -> bytes:
+    if isinstance(body, bytes):
+        return body
+    if isinstance(body, str):
+        return body.encode()
+    return json.dumps(body).encode()
+
+
+@contextlib.contextmanager
+def static_server(routes: Mapping[str, Route]) -> Iterator[str]:
+    """routes: "GET /path" -> (status, content_type, body) or a function of the JSON request body."""
+    requests_seen: list[tuple[str, dict]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):  # keep test output clean
+            pass
+
+        def _answer(self, method: str) -> None:
+            length = int(self.headers.get("Content-Length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            try:
+                payload = json.loads(raw) if raw else {}
+            except ValueError:
+                payload = {}
+            requests_seen.append((f"{method} {self.path}", payload))
+            route = routes.get(f"{method} {self.path}")
+            if route is None:
+                status, ctype, body = 404, "application/json", {"detail": "Not Found"}
+            else:
+                status, ctype, body = route(payload) if callable(route) else route
+            data = _encode(body)
+            self.send_response(status)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._answer("GET")
+
+        def do_POST(self):
+            self._answer("POST")
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        static_server.seen = requests_seen  # type: ignore[attr-defined]
+        yield url
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
