@@ -1,0 +1,199 @@
+"""Verdict logic of every check, on hand-built snapshots and probe results (no server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvpreflight.checkdata import load_thresholds
+from kvpreflight.checks import CheckContext, run_checks
+from kvpreflight.engines.interface import ERROR_LENGTH, ERROR_VOCAB, Completion
+from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Report, Role, Status, Waiver, exit_code_of, verdict_of
+from kvpreflight.probes.capacity import EXPECT_ACCEPT, EXPECT_REJECT, Limits, ProbeResult, ProbeRun
+
+T = load_thresholds()
+PREFILL, DECODE, ENTRY = "http://p:1", "http://d:2", "http://router:3"
+
+
+def snap(url=PREFILL, role=Role.UNIFIED, pool=20000, served=10000, readings=None, **kw) -> EngineSnapshot:
+    readings = readings if readings is not None else (
+        PoolReading("/server_info max_total_num_tokens", Origin.SCHEDULER, pool),
+        PoolReading("log: KV Cache is allocated #tokens", Origin.ALLOCATOR, pool),
+    )
+    return EngineSnapshot(url=url, engine="sglang", version="0.5.23", role=role, model="m", served_context=served,
+                          pool_readings=tuple(readings), page_size=16, **kw)
+
+
+def ok(sent, generated=1, **kw) -> Completion:
+    return Completion(sent, kw.pop("max_tokens", 1), False, 200, 0.1, completion_tokens=generated, prompt_tokens=sent,
+                      finish_reason="length", body_bytes=100, body_sha256="ab", **kw)
+
+
+def refused(sent, msg="Input length (9999 tokens) exceeds the maximum allowed length (9993 tokens).", kind=ERROR_LENGTH, status=400, **kw):
+    return Completion(sent, 16, kw.pop("stream", False), status, 0.01, error_message=msg, error_kind=kind, **kw)
+
+
+def run(*probes, limits=Limits(10000, 20000, 9993), reached=(PREFILL,)) -> ProbeRun:
+    items = []
+    for name, completion, *rest in probes:
+        deltas = rest[0] if rest else {}
+        expect = EXPECT_ACCEPT if name.startswith(("boundary-accept", "concurrent")) else EXPECT_REJECT
+        items.append(ProbeResult(name, expect, completion, "test", reached, deltas))
+    return ProbeRun(limits, tuple(items), healthy_after={PREFILL: True}, idle_after={PREFILL: True},
+                    small_request_after=ok(16))
+
+
+def check(check_id, ctx):
+    return [r for r in run_checks(ctx, [check_id])]
+
+
+@pytest.mark.parametrize("pool,expected", [(6500, Status.FAIL), (10000, Status.WARN), (11999, Status.WARN), (12000, Status.PASS), (20000, Status.PASS)])
+def test_kv_capacity_thresholds_come_from_the_shared_data(pool, expected):
+    (r,) = check("kv-capacity", CheckContext((snap(pool=pool),), T))
+    assert r.status is expected
+    assert r.evidence["ratio"] == round(pool / 10000, 4)
+
+
+def test_kv_capacity_checks_the_larger_of_promised_and_served():
+    (r,) = check("kv-capacity", CheckContext((snap(pool=15000),), T, promised_context=16384))
+    assert r.status is Status.FAIL and r.evidence["checked_context"] == 16384
+
+
+def test_kv_capacity_smallest_rank_counts():
+    readings = (PoolReading("metrics sglang:max_total_num_tokens", Origin.SCHEDULER, 20000, "dp0"),
+                PoolReading("metrics sglang:max_total_num_tokens", Origin.SCHEDULER, 8000, "dp1"))
+    (r,) = check("kv-capacity", CheckContext((snap(readings=readings),), T))
+    assert r.status is Status.FAIL and r.evidence["kv_pool_tokens"] == 8000
+
+
+def test_kv_capacity_unknown_pool_is_inconclusive_never_pass():
+    (r,) = check("kv-capacity", CheckContext((snap(readings=()),), T))
+    assert r.status is Status.INCONCLUSIVE
+
+
+def test_every_prefill_and_decode_engine_is_checked():
+    ctx = CheckContext((snap(PREFILL, Role.PREFILL, pool=6500), snap(DECODE, Role.DECODE, pool=20000)), T)
+    results = check("kv-capacity", ctx)
+    assert [(r.endpoint, r.status) for r in results] == [(PREFILL, Status.FAIL), (DECODE, Status.PASS)]
+
+
+def test_capacity_only_skips_probe_checks_with_the_reason():
+    (r,) = check("overcapacity-rejected", CheckContext((snap(),), T, probes=None))
+    assert r.status is Status.SKIP and "--capacity-only" in r.message
+
+
+def good_probes(**override):
+    probes = {
+        "boundary-accept": ok(9992), "boundary-reject": refused(9993),
+        "over-context": refused(10001, "The input (10001 tokens) is longer than the model's context length (10000 tokens)."),
+        "over-context-stream": refused(10001, "The input (10001 tokens) is longer than the model's context length (10000 tokens).", status=200, stream=True),
+    }
+    probes.update(override)
+    return [(k, v) for k, v in probes.items() if v is not None]
+
+
+def test_clean_length_rejections_with_an_accepted_twin_pass():
+    (r,) = check("overcapacity-rejected", CheckContext((snap(),), T, probes=run(*good_probes()), entry=PREFILL))
+    assert r.status is Status.PASS, r.message
+    assert "inside an HTTP 200 stream" in r.message
+
+
+@pytest.mark.parametrize("completion,fragment", [
+    (ok(10001, generated=16), "served, not rejected"),
+    (ok(10001, generated=16, truncated=True), "silently truncated"),
+    (Completion(10001, 16, False, None, 30.0, timed_out=True), "hang"),
+    (refused(10001, "Internal Server Error", kind="other", status=500), "HTTP 500"),
+])
+def test_served_truncated_hung_or_5xx_over_capacity_requests_fail(completion, fragment):
+    probes = run(*good_probes(**{"over-context": completion}))
+    (r,) = check("overcapacity-rejected", CheckContext((snap(),), T, probes=probes, entry=PREFILL))
+    assert r.status is Status.FAIL and fragment in r.message
+
+
+def test_placeholder_answer_200_with_one_prompt_token_is_truncation():
+    placeholder = ok(10001, generated=16)
+    placeholder = Completion(10001, 16, False, 200, 0.1, completion_tokens=16, prompt_tokens=1)
+    (r,) = check("overcapacity-rejected", CheckContext((snap(),), T, probes=run(*good_probes(**{"over-context": placeholder})), entry=PREFILL))
+    assert r.status is Status.FAIL and "processed 1 of 10001" in r.message
+
+
+def test_out_of_vocabulary_400_is_not_a_capacity_verdict():
+    oov = refused(10001, "Token id 1509 is out of vocabulary", kind=ERROR_VOCAB)
+    (r,) = check("overcapacity-rejected", CheckContext((snap(),), T, probes=run(*good_probes(**{"over-context": oov})), entry=PREFILL))
+    assert r.status is Status.INCONCLUSIVE and "vocabulary" in r.message
+
+
+def test_refusal_without_an_accepted_twin_is_inconclusive():
+    (r,) = check("overcapacity-rejected", CheckContext((snap(),), T, probes=run(*good_probes(**{"boundary-accept": refused(9992)})), entry=PREFILL))
+    assert r.status is Status.INCONCLUSIVE and "twin" in r.message
+
+
+def test_refusal_after_kv_reached_decode_fails():
+    pd = (snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE))
+    moved = {DECODE: {"prompt_tokens": 10001.0}}
+    probes = run(("boundary-accept", ok(9992)), ("over-context", refused(10001), moved), reached=(PREFILL, DECODE))
+    (r,) = check("overcapacity-rejected", CheckContext(pd, T, probes=probes, entry=ENTRY))
+    assert r.status is Status.FAIL and "decode" in r.message
+
+
+def test_foreign_marker_in_a_response_fails_and_is_quoted():
+    leaked = ProbeResult("over-pool", EXPECT_REJECT, ok(15000, generated=16), "test", (PREFILL,), {},
+                         ("KVPF-TENANT-0123456789abcdef01234567",))
+    probes = ProbeRun(Limits(20000, 10000, 9993), (ProbeResult("boundary-accept", EXPECT_ACCEPT, ok(9992), "t", (PREFILL,)), leaked))
+    (r,) = check("overcapacity-rejected", CheckContext((snap(pool=10000, served=20000),), T, probes=probes, entry=PREFILL))
+    assert r.status is Status.FAIL and "KVPF-TENANT-0123456789abcdef01234567" in r.message
+
+
+def test_engine_no_probe_reached_behind_a_router_is_inconclusive():
+    pd = (snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE))
+    probes = run(*good_probes(), reached=(PREFILL,))
+    results = check("overcapacity-rejected", CheckContext(pd, T, probes=probes, entry=ENTRY))
+    unreached = [r for r in results if r.endpoint == DECODE]
+    assert unreached and unreached[0].status is Status.INCONCLUSIVE
+
+
+def test_prompt_integrity_needs_exact_token_count():
+    short = Completion(9992, 1, False, 200, 0.1, completion_tokens=1, prompt_tokens=9000)
+    (r,) = check("prompt-integrity", CheckContext((snap(),), T, probes=run(("boundary-accept", short)), entry=PREFILL))
+    assert r.status is Status.FAIL and "9,000" in r.message
+    (r,) = check("prompt-integrity", CheckContext((snap(),), T, probes=run(("boundary-accept", ok(9992))), entry=PREFILL))
+    assert r.status is Status.PASS
+
+
+def test_silent_max_tokens_clamp_warns_and_explicit_refusal_passes():
+    clamp = Completion(9985, 23, False, 200, 0.1, completion_tokens=15, prompt_tokens=9985, finish_reason="length")
+    (r,) = check("max-tokens-clamp", CheckContext((snap(),), T, probes=run(("clamp", clamp)), entry=PREFILL))
+    assert r.status is Status.WARN and "silently cut" in r.message
+    (r,) = check("max-tokens-clamp", CheckContext((snap(),), T, probes=run(("clamp", refused(9985))), entry=PREFILL))
+    assert r.status is Status.PASS
+
+
+def test_concurrent_5xx_fails_and_capacity_refusal_passes():
+    ctx = lambda c2: CheckContext((snap(),), T, probes=run(("concurrent-1", ok(9992, max_tokens=4)), ("concurrent-2", c2)), entry=PREFILL)
+    (r,) = check("concurrent-capacity", ctx(refused(9992, "Context size has been exceeded.", kind=ERROR_LENGTH, status=500)))
+    assert r.status is Status.FAIL
+    (r,) = check("concurrent-capacity", ctx(refused(9992, "busy", kind="other", status=429)))
+    assert r.status is Status.PASS
+
+
+def test_behaviour_boundary_below_the_reported_pool_fails_sources_agree():
+    # misreport: the engine says 20000 but refuses at the boundary its stated pool accepts
+    probes = run(("boundary-accept", refused(9992)), ("boundary-reject", refused(9993)), limits=Limits(30000, 10000, 9993))
+    (r,) = check("kv-sources-agree", CheckContext((snap(pool=10000, served=30000),), T, probes=probes, entry=PREFILL))
+    assert r.status is Status.FAIL and "smaller than reported" in r.message
+
+
+def test_waiver_keeps_the_finding_and_the_reason():
+    waiver = Waiver("kv-capacity", "context lowered in the gateway to 6000")
+    (r,) = run_checks(CheckContext((snap(pool=6500),), T), ["kv-capacity"], [waiver])
+    assert r.status is Status.SKIP
+    assert r.evidence["status_before_waiver"] == "fail" and "gateway" in r.message
+
+
+def test_verdict_and_exit_codes():
+    from kvpreflight.model import CheckResult as R
+
+    assert exit_code_of(verdict_of([R("a", Status.PASS, ""), R("b", Status.WARN, "")])) == 0
+    assert exit_code_of(verdict_of([R("a", Status.INCONCLUSIVE, ""), R("b", Status.PASS, "")])) == 3
+    assert exit_code_of(verdict_of([R("a", Status.INCONCLUSIVE, ""), R("b", Status.FAIL, "")])) == 1
+    assert exit_code_of(verdict_of([])) == 3  # nothing ran: nothing proved
+    assert Report("0", (), ()).exit_code == 3
