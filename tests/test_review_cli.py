@@ -97,3 +97,31 @@ def test_under_github_actions_the_summary_is_written(tmp_path):
     assert r.returncode == 1
     assert "kv-capacity-estimate" in summary.read_text()
     assert f"file={INCIDENT},line=27" in r.stderr.replace(" ", "")
+
+
+def test_the_example_pr_workflow_review_step_annotates_and_writes_the_comment(tmp_path):
+    """Run the workflow's own review step (examples/ci/review-pr.yml) as the runner would."""
+    import shutil
+
+    import yaml
+
+    workflow = yaml.safe_load((ROOT / "examples" / "ci" / "review-pr.yml").read_text())
+    (step,) = [s for s in workflow["jobs"]["review"]["steps"] if s.get("id") == "review"]
+    shutil.copytree(MODELS / "DeepSeek-V3", tmp_path / "models" / "DeepSeek-V3")
+    (tmp_path / "deploy").mkdir()
+    shutil.copy(ROOT / INCIDENT, tmp_path / "deploy" / "pd.yaml")
+    (tmp_path / "changed.txt").write_text("deploy/pd.yaml\n")
+    out = tmp_path / "github_output"
+    env = {**os.environ, "GITHUB_ACTIONS": "true", "GITHUB_OUTPUT": str(out),
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    r = subprocess.run(["bash", "-c", step["run"]], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert out.read_text().strip() == "rc=1"
+    assert "::error file=deploy/pd.yaml,line=27" in r.stdout
+    assert "681,512" in (tmp_path / "review.md").read_text()
+
+
+def test_the_fixed_incident_manifest_passes():
+    r = run("examples/review/incident-pd-lws.fixed.yaml", "--model-dir", str(MODELS / "DeepSeek-V3"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "1.30x of context 524,288" in r.stdout

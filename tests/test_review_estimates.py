@@ -184,3 +184,30 @@ def test_kv_cache_dtype_flag(tmp_path, dtype, bpt):
     # 1G = 2**30 bytes; whole 16-token blocks
     assert c.evidence["kv_bytes_per_token"] == bpt
     assert c.evidence["estimated_pool_tokens"] == 2**30 // (bpt * 16) * 16
+
+
+def test_dp_attention_splits_attention_tp(tmp_path):
+    # Llama-3.1-70B, TP 8 with DP attention 4: attention TP 8/4 = 2 -> 8/2 = 4 KV heads per rank
+    f = tmp_path / "s.sh"
+    f.write_text("sglang serve --model-path meta-llama/Llama-3.1-70B-Instruct --tp 8 --dp 4 --enable-dp-attention --max-total-tokens 1000\n")
+    _, (c,) = checks(f, gpu="H200")
+    assert c.evidence["kv_bytes_per_token"] == 2 * 80 * 4 * 128 * 2 == 163_840
+
+
+def test_sliding_window_config_is_stated_as_an_assumption(tmp_path):
+    # mistralai/Mistral-7B-v0.1's config.json declares sliding_window 4096
+    model = tmp_path / "Mistral-7B-v0.1"
+    model.mkdir()
+    (model / "config.json").write_text(
+        '{"architectures": ["MistralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,'
+        ' "max_position_embeddings": 32768, "model_type": "mistral", "num_attention_heads": 32,'
+        ' "num_hidden_layers": 32, "num_key_value_heads": 8, "rope_theta": 10000.0,'
+        ' "sliding_window": 4096, "tie_word_embeddings": false, "torch_dtype": "bfloat16", "vocab_size": 32000}'
+    )
+    f = tmp_path / "s.sh"
+    f.write_text("vllm serve mistralai/Mistral-7B-v0.1 --kv-cache-memory-bytes 8G\n")
+    _, (c,) = checks(f, model_dir=tmp_path)
+    assert any("sliding_window 4096" in a for a in c.evidence["assumptions"])
+    # every layer counted at full length: 2 * 32 * 8 * 128 * 2 = 131,072 B/token
+    assert c.evidence["kv_bytes_per_token"] == 131_072
+    assert c.evidence["estimated_pool_tokens"] == 8 * 2**30 // (131_072 * 16) * 16 == 65_536
