@@ -133,6 +133,7 @@ def test_engine_that_crashes_on_start_is_named_with_its_last_log_line(tmp_path, 
     assert caught.value.exit_code == 3
     assert "engine decode (unified) exited with status 7" in message
     assert "RuntimeError: CUDA out of memory (fake)" in message
+    assert "api_key='***'" in message and "sk-live-123" not in message  # secrets masked
     assert str(tmp_path / "decode.log") in message
     assert "\n" not in message
     assert_all_gone(seen_pids(stderr))  # the healthy prefill was stopped too

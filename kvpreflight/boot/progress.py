@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from typing import TextIO
@@ -28,6 +29,20 @@ class Progress:
             self.say(message_fn())
 
 
+# Engines print their settings at start-up (SGLang: server_args=ServerArgs(..., api_key='...')).
+_SECRET = re.compile(
+    r"(?i)\b([a-z_-]*(?:api[_-]?key|token|secret|password|passwd))(?![a-z_])(['\"]?\s*[=:]\s*|\s+)(['\"]?)([^'\"\s,)]+)"
+)
+_BEARER = re.compile(r"(?i)\b(bearer)\s+\S+")
+
+
+def redact(text: str) -> str:
+    """Mask what looks like a secret's value in an engine's log line before it is shown."""
+    text = _SECRET.sub(lambda m: f"{m.group(1)}{m.group(2)}{m.group(3)}***", text)
+    return _BEARER.sub(r"\1 ***", text)
+
+
 def clip(text: str, width: int = 120) -> str:
-    text = " ".join(text.split())
+    """One line of an engine's output, secrets masked, at most `width` characters."""
+    text = redact(" ".join(text.split()))
     return text if len(text) <= width else text[: width - 3] + "..."
