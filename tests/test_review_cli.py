@@ -29,6 +29,8 @@ def test_incident_manifest_fails_with_exit_1_and_names_file_and_line():
     assert r.returncode == 1, r.stderr
     assert f"{INCIDENT}:27" in r.stdout
     assert "681,512" in r.stdout and "0.65x" in r.stdout
+    # what to do: 681,512 / 1.2 warn threshold = 567,926.7 -> serve at most 567,926 tokens
+    assert "Serve at most 567,926 tokens" in r.stdout
 
 
 def test_github_format_annotates_the_context_flag_line():

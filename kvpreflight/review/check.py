@@ -7,14 +7,18 @@ from kvpreflight.model import CheckResult, Status
 from kvpreflight.review.estimate import Estimate
 
 CHECK_ID = "kv-capacity-estimate"
-CAVEAT = "static estimate from the config; `kvpreflight check` on the running engine is the proof"
+CAVEAT = "Static estimate from the files; `kvpreflight check` on the running engine is the proof."
 
 
 def judge(est: Estimate, thresholds: Thresholds) -> CheckResult:
     ratio = est.ratio
+    fits = int(est.pool_tokens / thresholds.warn_below_ratio)
     if ratio < thresholds.fail_below_ratio:
         status = Status.FAIL
-        verdict = f"cannot hold one {est.context_checked:,}-token request: {est.consequence}"
+        verdict = (
+            f"cannot hold one {est.context_checked:,}-token request ({est.consequence}). "
+            f"Serve at most {fits:,} tokens or give the pool more memory"
+        )
     elif ratio < thresholds.warn_below_ratio:
         status = Status.WARN
         verdict = f"holds one {est.context_checked:,}-token request with less than {thresholds.warn_below_ratio:g}x headroom"
@@ -22,9 +26,18 @@ def judge(est: Estimate, thresholds: Thresholds) -> CheckResult:
         status = Status.PASS
         verdict = f"holds the {est.context_checked:,}-token context"
     unit = "tokens per slot" if est.engine == "llamacpp" else "tokens"
+    basis = [f"{est.kv_bytes_per_token:,} B/token"]
+    if est.weights_bytes_per_gpu is not None and est.engine != "builtin":
+        basis.append(f"weights {est.weights_bytes_per_gpu / 2**30:.1f} GiB/GPU")
+    for key in ("mem_fraction_static", "gpu_memory_utilization"):
+        if key in est.numbers:
+            basis.append(f"{key} {est.numbers[key]}")
+    if est.gpu:
+        basis.append(est.gpu)
     message = (
-        f"{est.engine} {est.role} ({est.where}): estimated KV pool {est.pool_tokens:,} {unit} = {ratio:.2f}x "
-        f"of context {est.context_checked:,} ({est.context_source}); {verdict}. {CAVEAT}"
+        f"{est.engine} {est.role} ({est.where}): estimated KV pool {est.pool_tokens:,} {unit} "
+        f"({', '.join(basis)}) = {ratio:.2f}x of context {est.context_checked:,} ({est.context_source}); "
+        f"{verdict}. {CAVEAT}"
     )
     evidence = {
         "file": est.file,

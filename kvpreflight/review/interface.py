@@ -60,4 +60,3 @@ class Launch:
     site: CommandSite
     line: int  # the line of the launch word (python -m sglang.launch_server, vllm serve ...)
     args: tuple[Token, ...]  # everything after the launch words
-    positional: tuple[Token, ...] = field(default=())
