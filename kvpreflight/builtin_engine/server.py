@@ -529,7 +529,7 @@ def build_server_info(server: EngineServer) -> dict:
         "tokenizer_path": c.model_name,
         "served_model_name": c.model_name,
         "host": c.host,
-        "port": c.port,
+        "port": server.server_address[1],
         "context_length": c.context_length,
         "page_size": c.page_size,
         "mem_fraction_static": c.mem_fraction_static,
