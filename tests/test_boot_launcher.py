@@ -310,3 +310,26 @@ def test_deployment_says_which_engine_holds_which_gpu(tmp_path, reaper):
         records = deployment.gpu_records(found)
     assert [(r["uuid"], r["engines"]) for r in records] == [("GPU-a", ["p"]), ("GPU-b", ["d"]), ("GPU-c", [])]
     assert_all_gone({p.pid, d.pid})
+
+
+def test_second_ctrl_c_during_shutdown_does_not_abandon_engines(tmp_path, reaper):
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(
+        "deployment: impatient\n"
+        "engines:\n"
+        f"  - {{name: stubborn, role: unified, port: auto, command: ['{{python}}', '{FAKE}', '{{port}}', ignore-term]}}\n"
+    )
+    with driver_process(spec, tmp_path, reaper) as driver:
+        line = driver.stdout.readline()
+        assert line.startswith("READY "), line
+        pids = {int(p) for p in line.split()[1:]}
+        reaper.update(pids)
+        os.kill(driver.pid, signal.SIGINT)
+        time.sleep(1.0)  # the driver waits out its 3 s grace for the stubborn engine
+        os.kill(driver.pid, signal.SIGINT)
+        code = driver.wait(timeout=20)
+        stderr = driver.stderr.read()
+    assert code == 130, stderr
+    assert "still stopping engines; wait" in stderr
+    assert "sending SIGKILL" in stderr and "all engines stopped" in stderr
+    assert_all_gone(pids)

@@ -75,7 +75,7 @@ def boot_deployment(
             failed = True
             raise
         finally:
-            with signals_held(deliver=not failed):
+            with signals_held(deliver=not failed, notice=lambda: progress.say("still stopping engines; wait")):
                 if started:
                     progress.say(f"stopping {len(started)} engine(s)")
                     stop_all(started, stop_grace_s, say=progress.say)

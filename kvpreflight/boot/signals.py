@@ -44,8 +44,9 @@ def sigterm_raises() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def signals_held(*, deliver: bool = True) -> Iterator[None]:
-    """Hold SIGINT, SIGTERM and SIGHUP for the duration; afterwards re-deliver them if `deliver`."""
+def signals_held(*, deliver: bool = True, notice=None) -> Iterator[None]:
+    """Hold SIGINT, SIGTERM and SIGHUP for the duration (calling `notice()` when one comes);
+    afterwards re-deliver them if `deliver`."""
     if not _main_thread():
         yield
         return
@@ -53,6 +54,8 @@ def signals_held(*, deliver: bool = True) -> Iterator[None]:
 
     def hold(signum, frame):
         pending.append(signum)
+        if notice is not None:
+            notice()
 
     previous = {sig: signal.signal(sig, hold) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
