@@ -40,6 +40,26 @@ def reaper():
                 pass
 
 
+def spec_file(tmp_path: Path, *engines: tuple[str, str, str], entry: str | None = None) -> Path:
+    """A spec file of (name, role, fake-engine mode) engines, for the driver process."""
+    lines = ["deployment: driven", *([f"entry: {entry}"] if entry else []), "engines:"]
+    for name, role, mode in engines:
+        args = ", ".join(f"'{a}'" for a in mode.split())
+        lines.append(f"  - {{name: {name}, role: {role}, port: auto, command: ['{{python}}', '{FAKE}', '{{port}}', {args}]}}")
+    path = tmp_path / "spec.yaml"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def ready_pids(driver: subprocess.Popen, reaper: set[int]) -> set[int]:
+    """Waits for the driver's READY line; the engine processes it names."""
+    line = driver.stdout.readline()
+    assert line.startswith("READY "), driver.stderr.read() if driver.poll() is not None else line
+    pids = {int(p) for p in line.split()[1:]}
+    reaper.update(pids)
+    return pids
+
+
 @contextlib.contextmanager
 def driver_process(spec: Path, tmp_path: Path, reaper: set[int]):
     """tests/boot_support/driver.py running the launcher in a process (and session) of its own."""
@@ -226,20 +246,10 @@ def test_port_already_in_use_is_refused_before_starting(tmp_path):
 
 @pytest.mark.parametrize("sig, exit_code", [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_signal_to_the_launching_process_stops_every_engine(tmp_path, reaper, sig, exit_code):
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(
-        "deployment: signalled\n"
-        "entry: router\n"
-        "engines:\n"
-        f"  - {{name: prefill, role: prefill, port: auto, command: ['{{python}}', '{FAKE}', '{{port}}', family]}}\n"
-        f"  - {{name: decode, role: decode, port: auto, command: ['{{python}}', '{FAKE}', '{{port}}', ignore-term]}}\n"
-        f"  - {{name: router, role: router, port: auto, command: ['{{python}}', '{FAKE}', '{{port}}', ok]}}\n"
-    )
+    spec = spec_file(tmp_path, ("prefill", "prefill", "family"), ("decode", "decode", "ignore-term"),
+                     ("router", "router", "ok"), entry="router")
     with driver_process(spec, tmp_path, reaper) as driver:
-        line = driver.stdout.readline()
-        assert line.startswith("READY "), driver.stderr.read() if driver.poll() is not None else line
-        pids = {int(p) for p in line.split()[1:]}
-        reaper.update(pids)
+        pids = ready_pids(driver, reaper)
         assert len(pids) == 5  # three engines and the two children of prefill
         os.kill(driver.pid, sig)
         code = driver.wait(timeout=20)
@@ -250,12 +260,7 @@ def test_signal_to_the_launching_process_stops_every_engine(tmp_path, reaper, si
 
 
 def test_sigterm_while_engines_still_load_stops_them(tmp_path, reaper):
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(
-        "deployment: loading\n"
-        "engines:\n"
-        f"  - {{name: big, role: unified, port: auto, command: ['{{python}}', '{FAKE}', '{{port}}', slow, '60']}}\n"
-    )
+    spec = spec_file(tmp_path, ("big", "unified", "slow 60"))
     with driver_process(spec, tmp_path, reaper) as driver:
         line = driver.stderr.readline()
         found = re.search(r"started big \(unified\) pid (\d+)", line)
@@ -313,17 +318,9 @@ def test_deployment_says_which_engine_holds_which_gpu(tmp_path, reaper):
 
 
 def test_second_ctrl_c_during_shutdown_does_not_abandon_engines(tmp_path, reaper):
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(
-        "deployment: impatient\n"
-        "engines:\n"
-        f"  - {{name: stubborn, role: unified, port: auto, command: ['{{python}}', '{FAKE}', '{{port}}', ignore-term]}}\n"
-    )
+    spec = spec_file(tmp_path, ("stubborn", "unified", "ignore-term"))
     with driver_process(spec, tmp_path, reaper) as driver:
-        line = driver.stdout.readline()
-        assert line.startswith("READY "), line
-        pids = {int(p) for p in line.split()[1:]}
-        reaper.update(pids)
+        pids = ready_pids(driver, reaper)
         os.kill(driver.pid, signal.SIGINT)
         time.sleep(1.0)  # the driver waits out its 3 s grace for the stubborn engine
         os.kill(driver.pid, signal.SIGINT)
