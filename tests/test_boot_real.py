@@ -50,6 +50,9 @@ def test_llamacpp_example_spec_boots_a_real_llama_server(tmp_path, monkeypatch, 
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "tiny.gguf").symlink_to(tiny_gguf)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    # the pip-built binary finds its shared libraries beside it only through LD_LIBRARY_PATH
+    libs = [str(Path(llama_server_binary).resolve().parent), os.environ.get("LD_LIBRARY_PATH", "")]
+    monkeypatch.setenv("LD_LIBRARY_PATH", os.pathsep.join(p for p in libs if p))
     monkeypatch.chdir(tmp_path)
     stderr = io.StringIO()
     with boot_deployment(load_spec(EXAMPLE), tmp_path / "logs", stderr=stderr) as deployment:
