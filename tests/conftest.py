@@ -1,0 +1,133 @@
+"""Shared pytest setup: real-engine fixtures (vLLM on CPU, llama.cpp) and their marker.
+
+Real-engine tests are marked ``@pytest.mark.real_engine`` (any test that uses an engine fixture
+gets the marker automatically). They FAIL, never skip, when the engines are not set up; deselect
+them with ``-m "not real_engine"``. ``$KVPREFLIGHT_CACHE/engines.env`` (written by
+``scripts/setup_engines.sh``) is loaded here, so ``pytest`` works right after the setup script.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Callable, Iterator
+
+import pytest
+
+import realengines
+from realengines import EngineNotSetUp, EngineProcess
+
+realengines.load_engines_env()
+
+# Fixtures that boot or need a real engine; a test using one is a real_engine test.
+ENGINE_FIXTURES = {
+    "vllm_python",
+    "llama_server_binary",
+    "tiny_hf_model",
+    "tiny_gguf",
+    "vllm_server",
+    "start_vllm_server",
+    "llama_server",
+    "start_llama_server",
+}
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.real_engine)
+
+
+def _require(getter: Callable[[], str]) -> str:
+    try:
+        return getter()
+    except EngineNotSetUp as e:
+        message = str(e)
+    pytest.fail(message, pytrace=False)
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> str:
+    """Path of the vLLM venv's python (``$KVPREFLIGHT_VLLM_PYTHON``); fails if not set up."""
+    return _require(realengines.vllm_python)
+
+
+@pytest.fixture(scope="session")
+def llama_server_binary() -> str:
+    """Path of ``llama-server`` (``$KVPREFLIGHT_LLAMA_SERVER``); fails if not set up."""
+    return _require(realengines.llama_server_binary)
+
+
+@pytest.fixture(scope="session")
+def tiny_hf_model(tmp_path_factory, vllm_python) -> Path:
+    """Tiny random-weight HF Llama directory (built once per session with the vLLM venv)."""
+    target = tmp_path_factory.mktemp("tiny-hf") / "model"
+    return realengines.build_model("hf", target, vllm_python)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(tmp_path_factory, llama_server_binary) -> Path:
+    """Tiny random-weight llama GGUF file (built once per session with the llama venv)."""
+    python = _require(realengines.llama_python)
+    target = tmp_path_factory.mktemp("tiny-gguf") / "tiny.gguf"
+    return realengines.build_model("gguf", target, python)
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tmp_path_factory, tiny_hf_model) -> Iterator[EngineProcess]:
+    """One shared vLLM server for the session: max-model-len 4096, 1 GiB KV, -O0 --enforce-eager."""
+    engine = realengines.start_vllm(tiny_hf_model, tmp_path_factory.mktemp("vllm-shared"))
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+@pytest.fixture
+def start_vllm_server(tmp_path, tiny_hf_model) -> Iterator[Callable[..., EngineProcess]]:
+    """Factory: ``start_vllm_server(*extra_args, **kw)`` -> EngineProcess, stopped after the test.
+
+    Keyword arguments are those of ``realengines.start_vllm`` (max_model_len, kv_space_gib,
+    fast_start, wait_ready, ready_timeout_s, log_name). ``wait_ready=False`` returns at once
+    (for servers expected to refuse to start: see ``realengines.run_to_exit``).
+    """
+    yield from _engine_factory(realengines.start_vllm, tiny_hf_model, tmp_path, "vllm")
+
+
+@pytest.fixture(scope="session")
+def llama_server(tmp_path_factory, tiny_gguf) -> Iterator[EngineProcess]:
+    """One shared llama-server for the session: -c 2048 -np 2 --metrics -t 2 -lv 4."""
+    engine = realengines.start_llama(tiny_gguf, tmp_path_factory.mktemp("llama-shared"))
+    try:
+        yield engine
+    finally:
+        engine.stop()
+
+
+@pytest.fixture
+def start_llama_server(tmp_path, tiny_gguf) -> Iterator[Callable[..., EngineProcess]]:
+    """Factory: ``start_llama_server(*extra_args, kv_unified=False, ctx=2048, parallel=2, ...)``.
+
+    Keyword arguments are those of ``realengines.start_llama``. Every server it starts is
+    stopped after the test, pass or fail.
+    """
+    yield from _engine_factory(realengines.start_llama, tiny_gguf, tmp_path, "llama-server")
+
+
+def _engine_factory(start_fn, model: Path, workdir: Path, name: str):
+    started: list[EngineProcess] = []
+
+    def start(*extra_args: str, **kwargs) -> EngineProcess:
+        kwargs.setdefault("log_name", f"{name}-{len(started)}.log")
+        wait_ready = kwargs.pop("wait_ready", True)
+        engine = start_fn(model, workdir, *extra_args, wait_ready=False, **kwargs)
+        started.append(engine)  # registered before waiting: a failed start is stopped too
+        if wait_ready:
+            realengines.wait_until_ready(engine, kwargs.get("ready_timeout_s"))
+        return engine
+
+    try:
+        yield start
+    finally:
+        for engine in started:
+            engine.stop()
