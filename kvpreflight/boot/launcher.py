@@ -76,6 +76,7 @@ def boot_deployment(
             raise
         finally:
             with signals_held(deliver=not failed, notice=lambda: progress.say("still stopping engines; wait")):
+                started = [p for p in started if p.launched]
                 if started:
                     progress.say(f"stopping {len(started)} engine(s)")
                     stop_all(started, stop_grace_s, say=progress.say)
@@ -91,8 +92,8 @@ def _start_all(plans: list[LaunchPlan], log_dir: str, started: list[EngineProces
     batch = []
     for plan in plans:
         proc = EngineProcess(plan, os.path.join(log_dir, f"{plan.name}.log"))
+        started.append(proc)  # before start(): a signal right after the fork must still stop it
         proc.start()
-        started.append(proc)
         batch.append(proc)
         gpus = f", GPUs {','.join(plan.spec.gpus)}" if plan.spec.gpus else ""
         progress.say(f"started {plan.name} ({plan.spec.role}{gpus}) pid {proc.pid}, log {proc.log_path}")

@@ -39,6 +39,10 @@ class EngineProcess:
         return self.plan.name
 
     @property
+    def launched(self) -> bool:
+        return self._popen is not None
+
+    @property
     def pid(self) -> int:
         assert self._popen is not None
         return self._popen.pid
@@ -148,7 +152,7 @@ class EngineProcess:
 
 def stop_all(processes: Iterable[EngineProcess], grace_s: float, *, say=None) -> None:
     """SIGTERM every engine family at once; SIGKILL what is left after `grace_s`; reap all."""
-    processes = [p for p in processes if p._popen is not None]
+    processes = [p for p in processes if p.launched]
     for proc in processes:
         proc.signal(signal.SIGTERM)
     deadline = time.monotonic() + grace_s
