@@ -35,8 +35,10 @@ def register(app: typer.Typer) -> None:
         sign_key: Optional[str] = typer.Option(None, "--sign-key", help="Private key file for --record (or set KVPREFLIGHT_SIGN_KEY to its path)."),
         subject: Optional[List[str]] = typer.Option(None, "--subject", help="NAME=sha256:HEX the record is about (image, config, model revision). Repeatable."),
         unsigned: bool = typer.Option(False, "--unsigned", help="Write the record unsigned (verify will refuse it)."),
+        boot: Optional[Path] = typer.Option(None, "--boot", help="Boot the deployment in this spec (YAML), check it, stop everything."),
+        log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="With --boot: where engine logs go (default: a new temporary folder)."),
     ) -> None:
-        """Check running engines. Exit 0 pass, 1 a check failed, 2 usage error, 3 inconclusive."""
+        """Check running engines (or boot them from a spec with --boot). Exit 0 pass, 1 a check failed, 2 usage error, 3 inconclusive."""
         from kvpreflight.commands.run_check import CheckRequest, execute
 
         request = CheckRequest(
@@ -47,5 +49,21 @@ def register(app: typer.Typer) -> None:
             advisories=tuple(advisories or ()), record=record, sign_key=sign_key, subjects=tuple(subject or ()),
             unsigned=unsigned,
         )
-        raise typer.Exit(execute(request))
+        if boot is None:
+            if log_dir is not None:
+                from kvpreflight.errors import UsageError
+
+                raise UsageError("--log-dir only makes sense with --boot SPEC.yaml")
+            raise typer.Exit(execute(request))
+        import tempfile
+
+        from kvpreflight.boot import load_spec
+        from kvpreflight.commands.run_check import execute_booted
+        from kvpreflight.errors import UsageError
+
+        if endpoint or entry or log:
+            raise UsageError("--boot takes its engines, entry and logs from the spec; drop --endpoint, --entry and --log")
+        spec = load_spec(boot)
+        folder = log_dir or Path(tempfile.mkdtemp(prefix=f"kvpreflight-{spec.deployment}-"))
+        raise typer.Exit(execute_booted(spec, request, log_dir=folder))
 

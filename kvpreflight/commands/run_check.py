@@ -57,7 +57,7 @@ def prepare(request: CheckRequest):
     from kvpreflight.pipeline import CheckOptions, Target
 
     if not request.endpoints:
-        raise UsageError("no --endpoint given; pass the URL of every prefill, decode or unified engine")
+        raise UsageError("no --endpoint given; pass the URL of every prefill, decode or unified engine, or --boot SPEC.yaml")
     targets = []
     for text in request.endpoints:
         url, role = opt.parse_endpoint(text)
@@ -127,3 +127,37 @@ def execute(request: CheckRequest, *, on_report: Callable[[Report], None] | None
                            subjects=list(subjects or []), files_read=files)
         progress(f"record written to {path} ({'signed' if signer else 'UNSIGNED'})")
     return report.exit_code
+
+
+def execute_booted(spec, request: CheckRequest, *, log_dir: Path, before_check: Callable | None = None,
+                   on_report: Callable[[Report], None] | None = None) -> int:
+    """Boot every engine of `spec`, hand the same targets attach mode has to `execute`, stop all.
+
+    The spec's context length, waivers and file join the request; the logs kvpreflight captured
+    become an independent capacity source. `before_check(deployment)` runs once all are ready.
+    """
+    from dataclasses import replace
+
+    from kvpreflight.boot import boot_deployment
+
+    # Validate every argument before minutes of engine start-up (exit 2 first); the endpoint is
+    # a stand-in for the URLs the boot will give.
+    prepare(replace(request, endpoints=("http://127.0.0.1:1",)))
+    with boot_deployment(spec, log_dir) as deployment:
+        if before_check is not None:
+            before_check(deployment)
+        skips = tuple(w.check_id for w in spec.checks.skip) + request.skips
+        reasons = tuple(w.reason for w in spec.checks.skip) + request.reasons
+        engines = {e.engine for e in deployment.workers}
+        booted = replace(
+            request,
+            endpoints=deployment.endpoint_args(),
+            entry=deployment.entry_url,
+            engine=request.engine if request.engine != "auto" or len(engines) != 1 or "auto" in engines else engines.pop(),
+            context_length=request.context_length or spec.context_length,
+            skips=skips, reasons=reasons,
+            log_paths={e.url.rstrip("/"): Path(e.log_path) for e in deployment.workers},
+            extra_files_read=request.extra_files_read + ((Path(spec.source),) if Path(spec.source).is_file() else ()),
+            gpus=deployment.gpu_records(),
+        )
+        return execute(booted, on_report=on_report)
