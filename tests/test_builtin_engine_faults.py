@@ -136,6 +136,20 @@ def test_failed_transfer_reported_or_hidden(tmp_path, fault):
             assert metric(trio.decode.url, "sglang:num_transfer_failed_reqs_total") == 0
 
 
+@pytest.mark.slow
+def test_decode_refuses_with_its_own_limit_and_the_client_gets_it_fast(tmp_path):
+    # Decode's pool (2048) is smaller than prefill's: decode's own check must answer, promptly.
+    with pd_trio(tmp_path, context_length=CONTEXT, prefill_pool=BIG_POOL, decode_pool=2048) as trio:
+        started = time.monotonic()
+        r = gen(trio.url, ids=[69] * 3000, max_new=4)
+        assert time.monotonic() - started < 5
+        assert r.status_code == 400
+        assert r.json()["error"]["message"] == (
+            "Input length (3000 tokens) exceeds the maximum allowed length (2042 tokens). "
+            "Use a shorter input or enable --allow-auto-truncate.")
+        assert metric(trio.decode.url, "sglang:kv_transfer_pages_total") == 0
+
+
 def _start_and_abandon(url: str, body: dict, after_s: float) -> None:
     """Send a request, then disconnect mid-flight, as an impatient client does."""
     parts = urllib.parse.urlsplit(url)

@@ -180,6 +180,7 @@ class Engine:
             PrefixCache(self.pool, self.page_size, "prefix-cache-no-salt" in self.faults) if use_cache else None
         )
         self.rooms: dict[int, Room] = {}
+        self.refused_rooms: dict[int, tuple[str, int, float]] = {}
         self.rooms_lock = threading.Condition()
         self.transfer_seq = 0
 
@@ -415,20 +416,44 @@ class Engine:
     def open_room(self, room_id: int, rid: str, ids: list[int]) -> Room:
         room = Room(room=room_id, rid=rid, reserved_tokens=len(ids))
         with self.rooms_lock:
-            self.rooms[room_id] = room
+            refused = self.refused_rooms.pop(room_id, None)
+            if refused is not None:
+                # The prefill refused (and said so) before this request reached decode.
+                room.error = refused[0]
+                room.bootstrapped.set()
+            else:
+                self.rooms[room_id] = room
             self.rooms_lock.notify_all()
         return room
 
-    def find_room(self, room_id: int, wait_s: float = 10.0) -> Room | None:
-        # The router sends to prefill and decode at once: the prefill may knock first.
+    def refuse_room(self, room_id: int, message: str, status: int = 400) -> None:
+        """Remember that a room will never bootstrap, so the other side need not wait for it."""
+        with self.rooms_lock:
+            room = self.rooms.get(room_id)
+            if room is not None:
+                room.error = message
+                room.bootstrapped.set()
+            else:
+                now = time.monotonic()
+                for key in [k for k, v in self.refused_rooms.items() if now - v[2] > 300]:
+                    del self.refused_rooms[key]
+                self.refused_rooms[room_id] = (message, status, now)
+            self.rooms_lock.notify_all()
+
+    def find_room(self, room_id: int, wait_s: float = 10.0) -> tuple[Room | None, tuple[str, int] | None]:
+        """(room, None) once the decode request arrived, or (None, (message, status)) when
+        decode refused it itself. The router sends to both at once, so the prefill may knock first."""
         deadline = time.monotonic() + wait_s
         with self.rooms_lock:
             while room_id not in self.rooms:
+                if room_id in self.refused_rooms:
+                    message, status, _ = self.refused_rooms.pop(room_id)
+                    return None, (message, status)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    return None
+                    return None, ("unknown bootstrap room", 500)
                 self.rooms_lock.wait(remaining)
-            return self.rooms[room_id]
+            return self.rooms[room_id], None
 
     def close_room(self, room: Room) -> None:
         with self.rooms_lock:

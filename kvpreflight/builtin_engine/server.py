@@ -479,7 +479,7 @@ def run_prefill_pd(engine, ids: list[int], params, body: dict):
         )
     except transfer.TransferError as exc:
         engine.count(bootstrap_failed=1)
-        raise RequestError(str(exc), status=500) from None
+        raise RequestError(str(exc), status=exc.status) from None
     except OSError as exc:
         engine.count(transfer_failed=1)
         raise RequestError(f"KV transfer failed for request {params.rid}: {exc}", status=500) from None
@@ -499,7 +499,11 @@ def run_decode_pd(engine, ids: list[int], params, body: dict, client_gone, on_to
     from kvpreflight.builtin_engine.core import BOOTSTRAP_WAIT_S, RequestError
 
     _, _, room_id = _bootstrap(body, need_host=False)
-    ids, _ = engine.admit(ids)  # decode's own limits
+    try:
+        ids, _ = engine.admit(ids)  # decode's own limits
+    except RequestError as exc:
+        engine.refuse_room(room_id, str(exc), exc.status)  # the prefill's bootstrap gets this answer
+        raise
     room = engine.open_room(room_id, params.rid, ids)
     deadline = time.monotonic() + BOOTSTRAP_WAIT_S
     while not room.bootstrapped.wait(0.02):

@@ -83,17 +83,15 @@ class TransferServer:
             hello = reader.line()
             if hello is None:
                 return
-            found = engine.find_room(int(hello.get("room", -1)))
             if hello.get("op") == "abort":
-                if found is not None:
-                    found.error = str(hello.get("error") or "aborted by prefill")
-                    engine.count(bootstrap_failed=1)
-                    found.bootstrapped.set()
+                # A deliberate refusal by the prefill, not a bootstrap failure.
+                engine.refuse_room(int(hello.get("room", -1)), str(hello.get("error") or "aborted by prefill"))
                 _send_json(conn, {"ok": True})
                 return
+            found, refusal = engine.find_room(int(hello.get("room", -1)))
             if found is None:
                 engine.count(bootstrap_failed=1)
-                _send_json(conn, {"ok": False, "error": "unknown bootstrap room"})
+                _send_json(conn, {"ok": False, "error": refusal[0], "status": refusal[1]})
                 return
             room = found
             if room.cancelled_at is not None:
@@ -149,7 +147,12 @@ class TransferServer:
 
 
 def send_abort(host: str, port: int, room: int, error: str) -> None:
-    """Tell decode the request was refused, so it stops waiting; no page moves."""
+    """Tell decode the request was refused, so it stops waiting; no page moves. In the
+    background: the client's answer does not wait for decode."""
+    threading.Thread(target=_send_abort, args=(host, port, room, error), daemon=True).start()
+
+
+def _send_abort(host: str, port: int, room: int, error: str) -> None:
     try:
         with socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S) as sock:
             _send_json(sock, {"op": "abort", "room": room, "error": error})
@@ -159,7 +162,9 @@ def send_abort(host: str, port: int, room: int, error: str) -> None:
 
 
 class TransferError(Exception):
-    pass
+    def __init__(self, message: str, status: int = 500) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def send_pages(
@@ -187,6 +192,8 @@ def send_pages(
         _send_json(sock, {"op": "bootstrap", "room": room, "rid": rid, "num_tokens": num_tokens, "cached_tokens": cached_tokens})
         reply = reader.line()
         if not reply or not reply.get("ok"):
+            if reply and reply.get("status") == 400:
+                raise TransferError(str(reply.get("error")), status=400)  # decode's own length check
             raise TransferError(f"decode refused bootstrap: {(reply or {}).get('error', 'connection closed')}")
         engine.page_log.event("transfer_start", rid, pages, room=room)
         lost = False
