@@ -119,7 +119,16 @@ def run_demo(settings: DemoSettings) -> int:
 
     def before_check(deployment) -> None:
         if settings.incident:
-            prefill_limit = min(int(settings.context_length * INCIDENT_POOL_RATIO), settings.context_length) - 7
+            from kvpreflight.engines.http import HttpClient
+
+            # The longest prompt the prefill engine really takes (it rounds its pool to pages);
+            # a longer one would become a placeholder under the incident's fault and plant nothing.
+            client = HttpClient(timeout_s=30)
+            try:
+                info = client.get_json(f"{deployment.engine('prefill').url}/server_info")
+            finally:
+                client.close()
+            prefill_limit = int(info["max_req_input_len"]) - 1
             say(f"tenant B fills the pool: 3 requests of {prefill_limit:,} tokens carrying {tenant_marker}")
             plant_other_tenant(deployment.entry_url, tenant_marker, prefill_limit, copies=3)
 

@@ -38,6 +38,13 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             moved = {u: d for u, d in moved.items() if d}
             if moved:
                 status, message = Status.FAIL, f"refused, but KV reached the decode engine first (counters moved: {moved})"
+        if status is Status.FAIL and not p.completion.rejected:
+            processed = {u: d.get("prompt_tokens") for u, d in p.counter_deltas.items() if d.get("prompt_tokens")}
+            short = {u: int(v) for u, v in processed.items() if v < p.completion.sent_tokens}
+            if short:
+                message += ("; the engines' prompt-token counters show only "
+                            + ", ".join(f"{v:,} token(s) at {u}" for u, v in short.items())
+                            + f" of {p.completion.sent_tokens:,} were processed (a placeholder flowed on)")
         if p.foreign_markers:
             status = Status.FAIL
             message += f"; the response carried another request's synthetic marker(s): {', '.join(p.foreign_markers)}"

@@ -17,6 +17,10 @@ from kvpreflight.engines.interface import Completion, Counters, EngineAdapter
 from kvpreflight.model import EngineSnapshot, Role
 from kvpreflight.probes.markers import foreign_markers, new_marker
 
+# Enough generated tokens that, if an over-capacity request is wrongly served from stale pages,
+# whole synthetic markers of other requests (37 characters) surface in the answer as evidence.
+OVER_MAX_TOKENS = 96
+
 EXPECT_ACCEPT = "accept"
 EXPECT_REJECT = "reject"
 
@@ -110,20 +114,22 @@ class CapacityProber:
         probes: list[ProbeResult] = []
         m = limits.max_accepted
 
-        probes.append(self._one("boundary-accept", EXPECT_ACCEPT, ids[:m], 1,
-                                "the longest prompt the stated limits accept; must succeed with every token processed"))
-        probes.append(self._one("boundary-reject", EXPECT_REJECT, ids[: m + 1], 1,
-                                "one token more than the stated limits accept; must be refused"))
+        # Over-capacity first: if the engine wrongly serves one from stale pages, those pages still
+        # hold what ran before the preflight (not our own boundary probes), as in the incident.
         if limits.pool_bound and limits.pool_tokens is not None:
             over_pool = limits.pool_tokens + max(1, (limits.served_context - limits.pool_tokens) // 2)
             over_pool = min(max(over_pool, m + 1), limits.served_context - 1)
             for stream in (False, True):
-                probes.append(self._one(f"over-pool{'-stream' if stream else ''}", EXPECT_REJECT, ids[:over_pool], 16,
+                probes.append(self._one(f"over-pool{'-stream' if stream else ''}", EXPECT_REJECT, ids[:over_pool], OVER_MAX_TOKENS,
                                         "longer than the KV pool but within the served context (the incident's danger zone)",
                                         stream=stream))
         for stream in (False, True):
             probes.append(self._one(f"over-context{'-stream' if stream else ''}", EXPECT_REJECT,
-                                    ids[: limits.served_context + 1], 16, "one token over the served context", stream=stream))
+                                    ids[: limits.served_context + 1], OVER_MAX_TOKENS, "one token over the served context", stream=stream))
+        probes.append(self._one("boundary-accept", EXPECT_ACCEPT, ids[:m], 1,
+                                "the longest prompt the stated limits accept; must succeed with every token processed"))
+        probes.append(self._one("boundary-reject", EXPECT_REJECT, ids[: m + 1], 1,
+                                "one token more than the stated limits accept; must be refused"))
         clamp_prompt = max(1, m - 8)
         clamp_max = limits.served_context - clamp_prompt + 8
         probes.append(self._one("clamp", EXPECT_REJECT, ids[:clamp_prompt], clamp_max,
