@@ -240,6 +240,18 @@ def test_pd_request_moves_pages_and_echoes(pd):
     assert metric(pd.decode.url, "sglang:num_used_tokens") == 0
 
 
+def test_pd_stream_and_openai_route_through_router(pd):
+    r = requests.post(pd.url + "/generate", json={"text": TENANT_A, "stream": True,
+                                                  "sampling_params": {"max_new_tokens": 12}}, timeout=TIMEOUT)
+    frames = sse_frames(r.text)
+    assert r.status_code == 200 and frames[-1] == "[DONE]"
+    assert frames[-2]["text"] == TENANT_A[:12]
+    c = requests.post(pd.url + "/v1/completions", json={"prompt": "0123456789", "max_tokens": 5}, timeout=TIMEOUT)
+    assert c.status_code == 200 and c.json()["choices"][0]["text"] == "01234"
+    bad = requests.post(pd.url + "/v1/completions", json={"prompt": "x" * 5000}, timeout=TIMEOUT)
+    assert bad.status_code == 400 and bad.json()["message"] == OVER_POOL_MSG
+
+
 def test_pd_over_pool_is_refused_before_any_transfer(pd):
     gen(pd.url, TENANT_A, max_new=8)  # tenant A's KV now sits (freed) in decode pages
     transfers = metric(pd.prefill.url, "sglang:kv_transfers_total")

@@ -85,6 +85,16 @@ def test_auto_truncate_and_unsalted_prefix_cache(tmp_path):
         assert other["meta_info"]["cached_tokens"] == len(prompt) // 16 * 16  # tenant b hits tenant a's pages
 
 
+def test_fault_flag_leaves_no_trace_in_argv_or_launch_command(tmp_path):
+    with unified_engine(tmp_path, context_length=CONTEXT, pool_tokens=SMALL_POOL,
+                        extra_args=["--fault", "auto-truncate"]) as engine:
+        cmdline = open(f"/proc/{engine.pid}/cmdline", "rb").read().decode()
+        assert "fault" not in cmdline and "auto-truncate" not in cmdline
+        launch = info(engine.url)["launch_command"]
+        assert launch.startswith("kvpreflight engine serve --role unified") and "fault" not in launch
+        assert gen(engine.url, ids=[67] * 5000, max_new=1).status_code == 200  # yet the fault acts
+
+
 def test_misreported_pool_differs_from_allocator_log_and_behaviour(tmp_path):
     with unified_engine(tmp_path, context_length=CONTEXT, pool_tokens=SMALL_POOL, faults=["misreport-pool"]) as engine:
         reported = info(engine.url)
