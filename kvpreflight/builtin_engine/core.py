@@ -219,6 +219,8 @@ class Engine:
             if bad:
                 raise RequestError(f"Token id {bad[0]} is out of vocabulary (vocab size {tokenizer.VOCAB_SIZE}).")
             return list(input_ids)
+        if isinstance(text, list):
+            raise RequestError("Batched text is not supported by the builtin engine: send one string per request.")
         if not isinstance(text, str):
             raise RequestError("Either text or input_ids should be provided.")
         return tokenizer.encode(text)
@@ -227,6 +229,8 @@ class Engine:
         """SGLang's two length checks, in SGLang's order. Returns (ids, pending_abort): the
         second item is set only by fault reject-continues, which lets a refused prompt flow on."""
         n = len(ids)
+        if n == 0:
+            raise RequestError("The input is empty: send at least one token.")
         truncate = "auto-truncate" in self.faults
         if n >= self.context_len:
             if not truncate:
