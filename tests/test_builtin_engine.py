@@ -294,3 +294,20 @@ def test_faults_are_invisible_from_outside(pd_leaky):
     blob = "\n".join(surfaces)
     for name in FAULTS:
         assert name not in blob
+
+
+@pytest.mark.parametrize("body,message", [
+    ({"text": ""}, "The input is empty: send at least one token."),
+    ({"input_ids": [1, 999]}, "Token id 999 is out of vocabulary (vocab size 260)."),
+    ({"text": ["a", "b"]}, "Batched text is not supported by the builtin engine: send one string per request."),
+    ({"text": "hi", "sampling_params": {"max_new_tokens": -1}}, "max_new_tokens must be a non-negative integer, got -1."),
+    ({}, "Either text or input_ids should be provided."),
+])
+def test_bad_requests_get_one_line_400(unified, body, message):
+    r = requests.post(unified.url + "/generate", json=body, timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json() == {"error": {"message": message}}
+
+
+def test_request_body_that_is_not_json_gets_400(unified):
+    r = requests.post(unified.url + "/generate", data=b"not json", timeout=TIMEOUT)
+    assert r.status_code == 400 and r.json()["error"]["message"] == "The request body must be a JSON object."
