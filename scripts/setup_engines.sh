@@ -26,8 +26,10 @@ LOGS="$CACHE/logs"
 mkdir -p "$CACHE" "$WHEELS" "$LOGS"
 
 # One setup at a time per cache (two CI jobs or two terminals would corrupt a venv).
-exec 9>"$CACHE/.setup.lock"
-if ! flock -w 1800 9; then echo "setup_engines: could not lock $CACHE/.setup.lock" >&2; exit 1; fi
+if command -v flock >/dev/null; then
+    exec 9>"$CACHE/.setup.lock"
+    if ! flock -w 1800 9; then echo "setup_engines: could not lock $CACHE/.setup.lock" >&2; exit 1; fi
+fi
 
 log() { echo "setup_engines: $*" >&2; }
 now() { date +%s; }
@@ -39,7 +41,7 @@ setup_vllm() {
         return 0
     fi
     local t0; t0=$(now)
-    log "vLLM $VLLM_VERSION: installing into $VLLM_VENV (about 2 minutes; log $LOGS/vllm-install.log)"
+    log "vLLM $VLLM_VERSION: installing into $VLLM_VENV (2-4 minutes; log $LOGS/vllm-install.log)"
     rm -rf "$VLLM_VENV"
     "$PY" -m venv "$VLLM_VENV"
     {

@@ -211,13 +211,13 @@ def capture_llamacpp(work: Path) -> None:
         b = {"model": e.model, "prompt": ids(1100), "max_tokens": 1}
         rec.request("overlength_400.json", e, "POST", "/v1/completions", b, summary=prompt_summary(b))
         b = {**b, "stream": True}
-        rec.request("overlength_stream.txt", e, "POST", "/v1/completions", b, summary=prompt_summary(b),
+        rec.request("overlength_stream_400.json", e, "POST", "/v1/completions", b, summary=prompt_summary(b),
                     note="stream=true")
         b = {"model": e.model, "max_tokens": 1, "messages": [{"role": "user", "content": "ab " * 1200}]}
         rec.request("overlength_chat_400.json", e, "POST", "/v1/chat/completions", b,
                     summary={**b, "messages": "<1 user message: 'ab ' * 1200>"})
         b = {"model": e.model, "prompt": ids(20) + [1509], "max_tokens": 1}
-        rec.request("oov.json", e, "POST", "/v1/completions", b, summary=prompt_summary(b),
+        rec.request("oov_400.json", e, "POST", "/v1/completions", b, summary=prompt_summary(b),
                     note="token id 1509 >= n_vocab 325")
         b = {"prompt": ids(1000), "n_predict": 100, "temperature": 0}
         rec.request("truncated_200.json", e, "POST", "/completion", b, summary=prompt_summary(b),

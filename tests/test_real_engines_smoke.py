@@ -123,3 +123,12 @@ def test_missing_engine_fails_with_instruction_not_skip(tmp_path):
     )
     assert deselected.returncode == 5, deselected.stdout  # 5: nothing collected/selected
     assert "1 deselected" in deselected.stdout
+
+
+def test_shared_llama_server_exposes_url_log_and_pid(llama_server):
+    assert llama_server.alive()
+    assert realengines.pid_alive(llama_server.pid)
+    assert _models(llama_server)["data"][0]["id"] == "tiny-llama"
+    # -lv 4 puts the KV cache geometry in the log kvpreflight reads.
+    assert re.search(r"llama_kv_cache: size = .*\(\s*1024 cells", llama_server.log_text())
+    assert llama_server.log_path.is_file()
