@@ -216,7 +216,7 @@ def serve_router(config: EngineConfig) -> int:
         httpd = RouterServer((config.host, config.port), config)
     except OSError as exc:
         raise EngineConfigError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
-    _log(f"Router listening on http://{config.host}:{httpd.server_address[1]} "
+    _log(f"Router running on http://{config.host}:{httpd.server_address[1]} "
          f"prefill={','.join(httpd.prefill_urls)} decode={httpd.decode_url}")
     try:
         httpd.serve_forever(poll_interval=0.2)
