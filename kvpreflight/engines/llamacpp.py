@@ -147,7 +147,16 @@ class LlamaCppAdapter(EngineAdapter):
         return Completion(
             sent_tokens=sent, max_tokens=max_tokens, streamed=stream, status=reply.status, elapsed_s=reply.elapsed_s,
             completion_tokens=data.get("tokens_predicted"), prompt_tokens=data.get("tokens_evaluated"),
-            finish_reason=finish, truncated=data.get("truncated") if isinstance(data.get("truncated"), bool) else None,
+            # llama.cpp sets `truncated` also when GENERATION hits the slot's n_ctx; only a prompt
+            # evaluated short of what was sent is prompt truncation.
+            finish_reason=finish, truncated=_prompt_truncated(data, sent),
             body_bytes=len(reply.body), body_sha256=digest, ttft_s=ttft, text=content,
             timed_out=getattr(reply, "timed_out", False),
         )
+
+
+def _prompt_truncated(data: Mapping[str, Any], sent: int) -> bool | None:
+    evaluated = data.get("tokens_evaluated")
+    if isinstance(evaluated, int):
+        return evaluated < sent
+    return None

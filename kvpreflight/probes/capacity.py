@@ -20,6 +20,7 @@ from kvpreflight.probes.markers import foreign_markers, new_marker
 # Enough generated tokens that, if an over-capacity request is wrongly served from stale pages,
 # whole synthetic markers of other requests (37 characters) surface in the answer as evidence.
 OVER_MAX_TOKENS = 96
+CONCURRENT_MAX_TOKENS = 4
 
 EXPECT_ACCEPT = "accept"
 EXPECT_REJECT = "reject"
@@ -134,7 +135,8 @@ class CapacityProber:
         clamp_max = limits.served_context - clamp_prompt + 8
         probes.append(self._one("clamp", EXPECT_REJECT, ids[:clamp_prompt], clamp_max,
                                 "prompt plus max_tokens 8 tokens over the served context: refuse, or say it cut max_tokens"))
-        probes.extend(self._concurrent(ids[:m]))
+        # Near the limit, but leaving room for the 4 generated tokens so no engine has to cut them.
+        probes.extend(self._concurrent(ids[: max(1, m - CONCURRENT_MAX_TOKENS)]))
         healthy, idle, small = self._after()
         return ProbeRun(limits, tuple(probes), healthy_after=healthy, idle_after=idle, small_request_after=small,
                         own_markers=frozenset({self.marker}))
@@ -187,7 +189,8 @@ class CapacityProber:
         before = self._counters()
         budget = self.settings.timeout_s + k * len(ids) / self.settings.accepted_tokens_per_second
         with ThreadPoolExecutor(max_workers=k) as pool:
-            futures = [pool.submit(self.entry.complete, ids, max_tokens=4, stream=False, timeout_s=budget) for _ in range(k)]
+            futures = [pool.submit(self.entry.complete, ids, max_tokens=CONCURRENT_MAX_TOKENS, stream=False, timeout_s=budget)
+                       for _ in range(k)]
             completions = [f.result() for f in futures]
         after = self._counters()
         return [self._result(f"concurrent-{i + 1}", EXPECT_ACCEPT, c,
