@@ -225,7 +225,7 @@ class Engine:
             raise RequestError("Either text or input_ids should be provided.")
         return tokenizer.encode(text)
 
-    def admit(self, ids: list[int]) -> tuple[list[int], str | None]:
+    def admit(self, ids: list[int], max_new_tokens: int | None = None) -> tuple[list[int], str | None]:
         """SGLang's two length checks, in SGLang's order. Returns (ids, pending_abort): the
         second item is set only by fault reject-continues, which lets a refused prompt flow on."""
         n = len(ids)
@@ -239,6 +239,16 @@ class Engine:
                 )
             ids = ids[: self.context_len]
             n = len(ids)
+        # SGLang's tokenizer manager (validate_total_tokens, on by default): prompt plus
+        # max_new_tokens must fit the context; it refuses rather than cutting max_new_tokens.
+        if max_new_tokens is not None and not truncate and n + max_new_tokens > self.context_len:
+            raise RequestError(
+                "Requested token count exceeds the model's maximum context length "
+                f"of {self.context_len} tokens. You requested a total of {n + max_new_tokens} "
+                f"tokens: {n} tokens from the input messages and "
+                f"{max_new_tokens} tokens for the completion. Please reduce the number "
+                "of tokens in the input messages or the completion to fit within the limit."
+            )
         limit = self.max_req_input_len
         if n >= limit:
             if truncate:
@@ -405,7 +415,7 @@ class Engine:
         )
 
     def run_unified(self, ids: list[int], params: GenParams, on_token=None) -> Generation:
-        ids, _ = self.admit(ids)
+        ids, _ = self.admit(ids, params.max_new_tokens)
         pages, cached = self.prefill(ids, params)
         try:
             return self.generate_from_pages(ids, pages, params, cached, on_token)

@@ -457,7 +457,7 @@ def run_prefill_pd(engine, ids: list[int], params, body: dict):
 
     host, port, room = _bootstrap(body, need_host=True)
     try:
-        ids, pending_abort = engine.admit(ids)
+        ids, pending_abort = engine.admit(ids, params.max_new_tokens)
     except RequestError as exc:
         # Refused before bootstrap: decode reserves nothing and no page moves.
         transfer.send_abort(host, port, room, str(exc))
@@ -500,7 +500,7 @@ def run_decode_pd(engine, ids: list[int], params, body: dict, client_gone, on_to
 
     _, _, room_id = _bootstrap(body, need_host=False)
     try:
-        ids, _ = engine.admit(ids)  # decode's own limits
+        ids, _ = engine.admit(ids, params.max_new_tokens)  # decode's own limits
     except RequestError as exc:
         engine.refuse_room(room_id, str(exc), exc.status)  # the prefill's bootstrap gets this answer
         raise
