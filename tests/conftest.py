@@ -28,6 +28,8 @@ ENGINE_FIXTURES = {
     "start_vllm_server",
     "llama_server",
     "start_llama_server",
+    "shared_vllm_server",
+    "shared_llama_server",
 }
 
 
@@ -114,16 +116,36 @@ def start_llama_server(tmp_path, tiny_gguf) -> Iterator[Callable[..., EngineProc
     yield from _engine_factory(realengines.start_llama, tiny_gguf, tmp_path, "llama-server")
 
 
-def _engine_factory(start_fn, model: Path, workdir: Path, name: str):
+@pytest.fixture(scope="module")
+def shared_vllm_server(tmp_path_factory, tiny_hf_model) -> Iterator[Callable[..., EngineProcess]]:
+    """Module-scoped, memoised factory: the same arguments return the same running vLLM server
+    for every test of the module (e.g. ``shared_vllm_server("--enable-prefix-caching")``)."""
+    workdir = tmp_path_factory.mktemp("vllm-module")
+    yield from _engine_factory(realengines.start_vllm, tiny_hf_model, workdir, "vllm", memo=True)
+
+
+@pytest.fixture(scope="module")
+def shared_llama_server(tmp_path_factory, tiny_gguf) -> Iterator[Callable[..., EngineProcess]]:
+    """Module-scoped, memoised factory for llama-server (e.g. ``shared_llama_server(kv_unified=True)``)."""
+    workdir = tmp_path_factory.mktemp("llama-module")
+    yield from _engine_factory(realengines.start_llama, tiny_gguf, workdir, "llama-server", memo=True)
+
+
+def _engine_factory(start_fn, model: Path, workdir: Path, name: str, memo: bool = False):
     started: list[EngineProcess] = []
+    by_args: dict[str, EngineProcess] = {}
 
     def start(*extra_args: str, **kwargs) -> EngineProcess:
+        key = repr((extra_args, sorted(kwargs.items())))
+        if memo and key in by_args and by_args[key].alive():
+            return by_args[key]
         kwargs.setdefault("log_name", f"{name}-{len(started)}.log")
         wait_ready = kwargs.pop("wait_ready", True)
         engine = start_fn(model, workdir, *extra_args, wait_ready=False, **kwargs)
         started.append(engine)  # registered before waiting: a failed start is stopped too
         if wait_ready:
             realengines.wait_until_ready(engine, kwargs.get("ready_timeout_s"))
+        by_args[key] = engine
         return engine
 
     try:

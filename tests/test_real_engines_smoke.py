@@ -132,3 +132,19 @@ def test_shared_llama_server_exposes_url_log_and_pid(llama_server):
     # -lv 4 puts the KV cache geometry in the log kvpreflight reads.
     assert re.search(r"llama_kv_cache: size = .*\(\s*1024 cells", llama_server.log_text())
     assert llama_server.log_path.is_file()
+
+
+def test_tiny_gguf_is_deterministic(tmp_path, tiny_gguf):
+    import hashlib
+
+    again = realengines.build_model("gguf", tmp_path / "again.gguf", realengines.llama_python())
+    digest = lambda p: hashlib.sha256(Path(p).read_bytes()).hexdigest()  # noqa: E731
+    assert digest(again) == digest(tiny_gguf)
+
+
+def test_shared_llama_factory_reuses_a_server_per_argument_set(shared_llama_server):
+    first = shared_llama_server(kv_unified=True)
+    assert shared_llama_server(kv_unified=True) is first
+    other = shared_llama_server()
+    assert other.pid != first.pid and other.alive() and first.alive()
+    assert "kv_unified = 'true'" in first.log_text() and "kv_unified = 'false'" in other.log_text()
