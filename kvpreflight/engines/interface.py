@@ -98,7 +98,7 @@ class EngineAdapter(abc.ABC):
     kind: str = ""
     # Regexes (case-insensitive) that mark an error message as about prompt LENGTH.
     length_error_patterns: tuple[str, ...] = ()
-    vocab_error_patterns: tuple[str, ...] = (r"out of vocabulary", r"token id .* (invalid|out of range)")
+    vocab_error_patterns: tuple[str, ...] = (r"out of vocabulary", r"token id .* (invalid|out of range)", r"invalid tokens")
 
     def __init__(self, url: str, client: HttpClient) -> None:
         self.url = url.rstrip("/")
