@@ -108,3 +108,29 @@ def test_unknown_fault_is_a_usage_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "kvpreflight", "demo", "--fault", "nope"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.strip().count("\n") == 0 and "nope" in proc.stderr
+
+
+def test_record_round_trip_keygen_demo_verify(tmp_path):
+    keys = tmp_path / "keys"
+    subprocess.run([sys.executable, "-m", "kvpreflight", "keygen", "--out", str(keys)], check=True, capture_output=True, timeout=60)
+    code, report, err = demo("--sign-key", str(keys / "kvpreflight.key"), tmp_path=tmp_path)
+    assert code == 0, err[-1500:]
+    record = tmp_path / "record.json"
+
+    def verify(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "kvpreflight", "verify", str(record), "--key", str(keys / "kvpreflight.pub"), *extra],
+                              capture_output=True, text=True, timeout=60)
+
+    ok = verify("--any-subject")
+    assert ok.returncode == 0, ok.stderr
+    # the record names the engine logs it read, by digest
+    envelope = json.loads(record.read_text())
+    import base64
+
+    statement = json.loads(base64.b64decode(envelope["payload"]))
+    subjects = {s["name"] for s in statement["subject"]}
+    assert any(name.startswith("file:") and name.endswith("prefill.log") for name in subjects), subjects
+    log_subject = next(s for s in statement["subject"] if s["name"].endswith("prefill.log"))
+    assert verify("--subject", f"{log_subject['name']}=sha256:{log_subject['digest']['sha256']}").returncode == 0
+    wrong = verify("--subject", f"{log_subject['name']}=sha256:{'0' * 64}")
+    assert wrong.returncode == 1 and "digest" in wrong.stderr
