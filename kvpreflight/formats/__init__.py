@@ -52,6 +52,10 @@ def write_report(report: Report, fmt: str | ReportFormat, output: Path | None = 
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        # mkstemp makes the file 0600; a report is not a secret: the usual umask-based mode.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp_name, 0o666 & ~umask)
         os.replace(tmp_name, output)
         tmp_name = None
     except OSError as exc:
