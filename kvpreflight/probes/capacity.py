@@ -111,7 +111,7 @@ class CapacityProber:
             return ProbeRun(None, not_run="the engines state no served context or request limit, so no probe size can be derived")
         longest = max(limits.served_context + 1, limits.max_accepted + 1)
         seed = f"kvpreflight capacity probe {self.marker}. Repeat this marker: {self.marker}.\n"
-        ids = self.entry.token_ids(longest, seed)
+        ids = self._token_ids(longest, seed)
         probes: list[ProbeResult] = []
         m = limits.max_accepted
 
@@ -140,6 +140,19 @@ class CapacityProber:
         healthy, idle, small = self._after()
         return ProbeRun(limits, tuple(probes), healthy_after=healthy, idle_after=idle, small_request_after=small,
                         own_markers=frozenset({self.marker}))
+
+    def _token_ids(self, count: int, seed: str) -> list[int]:
+        """Valid ids from the entry's tokenizer; a router without one (sglang_router) falls back
+        to the engines behind it, which share the model (pd-consistency checks that)."""
+        try:
+            return self.entry.token_ids(count, seed)
+        except EngineError as first:
+            for adapter in self.engines.values():
+                try:
+                    return adapter.token_ids(count, seed)
+                except EngineError:
+                    continue
+            raise first
 
     # -- one request ----------------------------------------------------------------------
     def _budget(self, tokens: int, expect: str) -> float:
@@ -199,7 +212,7 @@ class CapacityProber:
 
     def _after(self) -> tuple[dict[str, bool], dict[str, bool | None], Completion | None]:
         healthy = {url: adapter.healthy() for url, adapter in self.engines.items()}
-        small_ids = self.entry.token_ids(16, f"kvpreflight health check {self.marker}")
+        small_ids = self._token_ids(16, f"kvpreflight health check {self.marker}")
         small = self.entry.complete(small_ids, max_tokens=4, stream=False, timeout_s=self.settings.timeout_s)
         idle: dict[str, bool | None] = {}
         deadline = time.monotonic() + 10
