@@ -50,8 +50,8 @@ class TableFormat(ReportFormat):
             facts = [(label, _common.visible(value)) for label, value in _common.engine_facts(report, engine)]
             facts = tabulate(facts, tablefmt="plain")
             parts.append(f"Engine {i} of {len(report.engines)}\n" + _indent(facts))
-        if not report.engines:
-            parts.append("Engines: none reached")
+        if not report.engines and any(c.endpoint and "://" in c.endpoint for c in report.checks):
+            parts.append("Engines: none could be read (see the checks below)")
         parts.append(self._checks(report, color, width))
         if report.waivers:
             waivers = _common.visible("\n".join(f"  - {line}" for line in _common.waiver_lines(report)))
