@@ -8,6 +8,7 @@ from typing import Sequence
 from kvpreflight.checkdata import Thresholds
 from kvpreflight.model import CheckResult, EngineSnapshot, Status, Waiver
 from kvpreflight.probes.capacity import ProbeRun
+from kvpreflight.probes.isolation import IsolationRun
 
 
 @dataclass(frozen=True)
@@ -19,6 +20,7 @@ class CheckContext:
     entry: str | None = None
     advisories: tuple = ()  # kvpreflight.checks.advisory_data.Advisory
     expected_model: str | None = None  # --model
+    isolation: IsolationRun | None = None  # the two-tenant probes (None: not run, see probes)
 
     def checked_context(self, snapshot: EngineSnapshot) -> int | None:
         """The larger of what the engine serves and what the operator promises."""
@@ -33,6 +35,19 @@ def probes_missing(ctx: CheckContext, check_id: str, endpoint: str | None = None
     if ctx.probes.not_run:
         status = Status.SKIP if ctx.probes.not_run_status == "skip" else Status.INCONCLUSIVE
         return CheckResult(check_id, status, ctx.probes.not_run, endpoint)
+    return None
+
+
+def isolation_missing(ctx: CheckContext, check_id: str) -> CheckResult | None:
+    """The result for an isolation check when its probes did not run, else None."""
+    missing = probes_missing(ctx, check_id, ctx.entry)
+    if missing:
+        return missing
+    if ctx.isolation is None:
+        return CheckResult(check_id, Status.INCONCLUSIVE, "the two-tenant probes did not run", ctx.entry)
+    if ctx.isolation.not_run:
+        status = Status.SKIP if ctx.isolation.not_run_status == "skip" else Status.INCONCLUSIVE
+        return CheckResult(check_id, status, ctx.isolation.not_run, ctx.entry)
     return None
 
 

@@ -75,6 +75,36 @@ def api_key(env_name: str | None, file: Path | None) -> str | None:
     return None
 
 
+def tenant_headers(a_env: str | None, b_env: str | None, header_name: str | None
+                   ) -> tuple[tuple[dict[str, str], dict[str, str]], str | None]:
+    """Per-tenant request headers for the isolation probes, and how the deployment tells the
+    tenants apart (None: it does not, kvpreflight sends a cache_salt per tenant). Keys come from
+    environment variables only, never from argv."""
+    if bool(a_env) != bool(b_env):
+        raise UsageError("--tenant-a-key-env and --tenant-b-key-env go together: give both tenants their own key")
+    a: dict[str, str] = {}
+    b: dict[str, str] = {}
+    binding = []
+    if a_env and b_env:
+        if a_env == b_env:
+            raise UsageError("--tenant-a-key-env and --tenant-b-key-env name the same variable; the tenants need different keys")
+        for env_name, headers, flag in ((a_env, a, "--tenant-a-key-env"), (b_env, b, "--tenant-b-key-env")):
+            value = (os.environ.get(env_name) or "").strip()
+            if not value:
+                raise UsageError(f"{flag} {env_name}: that environment variable is not set or empty")
+            headers["Authorization"] = f"Bearer {value}"
+        if a["Authorization"] == b["Authorization"]:
+            raise UsageError(f"{a_env} and {b_env} hold the same key; the tenants need different keys")
+        binding.append(f"per-tenant API keys (${a_env}, ${b_env})")
+    if header_name is not None:
+        name = header_name.strip()
+        if not name or any(c.isspace() or c == ":" for c in name):
+            raise UsageError(f"--tenant-header {header_name!r}: give a header name, e.g. X-Tenant-Id")
+        a[name], b[name] = "a", "b"
+        binding.append(f"tenant header {name}: a|b")
+    return (a, b), (" and ".join(binding) or None)
+
+
 def parse_waivers(skips: Sequence[str], reasons: Sequence[str], known_ids: Sequence[str]) -> tuple[Waiver, ...]:
     if len(skips) != len(reasons):
         raise UsageError("every --skip CHECK_ID needs its own --reason TEXT (no reason, no skip)")

@@ -1,0 +1,106 @@
+"""tenant-isolation: two synthetic tenants never see each other's canary, in any scenario; the
+model could have shown one (positive control: each tenant's own canary comes back); every
+scenario really happened and left the engines idle with no failed transfers.
+
+Fail closed: a crossing fails; a model that does not echo makes the probe powerless
+(inconclusive); a scenario that cannot be shown to have happened is "unconfirmed" (warn).
+"""
+
+from __future__ import annotations
+
+from kvpreflight.checks.interface import CheckContext, isolation_missing
+from kvpreflight.checks.probe_common import worst_status
+from kvpreflight.model import CheckResult, Status
+from kvpreflight.probes.isolation import IsolationRun, Scenario, TenantRequest
+
+ID = "tenant-isolation"
+
+
+def request_evidence(r: TenantRequest) -> dict:
+    ev: dict = {"tenant": r.tenant, "request": r.name, "own_canary_seen": r.own_seen}
+    if r.abandoned:
+        ev["disconnected"] = r.abandoned
+    if r.completion is not None:
+        ev.update(r.completion.evidence())
+    if r.crossings:
+        ev["foreign_markers"] = list(r.crossings)
+    return ev
+
+
+def scenario_verdict(s: Scenario) -> tuple[Status, str]:
+    """One scenario's status and a one-line reason (crossings are judged by the caller)."""
+    if s.skipped:
+        return Status.SKIP, f"{s.name}: not run ({s.skipped})"
+    answered = [r for r in s.requests if r.completion is not None]
+    if not answered:
+        return Status.INCONCLUSIVE, f"{s.name}: no request was answered"
+    stuck = sorted(u for u, idle in s.idle_after.items() if idle is False)
+    if stuck:
+        return Status.FAIL, f"{s.name}: KV pages still held afterwards at {', '.join(stuck)} (not back to idle)"
+    served = [r for r in s.requests if r.expect == "accept" and r.served]
+    tenants_served = {r.tenant for r in served}
+    if {"a", "b"} - tenants_served:
+        missing = ", ".join(sorted({"a", "b"} - tenants_served))
+        return Status.INCONCLUSIVE, f"{s.name}: no answer of tenant {missing} was served, so nothing of it was scanned"
+    if not s.churn:
+        moved = {u: {k: v for k, v in d.items() if k in ("transfer_failures", "bootstrap_failures") and v}
+                 for u, d in s.counter_deltas.items()}
+        moved = {u: d for u, d in moved.items() if d}
+        if moved:
+            return Status.WARN, f"{s.name}: transfer/bootstrap failure counters moved ({moved})"
+    if s.occurred is not True:
+        return Status.WARN, f"{s.name}: {s.occurrence or 'unconfirmed'}"
+    return Status.PASS, f"{s.name}: {len(s.requests)} requests, no crossing"
+
+
+def evaluate(ctx: CheckContext) -> list[CheckResult]:
+    missing = isolation_missing(ctx, ID)
+    if missing:
+        return [missing]
+    run: IsolationRun = ctx.isolation  # type: ignore[assignment]  # isolation_missing saw it
+    requests = run.requests()
+    evidence: dict = {
+        "canaries": dict(run.canaries),
+        "tenant_binding": run.binding,
+        "scenarios": [
+            {"scenario": s.name, "purpose": s.purpose, **({"skipped": s.skipped} if s.skipped else {
+                "occurrence": s.occurrence, "idle_after": dict(s.idle_after),
+                "counter_deltas": {u: dict(d) for u, d in s.counter_deltas.items()},
+                "requests": [request_evidence(r) for r in s.requests]})}
+            for s in run.scenarios
+        ],
+    }
+    crossed = [(s, r) for s in run.scenarios for r in s.requests if r.crossings]
+    if crossed:
+        lines = [f"tenant {r.tenant.upper()}'s {r.name} ({s.name}) carried {', '.join(r.crossings)}" for s, r in crossed]
+        return [CheckResult(ID, Status.FAIL, "canary crossed tenants: " + "; ".join(lines), ctx.entry,
+                            {**evidence, "crossings": [{"scenario": s.name, **request_evidence(r)} for s, r in crossed]})]
+    results = []
+    for tenant in ("a", "b"):
+        served = [r for r in requests if r.tenant == tenant and r.served]
+        if served and not any(r.own_seen for r in served):
+            results.append((Status.INCONCLUSIVE,
+                            f"model does not echo: none of tenant {tenant.upper()}'s {len(served)} served answers repeated "
+                            "its own canary, so a missing foreign canary proves nothing"))
+    if not requests or not any(r.served for r in requests):
+        results.append((Status.INCONCLUSIVE, "no tenant request was served, nothing was scanned"))
+    unhealthy = sorted(u for u, ok in run.healthy_after.items() if not ok)
+    if unhealthy:
+        results.append((Status.FAIL, f"engine not healthy after the isolation probes: {', '.join(unhealthy)}"))
+    stuck = sorted(u for u, idle in run.idle_after.items() if idle is False)
+    if stuck:
+        results.append((Status.FAIL, f"KV pages still held after the isolation probes at {', '.join(stuck)}"))
+    for s in run.scenarios:
+        results.append(scenario_verdict(s))
+    judged = [(st, m) for st, m in results if st is not Status.SKIP]
+    worst = worst_status(st for st, _ in judged) if judged else Status.INCONCLUSIVE
+    skipped = [m for st, m in results if st is Status.SKIP]
+    if worst is Status.PASS:
+        ran = [s.name for s in run.scenarios if not s.skipped]
+        message = (f"no canary crossed in {len(requests)} requests over {len(ran)} scenarios ({', '.join(ran)}); "
+                   "each tenant's own canary came back (the probe could have seen a crossing)")
+    else:
+        message = "; ".join(m for st, m in judged if st is worst)
+    if skipped:
+        message += "; " + "; ".join(skipped)
+    return [CheckResult(ID, worst, message, ctx.entry, evidence)]

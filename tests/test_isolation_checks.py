@@ -1,0 +1,256 @@
+"""Verdict logic of tenant-isolation and prefix-cache-isolation on hand-built probe results (no
+server), plus the CLI's per-tenant credential parsing and the marker scan the prober uses."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from kvpreflight.checkdata import load_thresholds
+from kvpreflight.checks import CheckContext, run_checks
+from kvpreflight.commands.options import tenant_headers
+from kvpreflight.engines.interface import ERROR_LENGTH, Completion
+from kvpreflight.errors import UsageError
+from kvpreflight.model import EngineSnapshot, Role, Status, Waiver
+from kvpreflight.probes.capacity import Limits, ProbeRun
+from kvpreflight.probes.isolation import (
+    CacheProbe,
+    IsolationRun,
+    PrefixCacheRun,
+    Scenario,
+    TenantRequest,
+    contains_marker,
+    request_shape,
+)
+from kvpreflight.probes.markers import new_marker
+
+T = load_thresholds()
+ENTRY, DECODE = "http://router:1", "http://decode:2"
+CANARY = {"a": new_marker("TENANTA"), "b": new_marker("TENANTB")}
+
+
+def served(tenant="a", name="normal-a1", own=True, crossings=(), cached=None, ttft=0.05, status=200, **kw) -> TenantRequest:
+    c = Completion(4000, 256, False, status, ttft, completion_tokens=256, prompt_tokens=4000, cached_tokens=cached,
+                   body_bytes=100, body_sha256="ab", ttft_s=ttft, text="never serialized")
+    return TenantRequest(tenant, name, c, own_seen=own, crossings=tuple(crossings), **kw)
+
+
+def refused(tenant="b", name="over-capacity-b-over") -> TenantRequest:
+    c = Completion(8193, 256, False, 400, 0.01, error_message="The input (8193 tokens) is longer than the model's context length (8192 tokens).",
+                   error_kind=ERROR_LENGTH)
+    return TenantRequest(tenant, name, c, expect="reject")
+
+
+def scenario(name="normal", requests=None, **kw) -> Scenario:
+    requests = requests if requests is not None else (served("a", "normal-a1"), served("b", "normal-b1"))
+    fields = {"occurred": True, "occurrence": "both tenants ran", "idle_after": {DECODE: True}, **kw}
+    return Scenario(name, "test", tuple(requests), **fields)
+
+
+def cache_run(cross_cached=0, warm_cached=1008, off=None, ttft=(0.080, 0.020, 0.080), hit_delta=None) -> PrefixCacheRun:
+    probes = []
+    for k in range(3):
+        for kind, tenant, cached, t in (("cold", "a", 0, ttft[0]), ("warm", "a", warm_cached, ttft[1]),
+                                        ("warm", "a", warm_cached, ttft[1]), ("cross", "b", cross_cached, ttft[2])):
+            c = Completion(1024, 1, True, 200, t, completion_tokens=1, prompt_tokens=1024, cached_tokens=cached, ttft_s=t)
+            probes.append(CacheProbe(kind, tenant, k, c, hit_delta))
+    return PrefixCacheRun(tuple(probes), "a cache_salt per tenant", off, prompt_tokens=1024)
+
+
+def iso(*scenarios, cache=None, **kw) -> IsolationRun:
+    return IsolationRun(scenarios or (scenario(),), cache or cache_run(), dict(CANARY), "a cache_salt per tenant",
+                        healthy_after={DECODE: True}, idle_after={DECODE: True}, **kw)
+
+
+def ctx(isolation, probes=ProbeRun(Limits(8192, 16384, 8185))) -> CheckContext:
+    snap = EngineSnapshot(url=DECODE, engine="builtin", version="x", role=Role.DECODE, model="m", served_context=8192)
+    return CheckContext((snap,), T, None, probes, ENTRY, isolation=isolation)
+
+
+def one(check_id: str, isolation, **kw):
+    (result,) = run_checks(ctx(isolation, **kw), [check_id])
+    return result
+
+
+# -- tenant-isolation ----------------------------------------------------------------------------
+
+def test_clean_run_with_echoing_model_passes_and_names_every_scenario():
+    r = one("tenant-isolation", iso(scenario("normal"), scenario("boundary")))
+    assert r.status is Status.PASS
+    assert "normal, boundary" in r.message and "own canary came back" in r.message
+    assert r.evidence["canaries"] == CANARY  # our synthetic markers are the only text ever quoted
+    assert "never serialized" not in json.dumps(r.evidence)
+
+
+def test_a_crossing_fails_with_scenario_request_and_marker_even_without_echo_elsewhere():
+    victim = served("b", "cancel-transfer-b2", own=False, crossings=(CANARY["a"],))
+    r = one("tenant-isolation", iso(scenario("normal"), scenario("cancel-transfer", (served("a"), victim), churn=True)))
+    assert r.status is Status.FAIL
+    assert "cancel-transfer-b2 (cancel-transfer)" in r.message and CANARY["a"] in r.message
+    (crossing,) = r.evidence["crossings"]
+    assert crossing["scenario"] == "cancel-transfer" and crossing["foreign_markers"] == [CANARY["a"]]
+    assert crossing["http_status"] == 200
+
+
+def test_a_model_that_does_not_echo_is_inconclusive_not_pass():
+    quiet = scenario("normal", (served("a", own=False), served("b", "normal-b1", own=False)))
+    r = one("tenant-isolation", iso(quiet))
+    assert r.status is Status.INCONCLUSIVE
+    assert "model does not echo" in r.message
+
+
+def test_one_tenant_echoing_is_not_enough():
+    half = scenario("normal", (served("a", own=True), served("b", "normal-b1", own=False)))
+    r = one("tenant-isolation", iso(half))
+    assert r.status is Status.INCONCLUSIVE and "tenant B" in r.message
+
+
+def test_churn_scenarios_skipped_with_the_reason_but_the_rest_still_judged():
+    reason = "disruptive against a live vllm deployment; pass --allow-disruptive to run it"
+    skipped = Scenario("cancel-transfer", "test", skipped=reason, churn=True)
+    r = one("tenant-isolation", iso(scenario("normal"), skipped))
+    assert r.status is Status.PASS
+    assert f"cancel-transfer: not run ({reason})" in r.message
+    assert {"scenario": "cancel-transfer", "purpose": "test", "skipped": reason} in r.evidence["scenarios"]
+
+
+def test_unconfirmed_scenario_warns():
+    unsure = scenario("cancel-transfer", churn=True, occurred=None,
+                      occurrence="unconfirmed: no deferred-release counter moved and no page log is reachable over HTTP")
+    r = one("tenant-isolation", iso(scenario("normal"), unsure))
+    assert r.status is Status.WARN and "cancel-transfer: unconfirmed" in r.message
+
+
+def test_pages_not_back_to_idle_after_a_scenario_fail():
+    r = one("tenant-isolation", iso(scenario("cancel-decode", churn=True, idle_after={DECODE: False})))
+    assert r.status is Status.FAIL and "still held" in r.message and DECODE in r.message
+
+
+def test_failure_counters_moving_in_a_plain_scenario_warn_but_not_in_cancellations():
+    moved = {DECODE: {"transfer_failures": 1.0, "bootstrap_failures": 0.0}}
+    assert one("tenant-isolation", iso(scenario("normal", counter_deltas=moved))).status is Status.WARN
+    assert one("tenant-isolation", iso(scenario("cancel-transfer", counter_deltas=moved, churn=True))).status is Status.PASS
+
+
+def test_a_tenant_with_no_served_answer_makes_the_scenario_inconclusive():
+    only_refusals = scenario("over-capacity", (served("a", "over-capacity-a-long"), refused("b")))
+    r = one("tenant-isolation", iso(scenario("normal"), only_refusals))
+    assert r.status is Status.INCONCLUSIVE and "tenant b" in r.message
+
+
+def test_engine_unhealthy_after_the_probes_fails():
+    run = IsolationRun((scenario(),), cache_run(), dict(CANARY), "x", healthy_after={DECODE: False}, idle_after={DECODE: True})
+    assert one("tenant-isolation", run).status is Status.FAIL
+
+
+def test_capacity_only_and_not_run_are_skip_and_inconclusive():
+    r = one("tenant-isolation", None, probes=None)
+    assert r.status is Status.SKIP and "--capacity-only" in r.message
+    r = one("prefix-cache-isolation", IsolationRun(not_run="isolation probes could not run: boom"))
+    assert r.status is Status.INCONCLUSIVE and "boom" in r.message
+
+
+def test_waiver_keeps_what_was_found():
+    quiet = scenario("normal", (served("a", own=False), served("b", "normal-b1", own=False)))
+    (r,) = run_checks(ctx(iso(quiet)), ["tenant-isolation"], [Waiver("tenant-isolation", "random-weight test model")])
+    assert r.status is Status.SKIP and r.evidence["status_before_waiver"] == "inconclusive"
+    assert "model does not echo" in r.message
+
+
+# -- prefix-cache-isolation ----------------------------------------------------------------------
+
+def test_same_salt_hit_and_other_salt_miss_passes_with_ttft_figures():
+    r = one("prefix-cache-isolation", iso(cache=cache_run(ttft=(0.080, 0.020, 0.078))))
+    assert r.status is Status.PASS
+    assert "3 of 3" in r.message and "0 of 3" in r.message and "cold 80.0 ms, warm 20.0 ms, cross-tenant 78.0 ms" in r.message
+    assert r.evidence["ttft_median_s"] == {"cold": 0.08, "warm": 0.02, "cross": 0.078}
+
+
+def test_cross_tenant_hit_fails():
+    r = one("prefix-cache-isolation", iso(cache=cache_run(cross_cached=1008)))
+    assert r.status is Status.FAIL and "1008" in r.message and "not bound to the tenant" in r.message
+
+
+def test_cross_tenant_hit_seen_only_in_the_hit_metric_fails():
+    r = one("prefix-cache-isolation", iso(cache=cache_run(cross_cached=None, warm_cached=None, hit_delta=1.0)))
+    assert r.status is Status.FAIL
+
+
+def test_no_same_tenant_hit_means_the_control_failed():
+    r = one("prefix-cache-isolation", iso(cache=cache_run(warm_cached=0)))
+    assert r.status is Status.INCONCLUSIVE and "positive control failed" in r.message
+
+
+def test_caching_off_is_said_not_passed():
+    r = one("prefix-cache-isolation", iso(cache=cache_run(warm_cached=0, off="vllm:cache_config_info enable_prefix_caching=False")))
+    assert r.status is Status.SKIP and "prefix caching is off" in r.message
+
+
+def test_no_cached_tokens_and_no_metric_is_inconclusive():
+    r = one("prefix-cache-isolation", iso(cache=cache_run(warm_cached=None, cross_cached=None)))
+    assert r.status is Status.INCONCLUSIVE and "cannot be seen" in r.message
+
+
+@pytest.mark.parametrize("cross_ttft,expected", [(0.025, Status.WARN), (0.075, Status.PASS)])
+def test_warm_like_cross_tenant_ttft_warns(cross_ttft, expected):
+    r = one("prefix-cache-isolation", iso(cache=cache_run(ttft=(0.080, 0.020, cross_ttft))))
+    assert r.status is expected
+    if expected is Status.WARN:
+        assert "side channel" in r.message
+
+
+def test_no_warm_cold_gap_never_warns():
+    r = one("prefix-cache-isolation", iso(cache=cache_run(ttft=(0.090, 0.089, 0.0885))))
+    assert r.status is Status.PASS and "no measurable warm/cold gap" in r.message
+
+
+# -- wiring ----------------------------------------------------------------------------------------
+
+def test_tenant_keys_come_from_the_environment_and_bind_the_tenants(monkeypatch):
+    monkeypatch.setenv("KEY_A", "secret-a")
+    monkeypatch.setenv("KEY_B", "secret-b")
+    (a, b), binding = tenant_headers("KEY_A", "KEY_B", "X-Tenant")
+    assert a == {"Authorization": "Bearer secret-a", "X-Tenant": "a"} and b["X-Tenant"] == "b"
+    assert "secret" not in binding and "$KEY_A" in binding and "X-Tenant" in binding
+    assert tenant_headers(None, None, None) == (({}, {}), None)
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("KEY_A", None, None), "go together"),
+    (("KEY_A", "KEY_A", None), "same variable"),
+    (("KEY_A", "UNSET_KEY", None), "UNSET_KEY"),
+    (("KEY_A", "KEY_SAME", None), "same key"),
+    ((None, None, "X Tenant"), "header name"),
+])
+def test_bad_tenant_options_are_usage_errors(monkeypatch, args, needle):
+    monkeypatch.setenv("KEY_A", "secret-a")
+    monkeypatch.setenv("KEY_SAME", "secret-a")
+    monkeypatch.delenv("UNSET_KEY", raising=False)
+    with pytest.raises(UsageError) as err:
+        tenant_headers(*args)
+    assert needle in str(err.value) and "secret" not in str(err.value)
+
+
+def test_marker_scan_counts_fragments():
+    m = CANARY["a"]
+    assert contains_marker(f"xx{m}yy", m)
+    assert contains_marker("..." + m[-14:], m)  # cut by a page boundary
+    assert not contains_marker(m[:-13], m)
+
+
+def test_request_shape_is_the_adapters_own_request_without_sending():
+    from kvpreflight.engines.builtin import BuiltinAdapter
+    from kvpreflight.engines.vllm import VllmAdapter
+
+    class Boom:
+        def __getattr__(self, name):
+            raise AssertionError("nothing may be sent")
+
+    url, body = request_shape(BuiltinAdapter("http://e:1", Boom()), [1, 2, 3], max_tokens=5, stream=True, extra={"cache_salt": "s"})
+    assert url == "http://e:1/generate" and body["input_ids"] == [1, 2, 3] and body["cache_salt"] == "s"
+    assert body["sampling_params"]["max_new_tokens"] == 5 and body["stream"] is True
+    v = VllmAdapter("http://v:2", Boom())
+    v.model_name = "tiny"
+    url, body = request_shape(v, [7], max_tokens=2, stream=True, extra=None)
+    assert url == "http://v:2/v1/completions" and body["model"] == "tiny" and body["prompt"] == [7]
