@@ -18,6 +18,7 @@ def register(app: typer.Typer) -> None:
         allow_fail: bool = typer.Option(False, "--allow-fail", help="Check authenticity, subjects and age only; accept any verdict."),
         require_pass: bool = typer.Option(False, "--require-pass", help="Require the verdict pass (the default; for explicit pipelines)."),
         any_subject: bool = typer.Option(False, "--any-subject", help="Accept a record without naming a --subject."),
+        deep: Optional[Path] = typer.Option(None, "--deep", help="RECORD is a fleet record: also verify every deployment record it names, found in this folder, by digest, key and the same policy."),
     ) -> None:
         """Exit 0 only if RECORD is signed by --key, names every --subject with its digest, is younger than --max-age and passed.
 
@@ -36,4 +37,12 @@ def register(app: typer.Typer) -> None:
         public = load_public_key(key)
         envelope = read_record(record)
         verified = verify_envelope(envelope, public, policy)
+        if deep is not None:
+            from kvpreflight.record.verify import verify_deep
+
+            deep_records = verify_deep(verified, deep, public, policy)
         typer.echo(summary(verified, path=str(record)), nl=False)
+        if deep is not None:
+            for name, one in deep_records:
+                typer.echo(f"  {'deep' if name == deep_records[0][0] else '':<10} {name}: verified, verdict {one.verdict}, "
+                           f"{len(one.predicate.get('engines') or [])} engine(s)")

@@ -7,10 +7,13 @@ refusal names the condition that failed (exit 1); bad input is exit 2.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, Mapping
 
 from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, Envelope
@@ -19,6 +22,9 @@ from kvpreflight.record.keys import PublicKey
 from kvpreflight.record.statement import PREDICATE_TYPE, STATEMENT_TYPE, Subject
 
 DEFAULT_MAX_AGE = "24h"
+# A fleet record (`kvpreflight fleet --record`): its subjects name each deployment's record file.
+FLEET_PREDICATE_TYPE = "https://kvpreflight.dev/fleet-record/v1"
+RECORD_SUBJECT_PREFIX = "record:"
 FUTURE_SKEW = timedelta(minutes=5)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -65,6 +71,11 @@ class VerifiedRecord:
     verdict: str
     subjects: tuple[Subject, ...]
     predicate: Mapping[str, Any]
+    predicate_type: str = PREDICATE_TYPE
+
+    @property
+    def is_fleet(self) -> bool:
+        return self.predicate_type == FLEET_PREDICATE_TYPE
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -101,7 +112,7 @@ def _statement(envelope: Envelope) -> dict[str, Any]:
     if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
         got = statement.get("_type") if isinstance(statement, dict) else type(statement).__name__
         raise refusal(f"statement type is {got!r}, expected {STATEMENT_TYPE!r}")
-    if statement.get("predicateType") != PREDICATE_TYPE:
+    if statement.get("predicateType") not in (PREDICATE_TYPE, FLEET_PREDICATE_TYPE):
         raise refusal(f"predicateType is {statement.get('predicateType')!r}, expected {PREDICATE_TYPE!r}; not a kvpreflight release record")
     if not isinstance(statement.get("predicate"), dict) or not isinstance(statement.get("subject"), list):
         raise refusal("statement has no predicate object or subject list")
@@ -150,11 +161,16 @@ def verify_envelope(envelope: Envelope, key: PublicKey, policy: Policy, *, now: 
     if not policy.allow_fail and verdict != "pass":
         failed = [c.get("id") for c in predicate.get("checks", []) if isinstance(c, dict) and c.get("status") in ("fail", "inconclusive")]
         detail = f" (checks: {', '.join(map(str, failed))})" if failed else ""
+        if statement["predicateType"] == FLEET_PREDICATE_TYPE:
+            failed = [f"{d.get('name')} {d.get('verdict')}" for d in predicate.get("deployments", [])
+                      if isinstance(d, dict) and d.get("verdict") != "pass"]
+            detail = f" (deployments: {', '.join(map(str, failed))})" if failed else ""
         problems.append(f"verdict is {verdict!r}, not 'pass'{detail}; pass --allow-fail to check authenticity only")
 
     if problems:
         raise refusal("; ".join(problems))
-    return VerifiedRecord(keyid=keyid, time=moment, verdict=str(verdict), subjects=recorded, predicate=predicate)  # type: ignore[arg-type]
+    return VerifiedRecord(keyid=keyid, time=moment, verdict=str(verdict), subjects=recorded, predicate=predicate,  # type: ignore[arg-type]
+                          predicate_type=statement["predicateType"])
 
 
 def summary(record: VerifiedRecord, *, path: str, now: datetime | None = None) -> str:
@@ -175,6 +191,46 @@ def summary(record: VerifiedRecord, *, path: str, now: datetime | None = None) -
         desc = (f"{e.get('engine')} {e.get('version') or ''} {e.get('role')} at {e.get('url')}: model {e.get('model')}, "
                 f"pool {e.get('kv_pool_tokens')} tokens, context served {e.get('context_served')}")
         lines.append(f"  {'engines' if i == 0 else '':<10} {' '.join(desc.split())}")
-    if not p.get("engines"):
+    for i, d in enumerate(p.get("deployments") or [] if record.is_fleet else []):
+        if isinstance(d, dict):
+            lines.append(f"  {'deployments' if i == 0 else '':<10} {d.get('name')}: {d.get('verdict')} ({d.get('record')})")
+    if not p.get("engines") and not record.is_fleet:
         lines.append("  engines    none recorded")
     return "\n".join(lines) + "\n"
+
+
+def verify_deep(record: VerifiedRecord, directory: Path, key: PublicKey, policy: Policy, *,
+                now: datetime | None = None) -> list[tuple[str, VerifiedRecord]]:
+    """Verify every deployment record a fleet record names: present in `directory`, byte for byte
+    the file the fleet record's digest names, and itself accepted by `policy` with `key`.
+    Every deployment the fleet record lists must have its record among the subjects."""
+    from kvpreflight.record.sign import read_record
+
+    if not record.is_fleet:
+        raise RecordError("--deep needs a fleet record (written by `kvpreflight fleet --record`); this is a single deployment's record")
+    if not directory.is_dir():
+        raise RecordError(f"--deep {directory}: not a folder; pass the folder holding the deployment records")
+    named = {s.name[len(RECORD_SUBJECT_PREFIX):]: s.sha256 for s in record.subjects if s.name.startswith(RECORD_SUBJECT_PREFIX)}
+    problems: list[str] = []
+    for d in record.predicate.get("deployments") or []:
+        if isinstance(d, dict) and d.get("record") not in named:
+            problems.append(f"deployment {d.get('name')} has no record among the fleet record's subjects")
+    verified: list[tuple[str, VerifiedRecord]] = []
+    for name, digest in sorted(named.items()):
+        path = directory / name
+        if os.path.basename(name) != name or not path.is_file():
+            problems.append(f"{name}: not found in {directory}")
+            continue
+        actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        if actual != digest:
+            problems.append(f"{name}: sha256 {actual[:16]}… is not the {digest[:16]}… the fleet record names (changed after signing)")
+            continue
+        try:
+            verified.append((name, verify_envelope(read_record(path), key, policy, now=now)))
+        except RecordError as exc:
+            problems.append(f"{name}: {exc}")
+    if not named:
+        problems.append("the fleet record names no deployment record")
+    if problems:
+        raise refusal("; ".join(problems))
+    return verified

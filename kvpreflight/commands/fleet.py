@@ -1,0 +1,32 @@
+"""`kvpreflight fleet`: check every deployment of an inventory, here (bounded threads) or on Ray,
+and write one merged report and signed record. Parses arguments and wires the parts; no logic here."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("fleet")
+    def fleet(
+        inventory: Path = typer.Argument(..., help="Fleet inventory (YAML): deployments to attach to or boot, with node selectors."),
+        parallel: Optional[int] = typer.Option(None, "--parallel", help="Deployments checked at once (default 4 here; with --ray all). Deployments that share an engine always run one after another."),
+        ray: Optional[str] = typer.Option(None, "--ray", help="Run on Ray: 'auto' (the cluster this machine belongs to) or the head's ADDRESS. One task per deployment, on its node."),
+        fmt: Optional[str] = typer.Option(None, "--format", help="table|json (fleet rows) or junit|sarif|github|markdown (every deployment's checks)."),
+        output: Optional[Path] = typer.Option(None, "--output", help="Write the report here instead of stdout."),
+        record: Optional[Path] = typer.Option(None, "--record", help="Write the fleet record here, and each deployment's record (NAME.dsse.json) beside it."),
+        sign_key: Optional[str] = typer.Option(None, "--sign-key", help="Private key file for --record (or set KVPREFLIGHT_SIGN_KEY to its path)."),
+        subject: Optional[List[str]] = typer.Option(None, "--subject", help="NAME=sha256:HEX every record is about. Repeatable."),
+        unsigned: bool = typer.Option(False, "--unsigned", help="Write the records unsigned (verify will refuse them)."),
+        work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="Where booted deployments' logs go (on each node; default a new temporary folder)."),
+    ) -> None:
+        """Check many deployments at once. Exit 0 all pass, 1 one failed, 2 usage error, 3 one inconclusive (none failed)."""
+        from kvpreflight.fleet import FleetRequest, execute
+
+        raise typer.Exit(execute(FleetRequest(
+            inventory=inventory, parallel=parallel, ray=ray, fmt=fmt, output=output, record=record,
+            sign_key=sign_key, subjects=tuple(subject or ()), unsigned=unsigned, work_dir=work_dir,
+        )))

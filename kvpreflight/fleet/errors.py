@@ -1,0 +1,9 @@
+"""The fleet interface's exception: a bad inventory or fleet option (exit 2), before anything runs."""
+
+from __future__ import annotations
+
+from kvpreflight.errors import KvpreflightError
+
+
+class FleetError(KvpreflightError):
+    exit_code = 2

@@ -1,0 +1,351 @@
+"""Fleet inventories: which deployments one release checks, parsed from YAML into frozen dataclasses.
+
+Every problem is one line naming the file and the field, e.g.
+``fleet.yaml: deployments[2].attach.endpoints[0]: unknown role 'prefil'``. Unknown keys are errors.
+
+    fleet: release-42                 # optional name
+    defaults: {timeout_s: 900, subjects: [image=sha256:...]}
+    deployments:
+      - name: chat-8b                 # names the per-deployment record file
+        node: gpu-node-1              # with --ray: a custom resource the Ray node was started with
+        # node_ip: 10.0.0.3           #   or the node's IP (Ray's built-in node:IP resource)
+        attach: {endpoints: [prefill=http://..., decode=http://...], entry: http://router:8000,
+                 context_length: 131072, engine: auto, model: ..., logs: [URL=PATH],
+                 api_key_env: SERVING_KEY, capacity_only: false, timeout: 30}
+        # or boot: specs/chat-8b.yaml   (a boot spec, relative to the inventory)
+        # or builtin: {pool_ratio: 2.0, decode_pool_ratio: 2.0, context_length: 8192, faults: []}
+        skip: [{id: engine-advisories, reason: ...}]
+        subjects: [model=sha256:...]
+        timeout_s: 600                # deadline: past it the deployment is inconclusive
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Union
+
+from kvpreflight.boot.spec import _kind
+from kvpreflight.boot.spec import _Parser as _SpecParser
+from kvpreflight.fleet.errors import FleetError
+from kvpreflight.model import Waiver
+
+DEFAULT_TIMEOUT_S = 900.0
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+_TOP_KEYS = ("fleet", "defaults", "deployments")
+_DEFAULT_KEYS = ("timeout_s", "subjects")
+_DEPLOYMENT_KEYS = ("name", "node", "node_ip", "attach", "boot", "builtin", "skip", "subjects", "timeout_s")
+_ATTACH_KEYS = ("endpoints", "entry", "engine", "model", "context_length", "logs", "api_key_env", "capacity_only", "timeout")
+_BUILTIN_KEYS = ("pool_ratio", "decode_pool_ratio", "context_length", "faults")
+
+
+@dataclass(frozen=True)
+class AttachTarget:
+    """Engines that already run: what `kvpreflight check --endpoint ...` is given."""
+
+    endpoints: tuple[str, ...]
+    entry: str | None = None
+    engine: str = "auto"
+    model: str | None = None
+    context_length: int | None = None
+    logs: tuple[str, ...] = ()  # URL=PATH, read where the check runs
+    api_key_env: str | None = None  # the variable's name; its value is read where the check runs
+    capacity_only: bool = False
+    timeout: float = 30.0
+
+    def engine_urls(self) -> frozenset[str]:
+        from kvpreflight.commands.options import parse_endpoint
+
+        urls = {parse_endpoint(e)[0] for e in self.endpoints}
+        return frozenset(urls | ({self.entry} if self.entry else set()))
+
+
+@dataclass(frozen=True)
+class BootTarget:
+    """A boot spec, carried as its text so that the node that boots it needs no copy of the file."""
+
+    spec_path: str
+    spec_text: str
+    fixed_ports: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class BuiltinTarget:
+    """A builtin prefill/decode/router trio, as `kvpreflight demo` boots it (faults included)."""
+
+    pool_ratio: float = 2.0
+    decode_pool_ratio: float = 2.0
+    context_length: int = 8192
+    faults: tuple[str, ...] = ()
+
+
+Target = Union[AttachTarget, BootTarget, BuiltinTarget]
+
+
+@dataclass(frozen=True)
+class Placement:
+    node: str | None = None  # a Ray custom resource name
+    node_ip: str | None = None  # Ray's built-in node:IP resource
+
+    @property
+    def pinned(self) -> bool:
+        return bool(self.node or self.node_ip)
+
+    def describe(self) -> str:
+        return self.node or self.node_ip or "any node"
+
+
+@dataclass(frozen=True)
+class Deployment:
+    name: str
+    target: Target
+    placement: Placement = Placement()
+    waivers: tuple[Waiver, ...] = ()
+    subjects: tuple[str, ...] = ()  # NAME=sha256:HEX, validated
+    timeout_s: float = DEFAULT_TIMEOUT_S
+
+    @property
+    def kind(self) -> str:
+        return {AttachTarget: "attach", BootTarget: "boot", BuiltinTarget: "builtin"}[type(self.target)]
+
+    def exclusive_keys(self) -> frozenset[str]:
+        """What no other kvpreflight run may touch at the same time: engine URLs, fixed ports."""
+        if isinstance(self.target, AttachTarget):
+            return self.target.engine_urls()
+        if isinstance(self.target, BootTarget):
+            where = self.placement.describe()
+            return frozenset(f"port {p} on {where}" for p in self.target.fixed_ports)
+        return frozenset()
+
+
+@dataclass(frozen=True)
+class Inventory:
+    name: str
+    deployments: tuple[Deployment, ...]
+    source: str
+    sha256: str  # of the inventory file: a subject of every record the fleet writes
+    subjects: tuple[str, ...] = ()
+
+
+def load_inventory(path: str | os.PathLike[str]) -> Inventory:
+    """Read and parse an inventory. Raises FleetError (exit 2) with one line on any problem."""
+    import yaml
+
+    label = os.fspath(path)
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        raise FleetError(f"{label}: no such file; give the path of a fleet inventory (see examples/fleet/inventory.yaml)") from None
+    except OSError as exc:
+        raise FleetError(f"{label}: cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise FleetError(f"{label}: not UTF-8 text") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise FleetError(f"{label}: not valid YAML{where}: {getattr(exc, 'problem', None) or exc}") from None
+    return parse_inventory(data, source=label, base_dir=os.path.dirname(os.path.abspath(label)),
+                           sha256=hashlib.sha256(raw).hexdigest())
+
+
+def parse_inventory(data: Any, *, source: str = "<inventory>", base_dir: str | None = None, sha256: str = "") -> Inventory:
+    p = _Parser(source, base_dir or os.getcwd())
+    if not isinstance(data, dict):
+        raise p.error(None, f"expected a mapping with {', '.join(_TOP_KEYS)}, got {_kind(data)}")
+    p.unknown_keys(data, _TOP_KEYS, None)
+    name = data.get("fleet", "fleet")
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise p.error("fleet", f"expected a name (letters, digits, '.', '-', '_'), got {_kind(name)}")
+    defaults = data.get("defaults") or {}
+    if not isinstance(defaults, dict):
+        raise p.error("defaults", f"expected a mapping, got {_kind(defaults)}")
+    p.unknown_keys(defaults, _DEFAULT_KEYS, "defaults")
+    default_timeout = p.positive_number(defaults.get("timeout_s", DEFAULT_TIMEOUT_S), "defaults.timeout_s")
+    subjects = p.subjects(defaults.get("subjects"), "defaults.subjects")
+    raw = data.get("deployments")
+    if not isinstance(raw, list) or not raw:
+        raise p.error("deployments", f"expected a non-empty list of deployments, got {_kind(raw)}")
+    deployments = tuple(p.deployment(item, f"deployments[{i}]", default_timeout) for i, item in enumerate(raw))
+    seen: dict[str, int] = {}
+    for i, d in enumerate(deployments):
+        if d.name in seen:
+            raise p.error(f"deployments[{i}].name", f"duplicate name {d.name!r} (also deployments[{seen[d.name]}]); names must be unique")
+        seen[d.name] = i
+    return Inventory(name=name, deployments=deployments, source=source, sha256=sha256, subjects=subjects)
+
+
+class _Parser(_SpecParser):
+    """The boot spec's parser (unknown keys, integers, messages), with the fleet's error type."""
+
+    def error(self, where: str | None, problem: str) -> FleetError:
+        return FleetError(f"{self.source}: {where}: {problem}" if where else f"{self.source}: {problem}")
+
+    def positive_number(self, value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise self.error(where, f"expected a positive number, got {_kind(value)}")
+        return float(value)
+
+    def strings(self, value: Any, where: str) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            raise self.error(where, f"expected a list of strings, got {_kind(value)}")
+        return tuple(value)
+
+    def optional_str(self, value: Any, where: str) -> str | None:
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise self.error(where, f"expected a non-empty string, got {_kind(value)}")
+        return value
+
+    def subjects(self, value: Any, where: str) -> tuple[str, ...]:
+        from kvpreflight.errors import KvpreflightError
+        from kvpreflight.record import parse_subject
+
+        items = self.strings(value, where)
+        for i, text in enumerate(items):
+            try:
+                parse_subject(text)
+            except KvpreflightError as exc:
+                raise self.error(f"{where}[{i}]", str(exc).replace("--subject ", "", 1)) from None
+        return items
+
+    def deployment(self, raw: Any, where: str, default_timeout: float) -> Deployment:
+        if not isinstance(raw, dict):
+            raise self.error(where, f"expected a mapping with name and one of attach, boot, builtin, got {_kind(raw)}")
+        self.unknown_keys(raw, _DEPLOYMENT_KEYS, where)
+        name = raw.get("name")
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise self.error(f"{where}.name", f"expected a name (letters, digits, '.', '-', '_'; it names the record file), got {_kind(name)}")
+        kinds = [k for k in ("attach", "boot", "builtin") if raw.get(k) is not None]
+        if len(kinds) != 1:
+            raise self.error(where, f"give exactly one of attach, boot, builtin (got {', '.join(kinds) or 'none'})")
+        placement = Placement(self.optional_str(raw.get("node"), f"{where}.node"),
+                              self.optional_str(raw.get("node_ip"), f"{where}.node_ip"))
+        if placement.node and placement.node_ip:
+            raise self.error(where, "give node or node_ip, not both")
+        target = getattr(self, kinds[0])(raw[kinds[0]], f"{where}.{kinds[0]}")
+        return Deployment(
+            name=name, target=target, placement=placement,
+            waivers=self.waivers(raw.get("skip"), f"{where}.skip"),
+            subjects=self.subjects(raw.get("subjects"), f"{where}.subjects"),
+            timeout_s=self.positive_number(raw.get("timeout_s", default_timeout), f"{where}.timeout_s"),
+        )
+
+    def attach(self, raw: Any, where: str) -> AttachTarget:
+        from kvpreflight.commands import options as opt
+        from kvpreflight.engines import ENGINES
+        from kvpreflight.errors import KvpreflightError
+
+        if not isinstance(raw, dict):
+            raise self.error(where, f"expected a mapping with endpoints and entry, got {_kind(raw)}")
+        self.unknown_keys(raw, _ATTACH_KEYS, where)
+        endpoints = self.strings(raw.get("endpoints"), f"{where}.endpoints")
+        if not endpoints:
+            raise self.error(f"{where}.endpoints", "missing; list every prefill, decode or unified engine URL (ROLE=URL to set the role)")
+        urls: list[str] = []
+        for i, text in enumerate(endpoints):
+            try:
+                url = opt.parse_endpoint(text)[0]
+            except KvpreflightError as exc:
+                raise self.error(f"{where}.endpoints[{i}]", str(exc).replace("--endpoint ", "", 1)) from None
+            if url in urls:
+                raise self.error(f"{where}.endpoints[{i}]", f"{url} listed twice")
+            urls.append(url)
+        entry = self.optional_str(raw.get("entry"), f"{where}.entry")
+        if entry is not None:
+            try:
+                entry = opt.parse_url(entry, "entry")
+            except KvpreflightError as exc:
+                raise self.error(f"{where}.entry", str(exc)) from None
+        engine = raw.get("engine", "auto")
+        if engine != "auto" and engine not in ENGINES:
+            raise self.error(f"{where}.engine", f"expected auto or one of {', '.join(ENGINES)}, got {_kind(engine)}")
+        logs = self.strings(raw.get("logs"), f"{where}.logs")
+        for i, text in enumerate(logs):
+            url, sep, path = text.rpartition("=")
+            if not sep or not path or url.rstrip("/") not in urls:
+                raise self.error(f"{where}.logs[{i}]", f"write it as URL=PATH with URL one of the endpoints, got {_kind(text)}")
+        env_name = self.optional_str(raw.get("api_key_env"), f"{where}.api_key_env")
+        if env_name is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", env_name):
+            raise self.error(f"{where}.api_key_env", f"the NAME of the environment variable holding the key, got {_kind(env_name)}")
+        capacity_only = raw.get("capacity_only", False)
+        if not isinstance(capacity_only, bool):
+            raise self.error(f"{where}.capacity_only", f"expected true or false, got {_kind(capacity_only)}")
+        return AttachTarget(
+            endpoints=endpoints, entry=entry, engine=engine, model=self.optional_str(raw.get("model"), f"{where}.model"),
+            context_length=self.positive_int(raw.get("context_length"), f"{where}.context_length"), logs=logs,
+            api_key_env=env_name, capacity_only=capacity_only,
+            timeout=self.positive_number(raw.get("timeout", 30.0), f"{where}.timeout"),
+        )
+
+    def boot(self, raw: Any, where: str) -> BootTarget:
+        from kvpreflight.boot import parse_spec
+        from kvpreflight.errors import KvpreflightError
+
+        if not isinstance(raw, str) or not raw.strip():
+            raise self.error(where, f"expected the path of a boot spec, got {_kind(raw)}")
+        path = os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(raw)))
+        try:
+            with open(path, encoding="utf-8") as handle:
+                text = handle.read()
+        except OSError as exc:
+            raise self.error(where, f"{path}: {exc.strerror or exc}") from None
+        try:
+            import yaml
+
+            spec = parse_spec(yaml.safe_load(text), source=path, base_dir=os.path.dirname(path))
+        except yaml.YAMLError:
+            raise self.error(where, f"{path}: not valid YAML") from None
+        except KvpreflightError as exc:
+            raise self.error(where, str(exc)) from None
+        ports = tuple(e.port for e in spec.engines if isinstance(e.port, int))
+        return BootTarget(spec_path=path, spec_text=text, fixed_ports=ports)
+
+    def builtin(self, raw: Any, where: str) -> BuiltinTarget:
+        from kvpreflight.builtin_engine.config import FAULTS
+
+        if raw is True:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise self.error(where, f"expected a mapping ({', '.join(_BUILTIN_KEYS)}), got {_kind(raw)}")
+        self.unknown_keys(raw, _BUILTIN_KEYS, where)
+        ratios = []
+        for key in ("pool_ratio", "decode_pool_ratio"):
+            value = self.positive_number(raw.get(key, 2.0), f"{where}.{key}")
+            if value > 64:
+                raise self.error(f"{where}.{key}", f"expected a ratio between 0 and 64, got {value:g}")
+            ratios.append(value)
+        context = self.positive_int(raw.get("context_length", 8192), f"{where}.context_length")
+        if not 256 <= context <= 262144:  # type: ignore[operator]
+            raise self.error(f"{where}.context_length", f"expected 256 to 262144 for the builtin engine, got {context}")
+        faults = self.strings(raw.get("faults"), f"{where}.faults")
+        for i, fault in enumerate(faults):
+            if fault not in FAULTS:
+                raise self.error(f"{where}.faults[{i}]", f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}")
+        return BuiltinTarget(pool_ratio=ratios[0], decode_pool_ratio=ratios[1], context_length=context, faults=faults)  # type: ignore[arg-type]
+
+    def waivers(self, raw: Any, where: str) -> tuple[Waiver, ...]:
+        from kvpreflight.checks import CHECK_IDS
+
+        if raw is None:
+            return ()
+        if not isinstance(raw, list):
+            raise self.error(where, f"expected a list of {{id, reason}}, got {_kind(raw)}")
+        out = []
+        for i, item in enumerate(raw):
+            at = f"{where}[{i}]"
+            if not isinstance(item, dict):
+                raise self.error(at, f"expected a mapping with id and reason, got {_kind(item)}")
+            self.unknown_keys(item, ("id", "reason"), at)
+            if item.get("id") not in CHECK_IDS:
+                raise self.error(f"{at}.id", f"expected one of {', '.join(CHECK_IDS)}, got {_kind(item.get('id'))}")
+            reason = item.get("reason")
+            if not isinstance(reason, str) or not reason.strip():
+                raise self.error(f"{at}.reason", "a skipped check needs a reason (it goes into the record)")
+            out.append(Waiver(item["id"], reason.strip()))
+        return tuple(out)

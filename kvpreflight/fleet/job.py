@@ -1,0 +1,176 @@
+"""One deployment's check, run where the runner placed it (a thread here, a Ray task on a node).
+
+Attach targets are checked in this process. Boot and builtin targets run in a child process
+(`python -m kvpreflight.fleet.worker`) that boots, checks and stops the engines; it dies with its
+parent (PR_SET_PDEATHSIG), so a killed Ray worker or node takes no engine with it, and it is
+stopped at the deployment's deadline. Either way the result is an unsigned in-toto statement,
+built here with the logs and the host it ran on; the driver signs it (the key never travels).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from kvpreflight.fleet.inventory import AttachTarget, BootTarget, Deployment
+
+STOP_GRACE_S = 30.0  # after a deadline: time a worker gets to stop its engines before SIGKILL
+PARENT_ENV = "KVPREFLIGHT_FLEET_PARENT"
+
+
+@dataclass(frozen=True)
+class JobSettings:
+    command_line: tuple[str, ...]  # the fleet's argv (secrets redacted when the record is built)
+    subjects: tuple[str, ...] = ()  # NAME=sha256:HEX every record carries (inventory, --subject)
+    work_dir: str | None = None  # boot logs go under it; default a new temporary folder
+
+
+@dataclass(frozen=True)
+class Outcome:
+    deployment: str
+    verdict: str  # pass | fail | inconclusive
+    exit_code: int
+    statement: Mapping[str, Any] | None = None  # unsigned, as built where it ran; None: nothing measured
+    reason: str | None = None  # why nothing was measured
+    host: str | None = None
+    node: str | None = None  # the Ray node id, when Ray ran it
+    elapsed_s: float = 0.0
+
+
+def not_measured(deployment: str, reason: str, **extra: Any) -> Outcome:
+    return Outcome(deployment, "inconclusive", 3, None, " ".join(reason.split()), **extra)
+
+
+def run_batch(batch: Sequence[Deployment], settings: JobSettings) -> tuple[Outcome, ...]:
+    """Check each deployment in turn (a batch shares engines, so never two at once)."""
+    return tuple(run_deployment(d, settings) for d in batch)
+
+
+def run_deployment(deployment: Deployment, settings: JobSettings) -> Outcome:
+    from kvpreflight.errors import KvpreflightError
+
+    started = time.monotonic()
+    host = socket.gethostname()
+    try:
+        if isinstance(deployment.target, AttachTarget):
+            outcome = _attached(deployment, settings)
+        else:
+            outcome = _booted(deployment, settings)
+    except KvpreflightError as exc:
+        outcome = not_measured(deployment.name, f"{'configuration error: ' if exc.exit_code == 2 else ''}{exc}")
+    except Exception as exc:  # fail closed: a crash is "not measured", never a pass, never a lost row
+        outcome = not_measured(deployment.name, f"internal error: {type(exc).__name__}: {exc}")
+    from dataclasses import replace
+
+    return replace(outcome, host=host, elapsed_s=round(time.monotonic() - started, 3))
+
+
+def _subjects(deployment: Deployment, settings: JobSettings) -> list[str]:
+    return [*settings.subjects, *deployment.subjects]
+
+
+def _command_line(deployment: Deployment, settings: JobSettings) -> list[str]:
+    return [*settings.command_line, f"[deployment {deployment.name}]"]
+
+
+def _outcome_from_statement(name: str, statement: Mapping[str, Any]) -> Outcome:
+    predicate = statement.get("predicate") or {}
+    verdict = predicate.get("verdict")
+    if verdict not in ("pass", "fail", "inconclusive"):
+        return not_measured(name, f"the check's record has no verdict ({verdict!r})")
+    return Outcome(name, verdict, {"pass": 0, "fail": 1}.get(verdict, 3), statement)
+
+
+def _attached(deployment: Deployment, settings: JobSettings) -> Outcome:
+    from kvpreflight.commands.run_check import CheckRequest, prepare
+    from kvpreflight.pipeline import run_check
+    from kvpreflight.record import build_statement, parse_subjects
+
+    t = deployment.target
+    assert isinstance(t, AttachTarget)
+    request = CheckRequest(
+        endpoints=t.endpoints, entry=t.entry, engine=t.engine, model=t.model, context_length=t.context_length,
+        logs=t.logs, api_key_env=t.api_key_env, capacity_only=t.capacity_only, timeout=t.timeout,
+        skips=tuple(w.check_id for w in deployment.waivers), reasons=tuple(w.reason for w in deployment.waivers),
+    )
+    options, _ = prepare(request)
+    report = run_check(options)
+    statement = build_statement(report, command_line=_command_line(deployment, settings),
+                                subjects=parse_subjects(_subjects(deployment, settings)),
+                                files_read=list(options.logs.values()))
+    return _outcome_from_statement(deployment.name, statement)
+
+
+def _booted(deployment: Deployment, settings: JobSettings) -> Outcome:
+    from kvpreflight.record import read_record
+
+    base = Path(settings.work_dir) if settings.work_dir else Path(tempfile.mkdtemp(prefix="kvpreflight-fleet-"))
+    work = base / deployment.name
+    work.mkdir(parents=True, exist_ok=True)
+    record = work / "unsigned-record.json"
+    record.unlink(missing_ok=True)
+    t = deployment.target
+    job = {
+        "name": deployment.name,
+        "kind": deployment.kind,
+        "target": asdict(t),
+        "skips": [w.check_id for w in deployment.waivers],
+        "reasons": [w.reason for w in deployment.waivers],
+        "subjects": _subjects(deployment, settings),
+        "command_line": _command_line(deployment, settings),
+        "record": str(record),
+        "report": str(work / "report.json"),
+        "log_dir": str(work / "logs"),
+    }
+    log_path = work / "worker.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvpreflight.fleet.worker"], stdin=subprocess.PIPE, stdout=log, stderr=log,
+            env={**os.environ, PARENT_ENV: str(os.getpid())}, close_fds=True,
+        )
+        try:
+            assert proc.stdin is not None
+            proc.stdin.write(json.dumps(job).encode())
+            proc.stdin.close()
+            proc.wait(timeout=deployment.timeout_s)
+        except subprocess.TimeoutExpired:
+            _stop(proc)
+            return not_measured(deployment.name, f"did not finish within its deadline of {deployment.timeout_s:g}s "
+                                                 f"(timeout_s); engines stopped; worker log {log_path}")
+        except BaseException:
+            _stop(proc)
+            raise
+    if record.is_file():
+        envelope = read_record(record)
+        return _outcome_from_statement(deployment.name, json.loads(envelope.payload))
+    return not_measured(deployment.name, f"{_last_line(log_path)} (worker exit status {proc.returncode}; log {log_path})")
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """SIGTERM (the worker then stops its engines), SIGKILL if it is still there after the grace."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=STOP_GRACE_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def _last_line(path: Path) -> str:
+    try:
+        lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    except OSError:
+        lines = []
+    errors = [line for line in lines if line.startswith("kvpreflight: error:")]
+    line = (errors or lines or ["the worker wrote nothing"])[-1]
+    return line.removeprefix("kvpreflight: error: ")[:400]

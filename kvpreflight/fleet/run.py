@@ -1,0 +1,142 @@
+"""`kvpreflight fleet`, wired: validate everything (exit 2 before anything runs), run every
+deployment through a runner, print the merged report, write the records, exit with the verdict."""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from kvpreflight.fleet.errors import FleetError
+from kvpreflight.fleet.job import JobSettings, Outcome
+from kvpreflight.fleet.runners.interface import Batch, Events, Runner, describe, plan_batches
+
+DEFAULT_LOCAL_PARALLEL = 4
+
+
+@dataclass(frozen=True)
+class FleetRequest:
+    inventory: Path
+    parallel: int | None = None
+    ray: str | None = None  # None: this machine; "auto" or an address: Ray
+    fmt: str | None = None
+    output: Path | None = None
+    record: Path | None = None
+    sign_key: str | None = None
+    subjects: tuple[str, ...] = ()
+    unsigned: bool = False
+    work_dir: Path | None = None
+
+
+def say(message: str) -> None:
+    sys.stderr.write(f"kvpreflight fleet: {message}\n")
+    sys.stderr.flush()
+
+
+class Progress(Events):
+    """Done / running / left on stderr, and each result as it comes."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.done = 0
+        self.running = 0
+
+    def _counts(self) -> str:
+        return f"[{self.done}/{self.total} done, {self.running} running, {self.total - self.done - self.running} left]"
+
+    def started(self, batch: Batch, where: str) -> None:
+        self.running += len(batch)
+        say(f"started {describe(batch)} on {where} {self._counts()}")
+
+    def finished(self, outcome: Outcome) -> None:
+        from kvpreflight.fleet.report import problems
+
+        self.done += 1
+        self.running = max(0, self.running - 1)
+        detail = "" if outcome.verdict == "pass" else f": {problems(outcome)}"
+        say(f"{outcome.deployment} {outcome.verdict.upper()}{detail} {self._counts()}")
+
+
+def _now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def _runner(request: FleetRequest, inventory) -> Runner:
+    if request.parallel is not None and request.parallel < 1:
+        raise FleetError(f"--parallel must be 1 or more (got {request.parallel})")
+    if request.ray is not None:
+        from kvpreflight.fleet.runners.ray import RayRunner, import_ray
+
+        import_ray()
+        return RayRunner(request.ray, request.parallel)
+    pinned = [d for d in inventory.deployments if d.kind != "attach" and d.placement.pinned]
+    if pinned:
+        d = pinned[0]
+        raise FleetError(f"deployment {d.name} boots on node {d.placement.describe()}: that needs --ray auto|ADDRESS "
+                         "(without --ray every deployment is checked from this machine)")
+    from kvpreflight.fleet.runners.local import LocalRunner
+
+    return LocalRunner(request.parallel or DEFAULT_LOCAL_PARALLEL)
+
+
+def execute(request: FleetRequest) -> int:
+    from kvpreflight import __version__
+    from kvpreflight.fleet.inventory import load_inventory
+    from kvpreflight.fleet.records import check_record_path, write_fleet_records
+    from kvpreflight.fleet.render import FLEET_FORMATS
+    from kvpreflight.fleet.report import FleetReport, merged_report
+    from kvpreflight.formats import FORMATS
+    from kvpreflight.record import file_subject, parse_subjects, prepare_signer
+
+    inventory = load_inventory(request.inventory)
+    fmt = request.fmt or "table"
+    if fmt not in FORMATS and fmt not in FLEET_FORMATS:
+        raise FleetError(f"--format {fmt!r}: choose one of {', '.join(dict.fromkeys([*FLEET_FORMATS, *FORMATS]))}")
+    signer = None
+    if request.record is not None:
+        signer = prepare_signer(request.sign_key, unsigned=request.unsigned)
+        check_record_path(request.record, [d.name for d in inventory.deployments])
+    elif request.sign_key or request.unsigned:
+        raise FleetError("--sign-key and --unsigned only make sense with --record FILE")
+    subjects = [file_subject(request.inventory), *parse_subjects(inventory.subjects), *parse_subjects(request.subjects)]
+    batches = plan_batches(inventory.deployments)
+    runner = _runner(request, inventory)
+    work_dir = request.work_dir
+    if work_dir is None and runner.name == "local":
+        work_dir = Path(tempfile.mkdtemp(prefix=f"kvpreflight-fleet-{inventory.name}-"))
+    settings = JobSettings(command_line=tuple(sys.argv), subjects=tuple(str(s) for s in subjects),
+                           work_dir=str(work_dir.resolve()) if work_dir else None)
+    shared = sum(1 for b in batches if len(b) > 1)
+    say(f"{len(inventory.deployments)} deployment(s) from {request.inventory}, runner {runner.name}"
+        + (f", {shared} group(s) share an engine and run one after another" if shared else "")
+        + (f"; boot logs under {work_dir}" if work_dir else ""))
+    started = _now()
+    outcomes = runner.run(batches, settings, Progress(len(inventory.deployments)))
+    report = FleetReport(name=inventory.name, runner=runner.name, outcomes=tuple(outcomes), inventory=str(request.inventory),
+                         started_at=started, finished_at=_now(), tool_version=__version__)
+    records: dict[str, str] = {}
+    if request.record is not None:
+        records = write_fleet_records(report, record=request.record, signer=signer, subjects=subjects, command_line=list(sys.argv))
+        say(f"fleet record written to {request.record} ({'signed' if signer else 'UNSIGNED'}), "
+            f"{len(records)} deployment record(s) beside it")
+    _write(report, fmt, request.output, records)
+    from kvpreflight.formats.ci import github_actions_side_effects
+
+    github_actions_side_effects(merged_report(report), format_name=fmt if request.output is None else None)
+    return report.exit_code
+
+
+def _write(report, fmt: str, output: Path | None, records: dict[str, str]) -> None:
+    from kvpreflight.fleet.render import render
+    from kvpreflight.formats import write_report
+    from kvpreflight.formats.interface import ReportFormat
+
+    class _Fleet(ReportFormat):
+        name = fmt
+
+        def render(self, _report) -> str:  # type: ignore[override]
+            return render(report, fmt, records)
+
+    write_report(report, _Fleet(), output)  # type: ignore[arg-type]
