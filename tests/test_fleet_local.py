@@ -237,3 +237,49 @@ def test_help_imports_neither_ray_nor_torch():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip().splitlines()[-1] == "[]"
     assert "--parallel" in result.stdout
+
+
+def test_engines_of_a_worker_killed_with_sigkill_are_stopped_by_the_reaper(tmp_path):
+    """What Ray does to a task's processes when their node goes away: SIGKILL, no clean-up."""
+    import signal
+
+    from test_demo import processes_tagged
+
+    tag = os.urandom(8).hex()
+    env = {**os.environ, "KVPREFLIGHT_TEST_TAG": tag}
+    worker = subprocess.Popen(
+        [sys.executable, "-c",
+         "import subprocess, sys, time\n"
+         "subprocess.Popen([sys.executable, '-m', 'kvpreflight.fleet.reaper', str(__import__('os').getpid())], start_new_session=True)\n"
+         "engine = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'], start_new_session=True)\n"
+         "print(engine.pid, flush=True)\n"
+         "time.sleep(600)\n"],
+        stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        engine = int(worker.stdout.readline())
+        time.sleep(1.0)  # the reaper has seen the engine
+        assert os.path.exists(f"/proc/{engine}")
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and processes_tagged(tag):
+            time.sleep(0.2)
+        assert processes_tagged(tag) == set(), "the engine (or the reaper) outlived a SIGKILLed worker"
+    finally:
+        if worker.poll() is None:
+            worker.kill()
+            worker.wait()
+        for pid in processes_tagged(tag):  # only if the test failed: leave nothing running
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_fleet_ray_with_nothing_at_the_address_is_one_line_exit_2_at_once(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    inv = write_inventory(tmp_path / "fleet.yaml", [{"name": "a", "attach": {"endpoints": ["http://127.0.0.1:9"]}}])
+    started = time.monotonic()
+    result = fleet(inv, "--ray", f"127.0.0.1:{port}")
+    assert result.returncode == 2 and time.monotonic() - started < 20
+    assert f"kvpreflight: error: --ray 127.0.0.1:{port}: nothing answers there" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -41,8 +41,17 @@ def _spec(job: dict):
     return parse_spec(yaml.safe_load(target["spec_text"]), source=path, base_dir=os.path.dirname(path))
 
 
+def _start_reaper() -> None:
+    """A watcher in its own session that stops our engines if this process is SIGKILLed."""
+    import subprocess
+
+    subprocess.Popen([sys.executable, "-m", "kvpreflight.fleet.reaper", str(os.getpid())], start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sys.stderr, close_fds=True)
+
+
 def main() -> int:
     _die_with_parent()
+    _start_reaper()
     from kvpreflight.commands._run import error
     from kvpreflight.commands.run_check import CheckRequest, execute_booted
     from kvpreflight.errors import KvpreflightError

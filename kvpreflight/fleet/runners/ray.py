@@ -16,7 +16,8 @@ from kvpreflight.fleet.job import JobSettings, Outcome, run_batch
 from kvpreflight.fleet.runners.interface import Batch, Events, Runner, batch_deadline_s, batch_failed, describe
 
 INSTALL_HINT = "install it with: pip install 'kvpreflight[fleet]' (or pip install 'ray>=2.9')"
-RESOURCE_SHARE = 0.001  # a placement marker, not a capacity claim
+RESOURCE_SHARE = 0.001
+CONNECT_TIMEOUT_S = 5.0  # a placement marker, not a capacity claim
 
 
 def import_ray():
@@ -57,8 +58,22 @@ class RayRunner(Runner):
             return {f"node:{placement.node_ip}": RESOURCE_SHARE}
         return {}
 
+    def reachable(self) -> None:
+        """A plain HOST:PORT that nothing answers: say so now (ray.init would retry for minutes)."""
+        import socket
+
+        host, sep, port = self.address.rpartition(":")
+        if self.address == "auto" or "://" in self.address or not sep or not port.isdigit():
+            return
+        try:
+            socket.create_connection((host, int(port)), timeout=CONNECT_TIMEOUT_S).close()
+        except OSError as exc:
+            raise FleetError(f"--ray {self.address}: nothing answers there ({exc.strerror or exc}); give the Ray head's "
+                             "GCS address (HOST:6379), ray://HOST:10001, or auto on a machine of the cluster") from None
+
     def run(self, batches: Sequence[Batch], settings: JobSettings, events: Events) -> list[Outcome]:
         ray = import_ray()
+        self.reachable()
         try:
             ray.init(address=self.address, log_to_driver=False, logging_level="ERROR", configure_logging=False)
         except (ConnectionError, RuntimeError, ValueError) as exc:
