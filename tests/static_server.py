@@ -10,7 +10,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Callable, Iterator, Mapping, Union
 
 Body = Union[bytes, str, dict, list]
-Route = Union[tuple[int, str, Body], Callable[[dict], tuple[int, str, Body]]]
+Route = Union[tuple, Callable[[dict], tuple]]  # (status, content_type, body[, headers])
 
 
 def _encode(body: Body) -> bytes:
@@ -39,15 +39,19 @@ def static_server(routes: Mapping[str, Route]) -> Iterator[str]:
                 payload = {}
             requests_seen.append((f"{method} {self.path}", payload))
             route = routes.get(f"{method} {self.path}")
+            extra_headers: dict = {}
             if route is None:
                 status, ctype, body = 404, "application/json", {"detail": "Not Found"}
             else:
-                status, ctype, body = route(payload) if callable(route) else route
+                status, ctype, body, *more = route(payload) if callable(route) else route
+                extra_headers = dict(more[0]) if more else {}  # an optional 4th item: response headers
             data = _encode(body)
             try:
                 self.send_response(status)
                 self.send_header("Content-Type", ctype)
                 self.send_header("Content-Length", str(len(data)))
+                for name, value in extra_headers.items():
+                    self.send_header(name, value)
                 self.end_headers()
                 self.wfile.write(data)
             except (BrokenPipeError, ConnectionResetError):

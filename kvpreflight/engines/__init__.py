@@ -17,6 +17,7 @@ ENGINES: dict[str, str] = {
     "sglang": "kvpreflight.engines.sglang:SglangAdapter",
     "vllm": "kvpreflight.engines.vllm:VllmAdapter",
     "llamacpp": "kvpreflight.engines.llamacpp:LlamaCppAdapter",
+    "tgi": "kvpreflight.engines.tgi:TgiAdapter",
 }
 
 

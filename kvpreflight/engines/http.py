@@ -27,6 +27,7 @@ class HttpReply:
     body: bytes = field(repr=False)
     elapsed_s: float
     content_type: str = ""
+    headers: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)  # names lower-cased
 
     @property
     def sha256(self) -> str:
@@ -91,7 +92,8 @@ class HttpClient:
             body = resp.content
         except requests.exceptions.RequestException as exc:
             raise EngineError(f"{url}: response body cut off ({_reason(exc)})") from None
-        return HttpReply(url, resp.status_code, body, time.monotonic() - start, resp.headers.get("Content-Type", ""))
+        return HttpReply(url, resp.status_code, body, time.monotonic() - start, resp.headers.get("Content-Type", ""),
+                         {k.lower(): v for k, v in resp.headers.items()})
 
     def get(self, url: str, *, timeout_s: float | None = None) -> HttpReply:
         return self.request("GET", url, timeout_s=timeout_s)

@@ -1,0 +1,326 @@
+"""TGI (text-generation-inference; in maintenance mode). Shapes and messages copied from TGI's
+source (v3.3.x; tests/fixtures/tgi/README.md says where each comes from): `router/src/server.rs`
+(/info, /generate, /generate_stream, /tokenize, /metrics; `{"error", "error_type"}` bodies,
+validation errors 422, errors inside a 200 event stream), `router/src/validation.rs` (length
+messages), `router/src/lib.rs` (Info), `backends/v3/src/lib.rs` (warm-up log line and gauge).
+
+Capacity: `/info max_total_tokens` is the per-request total (the served context); the KV pool is
+the batch token budget every running request shares, read from the warm-up log line (allocator:
+the shards measured it from free memory) and the `tgi_batch_max_total_tokens` gauge (scheduler).
+
+TGI takes TEXT prompts. `token_ids()` returns ids from TGI's `/tokenize` and remembers the text
+each came from; `complete()` rebuilds the text of a prefix of those ids and checks its length with
+`/tokenize` (which counts the special tokens TGI adds exactly as its validation does) before it
+sends it, so `sent_tokens` is TGI's own count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from kvpreflight.engines.errors import EngineError
+from kvpreflight.engines.http import HttpClient
+from kvpreflight.engines.interface import (
+    Completion,
+    Counters,
+    EngineAdapter,
+    completion_from_error,
+    error_in_event,
+    error_message_of,
+    metric_sum,
+    positive_int,
+)
+from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
+
+# backends/v3/src/lib.rs (and v2) connect_backend: "Setting max batch total tokens to {N}"
+ALLOCATOR_LINE = re.compile(r"Setting max batch total tokens to (?P<tokens>\d+)")
+# The warm-up refused the configured per-request total and the router exits: V3Error's message,
+# or as main() prints the returned error: "Error: Backend(NotEnoughMemory(N))".
+NOT_ENOUGH_MEMORY = re.compile(r"Not enough memory to handle `?max_total_tokens=(\d+)|NotEnoughMemory\((\d+)\)")
+# Older (non-flash) models: the budget is --max-batch-total-tokens or a default, never measured.
+NOT_MEASURED = "Model does not support automatic max batch total tokens"
+FINISH = {"length": "length", "eos_token": "stop", "stop_sequence": "stop"}
+MAX_CALIBRATIONS = 4  # /tokenize calls per start of the text
+MAX_SKIP = 3
+
+
+@dataclass(frozen=True)
+class _TextPlan:
+    """How one seed text tokenizes when repeated: special tokens, the first copy, the steady copy."""
+
+    seed: str
+    special_head: tuple[int, ...]  # tokens TGI adds before the text (BOS), counted by its validation
+    special_tail: int  # tokens added after the text
+    head: tuple[tuple[int, int], ...]  # (id, end offset) of the first copy
+    period: tuple[tuple[int, int], ...]  # (id, end offset within the copy) of every later copy
+
+    def ids(self, count: int) -> list[int]:
+        out = list(self.special_head) + [i for i, _ in self.head]
+        while len(out) < count:
+            out.extend(i for i, _ in self.period)
+        return out[:count]
+
+    def text(self, content: int, skip: int = 0) -> str:
+        """The repeated seed cut after its `content`-th token, its first `skip` tokens left out."""
+        start = self.head[skip - 1][1] if skip else 0
+        if content <= len(self.head):
+            return self.seed[start: self.head[content - 1][1]]
+        q, r = divmod(content - len(self.head), len(self.period))
+        tail = self.seed[: self.period[r - 1][1]] if r else ""
+        return self.seed[start:] + self.seed * q + tail
+
+
+class TgiAdapter(EngineAdapter):
+    kind = "tgi"
+    # router/src/validation.rs ValidationError::MaxTotalTokens and ::InputLength (older releases
+    # write them without backticks and say "input tokens").
+    length_error_patterns = (
+        r"`?inputs?`? tokens \+ `?max_new_tokens`? must be <= \d+",
+        r"`?inputs`? must have less than \d+ tokens",
+    )
+
+    def __init__(self, url: str, client: HttpClient) -> None:
+        super().__init__(url, client)
+        self._plans: dict[str, _TextPlan] = {}
+
+    @classmethod
+    def detect(cls, url: str, client: HttpClient) -> bool:
+        info = _info(url, client, required=False)
+        return (info is not None and "model_id" in info and "max_total_tokens" in info
+                and ("max_input_tokens" in info or "max_input_length" in info))
+
+    # -- reading ---------------------------------------------------------------------------
+    def snapshot(self, *, role: Role | None = None, log_text: str | None = None) -> EngineSnapshot:
+        info = _info(self.url, self.client, required=True)
+        assert info is not None
+        readings: list[PoolReading] = []
+        notes: list[str] = []
+        served = positive_int(info.get("max_total_tokens"), "/info max_total_tokens", self.url)
+        input_key = "max_input_tokens" if "max_input_tokens" in info else "max_input_length"  # renamed in 2.1
+        max_input = positive_int(info.get(input_key), f"/info {input_key}", self.url)
+        if "max_batch_total_tokens" in info:  # /info carried it until 2.3
+            budget = positive_int(info["max_batch_total_tokens"], "/info max_batch_total_tokens", self.url)
+            if budget:
+                readings.append(PoolReading("/info max_batch_total_tokens", Origin.SCHEDULER, budget))
+        metrics = self.metrics()
+        if metrics is None:
+            notes.append("/metrics not served")
+        else:
+            for _, value in metrics.get("tgi_batch_max_total_tokens", []):
+                budget = positive_int(value, "tgi_batch_max_total_tokens", self.url)
+                if budget:
+                    readings.append(PoolReading("metrics tgi_batch_max_total_tokens", Origin.SCHEDULER, budget))
+        if log_text is not None:
+            log_readings, log_notes = parse_tgi_log(log_text)
+            readings.extend(log_readings)
+            notes.extend(log_notes)
+        if not readings:
+            notes.append("no batch token budget found (pass --log with TGI's start-up log for the warm-up line)")
+        settings = {key: info[key] for key in ("max_concurrent_requests", "max_best_of", "max_client_batch_size",
+                                               "validation_workers", "router", "model_pipeline_tag",
+                                               "waiting_served_ratio", "max_waiting_tokens", "max_batch_size")
+                    if key in info}
+        if role is not None and role is not Role.UNIFIED:
+            notes.append(f"role {role.value} given on the command line; TGI serves prefill and decode in one process")
+        version = info.get("version")
+        return EngineSnapshot(
+            url=self.url, engine=self.kind, version=str(version) if version is not None else None,
+            role=role or Role.UNIFIED, model=info.get("model_id"), served_context=served,
+            pool_readings=tuple(readings), max_request_tokens=max_input, settings=settings, notes=tuple(notes),
+        )
+
+    def counters(self) -> Counters:
+        metrics = self.metrics()
+        return Counters(
+            # tgi_request_count also counts refused requests; success counts served ones only.
+            requests=metric_sum(metrics, "tgi_request_success"),
+            # recorded after validation passed, so a refused prompt does not move it
+            prompt_tokens=metric_sum(metrics, "tgi_request_input_length_sum"),
+            generation_tokens=metric_sum(metrics, "tgi_request_generated_tokens_sum"),
+            used_tokens=metric_sum(metrics, "tgi_batch_current_max_tokens"),
+            extra={k: v for k in ("tgi_request_count", "tgi_request_failure", "tgi_queue_size")
+                   if (v := metric_sum(metrics, k)) is not None},
+        )
+
+    def max_accepted_prompt(self, snapshot: EngineSnapshot) -> int | None:
+        # validation.rs validate_input: refused when input + max_new_tokens > max_total_tokens or
+        # input > max_input_tokens (the message says "less than", the code allows equal).
+        limits = [n for n in (snapshot.max_request_tokens,
+                              snapshot.served_context - 1 if snapshot.served_context else None) if n]
+        return min(limits) if limits else None
+
+    # -- sending ---------------------------------------------------------------------------
+    def token_ids(self, count: int, seed_text: str) -> list[int]:
+        plan = self._plans.get(seed_text)
+        if plan is None:
+            plan = self._plans[seed_text] = self._plan(seed_text)
+        return plan.ids(count)
+
+    def complete(self, ids: list[int], *, max_tokens: int, stream: bool, timeout_s: float,
+                 extra: Mapping[str, Any] | None = None) -> Completion:
+        text, counted = self._text_for(ids)
+        sent = counted if counted is not None else len(ids)
+        params: dict[str, Any] = {"max_new_tokens": max_tokens, "details": True, "do_sample": False}
+        body: dict[str, Any] = {"inputs": text, "parameters": params}
+        body.update(extra or {})
+        reply = self.send("/generate_stream" if stream else "/generate", body, sent=sent, max_tokens=max_tokens,
+                          stream=stream, timeout_s=timeout_s)
+        if isinstance(reply, Completion):
+            return reply
+        if reply.status != 200:
+            message = error_message_of(reply.body) or f"HTTP {reply.status} without an error message"
+            return completion_from_error(sent, max_tokens, stream, reply, message, self.classify_error(message))
+        digest = hashlib.sha256(reply.body).hexdigest()
+        if stream:
+            final: dict[str, Any] = {}
+            pieces: list[str] = []
+            try:
+                for event in reply.events():
+                    if (message := error_in_event(event)) is not None:
+                        return completion_from_error(sent, max_tokens, True, reply, message, self.classify_error(message))
+                    token = event.get("token") if isinstance(event, dict) else None
+                    if isinstance(token, dict) and not token.get("special"):
+                        pieces.append(str(token.get("text") or ""))
+                    if isinstance(event, dict) and event.get("details") is not None:
+                        final = event
+            except EngineError as exc:
+                return Completion(sent, max_tokens, True, reply.status, reply.elapsed_s, transport_error=str(exc),
+                                  body_bytes=len(reply.body), body_sha256=digest)
+            details = final.get("details") or {}
+            prompt_tokens = details.get("input_length")
+            generated = str(final["generated_text"]) if final.get("generated_text") is not None else "".join(pieces)
+            ttft = reply.first_frame_s
+        else:
+            data = reply.json()
+            if isinstance(data, list):  # the compat route answers a list; /generate an object
+                data = data[0] if data else {}
+            details = data.get("details") or {}
+            prompt_tokens = _header_int(reply.headers.get("x-prompt-tokens"))
+            generated, ttft = str(data.get("generated_text") or ""), None
+        prompt_tokens = prompt_tokens if isinstance(prompt_tokens, int) else None
+        finish = details.get("finish_reason")
+        return Completion(
+            sent_tokens=sent, max_tokens=max_tokens, streamed=stream, status=reply.status, elapsed_s=reply.elapsed_s,
+            completion_tokens=details.get("generated_tokens"), prompt_tokens=prompt_tokens,
+            finish_reason=FINISH.get(finish, finish), truncated=None if prompt_tokens is None else prompt_tokens < sent,
+            body_bytes=len(reply.body), body_sha256=digest, ttft_s=ttft, text=generated,
+            timed_out=getattr(reply, "timed_out", False),
+        )
+
+    # -- text prompts of an exact length -------------------------------------------------------
+    def _tokenize(self, text: str) -> list[dict[str, Any]] | None:
+        """TGI's tokens for `text`; None when the body is over TGI's --payload-limit (HTTP 413)."""
+        reply = self.client.post(f"{self.url}/tokenize", {"inputs": text})
+        if reply.status == 413:
+            return None
+        if reply.status != 200:
+            why = error_message_of(reply.body) or f"HTTP {reply.status}"
+            raise EngineError(f"{self.url}/tokenize: {why}; kvpreflight needs TGI's tokenizer to build prompts of a known length")
+        tokens = reply.json()
+        if not isinstance(tokens, list) or not all(isinstance(t, dict) and isinstance(t.get("id"), int) for t in tokens):
+            raise EngineError(f"{self.url}/tokenize: no token list in the answer")
+        return tokens
+
+    def _plan(self, seed: str) -> _TextPlan:
+        if not seed:
+            raise EngineError("the probe text is empty")
+        size = len(seed.encode())  # TGI's offsets are byte offsets into the UTF-8 text
+        if size != len(seed):
+            raise EngineError("the probe text must be ASCII for TGI (its /tokenize offsets are bytes)")
+        tokens = self._tokenize(seed * 4)
+        if tokens is None:
+            raise EngineError(f"{self.url}/tokenize: HTTP 413 for a short text")
+        spans = [(t["id"], int(t.get("start", 0)), int(t.get("stop", 0))) for t in tokens]
+        lead = 0
+        while lead < len(spans) and spans[lead][1] == spans[lead][2]:
+            lead += 1
+        trail = 0
+        while trail < len(spans) - lead and spans[-1 - trail][1] == spans[-1 - trail][2]:
+            trail += 1
+        body = spans[lead: len(spans) - trail]
+        copies: list[list[tuple[int, int]]] = [[], [], [], []]
+        for token_id, start, stop in body:
+            # A token belongs to the copy its last byte is in (" word" takes the space before it).
+            copy = (stop - 1) // size
+            if start >= stop or copy > 3:
+                raise EngineError(f"{self.url}/tokenize: token offsets outside the probe text; "
+                                  "cannot build TGI prompts of an exact length from it")
+            copies[copy].append((token_id, stop - copy * size))
+        if not copies[0] or not copies[1] or copies[1] != copies[2]:
+            raise EngineError(f"{self.url}/tokenize: the repeated probe text does not tokenize the same way each time; "
+                              "cannot build TGI prompts of an exact length from it")
+        return _TextPlan(seed, tuple(t[0] for t in spans[:lead]), trail, tuple(copies[0]), tuple(copies[1]))
+
+    def _text_for(self, ids: list[int]) -> tuple[str, int | None]:
+        """The text of exactly len(ids) tokens as TGI counts them, and that count (None: unverified)."""
+        want = len(ids)
+        plan = next((p for p in self._plans.values() if p.ids(want) == list(ids)), None)
+        if plan is None:
+            raise EngineError("TGI takes text prompts: send only token ids this adapter's token_ids() produced")
+        fixed = len(plan.special_head) + plan.special_tail
+        content = want - fixed
+        if content < 1:
+            raise EngineError(f"a TGI prompt needs more than {fixed} tokens (its special tokens)")
+        counted: int | None = None
+        # A cut inside a word can tokenize differently at the very end of the text; then move the
+        # cut, and if the count jumps over the target, start the text a few tokens later too.
+        for skip in range(min(MAX_SKIP, len(plan.head) - 1) + 1):
+            tried: set[int] = set()
+            cut = content + skip
+            while cut > skip and cut not in tried and len(tried) < MAX_CALIBRATIONS:
+                tried.add(cut)
+                text = plan.text(cut, skip)
+                tokens = self._tokenize(text)
+                if tokens is None:  # over --payload-limit: /generate refuses it the same way (HTTP 413)
+                    return text, None
+                counted = len(tokens)
+                if counted == want:
+                    return text, counted
+                cut += want - counted
+        raise EngineError(f"{self.url}: could not build a text prompt of exactly {want:,} tokens "
+                          f"(TGI's /tokenize counted {counted:,} for the nearest one)")
+
+
+def parse_tgi_log(text: str) -> tuple[list[PoolReading], list[str]]:
+    readings: list[PoolReading] = []
+    notes: list[str] = []
+    for line in text.splitlines():
+        if m := ALLOCATOR_LINE.search(line):
+            readings.append(PoolReading("log: Setting max batch total tokens", Origin.ALLOCATOR, int(m["tokens"])))
+        if m := NOT_ENOUGH_MEMORY.search(line):
+            notes.append(f"engine log: not enough memory to handle max_total_tokens={m[1] or m[2]} (the warm-up refused it)")
+        if NOT_MEASURED in line:
+            notes.append("engine log: the model does not support automatic max batch total tokens, so the budget "
+                         "is --max-batch-total-tokens or a default, not measured from free memory")
+    return readings, notes
+
+
+def _header_int(value: str | None) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _info(url: str, client: HttpClient, *, required: bool) -> dict[str, Any] | None:
+    try:
+        reply = client.get(f"{url.rstrip('/')}/info", timeout_s=15)
+    except EngineError:
+        if required:
+            raise
+        return None
+    if reply.status == 200:
+        try:
+            data = reply.json()
+        except EngineError:
+            if required:
+                raise
+            return None
+        if isinstance(data, dict):
+            return data
+    if required:
+        raise EngineError(f"{url}: no TGI /info (HTTP {reply.status}; is this a text-generation-inference server?)")
+    return None
