@@ -158,7 +158,7 @@ def parse_inventory(data: Any, *, source: str = "<inventory>", base_dir: str | N
     if not isinstance(data, dict):
         raise p.error(None, f"expected a mapping with {', '.join(_TOP_KEYS)}, got {_kind(data)}")
     p.unknown_keys(data, _TOP_KEYS, None)
-    name = data.get("fleet", "fleet")
+    name = data.get("fleet", os.path.splitext(os.path.basename(source))[0] if _NAME.match(os.path.basename(source)) else "fleet")
     if not isinstance(name, str) or not _NAME.match(name):
         raise p.error("fleet", f"expected a name (letters, digits, '.', '-', '_'), got {_kind(name)}")
     defaults = data.get("defaults") or {}

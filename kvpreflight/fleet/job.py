@@ -17,7 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
@@ -69,8 +69,6 @@ def run_deployment(deployment: Deployment, settings: JobSettings) -> Outcome:
         outcome = not_measured(deployment.name, f"{'configuration error: ' if exc.exit_code == 2 else ''}{exc}")
     except Exception as exc:  # fail closed: a crash is "not measured", never a pass, never a lost row
         outcome = not_measured(deployment.name, f"internal error: {type(exc).__name__}: {exc}")
-    from dataclasses import replace
-
     return replace(outcome, host=host, elapsed_s=round(time.monotonic() - started, 3))
 
 

@@ -84,7 +84,14 @@ def not_passed(outcome: Outcome) -> list[tuple[str, str]]:
 def problems(outcome: Outcome) -> str:
     if outcome.statement is None:
         return outcome.reason or "not measured"
-    return ", ".join(cid if status == "fail" else f"{cid} (inconclusive)" for cid, status in not_passed(outcome)) or "-"
+    ids = ", ".join(cid if status == "fail" else f"{cid} (inconclusive)" for cid, status in not_passed(outcome)) or "-"
+    if outcome.verdict == "inconclusive":  # nothing failed: say why it could not be measured
+        why = next((c.get("message") for c in _predicate(outcome).get("checks") or []
+                    if isinstance(c, dict) and c.get("status") == "inconclusive"), None)
+        if why:
+            why = " ".join(str(why).split())
+            ids += f": {why[:160]}{'…' if len(why) > 160 else ''}"
+    return ids
 
 
 def where(outcome: Outcome) -> str:
