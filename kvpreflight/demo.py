@@ -20,6 +20,10 @@ from kvpreflight.errors import UsageError
 INCIDENT_POOL_RATIO = 0.65  # 681,280 / 1,048,576
 INCIDENT_FAULTS = ("reject-continues", "no-transfer-check")
 PAGE_SIZE = 16
+# The prefill->decode link is paced (ms before each 8-page batch), so a long prompt's KV takes a
+# few hundred ms to move, as over a real network; unpaced, a local copy is over before a client
+# disconnect can land mid-transfer, and the cancel-during-transfer probe could never see a leak.
+TRANSFER_DELAY_MS = 6
 
 
 @dataclass(frozen=True)
@@ -55,7 +59,8 @@ def demo_spec(settings: DemoSettings):
         return {
             "name": role, "role": role, "engine": "builtin", "port": "auto", "ready_timeout_s": 120, "env": env,
             "command": [sys.executable, "-m", "kvpreflight", "engine", "serve", "--role", role, "--host", "127.0.0.1",
-                        "--port", "{port}", "--context-length", str(ctx), "--pool-tokens", str(pool), "--enable-metrics"],
+                        "--port", "{port}", "--context-length", str(ctx), "--pool-tokens", str(pool), "--enable-metrics",
+                        *(["--transfer-delay-ms", str(TRANSFER_DELAY_MS)] if role == "prefill" else [])],
         }
 
     data = {

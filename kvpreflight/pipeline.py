@@ -19,6 +19,7 @@ from kvpreflight.engines import EngineError, HttpClient, adapter_class, open_ada
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import CheckResult, EngineSnapshot, Report, Role, Status, Waiver
 from kvpreflight.probes.capacity import CapacityProber, ProbeRun, ProbeSettings
+from kvpreflight.probes.isolation import IsolationRun, IsolationSettings, run_isolation
 
 PROBE_CHECKS = {"overcapacity-rejected", "prompt-integrity", "max-tokens-clamp", "concurrent-capacity", "engine-healthy-after"}
 
@@ -47,6 +48,12 @@ class CheckOptions:
     advisory_dirs: tuple[Path, ...] = ()
     known_markers: frozenset[str] = frozenset()
     gpus: tuple[Mapping, ...] = ()
+    # Two-tenant probes: per-tenant headers (API key, tenant header) for tenants a and b; when
+    # either is set the deployment binds tenants itself and no cache_salt is added.
+    tenant_headers: tuple[Mapping[str, str], Mapping[str, str]] = ({}, {})
+    tenant_binding: str | None = None  # how the deployment tells tenants apart (None: cache_salt)
+    allow_disruptive: bool = False
+    booted: bool = False  # boot mode / demo: kvpreflight started the engines itself
 
 
 def _now() -> str:
@@ -83,7 +90,9 @@ def run_check(options: CheckOptions, progress: Callable[[str], None] = lambda _:
         per_group_ids = [c for c in CHECK_IDS if c != "pd-consistency"]
         for entry_url, group in _groups(options, snapshots):
             run = _probe(options, entry_url, group, adapters, settings, client, progress, bool(unreadable))
-            ctx = CheckContext(tuple(group), thresholds, options.context_length, run, entry_url, advisories)
+            isolation = _isolate(options, entry_url, group, adapters, settings, client, progress, run)
+            ctx = CheckContext(tuple(group), thresholds, options.context_length, run, entry_url, advisories,
+                               isolation=isolation)
             results.extend(run_checks(ctx, per_group_ids, options.waivers))
         if snapshots:
             ctx = CheckContext(tuple(snapshots), thresholds, options.context_length, None, options.entry, advisories,
@@ -125,6 +134,32 @@ def _probe(options: CheckOptions, entry_url: str | None, group: list[EngineSnaps
         return CapacityProber(entry, engines, group, settings, progress).run()
     except EngineError as exc:
         return ProbeRun(None, not_run=f"probes could not run: {exc}")
+
+
+def _isolate(options: CheckOptions, entry_url: str | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
+             settings: ProbeSettings, client: HttpClient, progress: Callable[[str], None], run: ProbeRun | None) -> IsolationRun | None:
+    """The two-tenant probes, after the capacity probes and through the same entry."""
+    if run is None:
+        return None  # --capacity-only: the checks say so
+    if run.not_run or run.limits is None or entry_url is None:
+        return IsolationRun(not_run=run.not_run or "the capacity limits are unknown, so no isolation probe size can be derived",
+                            not_run_status=run.not_run_status)
+    entry = adapters.get(entry_url) or adapter_class(group[0].engine)(entry_url, client)
+    if getattr(entry, "model_name", "") is None:
+        entry.model_name = group[0].model  # type: ignore[attr-defined]
+    kinds = sorted({s.engine for s in group})
+    iso_settings = IsolationSettings(
+        timeout_s=options.timeout_s, accepted_tokens_per_second=settings.accepted_tokens_per_second,
+        churn_allowed=options.allow_disruptive or options.booted or kinds == ["builtin"],
+        churn_not_allowed_reason=(f"disruptive (client disconnects, load near the pool) against a live {', '.join(kinds)} "
+                                  "deployment; pass --allow-disruptive to run it (it runs by default with --boot, "
+                                  "the demo and builtin engines)"),
+        binding=options.tenant_binding or "a cache_salt per tenant",
+        known_markers=frozenset(settings.known_markers | run.own_markers), ca_bundle=options.ca_bundle,
+    )
+    engines = {s.url: adapters[s.url] for s in group if s.url in adapters}
+    return run_isolation(entry, engines, group, run.limits, iso_settings, options.headers, options.tenant_headers,
+                         salted=options.tenant_binding is None, progress=progress)
 
 
 def _read_log(path: Path | None) -> str | None:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks import CheckContext, run_checks
+from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
 from kvpreflight.commands.options import tenant_headers
 from kvpreflight.engines.interface import ERROR_LENGTH, Completion
 from kvpreflight.errors import UsageError
@@ -109,9 +109,9 @@ def test_one_tenant_echoing_is_not_enough():
 def test_churn_scenarios_skipped_with_the_reason_but_the_rest_still_judged():
     reason = "disruptive against a live vllm deployment; pass --allow-disruptive to run it"
     skipped = Scenario("cancel-transfer", "test", skipped=reason, churn=True)
-    r = one("tenant-isolation", iso(scenario("normal"), skipped))
+    r = one("tenant-isolation", iso(scenario("normal"), skipped, Scenario("load", "test", skipped=reason, churn=True)))
     assert r.status is Status.PASS
-    assert f"cancel-transfer: not run ({reason})" in r.message
+    assert f"cancel-transfer, load: not run ({reason})" in r.message
     assert {"scenario": "cancel-transfer", "purpose": "test", "skipped": reason} in r.evidence["scenarios"]
 
 
@@ -165,6 +165,7 @@ def test_same_salt_hit_and_other_salt_miss_passes_with_ttft_figures():
     assert r.status is Status.PASS
     assert "3 of 3" in r.message and "0 of 3" in r.message and "cold 80.0 ms, warm 20.0 ms, cross-tenant 78.0 ms" in r.message
     assert r.evidence["ttft_median_s"] == {"cold": 0.08, "warm": 0.02, "cross": 0.078}
+    assert [p["cached_tokens"] for p in r.evidence["probes"][:4]] == [0, 1008, 1008, 0]  # a zero is evidence too
 
 
 def test_cross_tenant_hit_fails():
@@ -254,3 +255,5 @@ def test_request_shape_is_the_adapters_own_request_without_sending():
     v.model_name = "tiny"
     url, body = request_shape(v, [7], max_tokens=2, stream=True, extra=None)
     assert url == "http://v:2/v1/completions" and body["model"] == "tiny" and body["prompt"] == [7]
+def test_isolation_checks_are_registered_in_report_order():
+    assert CHECK_IDS.index("engine-healthy-after") < CHECK_IDS.index("tenant-isolation") < CHECK_IDS.index("prefix-cache-isolation")

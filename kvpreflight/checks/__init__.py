@@ -16,6 +16,8 @@ CHECK_IDS = (
     "max-tokens-clamp",
     "concurrent-capacity",
     "engine-healthy-after",
+    "tenant-isolation",
+    "prefix-cache-isolation",
     "pd-consistency",
     "engine-advisories",
 )

@@ -32,7 +32,8 @@ def _hit(p: CacheProbe) -> bool | None:
 
 
 def _probe_ev(p: CacheProbe) -> dict:
-    ev = {"kind": p.kind, "tenant": p.tenant, "prefix": p.prefix, "ttft_s": round(p.ttft_s, 4), **p.completion.evidence()}
+    ev = {"kind": p.kind, "tenant": p.tenant, "prefix": p.prefix, "ttft_s": round(p.ttft_s, 4), **p.completion.evidence(),
+          "cached_tokens": p.completion.cached_tokens}  # 0 is a finding here; None: not reported
     if p.hit_metric_delta is not None:
         ev["hit_metric_delta"] = p.hit_metric_delta
     return ev

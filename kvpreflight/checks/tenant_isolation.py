@@ -76,12 +76,15 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         return [CheckResult(ID, Status.FAIL, "canary crossed tenants: " + "; ".join(lines), ctx.entry,
                             {**evidence, "crossings": [{"scenario": s.name, **request_evidence(r)} for s, r in crossed]})]
     results = []
+    silent = []
     for tenant in ("a", "b"):
         served = [r for r in requests if r.tenant == tenant and r.served]
         if served and not any(r.own_seen for r in served):
-            results.append((Status.INCONCLUSIVE,
-                            f"model does not echo: none of tenant {tenant.upper()}'s {len(served)} served answers repeated "
-                            "its own canary, so a missing foreign canary proves nothing"))
+            silent.append(f"tenant {tenant.upper()}'s {len(served)}")
+    if silent:
+        results.append((Status.INCONCLUSIVE,
+                        f"model does not echo: none of {' or '.join(silent)} served answers repeated the tenant's own "
+                        "canary, so a missing foreign canary proves nothing"))
     if not requests or not any(r.served for r in requests):
         results.append((Status.INCONCLUSIVE, "no tenant request was served, nothing was scanned"))
     unhealthy = sorted(u for u, ok in run.healthy_after.items() if not ok)
@@ -94,7 +97,11 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         results.append(scenario_verdict(s))
     judged = [(st, m) for st, m in results if st is not Status.SKIP]
     worst = worst_status(st for st, _ in judged) if judged else Status.INCONCLUSIVE
-    skipped = [m for st, m in results if st is Status.SKIP]
+    reasons: dict[str, list[str]] = {}
+    for s in run.scenarios:
+        if s.skipped:
+            reasons.setdefault(s.skipped, []).append(s.name)
+    skipped = [f"{', '.join(names)}: not run ({why})" for why, names in reasons.items()]
     if worst is Status.PASS:
         ran = [s.name for s in run.scenarios if not s.skipped]
         message = (f"no canary crossed in {len(requests)} requests over {len(ran)} scenarios ({', '.join(ran)}); "

@@ -23,6 +23,10 @@ def register(app: typer.Typer) -> None:
         header: Optional[List[str]] = typer.Option(None, "--header", help="Extra request header 'Name: value'. Repeatable."),
         ca_bundle: Optional[Path] = typer.Option(None, "--ca-bundle", help="CA bundle for engines behind TLS with a private CA."),
         capacity_only: bool = typer.Option(False, "--capacity-only", help="Read-only: send no request (production endpoints under a change freeze)."),
+        tenant_a_key_env: Optional[str] = typer.Option(None, "--tenant-a-key-env", help="Environment variable holding synthetic tenant A's API key (isolation probes)."),
+        tenant_b_key_env: Optional[str] = typer.Option(None, "--tenant-b-key-env", help="Environment variable holding synthetic tenant B's API key (isolation probes)."),
+        tenant_header: Optional[str] = typer.Option(None, "--tenant-header", help="Header NAME the deployment reads the tenant from; tenants send NAME: a and NAME: b."),
+        allow_disruptive: bool = typer.Option(False, "--allow-disruptive", help="Also run the isolation scenarios that churn the engine (client disconnects, load near the pool) against a live deployment."),
         skip: Optional[List[str]] = typer.Option(None, "--skip", help="Waive a check id; needs a matching --reason. Repeatable."),
         reason: Optional[List[str]] = typer.Option(None, "--reason", help="Why the matching --skip is waived (kept in the report and record)."),
         fmt: Optional[str] = typer.Option(None, "--format", help="table|json|junit|sarif|github|markdown (default: table)."),
@@ -47,7 +51,8 @@ def register(app: typer.Typer) -> None:
             ca_bundle=ca_bundle, capacity_only=capacity_only, skips=tuple(skip or ()), reasons=tuple(reason or ()),
             fmt=fmt, output=output, timeout=timeout, concurrency=concurrency, accepted_tps=accepted_tps,
             advisories=tuple(advisories or ()), record=record, sign_key=sign_key, subjects=tuple(subject or ()),
-            unsigned=unsigned,
+            unsigned=unsigned, tenant_a_key_env=tenant_a_key_env, tenant_b_key_env=tenant_b_key_env,
+            tenant_header=tenant_header, allow_disruptive=allow_disruptive,
         )
         if boot is None:
             if log_dir is not None:

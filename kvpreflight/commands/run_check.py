@@ -38,7 +38,12 @@ class CheckRequest:
     sign_key: str | None = None
     subjects: tuple[str, ...] = ()
     unsigned: bool = False
+    tenant_a_key_env: str | None = None
+    tenant_b_key_env: str | None = None
+    tenant_header: str | None = None
+    allow_disruptive: bool = False
     # Filled by demo / boot mode, not by users:
+    booted: bool = False
     log_paths: Mapping[str, Path] = field(default_factory=dict)
     known_markers: frozenset[str] = frozenset()
     extra_files_read: tuple[Path, ...] = ()
@@ -86,6 +91,7 @@ def prepare(request: CheckRequest):
     if key:
         headers["Authorization"] = f"Bearer {key}"
     waivers = opt.parse_waivers(request.skips, request.reasons, CHECK_IDS)
+    tenant_headers, tenant_binding = opt.tenant_headers(request.tenant_a_key_env, request.tenant_b_key_env, request.tenant_header)
 
     signer = subjects = None
     if request.record is not None:
@@ -103,6 +109,8 @@ def prepare(request: CheckRequest):
         waivers=waivers, timeout_s=request.timeout, concurrency=request.concurrency,
         accepted_tokens_per_second=request.accepted_tps, advisory_dirs=request.advisories,
         known_markers=request.known_markers, gpus=request.gpus,
+        tenant_headers=tenant_headers, tenant_binding=tenant_binding,
+        allow_disruptive=request.allow_disruptive, booted=request.booted,
     )
     return options, (signer, subjects)
 
@@ -159,5 +167,6 @@ def execute_booted(spec, request: CheckRequest, *, log_dir: Path, before_check: 
             log_paths={e.url.rstrip("/"): Path(e.log_path) for e in deployment.workers},
             extra_files_read=request.extra_files_read + ((Path(spec.source),) if Path(spec.source).is_file() else ()),
             gpus=deployment.gpu_records(),
+            booted=True,
         )
         return execute(booted, on_report=on_report)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import http.client
 import json
+import secrets
 import socket
 import ssl
 import statistics
@@ -40,9 +41,10 @@ SCAN_MAX_TOKENS = 256  # answers long enough to reach past a lost first transfer
 CANCEL_DECODE_MAX_TOKENS = 512
 CACHE_PREFIXES = 3  # fresh shared prefixes for the prefix-cache controls (medians of TTFT)
 MAX_LOAD_REQUESTS = 8
-IDLE_WAIT_S = 20.0  # a cancelled bootstrap may hold pages ~10 s on SGLang-like engines
+IDLE_WAIT_S = 12.0  # a cancelled bootstrap may hold pages ~10 s on SGLang-like engines
 CANCEL_PROPAGATION_S = 0.06  # router and decode notice a closed socket within ~40 ms
-TRANSFER_START_WAIT_S = 5.0
+TRANSFER_START_WAIT_S = 2.0  # then leave anyway (the scenario is reported unconfirmed)
+UNIFIED_CANCEL_AFTER_S = 0.02
 # Metric names read for lifecycle and cache evidence (engines.md; the builtin engine's own names).
 TRANSFER_FAILED = ("sglang:num_transfer_failed_reqs_total",)
 BOOTSTRAP_FAILED = ("sglang:num_bootstrap_failed_reqs_total",)
@@ -196,6 +198,7 @@ class IsolationProber:
         self.progress = progress
         self.canaries = {name: new_marker(f"TENANT{name.upper()}") for name in TENANTS}
         self._ids: dict[str, list[int]] = {}
+        self._stuck: dict[str, float] = {}  # url -> tokens an engine still held after a bounded wait
         ctx = limits.served_context
         self.gen = max(16, min(SCAN_MAX_TOKENS, ctx // 4))
         # The longest scanned prompt: within the stated limits, with room for the answer.
@@ -208,8 +211,8 @@ class IsolationProber:
         for name in TENANTS:
             canary = self.canaries[name]
             # The canary back to back: an echoing model repeats it from any offset.
-            self._ids[name] = self.tenants[name].adapter.token_ids(self.longest + 2 * self.gen + self.limits.served_context,
-                                                                   f"{canary} ")
+            self._ids[name] = self._token_ids(self.tenants[name].adapter, self.longest + 2 * self.gen + self.limits.served_context,
+                                              f"{canary} ")
         scenarios = [self._normal(), self._boundary(), self._over_capacity()]
         for name, fn in (("cancel-transfer", self._cancel_transfer), ("cancel-decode", self._cancel_decode),
                          ("load", self._load)):
@@ -416,7 +419,10 @@ class IsolationProber:
         how = None
         try:
             conn.request("POST", path, body=json.dumps(body), headers=headers)
-            if after == "transfer":
+            if after == "transfer" and not decoders:
+                time.sleep(UNIFIED_CANCEL_AFTER_S)  # a unified engine shows no transfer: leave during prefill
+                how = f"{UNIFIED_CANCEL_AFTER_S * 1000:.0f} ms after sending (during prefill)"
+            elif after == "transfer":
                 deadline = time.monotonic() + TRANSFER_START_WAIT_S
                 while time.monotonic() < deadline:
                     moved = [u for u in watch if (v := self._used(u)) is not None and v > (baseline[u] or 0)]
@@ -466,10 +472,10 @@ class IsolationProber:
         before = self._lifecycle()
         probes: list[CacheProbe] = []
         a, b = self.tenants["a"], self.tenants["b"]
-        warmup = a.adapter.token_ids(tokens, f"{new_marker('WARMUP')} ")
+        warmup = self._token_ids(a.adapter, tokens, f"{new_marker('WARMUP')} ")
         a.adapter.complete(warmup, max_tokens=1, stream=True, timeout_s=self._budget(tokens, "accept"), extra=self._extra("a"))
         for k in range(CACHE_PREFIXES):
-            ids = a.adapter.token_ids(tokens, f"{new_marker('SHARED')} ")  # fresh: nobody has it cached
+            ids = self._token_ids(a.adapter, tokens, f"{new_marker('SHARED')} ")  # fresh: nobody has it cached
             for kind, tenant in (("cold", a), ("warm", a), ("warm", a), ("cross", b)):
                 hits_before = self._metric_total(CACHE_HITS)
                 c = tenant.adapter.complete(ids, max_tokens=1, stream=True, timeout_s=self._budget(tokens, "accept"),
@@ -491,6 +497,19 @@ class IsolationProber:
             if s.settings.get("disable_radix_cache") is True:
                 return f"{s.url}: disable_radix_cache is set"
         return None
+
+    def _token_ids(self, adapter: EngineAdapter, count: int, seed: str) -> list[int]:
+        """Valid ids from the entry's tokenizer, else from an engine behind it (a router
+        without a tokenizer), as the capacity probes do."""
+        try:
+            return adapter.token_ids(count, seed)
+        except EngineError as first:
+            for engine in self.engines.values():
+                try:
+                    return engine.token_ids(count, seed)
+                except EngineError:
+                    continue
+            raise first
 
     # -- engine state --------------------------------------------------------------------------
     def _used(self, url: str) -> float | None:
@@ -528,6 +547,8 @@ class IsolationProber:
         return out
 
     def _wait_idle(self) -> dict[str, bool | None]:
+        """Wait (bounded) until every engine's used-token gauge is back to 0. An engine already
+        found stuck is not waited for again while it holds no more than it did then."""
         idle: dict[str, bool | None] = {}
         pending = set(self.engines)
         deadline = time.monotonic() + IDLE_WAIT_S
@@ -535,11 +556,16 @@ class IsolationProber:
             for url in list(pending):
                 used = self._used(url)
                 idle[url] = None if used is None else used == 0
-                if idle[url] is not False:
+                if idle[url] is not False or (used is not None and used <= self._stuck.get(url, -1)):
                     pending.discard(url)
             if not pending or time.monotonic() > deadline:
-                return idle
+                break
             time.sleep(0.1)
+        for url in pending:
+            used = self._used(url)
+            if used:
+                self._stuck[url] = used
+        return idle
 
 
 _PURPOSES = {
@@ -556,6 +582,34 @@ def _with(s: Scenario, **changes: Any) -> Scenario:
     from dataclasses import replace
 
     return replace(s, **changes)
+
+
+def run_isolation(entry: EngineAdapter, engines: Mapping[str, EngineAdapter], snapshots: Sequence[EngineSnapshot],
+                  limits: Limits, settings: IsolationSettings, base_headers: Mapping[str, str],
+                  tenant_headers: Sequence[Mapping[str, str]], *, salted: bool,
+                  progress: Callable[[str], None] = lambda _: None) -> IsolationRun:
+    """Build tenants A and B (each its own connection and credentials, the entry's request shape,
+    a fresh cache_salt unless the deployment binds tenants itself) and run the probes."""
+    from kvpreflight.engines.http import HttpClient
+
+    clients: list[HttpClient] = []
+    try:
+        tenants = []
+        for name, extra in zip(TENANTS, tenant_headers):
+            headers = {**base_headers, **extra}
+            client = HttpClient(headers=headers, ca_bundle=settings.ca_bundle, timeout_s=settings.timeout_s)
+            clients.append(client)
+            adapter = type(entry).__new__(type(entry))
+            adapter.__dict__.update(entry.__dict__)
+            adapter.client = client
+            salt = f"kvpreflight-tenant-{name}-{secrets.token_hex(8)}" if salted else None
+            tenants.append(Tenant(name, adapter, headers, salt))
+        return IsolationProber(tenants, engines, snapshots, limits, settings, progress).run()
+    except EngineError as exc:
+        return IsolationRun(not_run=f"isolation probes could not run: {exc}")
+    finally:
+        for client in clients:
+            client.close()
 
 
 def ttft_summary(cache: PrefixCacheRun) -> dict[str, float] | None:
