@@ -255,5 +255,7 @@ def test_request_shape_is_the_adapters_own_request_without_sending():
     v.model_name = "tiny"
     url, body = request_shape(v, [7], max_tokens=2, stream=True, extra=None)
     assert url == "http://v:2/v1/completions" and body["model"] == "tiny" and body["prompt"] == [7]
+
+
 def test_isolation_checks_are_registered_in_report_order():
     assert CHECK_IDS.index("engine-healthy-after") < CHECK_IDS.index("tenant-isolation") < CHECK_IDS.index("prefix-cache-isolation")
