@@ -14,7 +14,7 @@ def register(app: typer.Typer) -> None:
     def check(
         endpoint: Optional[List[str]] = typer.Option(None, "--endpoint", help="Engine URL, or ROLE=URL (prefill, decode, unified) to override the role it reports. Repeatable."),
         entry: Optional[str] = typer.Option(None, "--entry", help="Client-facing URL (router, load balancer, gateway) where probes are sent. Default: each unified endpoint itself."),
-        engine: str = typer.Option("auto", "--engine", help="auto|sglang|vllm|llamacpp|builtin"),
+        engine: str = typer.Option("auto", "--engine", help="auto|sglang|vllm|llamacpp|tgi|builtin"),
         model: Optional[str] = typer.Option(None, "--model", help="Model name the engines must serve (and the OpenAI `model` field)."),
         context_length: Optional[int] = typer.Option(None, "--context-length", help="Context length promised to users. Default: what the engine serves. The larger is checked."),
         log: Optional[List[str]] = typer.Option(None, "--log", help="URL=PATH of an engine's start-up log (an independent capacity source). Repeatable."),

@@ -41,7 +41,7 @@ def open_adapter(url: str, client: HttpClient, kind: str = "auto") -> EngineAdap
             return cls(url, client)
     raise EngineError(
         f"{url}: not recognised as any of {', '.join(ENGINES)} (no SGLang /server_info, vLLM /version, "
-        "llama.cpp /props); pass --engine KIND if it is one of them"
+        "llama.cpp /props, TGI /info); pass --engine KIND if it is one of them"
     )
 
 
