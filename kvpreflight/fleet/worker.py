@@ -41,17 +41,25 @@ def _spec(job: dict):
     return parse_spec(yaml.safe_load(target["spec_text"]), source=path, base_dir=os.path.dirname(path))
 
 
-def _start_reaper() -> None:
+def _start_reaper():
     """A watcher in its own session that stops our engines if this process is SIGKILLed."""
     import subprocess
 
-    subprocess.Popen([sys.executable, "-m", "kvpreflight.fleet.reaper", str(os.getpid())], start_new_session=True,
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sys.stderr, close_fds=True)
+    return subprocess.Popen([sys.executable, "-m", "kvpreflight.fleet.reaper", str(os.getpid())], start_new_session=True,
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sys.stderr, close_fds=True)
 
 
 def main() -> int:
     _die_with_parent()
-    _start_reaper()
+    reaper = _start_reaper()
+    try:
+        return _run()
+    finally:  # our engines are stopped by now; the watcher is not needed (and must not outlive us)
+        reaper.terminate()
+        reaper.wait()
+
+
+def _run() -> int:
     from kvpreflight.commands._run import error
     from kvpreflight.commands.run_check import CheckRequest, execute_booted
     from kvpreflight.errors import KvpreflightError
