@@ -7,6 +7,7 @@ the records verify, and no process is left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -19,6 +20,7 @@ import pytest
 
 from record_support import KVPREFLIGHT, make_keys, run_cli
 from test_demo import processes_tagged
+from test_fleet_local import silent_server
 
 pytestmark = pytest.mark.slow
 
@@ -50,6 +52,11 @@ def wait_until(predicate, timeout_s: float, step: float = 0.5):
 
 
 def test_fleet_on_ray_places_deployments_reports_a_dead_node_and_leaves_nothing(tmp_path, monkeypatch):
+    with contextlib.ExitStack() as stack:
+        run_fleet_on_ray(tmp_path, monkeypatch, stack)
+
+
+def run_fleet_on_ray(tmp_path, monkeypatch, stack):
     try:
         from ray.cluster_utils import Cluster
     except ImportError:
@@ -64,16 +71,18 @@ def test_fleet_on_ray_places_deployments_reports_a_dead_node_and_leaves_nothing(
     # The two-tenant probes are test_demo's subject; here placement, verdicts and node loss are.
     waive = [{"id": c, "reason": "isolation is covered by test_demo"} for c in ("tenant-isolation", "prefix-cache-isolation")]
     inventory = tmp_path / "fleet.yaml"
+    hanging = stack.enter_context(silent_server())  # accepts, never answers
     inventory.write_text(json.dumps({"fleet": "ray-test", "defaults": {"timeout_s": 420}, "deployments": [
         {"name": "good", "node": "node-a", "builtin": builtin, "skip": waive},
         {"name": "faulty", "node": "node-b", "builtin": {**builtin, "pool_ratio": 0.65}},
         {"name": "doomed", "node": "node-c", "builtin": builtin},
         {"name": "nowhere", "node": "node-z", "builtin": builtin},
+        {"name": "stuck", "timeout_s": 2, "attach": {"endpoints": [hanging], "timeout": 120}},  # any node
     ]}))
 
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 0, "object_store_memory": 80 * MB, "include_dashboard": False})
     try:
-        nodes = {name: cluster.add_node(num_cpus=1, resources={name: 1}, object_store_memory=80 * MB)
+        nodes = {name: cluster.add_node(num_cpus=2, resources={name: 1}, object_store_memory=80 * MB)
                  for name in ("node-a", "node-b", "node-c")}
         cluster.wait_for_nodes()
         proc = subprocess.Popen(
@@ -102,7 +111,7 @@ def test_fleet_on_ray_places_deployments_reports_a_dead_node_and_leaves_nothing(
         assert proc.returncode == 1, err[-3000:]  # one deployment failed: the fleet fails
         report = json.loads((tmp_path / "fleet.json").read_text())
         rows = {d["name"]: d for d in report["deployments"]}
-        assert list(rows) == ["good", "faulty", "doomed", "nowhere"]
+        assert list(rows) == ["good", "faulty", "doomed", "nowhere", "stuck"]
 
         assert rows["good"]["verdict"] == "pass", rows["good"]
         assert rows["good"]["node"] == nodes["node-a"].node_id  # placed where the inventory said
@@ -117,10 +126,13 @@ def test_fleet_on_ray_places_deployments_reports_a_dead_node_and_leaves_nothing(
         assert reported - killed_at < 90, "a dead node must be reported within a deadline, not retried"
         assert rows["nowhere"]["verdict"] == "inconclusive"
         assert "no Ray node offers resource 'node-z'" in rows["nowhere"]["reason"]
+        assert rows["stuck"]["verdict"] == "inconclusive"
+        assert "did not finish within its deadline of 7s (timeout_s); the Ray task was cancelled" in rows["stuck"]["reason"]
 
         # records: one per deployment and the fleet record naming them; deep verification passes
         names = sorted(p.name for p in (tmp_path / "records").iterdir())
-        assert names == ["doomed.dsse.json", "faulty.dsse.json", "fleet.dsse.json", "good.dsse.json", "nowhere.dsse.json"]
+        assert names == ["doomed.dsse.json", "faulty.dsse.json", "fleet.dsse.json", "good.dsse.json", "nowhere.dsse.json",
+                         "stuck.dsse.json"]
         deep = run_cli("verify", tmp_path / "records" / "fleet.dsse.json", "--key", public, "--any-subject",
                        "--allow-fail", "--deep", tmp_path / "records")
         assert deep.returncode == 0, deep.stderr
