@@ -204,7 +204,7 @@ def test_a_passing_fleet_verifies_deep_and_a_subject_missing_from_a_deployment_r
     assert sorted(Path(p).name for p in written.values()) == ["eu.dsse.json", "us.dsse.json"]
     ok = run_cli("verify", out / "fleet.dsse.json", "--key", public, "--subject", str(image), "--deep", out)
     assert ok.returncode == 0, ok.stderr
-    assert "verdict    pass" in ok.stdout and "eu: pass (eu.dsse.json)" in ok.stdout
+    assert "verdict    pass" in ok.stdout and "  fleet      eu: pass (eu.dsse.json)" in ok.stdout
     other = run_cli("verify", out / "fleet.dsse.json", "--key", public, "--subject", "model=sha256:" + "01" * 32, "--deep", out)
     assert other.returncode == 1 and "subject model is not in the record" in other.stderr
 

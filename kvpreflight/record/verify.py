@@ -193,7 +193,7 @@ def summary(record: VerifiedRecord, *, path: str, now: datetime | None = None) -
         lines.append(f"  {'engines' if i == 0 else '':<10} {' '.join(desc.split())}")
     for i, d in enumerate(p.get("deployments") or [] if record.is_fleet else []):
         if isinstance(d, dict):
-            lines.append(f"  {'deployments' if i == 0 else '':<10} {d.get('name')}: {d.get('verdict')} ({d.get('record')})")
+            lines.append(f"  {'fleet' if i == 0 else '':<10} {d.get('name')}: {d.get('verdict')} ({d.get('record')})")
     if not p.get("engines") and not record.is_fleet:
         lines.append("  engines    none recorded")
     return "\n".join(lines) + "\n"
