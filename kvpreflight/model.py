@@ -61,7 +61,6 @@ class EngineSnapshot:
     served_context: int | None  # what the engine serves (/v1/models max_model_len ...)
     pool_readings: tuple[PoolReading, ...] = ()
     page_size: int | None = None
-    vocab_size: int | None = None
     max_request_tokens: int | None = None  # the engine's own per-request input limit, if stated
     settings: Mapping[str, Any] = field(default_factory=dict)  # allow_auto_truncate, transfer backend, ...
     notes: tuple[str, ...] = ()  # what could not be read, and why

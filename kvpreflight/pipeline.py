@@ -89,7 +89,7 @@ def run_check(options: CheckOptions, progress: Callable[[str], None] = lambda _:
         results: list[CheckResult] = list(unreadable)
         per_group_ids = [c for c in CHECK_IDS if c != "pd-consistency"]
         for entry_url, group in _groups(options, snapshots):
-            run = _probe(options, entry_url, group, adapters, settings, client, progress, bool(unreadable))
+            run = _probe(options, entry_url, group, adapters, settings, client, progress)
             isolation = _isolate(options, entry_url, group, adapters, settings, client, progress, run)
             ctx = CheckContext(tuple(group), thresholds, options.context_length, run, entry_url, advisories,
                                isolation=isolation)
@@ -115,7 +115,7 @@ def _groups(options: CheckOptions, snapshots: Sequence[EngineSnapshot]) -> list[
 
 
 def _probe(options: CheckOptions, entry_url: str | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
-           settings: ProbeSettings, client: HttpClient, progress: Callable[[str], None], some_unreadable: bool) -> ProbeRun | None:
+           settings: ProbeSettings, client: HttpClient, progress: Callable[[str], None]) -> ProbeRun | None:
     if options.capacity_only:
         return None
     if entry_url is None:

@@ -33,8 +33,7 @@ def probes_missing(ctx: CheckContext, check_id: str, endpoint: str | None = None
     if ctx.probes is None:
         return CheckResult(check_id, Status.SKIP, "--capacity-only: no request was sent (read-only mode)", endpoint)
     if ctx.probes.not_run:
-        status = Status.SKIP if ctx.probes.not_run_status == "skip" else Status.INCONCLUSIVE
-        return CheckResult(check_id, status, ctx.probes.not_run, endpoint)
+        return CheckResult(check_id, Status.INCONCLUSIVE, ctx.probes.not_run, endpoint)
     return None
 
 

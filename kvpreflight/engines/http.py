@@ -13,7 +13,6 @@ import re
 import time
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
-from urllib.parse import urlsplit
 
 import requests
 
@@ -180,7 +179,3 @@ def _reason(exc: Exception) -> str:
         return errno.group(1).strip()
     return " ".join(text.split())[:200]
 
-
-def same_origin(a: str, b: str) -> bool:
-    pa, pb = urlsplit(a), urlsplit(b)
-    return (pa.scheme, pa.hostname, pa.port) == (pb.scheme, pb.hostname, pb.port)

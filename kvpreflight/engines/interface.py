@@ -166,10 +166,7 @@ class EngineAdapter(abc.ABC):
 
         None when the engine serves no metrics (404); malformed text is an EngineError.
         """
-        try:
-            reply = self.client.get(f"{self.url}/metrics", timeout_s=15)
-        except EngineTimeout:
-            raise
+        reply = self.client.get(f"{self.url}/metrics", timeout_s=15)
         if reply.status == 404:
             return None
         if reply.status != 200:

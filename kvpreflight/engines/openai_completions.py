@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+from dataclasses import replace
 from typing import Any, Mapping
 
 from kvpreflight.engines.interface import (
@@ -63,8 +64,6 @@ class OpenAICompletionsMixin(EngineAdapter):
         result = self._completion(sent, max_tokens, True, reply.status, reply.elapsed_s, reply.body, digest,
                                   merged, "".join(text), reply.first_frame_s)
         if reply.timed_out:
-            from dataclasses import replace
-
             return replace(result, timed_out=True)
         return result
 

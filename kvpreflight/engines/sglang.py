@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import replace
 import re
 from typing import Any, Mapping
 
@@ -199,7 +200,7 @@ class SglangAdapter(EngineAdapter):
             return completion_from_error(sent, max_tokens, True, reply, message, self.classify_error(message))
         completion = self._from_result(sent, max_tokens, True, reply.status, reply.elapsed_s, reply.body, last or {}, ttft)
         if reply.timed_out:
-            return _replace(completion, timed_out=True)
+            return replace(completion, timed_out=True)
         return completion
 
     def _from_result(self, sent: int, max_tokens: int, stream: bool, status: int, elapsed: float,
@@ -221,12 +222,6 @@ class SglangAdapter(EngineAdapter):
             body_bytes=len(body), body_sha256=hashlib.sha256(body).hexdigest(), ttft_s=ttft,
             text=str(data.get("text") or ""),
         )
-
-
-def _replace(c: Completion, **changes: Any) -> Completion:
-    from dataclasses import replace
-
-    return replace(c, **changes)
 
 
 def parse_sglang_log(text: str) -> tuple[list[PoolReading], list[str]]:

@@ -14,7 +14,7 @@ from typing import Callable, Mapping, Sequence
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.interface import Completion, Counters, EngineAdapter
-from kvpreflight.model import EngineSnapshot, Role
+from kvpreflight.model import EngineSnapshot
 from kvpreflight.probes.markers import foreign_markers, new_marker
 
 # Enough generated tokens that, if an over-capacity request is wrongly served from stale pages,
@@ -55,11 +55,9 @@ class ProbeRun:
     limits: Limits | None
     probes: tuple[ProbeResult, ...] = ()
     not_run: str | None = None  # why no probe was sent (then every probe check is inconclusive/skip)
-    not_run_status: str = "inconclusive"  # or "skip" (--capacity-only)
     healthy_after: Mapping[str, bool] = field(default_factory=dict)
     idle_after: Mapping[str, bool | None] = field(default_factory=dict)
     small_request_after: Completion | None = None
-    own_markers: frozenset[str] = frozenset()
 
     def get(self, name: str) -> ProbeResult | None:
         return next((p for p in self.probes if p.name == name), None)
@@ -138,8 +136,7 @@ class CapacityProber:
         # Near the limit, but leaving room for the 4 generated tokens so no engine has to cut them.
         probes.extend(self._concurrent(ids[: max(1, m - CONCURRENT_MAX_TOKENS)]))
         healthy, idle, small = self._after()
-        return ProbeRun(limits, tuple(probes), healthy_after=healthy, idle_after=idle, small_request_after=small,
-                        own_markers=frozenset({self.marker}))
+        return ProbeRun(limits, tuple(probes), healthy_after=healthy, idle_after=idle, small_request_after=small)
 
     def _token_ids(self, count: int, seed: str) -> list[int]:
         """Valid ids from the entry's tokenizer; a router without one (sglang_router) falls back
@@ -231,6 +228,3 @@ class CapacityProber:
             time.sleep(0.25)
         return healthy, idle, small
 
-
-def entry_role_ok(snapshots: Sequence[EngineSnapshot]) -> bool:
-    return all(s.role is Role.UNIFIED for s in snapshots)
