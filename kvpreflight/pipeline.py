@@ -142,8 +142,7 @@ def _isolate(options: CheckOptions, entry_url: str | None, group: list[EngineSna
     if run is None:
         return None  # --capacity-only: the checks say so
     if run.not_run or run.limits is None or entry_url is None:
-        return IsolationRun(not_run=run.not_run or "the capacity limits are unknown, so no isolation probe size can be derived",
-                            not_run_status=run.not_run_status)
+        return IsolationRun(not_run=run.not_run or "the capacity limits are unknown, so no isolation probe size can be derived")
     entry = adapters.get(entry_url) or adapter_class(group[0].engine)(entry_url, client)
     if getattr(entry, "model_name", "") is None:
         entry.model_name = group[0].model  # type: ignore[attr-defined]

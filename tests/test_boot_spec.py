@@ -3,7 +3,6 @@ placeholders and defaults come out as a user would expect."""
 
 from __future__ import annotations
 
-import socket
 import sys
 from pathlib import Path
 

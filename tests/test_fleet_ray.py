@@ -9,12 +9,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
 import threading
 import time
 import uuid
-from pathlib import Path
 
 import pytest
 

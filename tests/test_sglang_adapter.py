@@ -127,3 +127,17 @@ def test_check_cli_capacity_only_on_the_incident_config_exits_1(tmp_path):
     assert statuses["overcapacity-rejected"] == "skip"  # read-only mode sends nothing
     assert report["engines"][0]["kv_pool_tokens"] == 681_280
     assert report["engines"][0]["role"] == "prefill"
+
+
+def test_pd_without_entry_checks_capacity_and_says_why_no_probe_ran():
+    with static_server(routes()) as url:
+        proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--endpoint", url, "--format", "json"],
+                              capture_output=True, text=True, timeout=60)
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 1  # the incident's pool fails; the probes were not sent
+    report = json.loads(proc.stdout)
+    by_id = {c["id"]: c for c in report["checks"]}
+    assert by_id["kv-capacity"]["status"] == "fail"
+    for probe_check in ("overcapacity-rejected", "tenant-isolation"):
+        assert by_id[probe_check]["status"] == "inconclusive"
+        assert "--entry" in by_id[probe_check]["message"]

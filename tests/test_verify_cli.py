@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 
 from kvpreflight.record import build_statement, load_signing_key, sign_statement, unsigned_envelope, write_record
-from kvpreflight.record.statement import PREDICATE_TYPE
 from record_support import APP, APP_DIGEST, load, make_keys, run_cli, sample_report, write_signed
 
 SUBJECT = f"app=sha256:{APP_DIGEST}"

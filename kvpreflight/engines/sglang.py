@@ -17,7 +17,6 @@ from typing import Any, Mapping
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.engines.interface import (
-    ERROR_LENGTH,
     Completion,
     Counters,
     EngineAdapter,

@@ -58,6 +58,7 @@ class ProbeRun:
     healthy_after: Mapping[str, bool] = field(default_factory=dict)
     idle_after: Mapping[str, bool | None] = field(default_factory=dict)
     small_request_after: Completion | None = None
+    own_markers: frozenset[str] = frozenset()  # this run's probe marker: not foreign to the isolation probes
 
     def get(self, name: str) -> ProbeResult | None:
         return next((p for p in self.probes if p.name == name), None)
@@ -136,7 +137,8 @@ class CapacityProber:
         # Near the limit, but leaving room for the 4 generated tokens so no engine has to cut them.
         probes.extend(self._concurrent(ids[: max(1, m - CONCURRENT_MAX_TOKENS)]))
         healthy, idle, small = self._after()
-        return ProbeRun(limits, tuple(probes), healthy_after=healthy, idle_after=idle, small_request_after=small)
+        return ProbeRun(limits, tuple(probes), healthy_after=healthy, idle_after=idle, small_request_after=small,
+                        own_markers=frozenset({self.marker}))
 
     def _token_ids(self, count: int, seed: str) -> list[int]:
         """Valid ids from the entry's tokenizer; a router without one (sglang_router) falls back
