@@ -15,6 +15,7 @@ from typing import Callable, Mapping, Sequence
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.interface import Completion, Counters, EngineAdapter
 from kvpreflight.model import EngineSnapshot
+from kvpreflight.probes.tokens import valid_token_ids
 from kvpreflight.probes.markers import foreign_markers, new_marker
 
 # Enough generated tokens that, if an over-capacity request is wrongly served from stale pages,
@@ -103,6 +104,7 @@ class CapacityProber:
         self.settings = settings
         self.progress = progress
         self.marker = new_marker("PROBE")
+        self._latest: dict[str, Counters | None] | None = None  # counters after the last probe
 
     def run(self) -> ProbeRun:
         limits = deployment_limits(self.entry, list(self.snapshots.values()))
@@ -141,17 +143,7 @@ class CapacityProber:
                         own_markers=frozenset({self.marker}))
 
     def _token_ids(self, count: int, seed: str) -> list[int]:
-        """Valid ids from the entry's tokenizer; a router without one (sglang_router) falls back
-        to the engines behind it, which share the model (pd-consistency checks that)."""
-        try:
-            return self.entry.token_ids(count, seed)
-        except EngineError as first:
-            for adapter in self.engines.values():
-                try:
-                    return adapter.token_ids(count, seed)
-                except EngineError:
-                    continue
-            raise first
+        return valid_token_ids(self.entry, self.engines.values(), count, seed)
 
     # -- one request ----------------------------------------------------------------------
     def _budget(self, tokens: int, expect: str) -> float:
@@ -162,10 +154,10 @@ class CapacityProber:
 
     def _one(self, name: str, expect: str, ids: list[int], max_tokens: int, purpose: str, *, stream: bool = False) -> ProbeResult:
         self.progress(f"probe {name}: {len(ids)} tokens, max_tokens {max_tokens}{' (stream)' if stream else ''}")
-        before = self._counters()
+        before = self._latest or self._counters()
         completion = self.entry.complete(ids, max_tokens=max_tokens, stream=stream,
                                          timeout_s=self._budget(len(ids), expect))
-        after = self._counters()
+        after = self._latest = self._counters()
         return self._result(name, expect, completion, purpose, before, after)
 
     def _result(self, name: str, expect: str, completion: Completion, purpose: str,
@@ -187,6 +179,8 @@ class CapacityProber:
         return ProbeResult(name, expect, completion, purpose, tuple(reached), deltas, tuple(foreign))
 
     def _counters(self) -> dict[str, Counters | None]:
+        # Probes run one after another, so one probe's "after" is the next one's "before":
+        # each probe costs one metrics scrape per engine, not two.
         out: dict[str, Counters | None] = {}
         for url, adapter in self.engines.items():
             try:
@@ -198,13 +192,13 @@ class CapacityProber:
     def _concurrent(self, ids: list[int]) -> list[ProbeResult]:
         k = max(1, self.settings.concurrency)
         self.progress(f"probe concurrent: {k} x {len(ids)} tokens at once")
-        before = self._counters()
+        before = self._latest or self._counters()
         budget = self.settings.timeout_s + k * len(ids) / self.settings.accepted_tokens_per_second
         with ThreadPoolExecutor(max_workers=k) as pool:
             futures = [pool.submit(self.entry.complete, ids, max_tokens=CONCURRENT_MAX_TOKENS, stream=False, timeout_s=budget)
                        for _ in range(k)]
             completions = [f.result() for f in futures]
-        after = self._counters()
+        after = self._latest = self._counters()
         return [self._result(f"concurrent-{i + 1}", EXPECT_ACCEPT, c,
                              f"{k} near-limit requests at once: each must succeed or be refused with a capacity error",
                              before, after) for i, c in enumerate(completions)]

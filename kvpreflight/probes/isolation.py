@@ -34,6 +34,7 @@ from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.interface import Completion, EngineAdapter, metric_sum
 from kvpreflight.model import EngineSnapshot, Role
 from kvpreflight.probes.capacity import Limits
+from kvpreflight.probes.tokens import valid_token_ids
 from kvpreflight.probes.markers import FRAGMENT_MIN, foreign_markers, new_marker
 
 TENANTS = ("a", "b")
@@ -499,17 +500,7 @@ class IsolationProber:
         return None
 
     def _token_ids(self, adapter: EngineAdapter, count: int, seed: str) -> list[int]:
-        """Valid ids from the entry's tokenizer, else from an engine behind it (a router
-        without a tokenizer), as the capacity probes do."""
-        try:
-            return adapter.token_ids(count, seed)
-        except EngineError as first:
-            for engine in self.engines.values():
-                try:
-                    return engine.token_ids(count, seed)
-                except EngineError:
-                    continue
-            raise first
+        return valid_token_ids(adapter, self.engines.values(), count, seed)
 
     # -- engine state --------------------------------------------------------------------------
     def _used(self, url: str) -> float | None:
