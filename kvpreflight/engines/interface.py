@@ -138,6 +138,20 @@ class EngineAdapter(abc.ABC):
             return False
 
     # -- shared helpers --------------------------------------------------------------------
+    def stream_events(self, reply: StreamReply, sent: int, max_tokens: int) -> tuple[list[Any], Completion | None]:
+        """The events of a stream, or the Completion it already amounts to: an error frame
+        inside the (HTTP 200) stream is a rejection; a frame that is not JSON is a transport error."""
+        events: list[Any] = []
+        try:
+            for event in reply.events():
+                if (message := error_in_event(event)) is not None:
+                    return events, completion_from_error(sent, max_tokens, True, reply, message, self.classify_error(message))
+                events.append(event)
+        except EngineError as exc:
+            return events, Completion(sent, max_tokens, True, reply.status, reply.elapsed_s, transport_error=str(exc),
+                                      body_bytes=len(reply.body), body_sha256=hashlib.sha256(reply.body).hexdigest())
+        return events, None
+
     def send(self, path: str, body: Mapping[str, Any], *, sent: int, max_tokens: int, stream: bool,
              timeout_s: float) -> HttpReply | StreamReply | Completion:
         """POST a probe. A hang or a transport failure comes back as a Completion (a finding)."""

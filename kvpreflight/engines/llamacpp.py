@@ -19,7 +19,6 @@ from kvpreflight.engines.interface import (
     EngineAdapter,
     completion_from_error,
     cycle_to,
-    error_in_event,
     error_message_of,
     metric_sum,
     positive_int,
@@ -126,18 +125,11 @@ class LlamaCppAdapter(EngineAdapter):
             return completion_from_error(sent, max_tokens, stream, reply, message, self.classify_error(message))
         digest = hashlib.sha256(reply.body).hexdigest()
         if stream:
-            final: dict[str, Any] = {}
-            text = []
-            try:
-                for event in reply.events():
-                    if (message := error_in_event(event)) is not None:
-                        return completion_from_error(sent, max_tokens, True, reply, message, self.classify_error(message))
-                    text.append(str(event.get("content") or ""))
-                    if event.get("stop"):
-                        final = event
-            except EngineError as exc:
-                return Completion(sent, max_tokens, True, reply.status, reply.elapsed_s, transport_error=str(exc),
-                                  body_bytes=len(reply.body), body_sha256=digest)
+            events, early = self.stream_events(reply, sent, max_tokens)
+            if early is not None:
+                return early
+            final = next((e for e in reversed(events) if e.get("stop")), {})
+            text = [str(e.get("content") or "") for e in events]
             data, content, ttft = final, "".join(text), reply.first_frame_s
         else:
             data = reply.json()

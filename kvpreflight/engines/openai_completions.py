@@ -10,10 +10,8 @@ from kvpreflight.engines.interface import (
     Completion,
     EngineAdapter,
     completion_from_error,
-    error_in_event,
     error_message_of,
 )
-from kvpreflight.engines.errors import EngineError
 
 
 class OpenAICompletionsMixin(EngineAdapter):
@@ -42,21 +40,18 @@ class OpenAICompletionsMixin(EngineAdapter):
         if reply.status != 200:
             message = error_message_of(reply.body) or f"HTTP {reply.status} without an error message"
             return completion_from_error(sent, max_tokens, True, reply, message, self.classify_error(message))
+        events, early = self.stream_events(reply, sent, max_tokens)
+        if early is not None:
+            return early
         text: list[str] = []
         usage_event: dict[str, Any] = {}
         finish = None
-        try:
-            for event in reply.events():
-                if (message := error_in_event(event)) is not None:
-                    return completion_from_error(sent, max_tokens, True, reply, message, self.classify_error(message))
-                text.append(_choice_text(event))
-                for choice in event.get("choices") or []:
-                    finish = choice.get("finish_reason") or finish
-                if event.get("usage"):
-                    usage_event = event
-        except EngineError as exc:
-            return Completion(sent, max_tokens, True, reply.status, reply.elapsed_s, transport_error=str(exc),
-                              body_bytes=len(reply.body), body_sha256=digest)
+        for event in events:
+            text.append(_choice_text(event))
+            for choice in event.get("choices") or []:
+                finish = choice.get("finish_reason") or finish
+            if event.get("usage"):
+                usage_event = event
         merged = dict(usage_event)
         merged.setdefault("choices", [{"finish_reason": finish}])
         if finish is not None:

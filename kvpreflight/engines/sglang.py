@@ -22,7 +22,6 @@ from kvpreflight.engines.interface import (
     EngineAdapter,
     completion_from_error,
     cycle_to,
-    error_in_event,
     error_message_of,
     metric_sum,
     positive_int,
@@ -184,16 +183,11 @@ class SglangAdapter(EngineAdapter):
         return self._from_result(sent, max_tokens, False, reply.status, reply.elapsed_s, reply.body, data, None)
 
     def _from_stream(self, sent: int, max_tokens: int, reply: Any) -> Completion:
-        last: dict[str, Any] | None = None
+        events, early = self.stream_events(reply, sent, max_tokens)
+        if early is not None:
+            return early
+        last = events[-1] if events else None  # SGLang's frames are cumulative
         ttft = reply.first_frame_s
-        try:
-            for event in reply.events():
-                if (message := error_in_event(event)) is not None:
-                    return completion_from_error(sent, max_tokens, True, reply, message, self.classify_error(message))
-                last = event
-        except EngineError as exc:
-            return Completion(sent, max_tokens, True, reply.status, reply.elapsed_s, transport_error=str(exc),
-                              body_bytes=len(reply.body), body_sha256=hashlib.sha256(reply.body).hexdigest())
         if reply.status != 200 and last is None:
             message = error_message_of(reply.body) or f"HTTP {reply.status}"
             return completion_from_error(sent, max_tokens, True, reply, message, self.classify_error(message))

@@ -28,7 +28,6 @@ from kvpreflight.engines.interface import (
     Counters,
     EngineAdapter,
     completion_from_error,
-    error_in_event,
     error_message_of,
     metric_sum,
     positive_int,
@@ -175,20 +174,17 @@ class TgiAdapter(EngineAdapter):
             return completion_from_error(sent, max_tokens, stream, reply, message, self.classify_error(message))
         digest = hashlib.sha256(reply.body).hexdigest()
         if stream:
+            events, early = self.stream_events(reply, sent, max_tokens)
+            if early is not None:
+                return early
             final: dict[str, Any] = {}
             pieces: list[str] = []
-            try:
-                for event in reply.events():
-                    if (message := error_in_event(event)) is not None:
-                        return completion_from_error(sent, max_tokens, True, reply, message, self.classify_error(message))
-                    token = event.get("token") if isinstance(event, dict) else None
-                    if isinstance(token, dict) and not token.get("special"):
-                        pieces.append(str(token.get("text") or ""))
-                    if isinstance(event, dict) and event.get("details") is not None:
-                        final = event
-            except EngineError as exc:
-                return Completion(sent, max_tokens, True, reply.status, reply.elapsed_s, transport_error=str(exc),
-                                  body_bytes=len(reply.body), body_sha256=digest)
+            for event in events:
+                token = event.get("token") if isinstance(event, dict) else None
+                if isinstance(token, dict) and not token.get("special"):
+                    pieces.append(str(token.get("text") or ""))
+                if isinstance(event, dict) and event.get("details") is not None:
+                    final = event
             details = final.get("details") or {}
             prompt_tokens = details.get("input_length")
             generated = str(final["generated_text"]) if final.get("generated_text") is not None else "".join(pieces)
