@@ -13,22 +13,9 @@ import pytest
 import yaml
 
 import realengines
+from proctags import processes_tagged
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def tagged(tag: str) -> set[int]:
-    needle = f"KVPREFLIGHT_TEST_TAG={tag}".encode()
-    found = set()
-    for pid in os.listdir("/proc"):
-        if pid.isdigit():
-            try:
-                with open(f"/proc/{pid}/environ", "rb") as fh:
-                    if needle in fh.read().split(b"\0"):
-                        found.add(int(pid))
-            except OSError:
-                pass
-    return found
 
 
 def boot_check(spec: Path, tmp_path: Path, *args: str, timeout: int = 600) -> tuple[subprocess.CompletedProcess, dict | None]:
@@ -37,7 +24,7 @@ def boot_check(spec: Path, tmp_path: Path, *args: str, timeout: int = 600) -> tu
     proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--boot", str(spec), "--log-dir", str(tmp_path / "logs"),
                            "--format", "json", "--output", str(out), *args],
                           capture_output=True, text=True, timeout=timeout, env={**os.environ, "KVPREFLIGHT_TEST_TAG": tag})
-    assert tagged(tag) == set(), "processes left behind"
+    assert processes_tagged(tag) == set(), "processes left behind"
     return proc, (json.loads(out.read_text()) if out.exists() else None)
 
 

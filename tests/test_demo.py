@@ -12,23 +12,9 @@ import uuid
 
 import pytest
 
+from proctags import processes_tagged
+
 pytestmark = pytest.mark.slow
-
-
-def processes_tagged(tag: str) -> set[int]:
-    """Live processes that inherited this test's environment tag (the demo's engines do)."""
-    found = set()
-    needle = f"KVPREFLIGHT_TEST_TAG={tag}".encode()
-    for pid in os.listdir("/proc"):
-        if not pid.isdigit():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                if needle in fh.read().split(b"\0"):
-                    found.add(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 def demo(*args: str, tmp_path) -> tuple[int, dict, str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from record_support import KVPREFLIGHT, make_keys, run_cli
-from test_demo import processes_tagged
+from proctags import processes_tagged
 
 pytestmark = pytest.mark.slow
 

@@ -244,7 +244,7 @@ def test_engines_of_a_worker_killed_with_sigkill_are_stopped_by_the_reaper(tmp_p
     """What Ray does to a task's processes when their node goes away: SIGKILL, no clean-up."""
     import signal
 
-    from test_demo import processes_tagged
+    from proctags import processes_tagged
 
     tag = os.urandom(8).hex()
     env = {**os.environ, "KVPREFLIGHT_TEST_TAG": tag}

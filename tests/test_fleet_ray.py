@@ -17,7 +17,7 @@ import uuid
 import pytest
 
 from record_support import KVPREFLIGHT, make_keys, run_cli
-from test_demo import processes_tagged
+from proctags import processes_tagged
 from test_fleet_local import silent_server
 
 pytestmark = pytest.mark.slow
