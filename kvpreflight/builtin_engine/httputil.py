@@ -28,3 +28,16 @@ def client_gone(sock: socket.socket) -> bool:
         return bool(readable) and sock.recv(1, socket.MSG_PEEK) == b""
     except (OSError, ValueError):
         return True
+
+
+def serve_until_stopped(httpd, on_close=None) -> int:
+    """Serve until Ctrl-C, then close the listening sockets (SIGTERM simply ends the process)."""
+    try:
+        httpd.serve_forever(poll_interval=0.2)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        httpd.server_close()
+        if on_close is not None:
+            on_close()
+    return 0

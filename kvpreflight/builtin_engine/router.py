@@ -21,7 +21,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from kvpreflight.builtin_engine.config import EngineConfig, EngineConfigError
-from kvpreflight.builtin_engine.httputil import client_gone, send_bytes, send_json
+from kvpreflight.builtin_engine.httputil import client_gone, send_bytes, send_json, serve_until_stopped
 
 POLL_S = 0.02
 UPSTREAM_TIMEOUT_S = 600.0
@@ -218,10 +218,4 @@ def serve_router(config: EngineConfig) -> int:
         raise EngineConfigError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
     _log(f"Router running on http://{config.host}:{httpd.server_address[1]} "
          f"prefill={','.join(httpd.prefill_urls)} decode={httpd.decode_url}")
-    try:
-        httpd.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        httpd.server_close()
-    return 0
+    return serve_until_stopped(httpd)

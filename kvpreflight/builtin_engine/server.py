@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from kvpreflight import __version__
 from kvpreflight.builtin_engine import tokenizer
-from kvpreflight.builtin_engine.httputil import client_gone, send_bytes, send_json
+from kvpreflight.builtin_engine.httputil import client_gone, send_bytes, send_json, serve_until_stopped
 from kvpreflight.builtin_engine.config import CELL_BYTES, EngineConfig, EngineConfigError, derive_pool_tokens
 
 GB = 1 << 30
@@ -623,13 +623,5 @@ def serve(config: EngineConfig) -> int:
         raise EngineConfigError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
     log(f"Uvicorn running on http://{config.host}:{httpd.server_address[1]} (Press CTRL+C to quit)", tp=False)
     log("The server is fired up and ready to roll!", tp=False)
-    try:
-        httpd.serve_forever(poll_interval=0.2)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        httpd.server_close()
-        if transfer_server is not None:
-            transfer_server.close()
-    return 0
+    return serve_until_stopped(httpd, transfer_server.close if transfer_server is not None else None)
 
