@@ -39,6 +39,14 @@ class DemoSettings:
     sign_key: str | None = None
     log_dir: Path | None = None
 
+    @property
+    def prefill_pool_ratio(self) -> float:
+        return INCIDENT_POOL_RATIO if self.incident else self.pool_ratio
+
+    @property
+    def engine_faults(self) -> tuple[str, ...]:
+        return tuple(sorted(set(self.faults) | (set(INCIDENT_FAULTS) if self.incident else set())))
+
 
 def say(message: str) -> None:
     sys.stderr.write(f"kvpreflight demo: {message}\n")
@@ -48,8 +56,7 @@ def say(message: str) -> None:
 def demo_spec(settings: DemoSettings):
     from kvpreflight.boot import parse_spec
 
-    ratio = INCIDENT_POOL_RATIO if settings.incident else settings.pool_ratio
-    faults = sorted(set(settings.faults) | (set(INCIDENT_FAULTS) if settings.incident else set()))
+    ratio, faults = settings.prefill_pool_ratio, settings.engine_faults
     ctx = settings.context_length
     prefill_pool = max(PAGE_SIZE, int(ctx * ratio))
     decode_pool = max(PAGE_SIZE, int(ctx * settings.decode_pool_ratio))
@@ -142,9 +149,8 @@ def run_demo(settings: DemoSettings) -> int:
         subjects=(), known_markers=known,
     )
     say(f"booting a builtin prefill/decode deployment (context {settings.context_length:,}, "
-        f"prefill pool {INCIDENT_POOL_RATIO if settings.incident else settings.pool_ratio}x, decode pool {settings.decode_pool_ratio}x"
-        + (f", faults: {', '.join(sorted(set(settings.faults) | (set(INCIDENT_FAULTS) if settings.incident else set())))}" if settings.faults or settings.incident else "")
-        + ")")
+        f"prefill pool {settings.prefill_pool_ratio}x, decode pool {settings.decode_pool_ratio}x"
+        + (f", faults: {', '.join(settings.engine_faults)}" if settings.engine_faults else "") + ")")
     code = execute_booted(spec, request, log_dir=settings.log_dir or folder / "logs", before_check=before_check)
     if pub_path is not None:
         say(f"verify the record: kvpreflight verify {record} --key {pub_path} --any-subject"
