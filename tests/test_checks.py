@@ -197,3 +197,13 @@ def test_verdict_and_exit_codes():
     assert exit_code_of(verdict_of([R("a", Status.INCONCLUSIVE, ""), R("b", Status.FAIL, "")])) == 1
     assert exit_code_of(verdict_of([])) == 3  # nothing ran: nothing proved
     assert Report("0", (), ()).exit_code == 3
+
+
+def test_pd_consistency_with_an_unknown_model_is_inconclusive_not_a_pass():
+    from dataclasses import replace
+
+    pd = (snap(PREFILL, Role.PREFILL), replace(snap(DECODE, Role.DECODE), model=None))
+    (r,) = check("pd-consistency", CheckContext(pd, T))
+    assert r.status is Status.INCONCLUSIVE and "model unknown" in r.message
+    (r,) = check("pd-consistency", CheckContext((snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE, served=20000)), T))
+    assert r.status is Status.FAIL and "served_context differs" in r.message

@@ -24,4 +24,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             problems.append(f"{field} differs: " + ", ".join(f"{u}={v}" for u, v in values.items()))
     if problems:
         return [CheckResult(ID, Status.FAIL, "; ".join(problems), None, evidence)]
+    # Model and context are what a handoff depends on: unknown on one engine is not "the same".
+    unknown = [f"{field} unknown at {url}" for field in ("model", "served_context")
+               for url, value in evidence[field].items() if value is None]
+    if unknown:
+        return [CheckResult(ID, Status.INCONCLUSIVE, "cannot compare the engines: " + "; ".join(unknown), None, evidence)]
     return [CheckResult(ID, Status.PASS, f"{len(ctx.snapshots)} engines serve the same model, context and page size", None, evidence)]
