@@ -48,6 +48,11 @@ class PoolReading:
     tokens: int
     rank: str | None = None  # "dp0", "tp1"... when the source is per rank
 
+    @property
+    def label(self) -> str:
+        """The source and, where it is per rank, the rank: 'metrics sglang:max_total_num_tokens [tp1]'."""
+        return f"{self.source} [{self.rank}]" if self.rank else self.source
+
 
 @dataclass(frozen=True)
 class EngineSnapshot:

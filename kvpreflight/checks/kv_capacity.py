@@ -19,7 +19,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             "served_context": snap.served_context,
             "promised_context": ctx.promised_context,
             "checked_context": checked,
-            "sources": {f"{r.source}{f' [{r.rank}]' if r.rank else ''}": r.tokens
+            "sources": {r.label: r.tokens
                         for r in snap.pool_readings if r.origin is not Origin.BEHAVIOUR},
         }
         if pool is None:

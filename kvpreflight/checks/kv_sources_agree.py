@@ -28,15 +28,15 @@ def _one(ctx: CheckContext, snap: EngineSnapshot) -> CheckResult:
     tolerance = max(snap.page_size or 1, 1)
     by_origin: dict[Origin, dict[str, int]] = defaultdict(dict)
     problems: list[str] = []
-    series: dict[tuple[str, str | None], set[int]] = defaultdict(set)
+    series: dict[str, set[int]] = defaultdict(set)  # one series = one source at one rank
     for r in snap.pool_readings:
-        series[(r.source, r.rank)].add(r.tokens)
+        series[r.label].add(r.tokens)
         # Per source, the smallest rank counts (a request lands on one rank).
         previous = by_origin[r.origin].get(r.source)
         by_origin[r.origin][r.source] = r.tokens if previous is None else min(previous, r.tokens)
-    for (source, rank), values in series.items():
+    for label, values in series.items():
         if len(values) > 1:
-            problems.append(f"{source}{f' [{rank}]' if rank else ''} reports different values: {sorted(values)}")
+            problems.append(f"{label} reports different values: {sorted(values)}")
 
     origin_values: dict[str, int] = {}
     for origin, sources in by_origin.items():

@@ -51,12 +51,8 @@ def ratio_text(ratio: float | None) -> str:
 
 
 def pool_sources(engine: EngineSnapshot) -> list[str]:
-    """One line per reading: 'api:/server_info max_total_num_tokens [dp0] = 131,072 (api)'."""
-    out = []
-    for r in engine.pool_readings:
-        rank = f" [{r.rank}]" if r.rank else ""
-        out.append(f"{r.source}{rank} = {tokens(r.tokens)} ({r.origin.value})")
-    return out
+    """One line per reading: '/server_info max_total_num_tokens [dp0] = 131,072 (scheduler)'."""
+    return [f"{r.label} = {tokens(r.tokens)} ({r.origin.value})" for r in engine.pool_readings]
 
 
 def engine_facts(report: Report, engine: EngineSnapshot) -> list[tuple[str, str]]:
