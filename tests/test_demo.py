@@ -4,6 +4,7 @@ the failing evidence must come from the probes' responses. Every run must leave 
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import subprocess
@@ -133,9 +134,13 @@ def test_incident_leaks_another_tenants_marker_and_fails(tmp_path):
     assert all(m.startswith("KVPF-TENANT-") for p in leaked for m in p["foreign_markers"])
     assert leaked[0]["http_status"] == 200 and leaked[0]["completion_tokens"] > 0
     assert "placeholder" in over["message"]
-    # the record never carries response text: only our marker may appear
-    record = (tmp_path / "record.json").read_text()
-    assert "KVPF-PROBE" not in record.replace(json.dumps(report["checks"]), "")
+    # Neither report nor record carries response text. The echoing engine repeated the probe's own
+    # marker (KVPF-PROBE-...) in every served answer; it must appear nowhere, while the other
+    # tenant's marker (quoted evidence) does.
+    statement = base64.b64decode(json.loads((tmp_path / "record.json").read_text())["payload"]).decode()
+    for text in (statement, json.dumps(report)):
+        assert "KVPF-PROBE-" not in text
+        assert leaked[0]["foreign_markers"][0] in text
 
 
 def test_misreported_pool_is_caught_by_sources_agree(tmp_path):
@@ -176,8 +181,6 @@ def test_record_round_trip_keygen_demo_verify(tmp_path):
     assert ok.returncode == 0, ok.stderr
     # the record names the engine logs it read, by digest
     envelope = json.loads(record.read_text())
-    import base64
-
     statement = json.loads(base64.b64decode(envelope["payload"]))
     subjects = {s["name"] for s in statement["subject"]}
     assert any(name.startswith("file:") and name.endswith("prefill.log") for name in subjects), subjects
