@@ -9,8 +9,10 @@ from typing import Any
 
 import yaml
 
+from kvpreflight.errors import ConfigError
 
-class CheckDataError(Exception):
+
+class CheckDataError(ConfigError):
     """The check data (ours or a user's folder) is missing or malformed."""
 
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvpreflight.builtin_engine.config import FAULTS, FAULTS_ENV
-from kvpreflight.errors import UsageError
+from kvpreflight.errors import NotMeasured, UsageError
 
 INCIDENT_POOL_RATIO = 0.65  # 681,280 / 1,048,576
 INCIDENT_FAULTS = ("reject-continues", "no-transfer-check")
@@ -99,7 +99,7 @@ def plant_other_tenant(entry_url: str, marker: str, tokens: int, copies: int) ->
         client.close()
     bad = [r.status for r in replies if r.status != 200]
     if bad:
-        raise UsageError(f"demo: the other tenant's requests were refused (HTTP {bad}); cannot set up the incident", exit_code=3)
+        raise NotMeasured(f"demo: the other tenant's requests were refused (HTTP {bad}); cannot set up the incident")
 
 
 def run_demo(settings: DemoSettings) -> int:

@@ -1,23 +1,41 @@
-"""The base of every interface's exception. The CLI turns each into one line and an exit code.
+"""The base of every kvpreflight exception. The CLI turns each into one line and an exit code.
 
-Each interface defines its own subclass (EngineError, FormatError, SigningError, BootError, ...)
-and says which exit code it means: 2 for a usage or configuration error found before anything
-ran, 3 for "could not measure", 1 for a refusal (verify).
+The class says what went wrong, and so which exit code it means; no raise site picks a code:
+
+- `ConfigError` (exit 2): bad arguments or configuration, found before anything ran;
+- `NotMeasured` (exit 3): something could not be measured (an engine unreachable, not ready);
+- `Refused` (exit 1): a gate refused (verify).
+
+Each interface defines its own subclasses (EngineError, FormatError, RecordError, BootError, ...)
+under one of these three.
 """
 
 from __future__ import annotations
 
 
 class KvpreflightError(Exception):
+    """Every error kvpreflight raises on purpose. `exit_code` is a class attribute."""
+
     exit_code: int = 2
 
-    def __init__(self, message: str, *, exit_code: int | None = None) -> None:
-        super().__init__(message)
-        if exit_code is not None:
-            self.exit_code = exit_code
 
-
-class UsageError(KvpreflightError):
-    """Bad arguments or configuration, found before anything ran."""
+class ConfigError(KvpreflightError):
+    """Bad arguments or configuration, found before anything ran (exit 2)."""
 
     exit_code = 2
+
+
+# The historical name, kept for readers of older code: a usage error is a configuration error.
+UsageError = ConfigError
+
+
+class NotMeasured(KvpreflightError):
+    """Something could not be measured (exit 3): never a pass."""
+
+    exit_code = 3
+
+
+class Refused(KvpreflightError):
+    """A gate refused what it was given (exit 1)."""
+
+    exit_code = 1

@@ -20,9 +20,25 @@ class Status(str, enum.Enum):
 
 
 class Role(str, enum.Enum):
+    """The role of an engine that holds a KV pool."""
+
     UNIFIED = "unified"
     PREFILL = "prefill"
     DECODE = "decode"
+
+
+class ProcessRole(str, enum.Enum):
+    """The role of any process of a deployment: an engine's role, or the router in front of them."""
+
+    UNIFIED = "unified"
+    PREFILL = "prefill"
+    DECODE = "decode"
+    ROUTER = "router"
+
+    @property
+    def engine_role(self) -> Role | None:
+        """The KV-holding role, or None for the router."""
+        return None if self is ProcessRole.ROUTER else Role(self.value)
 
 
 class Origin(str, enum.Enum):

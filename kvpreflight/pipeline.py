@@ -15,7 +15,7 @@ from kvpreflight import __version__
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
 from kvpreflight.checks.advisory_data import load_advisories
-from kvpreflight.engines import EngineError, HttpClient, adapter_class, open_adapter
+from kvpreflight.engines import EngineConfigError, EngineError, HttpClient, adapter_class, open_adapter
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import CheckResult, EngineSnapshot, Report, Role, Status, Waiver
 from kvpreflight.probes.capacity import CapacityProber, ProbeRun, ProbeSettings
@@ -167,4 +167,4 @@ def _read_log(path: Path | None) -> str | None:
     try:
         return path.read_text(encoding="utf-8", errors="replace")
     except OSError as exc:
-        raise EngineError(f"cannot read log {path}: {exc.strerror}", exit_code=2) from None
+        raise EngineConfigError(f"cannot read log {path}: {exc.strerror}") from None

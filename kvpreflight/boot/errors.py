@@ -2,15 +2,14 @@
 
 from __future__ import annotations
 
-from kvpreflight.errors import KvpreflightError
-from kvpreflight.model import EXIT_INCONCLUSIVE
+from kvpreflight.errors import ConfigError, NotMeasured
 
 
-class BootError(KvpreflightError):
-    """A deployment could not be booted, so nothing could be measured (exit 3).
+class BootError(NotMeasured):
+    """A deployment could not be booted, so nothing could be measured (exit 3)."""
 
-    A bad spec or a port already taken, found before anything started, is raised with
-    exit_code=2 (configuration error).
-    """
 
-    exit_code = EXIT_INCONCLUSIVE
+class BootConfigError(BootError, ConfigError):
+    """A bad spec, a missing program or a port already taken, found before anything started (exit 2)."""
+
+    exit_code = ConfigError.exit_code

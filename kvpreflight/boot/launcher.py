@@ -24,14 +24,13 @@ import types
 from typing import Iterator, TextIO
 
 from kvpreflight.boot.deployment import BootedDeployment, BootedEngine
-from kvpreflight.boot.errors import BootError
+from kvpreflight.boot.errors import BootConfigError, BootError
 from kvpreflight.boot.plan import DeploymentPlan, LaunchPlan, plan_deployment
 from kvpreflight.boot.process import EngineProcess, stop_all
 from kvpreflight.boot.progress import Progress, clip
 from kvpreflight.boot.readiness import probe
 from kvpreflight.boot.signals import signals_held, sigterm_raises
 from kvpreflight.boot.spec import DeploymentSpec
-from kvpreflight.model import EXIT_USAGE
 
 POLL_S = 0.25
 
@@ -47,7 +46,7 @@ def boot_deployment(
 ) -> Iterator[BootedDeployment]:
     """Start every engine of `spec`, yield once all are ready, stop them all on exit.
 
-    Raises BootError: exit 2 for a problem found before anything started (port in use, program
+    Raises BootConfigError (exit 2) for a problem found before anything started (port in use, program
     not found), exit 3 when an engine exits or is not ready in time.
     """
     progress = Progress(stderr, progress_interval_s)
@@ -59,8 +58,8 @@ def boot_deployment(
             pass
         os.unlink(os.path.join(log_dir, ".kvpreflight-write-test"))
     except OSError as exc:
-        raise BootError(f"cannot write engine logs to {log_dir} ({exc.strerror or exc}); "
-                        "choose a writable log folder", exit_code=EXIT_USAGE) from None
+        raise BootConfigError(f"cannot write engine logs to {log_dir} ({exc.strerror or exc}); "
+                        "choose a writable log folder") from None
     started: list[EngineProcess] = []
     failed = False
     with sigterm_raises():

@@ -1,7 +1,7 @@
 """From a spec to concrete launch plans: ports chosen, placeholders filled in, URLs fixed.
 
 Nothing is started here. Problems found now (a port already taken, a placeholder that points at
-an engine without a port) are configuration errors: BootError with exit code 2.
+an engine without a port) are configuration errors: BootConfigError (exit 2).
 """
 
 from __future__ import annotations
@@ -14,9 +14,8 @@ from dataclasses import dataclass
 from typing import Mapping
 from urllib.parse import urlsplit
 
-from kvpreflight.boot.errors import BootError
+from kvpreflight.boot.errors import BootConfigError, BootError
 from kvpreflight.boot.spec import DEFAULT_HEALTH_PATH, PLACEHOLDER, DeploymentSpec, EngineSpec
-from kvpreflight.model import EXIT_USAGE
 
 LOOPBACK = "127.0.0.1"
 _LOCAL_HOSTS = {"127.0.0.1", "localhost", "0.0.0.0", "::1", "::"}
@@ -86,8 +85,8 @@ def plan_deployment(spec: DeploymentSpec, *, python: str | None = None) -> Deplo
             name = target or (engine.name if engine is not None else "")
             value = {"port": ports.get(name), "url": urls.get(name), "host": hosts.get(name)}[attr]
             if value is None:
-                raise BootError(f"{spec.source}: {where}: {{{match.group(1)}}} refers to engine {name!r}, "
-                                "which has no port; give it port: auto or a number", exit_code=EXIT_USAGE)
+                raise BootConfigError(f"{spec.source}: {where}: {{{match.group(1)}}} refers to engine {name!r}, "
+                                "which has no port; give it port: auto or a number")
             return str(value)
 
         return PLACEHOLDER.sub(one, text)
@@ -114,15 +113,13 @@ def _choose_ports(spec: DeploymentSpec) -> dict[str, int | None]:
     for i, engine in enumerate(spec.engines):
         if isinstance(engine.port, int):
             if engine.port in fixed:
-                raise BootError(f"{spec.source}: engines[{i}].port: {engine.port} is also the port of "
-                                f"{fixed[engine.port]!r}; give each engine its own port or use auto",
-                                exit_code=EXIT_USAGE)
+                raise BootConfigError(f"{spec.source}: engines[{i}].port: {engine.port} is also the port of "
+                                f"{fixed[engine.port]!r}; give each engine its own port or use auto")
             fixed[engine.port] = engine.name
             host = urlsplit((engine.url or "http://127.0.0.1").replace("{port}", "1")).hostname or LOOPBACK
             if host in _LOCAL_HOSTS and port_in_use(engine.port):
-                raise BootError(f"{spec.source}: engines[{i}].port: {engine.port} is already in use on this "
-                                "machine (is an old server still running?); stop it or use port: auto",
-                                exit_code=EXIT_USAGE)
+                raise BootConfigError(f"{spec.source}: engines[{i}].port: {engine.port} is already in use on this "
+                                "machine (is an old server still running?); stop it or use port: auto")
     ports: dict[str, int | None] = {}
     taken = set(fixed)
     for engine in spec.engines:

@@ -12,9 +12,8 @@ import time
 from typing import IO, Iterable
 
 from kvpreflight.boot import proctree
-from kvpreflight.boot.errors import BootError
+from kvpreflight.boot.errors import BootConfigError, BootError
 from kvpreflight.boot.plan import LaunchPlan
-from kvpreflight.model import EXIT_USAGE
 
 TAIL_LINES = 200
 
@@ -66,8 +65,8 @@ class EngineProcess:
             log.close()
             what = exc.strerror or str(exc)
             where = f"in {self.plan.spec.cwd} " if isinstance(exc, FileNotFoundError) and self.plan.spec.cwd else ""
-            raise BootError(f"engine {self.name}: cannot start {self.plan.argv[0]!r} {where}({what}); "
-                            "install it or fix the engine's command in the spec", exit_code=EXIT_USAGE) from None
+            raise BootConfigError(f"engine {self.name}: cannot start {self.plan.argv[0]!r} {where}({what}); "
+                            "install it or fix the engine's command in the spec") from None
         self.started_at = time.monotonic()
         self._pump = threading.Thread(target=self._copy_output, args=(self._popen.stdout, log),
                                       name=f"kvpreflight-log-{self.name}", daemon=True)

@@ -20,8 +20,8 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from kvpreflight.boot.errors import BootError
-from kvpreflight.model import EXIT_USAGE, Waiver
+from kvpreflight.boot.errors import BootConfigError, BootError
+from kvpreflight.model import Waiver
 
 ROLES = ("prefill", "decode", "unified", "router")
 ENGINE_KINDS = ("sglang", "vllm", "llamacpp", "tgi", "builtin", "auto")
@@ -102,7 +102,7 @@ def guess_engine_kind(command: tuple[str, ...]) -> str:
 
 
 def load_spec(path: str | os.PathLike[str]) -> DeploymentSpec:
-    """Read and parse a spec file. Raises BootError (exit 2) with one line on any problem."""
+    """Read and parse a spec file. Raises BootConfigError (exit 2) with one line on any problem."""
     import yaml
 
     label = os.fspath(path)
@@ -158,7 +158,7 @@ def parse_spec(data: Any, *, source: str = "<spec>", base_dir: str | None = None
 
 def _error(source: str, where: str | None, problem: str) -> BootError:
     prefix = f"{source}: {where}: " if where else f"{source}: "
-    return BootError(prefix + problem, exit_code=EXIT_USAGE)
+    return BootConfigError(prefix + problem)
 
 
 def _kind(value: Any) -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from kvpreflight.errors import KvpreflightError
+from kvpreflight.errors import ConfigError
 
 ROLES = ("unified", "prefill", "decode", "router")
 
@@ -30,10 +30,8 @@ CELL_BYTES = 2 * KV_DIM * 4
 WEIGHT_BYTES = 260 * KV_DIM * 4
 
 
-class EngineConfigError(KvpreflightError):
+class EngineConfigError(ConfigError):
     """A builtin-engine setting that cannot work; found before the engine starts."""
-
-    exit_code = 2
 
 
 @dataclass(frozen=True)

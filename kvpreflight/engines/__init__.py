@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib
 
-from kvpreflight.engines.errors import EngineError
+from kvpreflight.engines.errors import EngineConfigError, EngineError
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.engines.interface import EngineAdapter
 
@@ -25,7 +25,7 @@ def adapter_class(kind: str) -> type[EngineAdapter]:
     try:
         module_name, _, cls = ENGINES[kind].partition(":")
     except KeyError:
-        raise EngineError(f"unknown --engine {kind!r}; choose auto or one of: {', '.join(ENGINES)}", exit_code=2) from None
+        raise EngineConfigError(f"unknown --engine {kind!r}; choose auto or one of: {', '.join(ENGINES)}") from None
     return getattr(importlib.import_module(module_name), cls)
 
 
@@ -45,4 +45,4 @@ def open_adapter(url: str, client: HttpClient, kind: str = "auto") -> EngineAdap
     )
 
 
-__all__ = ["ENGINES", "EngineAdapter", "EngineError", "HttpClient", "adapter_class", "open_adapter"]
+__all__ = ["ENGINES", "EngineAdapter", "EngineConfigError", "EngineError", "HttpClient", "adapter_class", "open_adapter"]

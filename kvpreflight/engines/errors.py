@@ -1,7 +1,11 @@
-from kvpreflight.errors import KvpreflightError
+from kvpreflight.errors import ConfigError, NotMeasured
 
 
-class EngineError(KvpreflightError):
+class EngineError(NotMeasured):
     """An engine could not be read or did not answer sensibly: nothing was measured (exit 3)."""
 
-    exit_code = 3
+
+class EngineConfigError(EngineError, ConfigError):
+    """An engine option that cannot work (an unknown engine kind, an unreadable log file): exit 2."""
+
+    exit_code = ConfigError.exit_code

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from kvpreflight.errors import KvpreflightError
+from kvpreflight.errors import ConfigError
 
 
-class FleetError(KvpreflightError):
-    exit_code = 2
+class FleetError(ConfigError):
+    """A bad inventory or fleet option."""

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import abc
 
-from kvpreflight.errors import KvpreflightError
+from kvpreflight.errors import ConfigError
 from kvpreflight.model import Report
 
 
-class FormatError(KvpreflightError):
-    exit_code = 2
+class FormatError(ConfigError):
+    """An output that cannot be written (an unknown format, an unwritable file)."""
 
 
 class ReportFormat(abc.ABC):

@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-from kvpreflight.errors import KvpreflightError
+from kvpreflight.errors import ConfigError, Refused
 
 
-class RecordError(KvpreflightError):
-    """A record could not be made, read or accepted.
-
-    exit_code 2 (the default): bad input, found before anything was judged (a missing or malformed
-    file, an unreadable key, a bad ``--subject``). exit_code 1: ``verify`` refuses the record (see
-    :func:`refusal`).
-    """
-
-    exit_code = 2
+class RecordError(ConfigError):
+    """A record could not be made or read: bad input, found before anything was judged (a missing
+    or malformed file, an unreadable key, a bad ``--subject``): exit 2."""
 
 
-def refusal(message: str) -> RecordError:
+class RecordRefused(RecordError, Refused):
+    """A record that was read fine but is not accepted by ``verify``: exit 1."""
+
+    exit_code = Refused.exit_code
+
+
+def refusal(message: str) -> RecordRefused:
     """A record that was read fine but is not accepted: exit 1."""
-    return RecordError(f"refused: {message}", exit_code=1)
+    return RecordRefused(f"refused: {message}")

@@ -11,13 +11,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from kvpreflight.errors import KvpreflightError
+from kvpreflight.errors import ConfigError
 
 
-class ReviewError(KvpreflightError):
+class ReviewError(ConfigError):
     """A deployment file, model or GPU that review cannot read: one line, exit 2."""
-
-    exit_code = 2
 
 
 @dataclass(frozen=True)
