@@ -23,7 +23,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 
-# One line per command module; a missing module (work in progress) must not break the others.
+# One line per command module (kvpreflight/commands/NAME.py, each with register(app)).
 COMMAND_MODULES = (
     "check",
     "demo",
@@ -50,13 +50,7 @@ def _root(
 
 
 for _name in COMMAND_MODULES:
-    try:
-        _module = importlib.import_module(f"kvpreflight.commands.{_name}")
-    except ModuleNotFoundError as _exc:
-        if _exc.name != f"kvpreflight.commands.{_name}":
-            raise
-        continue
-    _module.register(app)
+    importlib.import_module(f"kvpreflight.commands.{_name}").register(app)
 
 
 def main() -> None:

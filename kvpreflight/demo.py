@@ -11,11 +11,18 @@ from __future__ import annotations
 import sys
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Sequence
 
 from kvpreflight.builtin_engine.config import FAULTS, FAULTS_ENV
-from kvpreflight.errors import NotMeasured, UsageError
+from kvpreflight.errors import ConfigError, NotMeasured
+from kvpreflight.model import Report
+from kvpreflight.plan import OutputPlan
+
+if TYPE_CHECKING:
+    from kvpreflight.boot.deployment import BootedDeployment
+    from kvpreflight.boot.spec import DeploymentSpec
 
 INCIDENT_POOL_RATIO = 0.65  # 681,280 / 1,048,576
 INCIDENT_FAULTS = ("reject-continues", "no-transfer-check")
@@ -26,18 +33,28 @@ PAGE_SIZE = 16
 TRANSFER_DELAY_MS = 6
 
 
-@dataclass(frozen=True)
-class DemoSettings:
-    pool_ratio: float = 2.0
+@dataclass(frozen=True, kw_only=True)
+class BuiltinDeployment:
+    """A builtin prefill/decode/router trio as the demo and fleet inventories describe it."""
+
+    pool_ratio: float = 2.0  # prefill pool = ratio x context
     decode_pool_ratio: float = 2.0
     context_length: int = 8192
     faults: tuple[str, ...] = ()
-    incident: bool = False
-    fmt: str | None = None
-    output: Path | None = None
-    record: Path | None = None
-    sign_key: str | None = None
-    log_dir: Path | None = None
+    incident: bool = False  # the 2026 incident: ratio 0.65, its faults, another tenant's data planted
+
+    def validate(self) -> None:
+        """Raises ConfigError naming the field (`pool_ratio`, ...); callers add where it came from."""
+        for name, value in (("pool_ratio", self.pool_ratio), ("decode_pool_ratio", self.decode_pool_ratio)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 64:
+                raise ConfigError(f"must be a ratio between 0 and 64 (got {value})").under(name)
+        if isinstance(self.context_length, bool) or not isinstance(self.context_length, int) \
+                or not 256 <= self.context_length <= 262144:
+            raise ConfigError(f"must be an integer between 256 and 262144 for the builtin engine "
+                              f"(got {self.context_length})").under("context_length")
+        for i, fault in enumerate(self.faults):
+            if fault not in FAULTS:
+                raise ConfigError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}").under(f"faults[{i}]")
 
     @property
     def prefill_pool_ratio(self) -> float:
@@ -53,7 +70,7 @@ def say(message: str) -> None:
     sys.stderr.flush()
 
 
-def demo_spec(settings: DemoSettings):
+def demo_spec(settings: BuiltinDeployment) -> DeploymentSpec:
     from kvpreflight.boot import parse_spec
 
     ratio, faults = settings.prefill_pool_ratio, settings.engine_faults
@@ -62,7 +79,7 @@ def demo_spec(settings: DemoSettings):
     decode_pool = max(PAGE_SIZE, int(ctx * settings.decode_pool_ratio))
     env = {FAULTS_ENV: ",".join(faults)} if faults else {}
 
-    def worker(role: str, pool: int) -> dict:
+    def worker(role: str, pool: int) -> dict[str, Any]:
         return {
             "name": role, "role": role, "engine": "builtin", "port": "auto", "ready_timeout_s": 120, "env": env,
             "command": [sys.executable, "-m", "kvpreflight", "engine", "serve", "--role", role, "--host", "127.0.0.1",
@@ -102,57 +119,62 @@ def plant_other_tenant(entry_url: str, marker: str, tokens: int, copies: int) ->
         raise NotMeasured(f"demo: the other tenant's requests were refused (HTTP {bad}); cannot set up the incident")
 
 
-def run_demo(settings: DemoSettings) -> int:
-    from kvpreflight.commands.run_check import CheckRequest, execute_booted
+@dataclass(frozen=True)
+class DemoRun:
+    report: Report
+    record: Path
+    public_key: Path | None  # the fresh key's public half, when the demo made one
+
+
+def run_demo(deployment: BuiltinDeployment, output: OutputPlan, *, log_dir: Path | None = None,
+             sign_key: str | None = None, record_path: Path | None = None,
+             command_line: Sequence[str] = ("kvpreflight", "demo")) -> DemoRun:
+    """Boot the deployment, check it through its router, publish the report and a signed record
+    (to `record_path`, default a new folder; signed with a fresh key unless `sign_key` is given),
+    stop everything."""
+    from kvpreflight import preflight
+    from kvpreflight.plan import CheckPlan
     from kvpreflight.probes.markers import new_marker
 
-    unknown = [f for f in settings.faults if f not in FAULTS]
-    if unknown:
-        raise UsageError(f"--fault {unknown[0]!r}: unknown; choose from {', '.join(FAULTS)}")
-    for name, value in (("--pool-ratio", settings.pool_ratio), ("--decode-pool-ratio", settings.decode_pool_ratio)):
-        if not 0 < value <= 64:
-            raise UsageError(f"{name} must be between 0 and 64 (got {value})")
-    if not 256 <= settings.context_length <= 262144:
-        raise UsageError(f"--context-length must be between 256 and 262144 for the demo (got {settings.context_length})")
-
+    deployment.validate()
     folder = Path(tempfile.mkdtemp(prefix="kvpreflight-demo-"))
-    record = settings.record or folder / "record.dsse.json"
-    sign_key = settings.sign_key
+    record_path = record_path or folder / "record.dsse.json"
+    pub_path = None
     if sign_key is None:
         from kvpreflight.record import generate, write_keypair
 
         key_path, pub_path = write_keypair(folder / "keys", generate())
         sign_key = str(key_path)
-    else:
-        pub_path = None
-    spec = demo_spec(settings)
+    # The demo's logs and spec are the record's subjects.
+    record = preflight.prepare_record(record_path, sign_key=sign_key, subjects=(), unsigned=False,
+                                      command_line=command_line, reads_files=True)
+    output = replace(output, record=record)
+    spec = demo_spec(deployment)
     tenant_marker = new_marker("TENANT")
-    known = frozenset({tenant_marker}) if settings.incident else frozenset()
+    plan = CheckPlan(targets=(), known_markers=frozenset({tenant_marker}) if deployment.incident else frozenset())
 
-    def before_check(deployment) -> None:
-        if settings.incident:
+    def before_check(booted: BootedDeployment) -> None:
+        if deployment.incident:
             from kvpreflight.engines.http import HttpClient
 
             # The longest prompt the prefill engine really takes (it rounds its pool to pages);
             # a longer one would become a placeholder under the incident's fault and plant nothing.
             client = HttpClient(timeout_s=30)
             try:
-                info = client.get_json(f"{deployment.engine('prefill').url}/server_info")
+                info = client.get_json(f"{booted.engine('prefill').url}/server_info")
             finally:
                 client.close()
             prefill_limit = int(info["max_req_input_len"]) - 1
             say(f"tenant B fills the pool: 3 requests of {prefill_limit:,} tokens carrying {tenant_marker}")
-            plant_other_tenant(deployment.entry_url, tenant_marker, prefill_limit, copies=3)
+            plant_other_tenant(booted.entry_url, tenant_marker, prefill_limit, copies=3)
 
-    request = CheckRequest(
-        endpoints=(), fmt=settings.fmt, output=settings.output, record=record, sign_key=sign_key,
-        subjects=(), known_markers=known,
-    )
-    say(f"booting a builtin prefill/decode deployment (context {settings.context_length:,}, "
-        f"prefill pool {settings.prefill_pool_ratio}x, decode pool {settings.decode_pool_ratio}x"
-        + (f", faults: {', '.join(settings.engine_faults)}" if settings.engine_faults else "") + ")")
-    code = execute_booted(spec, request, log_dir=settings.log_dir or folder / "logs", before_check=before_check)
+    say(f"booting a builtin prefill/decode deployment (context {deployment.context_length:,}, "
+        f"prefill pool {deployment.prefill_pool_ratio}x, decode pool {deployment.decode_pool_ratio}x"
+        + (f", faults: {', '.join(deployment.engine_faults)}" if deployment.engine_faults else "") + ")")
+    booted = preflight.run_booted(spec, plan, log_dir=log_dir or folder / "logs", before_check=before_check,
+                                  progress=say)
+    preflight.publish(booted.report, output, files_read=booted.files_read, progress=say)
     if pub_path is not None:
-        say(f"verify the record: kvpreflight verify {record} --key {pub_path} --any-subject"
-            + (" --allow-fail" if code != 0 else ""))
-    return code
+        say(f"verify the record: kvpreflight verify {record_path} --key {pub_path} --any-subject"
+            + (" --allow-fail" if booted.report.exit_code != 0 else ""))
+    return DemoRun(booted.report, record_path, pub_path)

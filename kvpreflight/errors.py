@@ -12,11 +12,31 @@ under one of these three.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+from typing import Iterator
+
 
 class KvpreflightError(Exception):
     """Every error kvpreflight raises on purpose. `exit_code` is a class attribute."""
 
     exit_code: int = 2
+
+    def under(self, name: str) -> KvpreflightError:
+        """The same error, its message prefixed with the option or field it concerns."""
+        return type(self)(f"{name}: {self}")
+
+
+@contextmanager
+def naming(name: str) -> Iterator[None]:
+    """Errors raised inside name `name` ("--endpoint", "deployments[2].attach.entry").
+
+    Library parsers say what is wrong with a value and name no flag; the CLI and the YAML front
+    ends add where the value came from with this.
+    """
+    try:
+        yield
+    except KvpreflightError as exc:
+        raise exc.under(name) from None
 
 
 class ConfigError(KvpreflightError):

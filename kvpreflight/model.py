@@ -27,7 +27,7 @@ class Role(str, enum.Enum):
     DECODE = "decode"
 
 
-class ProcessRole(str, enum.Enum):
+class ProcessRole(enum.StrEnum):
     """The role of any process of a deployment: an engine's role, or the router in front of them."""
 
     UNIFIED = "unified"

@@ -1,12 +1,11 @@
 """One `check` run: read every engine, probe through the entry, judge, and build the Report.
 
-`check`, `demo` and `check --boot` all come here with the same targets; boot mode only adds the
-log files it captured.
+Called through `kvpreflight.preflight` by `check`, `demo`, boot mode and the fleet, all with a
+`CheckPlan`; boot mode only adds the log files it captured.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
@@ -17,50 +16,17 @@ from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
 from kvpreflight.checks.advisory_data import load_advisories
 from kvpreflight.engines import EngineConfigError, EngineError, HttpClient, adapter_class, open_adapter
 from kvpreflight.engines.interface import EngineAdapter
-from kvpreflight.model import CheckResult, EngineSnapshot, Report, Role, Status, Waiver
+from kvpreflight.model import CheckResult, EngineSnapshot, Report, Role, Status
+from kvpreflight.plan import CheckPlan
 from kvpreflight.probes.capacity import CapacityProber, ProbeRun, ProbeSettings
 from kvpreflight.probes.isolation import IsolationRun, IsolationSettings, run_isolation
-
-PROBE_CHECKS = {"overcapacity-rejected", "prompt-integrity", "max-tokens-clamp", "concurrent-capacity", "engine-healthy-after"}
-
-
-@dataclass(frozen=True)
-class Target:
-    url: str
-    role: Role | None = None  # given on the command line (ROLE=URL); overrides the reported role
-
-
-@dataclass(frozen=True)
-class CheckOptions:
-    targets: tuple[Target, ...]
-    entry: str | None = None
-    engine: str = "auto"
-    model: str | None = None
-    context_length: int | None = None
-    logs: Mapping[str, Path] = field(default_factory=dict)  # url -> start-up log
-    headers: Mapping[str, str] = field(default_factory=dict)
-    ca_bundle: str | None = None
-    capacity_only: bool = False
-    waivers: tuple[Waiver, ...] = ()
-    timeout_s: float = 30.0
-    concurrency: int | None = None
-    accepted_tokens_per_second: float | None = None
-    advisory_dirs: tuple[Path, ...] = ()
-    known_markers: frozenset[str] = frozenset()
-    gpus: tuple[Mapping, ...] = ()
-    # Two-tenant probes: per-tenant headers (API key, tenant header) for tenants a and b; when
-    # either is set the deployment binds tenants itself and no cache_salt is added.
-    tenant_headers: tuple[Mapping[str, str], Mapping[str, str]] = ({}, {})
-    tenant_binding: str | None = None  # how the deployment tells tenants apart (None: cache_salt)
-    allow_disruptive: bool = False
-    booted: bool = False  # boot mode / demo: kvpreflight started the engines itself
 
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def run_check(options: CheckOptions, progress: Callable[[str], None] = lambda _: None) -> Report:
+def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: None) -> Report:
     started = _now()
     thresholds = load_thresholds()
     advisories = load_advisories(options.advisory_dirs)
@@ -107,14 +73,14 @@ def run_check(options: CheckOptions, progress: Callable[[str], None] = lambda _:
         client.close()
 
 
-def _groups(options: CheckOptions, snapshots: Sequence[EngineSnapshot]) -> list[tuple[str | None, list[EngineSnapshot]]]:
+def _groups(options: CheckPlan, snapshots: Sequence[EngineSnapshot]) -> list[tuple[str | None, list[EngineSnapshot]]]:
     """Which engines each probe run covers: all of them behind --entry, else each unified engine."""
     if options.entry or any(s.role is not Role.UNIFIED for s in snapshots):
         return [(options.entry.rstrip("/") if options.entry else None, list(snapshots))] if snapshots else []
     return [(s.url, [s]) for s in snapshots]
 
 
-def _probe(options: CheckOptions, entry_url: str | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
+def _probe(options: CheckPlan, entry_url: str | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
            settings: ProbeSettings, client: HttpClient, progress: Callable[[str], None]) -> ProbeRun | None:
     if options.capacity_only:
         return None
@@ -136,7 +102,7 @@ def _probe(options: CheckOptions, entry_url: str | None, group: list[EngineSnaps
         return ProbeRun(None, not_run=f"probes could not run: {exc}")
 
 
-def _isolate(options: CheckOptions, entry_url: str | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
+def _isolate(options: CheckPlan, entry_url: str | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
              settings: ProbeSettings, client: HttpClient, progress: Callable[[str], None], run: ProbeRun | None) -> IsolationRun | None:
     """The two-tenant probes, after the capacity probes and through the same entry."""
     if run is None:

@@ -301,12 +301,18 @@ def test_unwritable_log_folder_is_a_configuration_error(tmp_path):
 
 def test_deployment_says_which_engine_holds_which_gpu(tmp_path, reaper):
     from kvpreflight.gpus import Gpu, GpuInventory, GpuProcess
+    from kvpreflight.model import Role
+    from kvpreflight.plan import CheckPlan
+    from kvpreflight.preflight import booted_plan
+    from kvpreflight.targets import Target
 
     spec = spec_of(engine("p", "ok", role="prefill"), engine("d", "ok", role="decode"), entry="p")
     with boot_deployment(spec, tmp_path, stderr=io.StringIO()) as deployment:
         p, d = deployment.engines
         reaper.update({p.pid, d.pid})
-        assert deployment.endpoint_args() == (f"prefill={p.url}", f"decode={d.url}")
+        # A booted deployment becomes the check's targets directly (no ROLE=URL round trip).
+        plan = booted_plan(CheckPlan(targets=()), spec, deployment)
+        assert plan.targets == (Target(p.url, Role.PREFILL), Target(d.url, Role.DECODE)) and plan.booted
         found = GpuInventory(driver_version="580", gpus=(
             Gpu(0, "H100", "GPU-a", 80, 70, (GpuProcess(p.pid, 69, "compute"),)),
             Gpu(1, "H100", "GPU-b", 80, 70, (GpuProcess(d.pid, 69, "compute"),)),

@@ -71,11 +71,10 @@ def test_placeholders_defaults_and_gpus(tmp_path):
             {"name": "r", "role": "router", "url": "http://127.0.0.1:{port}", "port": "auto",
              "command": "router --prefill {p.url} --decode {d.url} --port {port}", "cwd": "sub"},
         ],
-        "checks": {"skip": [{"id": "isolation.cancel", "reason": "no cancel on this engine"}], "boundary": {"n": 3}},
+        "checks": {"skip": [{"id": "tenant-isolation", "reason": "no cancel on this engine"}]},
     }, source="pd.yaml", base_dir=str(tmp_path))
     assert parsed.entry == "r"  # the only router is the entry by default
-    assert parsed.checks.skip[0].check_id == "isolation.cancel"
-    assert parsed.checks.settings["boundary"] == {"n": 3}
+    assert parsed.checks.skip[0].check_id == "tenant-isolation"
     assert parsed.engines[2].cwd == str(tmp_path / "sub")
     plan = plan_deployment(parsed)
     p, d, r = plan.engines
@@ -106,7 +105,7 @@ def test_entry_may_be_a_url():
     (with_engine(port="x"), 'd.yaml: engines[0].port: expected an integer or "auto", got \'x\''),
     (with_engine(port=True), 'd.yaml: engines[0].port: expected an integer or "auto", got a boolean (true)'),
     (with_engine(port=70000), "d.yaml: engines[0].port: expected a port between 1 and 65535, got 70000"),
-    (with_engine(role="worker"), "d.yaml: engines[0].role: expected one of prefill, decode, unified, router, got 'worker'"),
+    (with_engine(role="worker"), "d.yaml: engines[0].role: expected one of unified, prefill, decode, router, got 'worker'"),
     (with_engine(name="a b"), "d.yaml: engines[0].name: 'a b' is not a valid name"),
     (with_engine(command=[]), "d.yaml: engines[0].command: is empty; give the program to start and its arguments"),
     (with_engine(command="srv 'unclosed"), "d.yaml: engines[0].command: cannot split into arguments: No closing quotation"),
@@ -129,7 +128,10 @@ def test_entry_may_be_a_url():
     (spec(engines=[GOOD_ENGINE, GOOD_ENGINE]), "d.yaml: engines[1].name: duplicate engine name 'e'; names must be unique"),
     (spec(engines=[GOOD_ENGINE, {**GOOD_ENGINE, "name": "f"}]), "d.yaml: entry: missing, and there is no single router to default to"),
     (spec(entry="nobody"), "d.yaml: entry: expected an engine name (e) or an http(s):// URL, got 'nobody'"),
-    (spec(checks={"skip": [{"id": "x"}]}), "d.yaml: checks.skip[0].reason: a skipped check needs a reason (it goes into the record)"),
+    (spec(checks={"skip": [{"id": "kv-capacity"}]}), "d.yaml: checks.skip[0].reason: a skipped check needs a reason (it goes into the record)"),
+    # A typo in a waiver or a setting must not silently drop it (found before anything boots).
+    (spec(checks={"skip": [{"id": "isolation.cancel", "reason": "r"}]}), "d.yaml: checks.skip[0].id: expected one of kv-capacity"),
+    (spec(checks={"boundary": {"n": 3}}), "d.yaml: checks.boundary: unknown key (expected one of: skip)"),
     (spec(checks={"skip": "all"}), "d.yaml: checks.skip: expected a list of {id, reason}, got 'all'"),
 ])
 def test_bad_spec_is_one_line_naming_the_field(data, message):

@@ -9,7 +9,7 @@ import pytest
 
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
-from kvpreflight.commands.options import tenant_headers
+from kvpreflight.commands.plan_options import CheckArgs, build_plan
 from kvpreflight.engines.interface import ERROR_LENGTH, Completion
 from kvpreflight.errors import UsageError
 from kvpreflight.model import EngineSnapshot, Role, Status, Waiver
@@ -211,10 +211,18 @@ def test_no_warm_cold_gap_never_warns():
 def test_tenant_keys_come_from_the_environment_and_bind_the_tenants(monkeypatch):
     monkeypatch.setenv("KEY_A", "secret-a")
     monkeypatch.setenv("KEY_B", "secret-b")
-    (a, b), binding = tenant_headers("KEY_A", "KEY_B", "X-Tenant")
+    plan = build_plan(tenant_args("KEY_A", "KEY_B", "X-Tenant"))
+    a, b = plan.tenant_headers
     assert a == {"Authorization": "Bearer secret-a", "X-Tenant": "a"} and b["X-Tenant"] == "b"
-    assert "secret" not in binding and "$KEY_A" in binding and "X-Tenant" in binding
-    assert tenant_headers(None, None, None) == (({}, {}), None)
+    binding = plan.tenant_binding
+    assert binding and "secret" not in binding and "$KEY_A" in binding and "X-Tenant" in binding
+    assert plan.auth.secrets == {"secret-a", "secret-b"}
+    plain = build_plan(tenant_args(None, None, None))
+    assert plain.tenant_headers == ({}, {}) and plain.tenant_binding is None
+
+
+def tenant_args(a: str | None, b: str | None, header: str | None) -> CheckArgs:
+    return CheckArgs(endpoints=("http://127.0.0.1:1",), tenant_a_key_env=a, tenant_b_key_env=b, tenant_header=header)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -229,7 +237,7 @@ def test_bad_tenant_options_are_usage_errors(monkeypatch, args, needle):
     monkeypatch.setenv("KEY_SAME", "secret-a")
     monkeypatch.delenv("UNSET_KEY", raising=False)
     with pytest.raises(UsageError) as err:
-        tenant_headers(*args)
+        build_plan(tenant_args(*args))
     assert needle in str(err.value) and "secret" not in str(err.value)
 
 

@@ -8,12 +8,13 @@ from typing import Any, Mapping
 
 from kvpreflight.boot import proctree
 from kvpreflight.boot.spec import DeploymentSpec
+from kvpreflight.model import ProcessRole
 
 
 @dataclass(frozen=True)
 class BootedEngine:
     name: str
-    role: str  # prefill | decode | unified | router
+    role: ProcessRole
     url: str
     ready_url: str
     pid: int  # also the process group id
@@ -48,11 +49,7 @@ class BootedDeployment:
     @property
     def workers(self) -> tuple[BootedEngine, ...]:
         """The engines that hold KV pools (everything but routers)."""
-        return tuple(e for e in self.engines if e.role != "router")
-
-    def endpoint_args(self) -> tuple[str, ...]:
-        """`ROLE=URL` for every worker, the form `kvpreflight check --endpoint` takes."""
-        return tuple(f"{e.role}={e.url}" for e in self.workers)
+        return tuple(e for e in self.engines if e.role is not ProcessRole.ROUTER)
 
     def gpu_records(self, found=None) -> tuple[Mapping[str, Any], ...]:
         """The GPU inventory (kvpreflight.gpus.inventory() unless `found` is given), one mapping

@@ -20,10 +20,11 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from kvpreflight.boot.errors import BootConfigError, BootError
-from kvpreflight.model import Waiver
+from kvpreflight.boot.errors import BootConfigError
+from kvpreflight.fields import FieldParser, describe
+from kvpreflight.model import ProcessRole, Waiver
 
-ROLES = ("prefill", "decode", "unified", "router")
+ROLES = tuple(r.value for r in ProcessRole)
 ENGINE_KINDS = ("sglang", "vllm", "llamacpp", "tgi", "builtin", "auto")
 DEFAULT_READY_TIMEOUT_S = 600.0
 DEFAULT_HEALTH_PATH = "/health"
@@ -46,7 +47,7 @@ class EngineSpec:
     """One engine process as the spec describes it (placeholders not yet filled in)."""
 
     name: str
-    role: str  # prefill | decode | unified | router
+    role: ProcessRole
     command: tuple[str, ...]
     env: Mapping[str, str] = field(default_factory=lambda: types.MappingProxyType({}))
     gpus: tuple[str, ...] = ()  # becomes CUDA_VISIBLE_DEVICES
@@ -60,13 +61,12 @@ class EngineSpec:
     @property
     def kind(self) -> str:
         """The engine kind: as given, or guessed from the command; "auto" when unknown."""
-        return self.engine if self.engine != "auto" else guess_engine_kind(self.command)
+        return self.engine if self.engine != "auto" else guess_enginedescribe(self.command)
 
 
 @dataclass(frozen=True)
 class ChecksSpec:
-    skip: tuple[Waiver, ...] = ()
-    settings: Mapping[str, Any] = field(default_factory=lambda: types.MappingProxyType({}))
+    skip: tuple[Waiver, ...] = ()  # waivers, each a known check id with a reason
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class DeploymentSpec:
         raise KeyError(name)
 
 
-def guess_engine_kind(command: tuple[str, ...]) -> str:
+def guess_enginedescribe(command: tuple[str, ...]) -> str:
     """A cheap guess from the command line; adapters confirm over HTTP."""
     text = " ".join(command).lower()
     if "kvpreflight" in text and "engine" in text:
@@ -125,16 +125,16 @@ def load_spec(path: str | os.PathLike[str]) -> DeploymentSpec:
 
 
 def parse_spec(data: Any, *, source: str = "<spec>", base_dir: str | None = None) -> DeploymentSpec:
-    """Turn already-loaded YAML data into a DeploymentSpec, or raise BootError (exit 2)."""
+    """Turn already-loaded YAML data into a DeploymentSpec, or raise BootConfigError (exit 2)."""
     p = _Parser(source, base_dir or os.getcwd())
     if not isinstance(data, dict):
-        raise p.error(None, f"expected a mapping with {', '.join(_TOP_KEYS)}, got {_kind(data)}")
+        raise p.error(None, f"expected a mapping with {', '.join(_TOP_KEYS)}, got {describe(data)}")
     p.unknown_keys(data, _TOP_KEYS, None)
     deployment = p.name(data.get("deployment"), "deployment", required=True, pattern=False)
     context_length = p.positive_int(data.get("context_length"), "context_length")
     raw_engines = data.get("engines")
     if not isinstance(raw_engines, list) or not raw_engines:
-        raise p.error("engines", f"expected a non-empty list of engines, got {_kind(raw_engines)}")
+        raise p.error("engines", f"expected a non-empty list of engines, got {describe(raw_engines)}")
     engines = tuple(p.engine(raw, f"engines[{i}]") for i, raw in enumerate(raw_engines))
     names = [e.name for e in engines]
     for i, name in enumerate(names):
@@ -156,64 +156,34 @@ def parse_spec(data: Any, *, source: str = "<spec>", base_dir: str | None = None
     )
 
 
-def _error(source: str, where: str | None, problem: str) -> BootError:
+def _error(source: str, where: str | None, problem: str) -> BootConfigError:
     prefix = f"{source}: {where}: " if where else f"{source}: "
     return BootConfigError(prefix + problem)
 
 
-def _kind(value: Any) -> str:
-    if value is None:
-        return "nothing"
-    if isinstance(value, bool):
-        return f"a boolean ({str(value).lower()})"
-    if isinstance(value, (int, float)):
-        return f"a number ({value})"
-    if isinstance(value, str):
-        return f"{value!r}"
-    if isinstance(value, list):
-        return "a list"
-    if isinstance(value, dict):
-        return "a mapping"
-    return type(value).__name__
+class _Parser(FieldParser):
+    """The spec's fields; errors are BootConfigError (exit 2)."""
 
-
-class _Parser:
     def __init__(self, source: str, base_dir: str) -> None:
-        self.source = source
-        self.base_dir = base_dir
-
-    def error(self, where: str | None, problem: str) -> BootError:
-        return _error(self.source, where, problem)
-
-    def unknown_keys(self, data: dict, allowed: tuple[str, ...], where: str | None) -> None:
-        for key in data:
-            if key not in allowed:
-                at = f"{where}.{key}" if where else str(key)
-                raise self.error(at, f"unknown key (expected one of: {', '.join(allowed)})")
+        super().__init__(source, base_dir, BootConfigError)
 
     def name(self, value: Any, where: str, *, required: bool, pattern: bool = True) -> str:
         if not isinstance(value, str) or not value.strip():
-            raise self.error(where, f"expected a non-empty string, got {_kind(value)}")
+            raise self.error(where, f"expected a non-empty string, got {describe(value)}")
         if pattern and not _NAME.match(value):
             raise self.error(where, f"{value!r} is not a valid name (letters, digits, '-' and '_'; "
                              "it names the log file and {NAME.port} placeholders)")
         return value
 
-    def positive_int(self, value: Any, where: str) -> int | None:
-        if value is None:
-            return None
-        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-            raise self.error(where, f"expected a positive integer, got {_kind(value)}")
-        return value
-
     def engine(self, raw: Any, where: str) -> EngineSpec:
         if not isinstance(raw, dict):
-            raise self.error(where, f"expected a mapping with name, role, command, port, got {_kind(raw)}")
+            raise self.error(where, f"expected a mapping with name, role, command, port, got {describe(raw)}")
         self.unknown_keys(raw, _ENGINE_KEYS, where)
         name = self.name(raw.get("name"), f"{where}.name", required=True)
         role = raw.get("role")
         if role not in ROLES:
-            raise self.error(f"{where}.role", f"expected one of {', '.join(ROLES)}, got {_kind(role)}")
+            raise self.error(f"{where}.role", f"expected one of {', '.join(ROLES)}, got {describe(role)}")
+        role = ProcessRole(role)
         command = self.command(raw.get("command"), f"{where}.command")
         env = self.env(raw.get("env"), f"{where}.env")
         gpus = self.gpus(raw.get("gpus"), f"{where}.gpus")
@@ -226,14 +196,14 @@ class _Parser:
             raise self.error(where, "needs a port (a number or auto) or a url to reach the engine at")
         timeout = raw.get("ready_timeout_s", DEFAULT_READY_TIMEOUT_S)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
-            raise self.error(f"{where}.ready_timeout_s", f"expected a positive number of seconds, got {_kind(timeout)}")
+            raise self.error(f"{where}.ready_timeout_s", f"expected a positive number of seconds, got {describe(timeout)}")
         kind = raw.get("engine", "auto")
         if kind not in ENGINE_KINDS:
-            raise self.error(f"{where}.engine", f"expected one of {', '.join(ENGINE_KINDS)}, got {_kind(kind)}")
+            raise self.error(f"{where}.engine", f"expected one of {', '.join(ENGINE_KINDS)}, got {describe(kind)}")
         cwd = raw.get("cwd")
         if cwd is not None:
             if not isinstance(cwd, str) or not cwd:
-                raise self.error(f"{where}.cwd", f"expected a folder path, got {_kind(cwd)}")
+                raise self.error(f"{where}.cwd", f"expected a folder path, got {describe(cwd)}")
             cwd = os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(cwd)))
         return EngineSpec(
             name=name, role=role, command=command, env=env, gpus=gpus, port=port, url=url,
@@ -250,10 +220,10 @@ class _Parser:
             argv = []
             for i, item in enumerate(value):
                 if isinstance(item, bool) or not isinstance(item, (str, int, float)):
-                    raise self.error(f"{where}[{i}]", f"expected a string, got {_kind(item)}")
+                    raise self.error(f"{where}[{i}]", f"expected a string, got {describe(item)}")
                 argv.append(str(item))
         else:
-            raise self.error(where, f"expected a list of arguments or a command string, got {_kind(value)}")
+            raise self.error(where, f"expected a list of arguments or a command string, got {describe(value)}")
         if not argv or not argv[0]:
             raise self.error(where, "is empty; give the program to start and its arguments")
         return tuple(argv)
@@ -262,7 +232,7 @@ class _Parser:
         if value is None:
             return types.MappingProxyType({})
         if not isinstance(value, dict):
-            raise self.error(where, f"expected a mapping of variable names to values, got {_kind(value)}")
+            raise self.error(where, f"expected a mapping of variable names to values, got {describe(value)}")
         env: dict[str, str] = {}
         for key, item in value.items():
             if not isinstance(key, str) or not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
@@ -270,7 +240,7 @@ class _Parser:
             if isinstance(item, bool):
                 item = "1" if item else "0"
             if not isinstance(item, (str, int, float)):
-                raise self.error(f"{where}.{key}", f"expected a string or number, got {_kind(item)}")
+                raise self.error(f"{where}.{key}", f"expected a string or number, got {describe(item)}")
             env[key] = str(item)
         return types.MappingProxyType(env)
 
@@ -278,7 +248,7 @@ class _Parser:
         if value is None:
             return ()
         if isinstance(value, bool):
-            raise self.error(where, f"expected GPU indices like [0, 1] or \"0,1\", got {_kind(value)}")
+            raise self.error(where, f"expected GPU indices like [0, 1] or \"0,1\", got {describe(value)}")
         if isinstance(value, int):
             items: list[Any] = [value]
         elif isinstance(value, str):
@@ -286,14 +256,14 @@ class _Parser:
         elif isinstance(value, list):
             items = value
         else:
-            raise self.error(where, f"expected GPU indices like [0, 1] or \"0,1\", got {_kind(value)}")
+            raise self.error(where, f"expected GPU indices like [0, 1] or \"0,1\", got {describe(value)}")
         out: list[str] = []
         for item in items:
             if isinstance(item, bool) or isinstance(item, int) and item < 0:
-                raise self.error(where, f"expected GPU indices (0, 1, ...) or UUIDs, got {_kind(item)}")
+                raise self.error(where, f"expected GPU indices (0, 1, ...) or UUIDs, got {describe(item)}")
             text = str(item).strip()
             if not text or not re.match(r"^(\d+|(GPU|MIG)-[0-9A-Za-z-]+)$", text):
-                raise self.error(where, f"expected GPU indices (0, 1, ...) or UUIDs, got {_kind(item)}")
+                raise self.error(where, f"expected GPU indices (0, 1, ...) or UUIDs, got {describe(item)}")
             if text in out:
                 raise self.error(where, f"GPU {text} is listed twice")
             out.append(text)
@@ -305,7 +275,7 @@ class _Parser:
         if value is None or value == "auto":
             return value
         if isinstance(value, bool) or not isinstance(value, int):
-            raise self.error(where, f"expected an integer or \"auto\", got {_kind(value)}")
+            raise self.error(where, f"expected an integer or \"auto\", got {describe(value)}")
         if not 1 <= value <= 65535:
             raise self.error(where, f"expected a port between 1 and 65535, got {value}")
         return value
@@ -319,10 +289,10 @@ class _Parser:
                 return value
             if not isinstance(value, str) or not re.match(r"^https?://[^/\s]+", value):
                 raise self.error(where, "expected an http(s):// URL, a path such as /health, or {url}/PATH, "
-                                 f"got {_kind(value)}")
+                                 f"got {describe(value)}")
             return value
         if not isinstance(value, str) or not re.match(r"^https?://[^/\s]+", value):
-            raise self.error(where, f"expected an http:// or https:// URL, got {_kind(value)}")
+            raise self.error(where, f"expected an http:// or https:// URL, got {describe(value)}")
         return value.rstrip("/")
 
     def entry(self, value: Any, engines: tuple[EngineSpec, ...]) -> str:
@@ -336,32 +306,14 @@ class _Parser:
             raise self.error("entry", "missing, and there is no single router to default to; set it to "
                              "the engine name (or URL) that clients send requests to")
         if not isinstance(value, str) or not (value in names or re.match(r"^https?://[^/\s]+", value)):
-            raise self.error("entry", f"expected an engine name ({', '.join(names)}) or an http(s):// URL, got {_kind(value)}")
+            raise self.error("entry", f"expected an engine name ({', '.join(names)}) or an http(s):// URL, got {describe(value)}")
         return value.rstrip("/")
 
     def checks(self, value: Any) -> ChecksSpec:
         if value is None:
             return ChecksSpec()
-        if not isinstance(value, dict):
-            raise self.error("checks", f"expected a mapping (skip: [...] and check settings), got {_kind(value)}")
-        raw_skip = value.get("skip", [])
-        if not isinstance(raw_skip, list):
-            raise self.error("checks.skip", f"expected a list of {{id, reason}}, got {_kind(raw_skip)}")
-        skip: list[Waiver] = []
-        for i, item in enumerate(raw_skip):
-            where = f"checks.skip[{i}]"
-            if not isinstance(item, dict):
-                raise self.error(where, f"expected a mapping with id and reason, got {_kind(item)}")
-            self.unknown_keys(item, ("id", "reason"), where)
-            check_id = item.get("id")
-            reason = item.get("reason")
-            if not isinstance(check_id, str) or not check_id.strip():
-                raise self.error(f"{where}.id", f"expected a check id, got {_kind(check_id)}")
-            if not isinstance(reason, str) or not reason.strip():
-                raise self.error(f"{where}.reason", "a skipped check needs a reason (it goes into the record)")
-            skip.append(Waiver(check_id=check_id.strip(), reason=reason.strip()))
-        settings = {k: v for k, v in value.items() if k != "skip"}
-        return ChecksSpec(skip=tuple(skip), settings=types.MappingProxyType(settings))
+        self.mapping(value, ("skip",), "checks", "a mapping with skip: [{id, reason}]")
+        return ChecksSpec(skip=self.waivers(value.get("skip"), "checks.skip"))
 
     def check_placeholders(self, engine: EngineSpec, where: str, names: list[str]) -> None:
         for i, arg in enumerate(engine.command):

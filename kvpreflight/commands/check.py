@@ -1,12 +1,22 @@
 """`kvpreflight check`: prove live engines' KV pools hold the served context and that
-over-capacity requests are hard-rejected. Parses arguments and wires the parts; no logic here."""
+over-capacity requests are hard-rejected. Parses arguments into a `CheckPlan`, calls
+`kvpreflight.preflight`, writes the outputs, returns the exit code. No logic here."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
+
+ENGINE_HELP = "auto|sglang|vllm|llamacpp|tgi|builtin"  # kvpreflight.engines.ENGINES (a test keeps them equal)
+FORMAT_HELP = "table|json|junit|sarif|github|markdown"  # kvpreflight.formats.FORMATS (a test keeps them equal)
+
+
+def progress(message: str) -> None:
+    sys.stderr.write(f"kvpreflight: {message}\n")
+    sys.stderr.flush()
 
 
 def register(app: typer.Typer) -> None:
@@ -14,7 +24,7 @@ def register(app: typer.Typer) -> None:
     def check(
         endpoint: Optional[List[str]] = typer.Option(None, "--endpoint", help="Engine URL, or ROLE=URL (prefill, decode, unified) to override the role it reports. Repeatable."),
         entry: Optional[str] = typer.Option(None, "--entry", help="Client-facing URL (router, load balancer, gateway) where probes are sent. Default: each unified endpoint itself."),
-        engine: str = typer.Option("auto", "--engine", help="auto|sglang|vllm|llamacpp|tgi|builtin"),
+        engine: str = typer.Option("auto", "--engine", help=ENGINE_HELP),
         model: Optional[str] = typer.Option(None, "--model", help="Model name the engines must serve (and the OpenAI `model` field)."),
         context_length: Optional[int] = typer.Option(None, "--context-length", help="Context length promised to users. Default: what the engine serves. The larger is checked."),
         log: Optional[List[str]] = typer.Option(None, "--log", help="URL=PATH of an engine's start-up log (an independent capacity source). Repeatable."),
@@ -29,7 +39,7 @@ def register(app: typer.Typer) -> None:
         allow_disruptive: bool = typer.Option(False, "--allow-disruptive", help="Also run the isolation scenarios that churn the engine (client disconnects, load near the pool) against a live deployment."),
         skip: Optional[List[str]] = typer.Option(None, "--skip", help="Waive a check id; needs a matching --reason. Repeatable."),
         reason: Optional[List[str]] = typer.Option(None, "--reason", help="Why the matching --skip is waived (kept in the report and record)."),
-        fmt: Optional[str] = typer.Option(None, "--format", help="table|json|junit|sarif|github|markdown (default: table)."),
+        fmt: Optional[str] = typer.Option(None, "--format", help=f"{FORMAT_HELP} (default: table)."),
         output: Optional[Path] = typer.Option(None, "--output", help="Write the report here instead of stdout."),
         timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for a rejection; accepted long prompts get more, scaled by size."),
         concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Near-limit requests sent at once by concurrent-capacity (default from checks/thresholds.yaml)."),
@@ -43,32 +53,42 @@ def register(app: typer.Typer) -> None:
         log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="With --boot: where engine logs go (default: a new temporary folder)."),
     ) -> None:
         """Check running engines (or boot them from a spec with --boot). Exit 0 pass, 1 a check failed, 2 usage error, 3 inconclusive."""
-        from kvpreflight.commands.run_check import CheckRequest, execute
+        from kvpreflight import preflight
+        from kvpreflight.commands.plan_options import CheckArgs, build_output, build_plan
+        from kvpreflight.errors import ConfigError
 
-        request = CheckRequest(
+        args = CheckArgs(
             endpoints=tuple(endpoint or ()), entry=entry, engine=engine, model=model, context_length=context_length,
             logs=tuple(log or ()), api_key_env=api_key_env, api_key_file=api_key_file, headers=tuple(header or ()),
             ca_bundle=ca_bundle, capacity_only=capacity_only, skips=tuple(skip or ()), reasons=tuple(reason or ()),
-            fmt=fmt, output=output, timeout=timeout, concurrency=concurrency, accepted_tps=accepted_tps,
-            advisories=tuple(advisories or ()), record=record, sign_key=sign_key, subjects=tuple(subject or ()),
-            unsigned=unsigned, tenant_a_key_env=tenant_a_key_env, tenant_b_key_env=tenant_b_key_env,
-            tenant_header=tenant_header, allow_disruptive=allow_disruptive,
+            timeout=timeout, concurrency=concurrency, accepted_tps=accepted_tps, advisories=tuple(advisories or ()),
+            tenant_a_key_env=tenant_a_key_env, tenant_b_key_env=tenant_b_key_env, tenant_header=tenant_header,
+            allow_disruptive=allow_disruptive,
         )
-        if boot is None:
-            if log_dir is not None:
-                from kvpreflight.errors import UsageError
+        # Everything is validated here, before any engine is contacted or booted.
+        spec = None
+        if boot is not None:
+            if endpoint or entry or log:
+                raise ConfigError("--boot takes its engines, entry and logs from the spec; drop --endpoint, --entry and --log")
+            from kvpreflight.boot import load_spec
 
-                raise UsageError("--log-dir only makes sense with --boot SPEC.yaml")
-            raise typer.Exit(execute(request))
-        import tempfile
+            spec = load_spec(boot)
+        elif log_dir is not None:
+            raise ConfigError("--log-dir only makes sense with --boot SPEC.yaml")
+        elif not endpoint:
+            raise ConfigError("no --endpoint given; pass the URL of every prefill, decode or unified engine, or --boot SPEC.yaml")
+        plan = build_plan(args, booted=spec is not None)
+        out = build_output(fmt=fmt, output=output, record=record, sign_key=sign_key, subjects=tuple(subject or ()),
+                           unsigned=unsigned, command_line=tuple(sys.argv), reads_files=bool(plan.logs) or spec is not None)
+        preflight.validate(plan)
+        if spec is None:
+            report = preflight.run(plan, progress)
+            files: tuple[Path, ...] = tuple(plan.logs.values())
+        else:
+            import tempfile
 
-        from kvpreflight.boot import load_spec
-        from kvpreflight.commands.run_check import execute_booted
-        from kvpreflight.errors import UsageError
-
-        if endpoint or entry or log:
-            raise UsageError("--boot takes its engines, entry and logs from the spec; drop --endpoint, --entry and --log")
-        spec = load_spec(boot)
-        folder = log_dir or Path(tempfile.mkdtemp(prefix=f"kvpreflight-{spec.deployment}-"))
-        raise typer.Exit(execute_booted(spec, request, log_dir=folder))
-
+            folder = log_dir or Path(tempfile.mkdtemp(prefix=f"kvpreflight-{spec.deployment}-"))
+            booted = preflight.run_booted(spec, plan, log_dir=folder, progress=progress)
+            report, files = booted.report, booted.files_read
+        preflight.publish(report, out, files_read=files, progress=progress)
+        raise typer.Exit(report.exit_code)

@@ -26,11 +26,27 @@ def register(app: typer.Typer) -> None:
 
         Exit codes as for `check`: 0 pass, 1 a check failed, 2 usage error, 3 inconclusive.
         """
-        from kvpreflight.demo import DemoSettings, run_demo
+        import sys
 
-        settings = DemoSettings(
+        from kvpreflight.commands.plan_options import build_output
+        from kvpreflight.demo import BuiltinDeployment, run_demo
+        from kvpreflight.errors import ConfigError
+
+        deployment = BuiltinDeployment(
             pool_ratio=pool_ratio, decode_pool_ratio=decode_pool_ratio, context_length=context_length,
-            faults=tuple(fault or ()), incident=incident, fmt=fmt, output=output, record=record,
-            sign_key=sign_key, log_dir=log_dir,
+            faults=tuple(fault or ()), incident=incident,
         )
-        raise typer.Exit(run_demo(settings))
+        flags = {"pool_ratio": "--pool-ratio", "decode_pool_ratio": "--decode-pool-ratio",
+                 "context_length": "--context-length", "faults": "--fault"}
+        try:
+            deployment.validate()
+        except ConfigError as exc:
+            field, _, rest = str(exc).partition(": ")
+            raise ConfigError(f"{flags.get(field.split('[')[0], field)}: {rest}") from None
+        # The record's key and subjects are the demo's own (a fresh key, its logs); only the format,
+        # the report file and the record's path come from here.
+        out = build_output(fmt=fmt, output=output, record=None, sign_key=None, subjects=(), unsigned=False,
+                           command_line=tuple(sys.argv), reads_files=True)
+        run = run_demo(deployment, out, log_dir=log_dir, sign_key=sign_key, record_path=record,
+                       command_line=tuple(sys.argv))
+        raise typer.Exit(run.report.exit_code)

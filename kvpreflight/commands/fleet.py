@@ -24,9 +24,12 @@ def register(app: typer.Typer) -> None:
         work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="Where booted deployments' logs go (on each node; default a new temporary folder)."),
     ) -> None:
         """Check many deployments at once. Exit 0 all pass, 1 one failed, 2 usage error, 3 one inconclusive (none failed)."""
+        import sys
+
         from kvpreflight.fleet import FleetRequest, execute
 
         raise typer.Exit(execute(FleetRequest(
             inventory=inventory, parallel=parallel, ray=ray, fmt=fmt, output=output, record=record,
             sign_key=sign_key, subjects=tuple(subject or ()), unsigned=unsigned, work_dir=work_dir,
+            command_line=tuple(sys.argv),
         )))

@@ -24,12 +24,12 @@ def register(app: typer.Typer) -> None:
 
         Exit 1: refused (the reason names the condition). Exit 2: bad input (missing or malformed file or key, bad option).
         """
-        from kvpreflight.record import Policy, RecordError, load_public_key, parse_duration, parse_subject, read_record, summary, verify_envelope
+        from kvpreflight.record import Policy, RecordError, load_public_key, parse_duration, parse_subjects, read_record, summary, verify_envelope
 
         if allow_fail and require_pass:
             raise RecordError("--allow-fail and --require-pass contradict each other; pass one")
         policy = Policy(
-            subjects=tuple(parse_subject(s) for s in subject or ()),
+            subjects=tuple(parse_subjects(subject)),
             any_subject=any_subject,
             max_age=parse_duration(max_age),
             allow_fail=allow_fail,

@@ -27,10 +27,13 @@ import re
 from dataclasses import dataclass
 from typing import Any, Union
 
-from kvpreflight.boot.spec import _kind
-from kvpreflight.boot.spec import _Parser as _SpecParser
+from kvpreflight.demo import BuiltinDeployment
+from kvpreflight.errors import KvpreflightError
+from kvpreflight.fields import FieldParser, describe
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.model import Waiver
+from kvpreflight.plan import CheckPlan
+from kvpreflight.targets import Auth, parse_endpoint, parse_endpoints, parse_log, parse_url, secret_from_env
 
 DEFAULT_TIMEOUT_S = 900.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -56,10 +59,20 @@ class AttachTarget:
     timeout: float = 30.0
 
     def engine_urls(self) -> frozenset[str]:
-        from kvpreflight.commands.options import parse_endpoint
-
-        urls = {parse_endpoint(e)[0] for e in self.endpoints}
+        urls = {parse_endpoint(e).url for e in self.endpoints}
         return frozenset(urls | ({self.entry} if self.entry else set()))
+
+    def plan(self, waivers: tuple[Waiver, ...]) -> CheckPlan:
+        """The check plan, built where the check runs: log files and the API key are read there."""
+        targets = parse_endpoints(self.endpoints)
+        logs = dict(parse_log(text, [t.url for t in targets]) for text in self.logs)
+        headers, secrets = {}, frozenset[str]()
+        if self.api_key_env:
+            key = secret_from_env(self.api_key_env)
+            headers, secrets = {"Authorization": f"Bearer {key}"}, frozenset({key})
+        return CheckPlan(targets=targets, entry=self.entry, engine=self.engine, model=self.model,
+                         context_length=self.context_length, logs=logs, auth=Auth(headers=headers, secrets=secrets),
+                         capacity_only=self.capacity_only, timeout_s=self.timeout, waivers=waivers)
 
 
 @dataclass(frozen=True)
@@ -71,14 +84,8 @@ class BootTarget:
     fixed_ports: tuple[int, ...] = ()
 
 
-@dataclass(frozen=True)
-class BuiltinTarget:
-    """A builtin prefill/decode/router trio, as `kvpreflight demo` boots it (faults included)."""
-
-    pool_ratio: float = 2.0
-    decode_pool_ratio: float = 2.0
-    context_length: int = 8192
-    faults: tuple[str, ...] = ()
+# A builtin prefill/decode/router trio, as `kvpreflight demo` boots it (faults included).
+BuiltinTarget = BuiltinDeployment
 
 
 Target = Union[AttachTarget, BootTarget, BuiltinTarget]
@@ -156,20 +163,20 @@ def load_inventory(path: str | os.PathLike[str]) -> Inventory:
 def parse_inventory(data: Any, *, source: str = "<inventory>", base_dir: str | None = None, sha256: str = "") -> Inventory:
     p = _Parser(source, base_dir or os.getcwd())
     if not isinstance(data, dict):
-        raise p.error(None, f"expected a mapping with {', '.join(_TOP_KEYS)}, got {_kind(data)}")
+        raise p.error(None, f"expected a mapping with {', '.join(_TOP_KEYS)}, got {describe(data)}")
     p.unknown_keys(data, _TOP_KEYS, None)
     name = data.get("fleet", os.path.splitext(os.path.basename(source))[0] if _NAME.match(os.path.basename(source)) else "fleet")
     if not isinstance(name, str) or not _NAME.match(name):
-        raise p.error("fleet", f"expected a name (letters, digits, '.', '-', '_'), got {_kind(name)}")
+        raise p.error("fleet", f"expected a name (letters, digits, '.', '-', '_'), got {describe(name)}")
     defaults = data.get("defaults") or {}
     if not isinstance(defaults, dict):
-        raise p.error("defaults", f"expected a mapping, got {_kind(defaults)}")
+        raise p.error("defaults", f"expected a mapping, got {describe(defaults)}")
     p.unknown_keys(defaults, _DEFAULT_KEYS, "defaults")
     default_timeout = p.positive_number(defaults.get("timeout_s", DEFAULT_TIMEOUT_S), "defaults.timeout_s")
     subjects = p.subjects(defaults.get("subjects"), "defaults.subjects")
     raw = data.get("deployments")
     if not isinstance(raw, list) or not raw:
-        raise p.error("deployments", f"expected a non-empty list of deployments, got {_kind(raw)}")
+        raise p.error("deployments", f"expected a non-empty list of deployments, got {describe(raw)}")
     deployments = tuple(p.deployment(item, f"deployments[{i}]", default_timeout) for i, item in enumerate(raw))
     seen: dict[str, int] = {}
     for i, d in enumerate(deployments):
@@ -179,48 +186,19 @@ def parse_inventory(data: Any, *, source: str = "<inventory>", base_dir: str | N
     return Inventory(name=name, deployments=deployments, source=source, sha256=sha256, subjects=subjects)
 
 
-class _Parser(_SpecParser):
-    """The boot spec's parser (unknown keys, integers, messages), with the fleet's error type."""
+class _Parser(FieldParser):
+    """The inventory's fields; errors are FleetError (exit 2)."""
 
-    def error(self, where: str | None, problem: str) -> FleetError:
-        return FleetError(f"{self.source}: {where}: {problem}" if where else f"{self.source}: {problem}")
-
-    def positive_number(self, value: Any, where: str) -> float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-            raise self.error(where, f"expected a positive number, got {_kind(value)}")
-        return float(value)
-
-    def strings(self, value: Any, where: str) -> tuple[str, ...]:
-        if value is None:
-            return ()
-        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
-            raise self.error(where, f"expected a list of strings, got {_kind(value)}")
-        return tuple(value)
-
-    def optional_str(self, value: Any, where: str) -> str | None:
-        if value is not None and (not isinstance(value, str) or not value.strip()):
-            raise self.error(where, f"expected a non-empty string, got {_kind(value)}")
-        return value
-
-    def subjects(self, value: Any, where: str) -> tuple[str, ...]:
-        from kvpreflight.errors import KvpreflightError
-        from kvpreflight.record import parse_subject
-
-        items = self.strings(value, where)
-        for i, text in enumerate(items):
-            try:
-                parse_subject(text)
-            except KvpreflightError as exc:
-                raise self.error(f"{where}[{i}]", str(exc).replace("--subject ", "", 1)) from None
-        return items
+    def __init__(self, source: str, base_dir: str) -> None:
+        super().__init__(source, base_dir, FleetError)
 
     def deployment(self, raw: Any, where: str, default_timeout: float) -> Deployment:
         if not isinstance(raw, dict):
-            raise self.error(where, f"expected a mapping with name and one of attach, boot, builtin, got {_kind(raw)}")
+            raise self.error(where, f"expected a mapping with name and one of attach, boot, builtin, got {describe(raw)}")
         self.unknown_keys(raw, _DEPLOYMENT_KEYS, where)
         name = raw.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise self.error(f"{where}.name", f"expected a name (letters, digits, '.', '-', '_'; it names the record file), got {_kind(name)}")
+            raise self.error(f"{where}.name", f"expected a name (letters, digits, '.', '-', '_'; it names the record file), got {describe(name)}")
         kinds = [k for k in ("attach", "boot", "builtin") if raw.get(k) is not None]
         if len(kinds) != 1:
             raise self.error(where, f"give exactly one of attach, boot, builtin (got {', '.join(kinds) or 'none'})")
@@ -237,58 +215,48 @@ class _Parser(_SpecParser):
         )
 
     def attach(self, raw: Any, where: str) -> AttachTarget:
-        from kvpreflight.commands import options as opt
         from kvpreflight.engines import ENGINES
-        from kvpreflight.errors import KvpreflightError
 
-        if not isinstance(raw, dict):
-            raise self.error(where, f"expected a mapping with endpoints and entry, got {_kind(raw)}")
-        self.unknown_keys(raw, _ATTACH_KEYS, where)
+        self.mapping(raw, _ATTACH_KEYS, where, "a mapping with endpoints and entry")
         endpoints = self.strings(raw.get("endpoints"), f"{where}.endpoints")
         if not endpoints:
             raise self.error(f"{where}.endpoints", "missing; list every prefill, decode or unified engine URL (ROLE=URL to set the role)")
         urls: list[str] = []
         for i, text in enumerate(endpoints):
             try:
-                url = opt.parse_endpoint(text)[0]
+                url = parse_endpoint(text).url
             except KvpreflightError as exc:
-                raise self.error(f"{where}.endpoints[{i}]", str(exc).replace("--endpoint ", "", 1)) from None
+                raise self.adopt(f"{where}.endpoints[{i}]", exc) from None
             if url in urls:
                 raise self.error(f"{where}.endpoints[{i}]", f"{url} listed twice")
             urls.append(url)
         entry = self.optional_str(raw.get("entry"), f"{where}.entry")
         if entry is not None:
             try:
-                entry = opt.parse_url(entry, "entry")
+                entry = parse_url(entry)
             except KvpreflightError as exc:
-                raise self.error(f"{where}.entry", str(exc)) from None
+                raise self.adopt(f"{where}.entry", exc) from None
         engine = raw.get("engine", "auto")
         if engine != "auto" and engine not in ENGINES:
-            raise self.error(f"{where}.engine", f"expected auto or one of {', '.join(ENGINES)}, got {_kind(engine)}")
+            raise self.error(f"{where}.engine", f"expected auto or one of {', '.join(ENGINES)}, got {describe(engine)}")
         logs = self.strings(raw.get("logs"), f"{where}.logs")
         for i, text in enumerate(logs):
             url, sep, path = text.rpartition("=")
             if not sep or not path or url.rstrip("/") not in urls:
-                raise self.error(f"{where}.logs[{i}]", f"write it as URL=PATH with URL one of the endpoints, got {_kind(text)}")
-        env_name = self.optional_str(raw.get("api_key_env"), f"{where}.api_key_env")
-        if env_name is not None and not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", env_name):
-            raise self.error(f"{where}.api_key_env", f"the NAME of the environment variable holding the key, got {_kind(env_name)}")
-        capacity_only = raw.get("capacity_only", False)
-        if not isinstance(capacity_only, bool):
-            raise self.error(f"{where}.capacity_only", f"expected true or false, got {_kind(capacity_only)}")
+                raise self.error(f"{where}.logs[{i}]", f"write it as URL=PATH with URL one of the endpoints, got {describe(text)}")
         return AttachTarget(
             endpoints=endpoints, entry=entry, engine=engine, model=self.optional_str(raw.get("model"), f"{where}.model"),
             context_length=self.positive_int(raw.get("context_length"), f"{where}.context_length"), logs=logs,
-            api_key_env=env_name, capacity_only=capacity_only,
+            api_key_env=self.env_name(raw.get("api_key_env"), f"{where}.api_key_env"),
+            capacity_only=self.boolean(raw.get("capacity_only"), f"{where}.capacity_only"),
             timeout=self.positive_number(raw.get("timeout", 30.0), f"{where}.timeout"),
         )
 
     def boot(self, raw: Any, where: str) -> BootTarget:
         from kvpreflight.boot import parse_spec
-        from kvpreflight.errors import KvpreflightError
 
         if not isinstance(raw, str) or not raw.strip():
-            raise self.error(where, f"expected the path of a boot spec, got {_kind(raw)}")
+            raise self.error(where, f"expected the path of a boot spec, got {describe(raw)}")
         path = os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(raw)))
         try:
             with open(path, encoding="utf-8") as handle:
@@ -302,50 +270,19 @@ class _Parser(_SpecParser):
         except yaml.YAMLError:
             raise self.error(where, f"{path}: not valid YAML") from None
         except KvpreflightError as exc:
-            raise self.error(where, str(exc)) from None
+            raise self.adopt(where, exc) from None
         ports = tuple(e.port for e in spec.engines if isinstance(e.port, int))
         return BootTarget(spec_path=path, spec_text=text, fixed_ports=ports)
 
-    def builtin(self, raw: Any, where: str) -> BuiltinTarget:
-        from kvpreflight.builtin_engine.config import FAULTS
-
+    def builtin(self, raw: Any, where: str) -> BuiltinDeployment:
         if raw is True:
             raw = {}
-        if not isinstance(raw, dict):
-            raise self.error(where, f"expected a mapping ({', '.join(_BUILTIN_KEYS)}), got {_kind(raw)}")
-        self.unknown_keys(raw, _BUILTIN_KEYS, where)
-        ratios = []
-        for key in ("pool_ratio", "decode_pool_ratio"):
-            value = self.positive_number(raw.get(key, 2.0), f"{where}.{key}")
-            if value > 64:
-                raise self.error(f"{where}.{key}", f"expected a ratio between 0 and 64, got {value:g}")
-            ratios.append(value)
-        context = self.positive_int(raw.get("context_length", 8192), f"{where}.context_length")
-        if not 256 <= context <= 262144:  # type: ignore[operator]
-            raise self.error(f"{where}.context_length", f"expected 256 to 262144 for the builtin engine, got {context}")
+        self.mapping(raw, _BUILTIN_KEYS, where, f"a mapping ({', '.join(_BUILTIN_KEYS)})")
         faults = self.strings(raw.get("faults"), f"{where}.faults")
-        for i, fault in enumerate(faults):
-            if fault not in FAULTS:
-                raise self.error(f"{where}.faults[{i}]", f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}")
-        return BuiltinTarget(pool_ratio=ratios[0], decode_pool_ratio=ratios[1], context_length=context, faults=faults)  # type: ignore[arg-type]
-
-    def waivers(self, raw: Any, where: str) -> tuple[Waiver, ...]:
-        from kvpreflight.checks import CHECK_IDS
-
-        if raw is None:
-            return ()
-        if not isinstance(raw, list):
-            raise self.error(where, f"expected a list of {{id, reason}}, got {_kind(raw)}")
-        out = []
-        for i, item in enumerate(raw):
-            at = f"{where}[{i}]"
-            if not isinstance(item, dict):
-                raise self.error(at, f"expected a mapping with id and reason, got {_kind(item)}")
-            self.unknown_keys(item, ("id", "reason"), at)
-            if item.get("id") not in CHECK_IDS:
-                raise self.error(f"{at}.id", f"expected one of {', '.join(CHECK_IDS)}, got {_kind(item.get('id'))}")
-            reason = item.get("reason")
-            if not isinstance(reason, str) or not reason.strip():
-                raise self.error(f"{at}.reason", "a skipped check needs a reason (it goes into the record)")
-            out.append(Waiver(item["id"], reason.strip()))
-        return tuple(out)
+        deployment = BuiltinDeployment(pool_ratio=raw.get("pool_ratio", 2.0), decode_pool_ratio=raw.get("decode_pool_ratio", 2.0),
+                                       context_length=raw.get("context_length", 8192), faults=faults)
+        try:
+            deployment.validate()
+        except KvpreflightError as exc:  # "pool_ratio: must be ..." -> "deployments[1].builtin.pool_ratio: must be ..."
+            raise self.error_type(f"{self.source}: {where}.{exc}") from None
+        return deployment

@@ -89,22 +89,17 @@ def _outcome_from_statement(name: str, statement: Mapping[str, Any]) -> Outcome:
 
 
 def _attached(deployment: Deployment, settings: JobSettings) -> Outcome:
-    from kvpreflight.commands.run_check import CheckRequest, prepare
-    from kvpreflight.pipeline import run_check
+    from kvpreflight import preflight
     from kvpreflight.record import build_statement, parse_subjects
 
     t = deployment.target
     assert isinstance(t, AttachTarget)
-    request = CheckRequest(
-        endpoints=t.endpoints, entry=t.entry, engine=t.engine, model=t.model, context_length=t.context_length,
-        logs=t.logs, api_key_env=t.api_key_env, capacity_only=t.capacity_only, timeout=t.timeout,
-        skips=tuple(w.check_id for w in deployment.waivers), reasons=tuple(w.reason for w in deployment.waivers),
-    )
-    options, _ = prepare(request)
-    report = run_check(options)
+    plan = t.plan(deployment.waivers)
+    preflight.validate(plan)
+    report = preflight.run(plan)
     statement = build_statement(report, command_line=_command_line(deployment, settings),
                                 subjects=parse_subjects(_subjects(deployment, settings)),
-                                files_read=list(options.logs.values()))
+                                files_read=list(plan.logs.values()))
     return _outcome_from_statement(deployment.name, statement)
 
 

@@ -28,6 +28,7 @@ class FleetRequest:
     subjects: tuple[str, ...] = ()
     unsigned: bool = False
     work_dir: Path | None = None
+    command_line: tuple[str, ...] = ("kvpreflight", "fleet")  # for the records (secrets redacted there)
 
 
 def say(message: str) -> None:
@@ -106,7 +107,7 @@ def execute(request: FleetRequest) -> int:
     work_dir = request.work_dir
     if work_dir is None and runner.name == "local":
         work_dir = Path(tempfile.mkdtemp(prefix=f"kvpreflight-fleet-{inventory.name}-"))
-    settings = JobSettings(command_line=tuple(sys.argv), subjects=tuple(str(s) for s in subjects),
+    settings = JobSettings(command_line=request.command_line, subjects=tuple(str(s) for s in subjects),
                            work_dir=str(work_dir.resolve()) if work_dir else None)
     shared = sum(1 for b in batches if len(b) > 1)
     say(f"{len(inventory.deployments)} deployment(s) from {request.inventory}, runner {runner.name}"
@@ -118,7 +119,7 @@ def execute(request: FleetRequest) -> int:
                          started_at=started, finished_at=_now(), tool_version=__version__)
     records: dict[str, str] = {}
     if request.record is not None:
-        records = write_fleet_records(report, record=request.record, signer=signer, subjects=subjects, command_line=list(sys.argv))
+        records = write_fleet_records(report, record=request.record, signer=signer, subjects=subjects, command_line=list(request.command_line))
         say(f"fleet record written to {request.record} ({'signed' if signer else 'UNSIGNED'}), "
             f"{len(records)} deployment record(s) beside it")
     _write(report, fmt, request.output, records)

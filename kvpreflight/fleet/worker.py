@@ -6,10 +6,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from kvpreflight.fleet.job import PARENT_ENV
+
+if TYPE_CHECKING:
+    from kvpreflight.boot.spec import DeploymentSpec
 
 
 def _die_with_parent() -> None:
@@ -26,25 +31,23 @@ def _die_with_parent() -> None:
         sys.exit(3)
 
 
-def _spec(job: dict):
+def _spec(job: dict[str, Any]) -> DeploymentSpec:
     from kvpreflight.boot import parse_spec
 
     target = job["target"]
     if job["kind"] == "builtin":
-        from kvpreflight.demo import DemoSettings, demo_spec
+        from kvpreflight.demo import BuiltinDeployment, demo_spec
 
-        return demo_spec(DemoSettings(pool_ratio=target["pool_ratio"], decode_pool_ratio=target["decode_pool_ratio"],
-                                      context_length=target["context_length"], faults=tuple(target["faults"])))
+        return demo_spec(BuiltinDeployment(pool_ratio=target["pool_ratio"], decode_pool_ratio=target["decode_pool_ratio"],
+                                           context_length=target["context_length"], faults=tuple(target["faults"])))
     import yaml
 
     path = target["spec_path"]
     return parse_spec(yaml.safe_load(target["spec_text"]), source=path, base_dir=os.path.dirname(path))
 
 
-def _start_reaper():
+def _start_reaper() -> subprocess.Popen[bytes]:
     """A watcher in its own session that stops our engines if this process is SIGKILLed."""
-    import subprocess
-
     return subprocess.Popen([sys.executable, "-m", "kvpreflight.fleet.reaper", str(os.getpid())], start_new_session=True,
                             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sys.stderr, close_fds=True)
 
@@ -60,21 +63,29 @@ def main() -> int:
 
 
 def _run() -> int:
-    from kvpreflight.commands._run import error
-    from kvpreflight.commands.run_check import CheckRequest, execute_booted
+    from kvpreflight import preflight
     from kvpreflight.errors import KvpreflightError
+    from kvpreflight.model import Waiver
+    from kvpreflight.plan import CheckPlan, OutputPlan
 
     job = json.load(sys.stdin)
-    sys.argv = list(job["command_line"])  # what the record's command_line shows
-    request = CheckRequest(
-        endpoints=(), fmt="json", output=Path(job["report"]), record=Path(job["record"]), unsigned=True,
-        subjects=tuple(job["subjects"]), skips=tuple(job["skips"]), reasons=tuple(job["reasons"]),
-    )
     try:
-        return execute_booted(_spec(job), request, log_dir=Path(job["log_dir"]))
+        record = preflight.prepare_record(Path(job["record"]), sign_key=None, subjects=job["subjects"], unsigned=True,
+                                          command_line=job["command_line"], reads_files=True)
+        waivers = tuple(Waiver(c, r) for c, r in zip(job["skips"], job["reasons"]))
+        booted = preflight.run_booted(_spec(job), CheckPlan(targets=(), waivers=waivers), log_dir=Path(job["log_dir"]),
+                                      progress=_progress)
+        preflight.publish(booted.report, OutputPlan(format="json", path=Path(job["report"]), record=record),
+                          files_read=booted.files_read, progress=_progress)
+        return booted.report.exit_code
     except KvpreflightError as exc:
-        error(str(exc))
+        sys.stderr.write(f"kvpreflight: error: {' '.join(str(exc).split())}\n")
         return exc.exit_code
+
+
+def _progress(message: str) -> None:
+    sys.stderr.write(f"kvpreflight: {message}\n")
+    sys.stderr.flush()
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ import os
 from pathlib import Path
 from typing import Iterable
 
+from kvpreflight.errors import naming
 from kvpreflight.record.errors import RecordError
 from kvpreflight.record.keys import SIGN_KEY_ENV, SigningKey, load_signing_key, resolve_sign_key_path
 from kvpreflight.record.sign import sign_statement, unsigned_envelope, write_record
@@ -20,7 +21,9 @@ from kvpreflight.record.statement import Subject, build_statement, parse_subject
 
 
 def parse_subjects(options: Iterable[str] | None) -> list[Subject]:
-    return [parse_subject(text) for text in options or ()]
+    """`NAME=sha256:HEX` strings; an error names the `--subject` it came from."""
+    with naming("--subject"):
+        return [parse_subject(text) for text in options or ()]
 
 
 def prepare_signer(sign_key: str | os.PathLike[str] | None, *, unsigned: bool) -> SigningKey | None:

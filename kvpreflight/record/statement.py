@@ -56,14 +56,14 @@ def parse_subject(text: str) -> Subject:
     """Parse ``NAME=sha256:HEX`` strictly. Anything else is a usage error (exit 2)."""
     name, sep, digest = text.rpartition("=")
     if not sep or not name.strip():
-        raise RecordError(f"--subject {text!r} has no NAME=; {SUBJECT_USAGE}")
+        raise RecordError(f"{text!r} has no NAME=; {SUBJECT_USAGE}")
     if name != name.strip() or any(c.isspace() for c in name):
-        raise RecordError(f"--subject {text!r}: the name contains whitespace; {SUBJECT_USAGE}")
+        raise RecordError(f"{text!r}: the name contains whitespace; {SUBJECT_USAGE}")
     algo, colon, hexdigest = digest.partition(":")
     if not colon or algo != "sha256":
-        raise RecordError(f"--subject {text!r}: digest must start with sha256:; {SUBJECT_USAGE}")
+        raise RecordError(f"{text!r}: digest must start with sha256:; {SUBJECT_USAGE}")
     if not _HEX64.fullmatch(hexdigest):
-        raise RecordError(f"--subject {text!r}: sha256 digest must be exactly 64 hex digits, got {len(hexdigest)} characters; {SUBJECT_USAGE}")
+        raise RecordError(f"{text!r}: sha256 digest must be exactly 64 hex digits, got {len(hexdigest)} characters; {SUBJECT_USAGE}")
     return Subject(name=name, sha256=hexdigest.lower())
 
 

@@ -1,0 +1,130 @@
+"""Turns `check`'s (and `demo`'s) option values into a `CheckPlan` and an `OutputPlan`.
+
+The parsing itself is the library's (`kvpreflight.targets`, `kvpreflight.preflight`); this module
+only says which flag each value came from, so an error reads "--endpoint: 'ftp://x' is not ...".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from kvpreflight.errors import ConfigError, naming
+from kvpreflight.plan import CheckPlan, OutputPlan
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckArgs:
+    """`check`'s options as typed on the command line, unparsed."""
+
+    endpoints: tuple[str, ...] = ()
+    entry: str | None = None
+    engine: str = "auto"
+    model: str | None = None
+    context_length: int | None = None
+    logs: tuple[str, ...] = ()
+    api_key_env: str | None = None
+    api_key_file: Path | None = None
+    headers: tuple[str, ...] = ()
+    ca_bundle: Path | None = None
+    capacity_only: bool = False
+    skips: tuple[str, ...] = ()
+    reasons: tuple[str, ...] = ()
+    timeout: float = 30.0
+    concurrency: int | None = None
+    accepted_tps: float | None = None
+    advisories: tuple[Path, ...] = ()
+    tenant_a_key_env: str | None = None
+    tenant_b_key_env: str | None = None
+    tenant_header: str | None = None
+    allow_disruptive: bool = False
+
+
+def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
+    """The validated plan. With `booted`, targets come later from the booted deployment."""
+    from kvpreflight import targets as t
+    from kvpreflight.checks import CHECK_IDS
+    from kvpreflight.engines import ENGINES
+    from kvpreflight.targets import Auth
+
+    with naming("--endpoint"):
+        endpoints = t.parse_endpoints(args.endpoints)
+    with naming("--entry"):
+        entry = t.parse_url(args.entry) if args.entry else None
+    if args.engine != "auto" and args.engine not in ENGINES:
+        raise ConfigError(f"--engine {args.engine!r}: choose auto or one of {', '.join(ENGINES)}")
+    for flag, value in (("--context-length", args.context_length), ("--timeout", args.timeout),
+                        ("--concurrency", args.concurrency), ("--accepted-tokens-per-second", args.accepted_tps)):
+        with naming(flag):
+            t.positive(value)
+    if args.ca_bundle is not None and not args.ca_bundle.is_file():
+        raise ConfigError(f"--ca-bundle {args.ca_bundle}: no such file")
+    for folder in args.advisories:
+        if not folder.is_dir():
+            raise ConfigError(f"--advisories {folder}: not a folder")
+    logs = {}
+    with naming("--log"):
+        for text in args.logs:
+            url, path = t.parse_log(text, [e.url for e in endpoints])
+            logs[url] = path
+    headers: dict[str, str] = {}
+    secrets: set[str] = set()
+    with naming("--header"):
+        for text in args.headers:
+            name, value = t.parse_header(text)
+            headers[name] = value
+    if args.api_key_env and args.api_key_file:
+        raise ConfigError("--api-key-env and --api-key-file both given; pass one")
+    key = None
+    if args.api_key_env:
+        with naming(f"--api-key-env {args.api_key_env}"):
+            key = t.secret_from_env(args.api_key_env)
+    elif args.api_key_file:
+        with naming("--api-key-file"):
+            key = t.secret_from_file(args.api_key_file)
+    if key:
+        headers["Authorization"] = f"Bearer {key}"
+        secrets.add(key)
+    if bool(args.tenant_a_key_env) != bool(args.tenant_b_key_env):
+        raise ConfigError("--tenant-a-key-env and --tenant-b-key-env go together: give both tenants their own key")
+    if args.tenant_a_key_env and args.tenant_a_key_env == args.tenant_b_key_env:
+        raise ConfigError("--tenant-a-key-env and --tenant-b-key-env name the same variable; the tenants need different keys")
+    tenant_keys: list[str | None] = []
+    for flag, env_name in (("--tenant-a-key-env", args.tenant_a_key_env), ("--tenant-b-key-env", args.tenant_b_key_env)):
+        with naming(f"{flag} {env_name}"):
+            tenant_keys.append(t.secret_from_env(env_name) if env_name else None)
+    secrets.update(k for k in tenant_keys if k)
+    with naming("--tenant-a-key-env/--tenant-b-key-env/--tenant-header"):
+        tenant_headers, binding = t.tenant_auth(
+            tenant_keys[0], tenant_keys[1], args.tenant_header,
+            key_names=(f"${args.tenant_a_key_env}", f"${args.tenant_b_key_env}"))
+    if len(args.skips) != len(args.reasons):
+        raise ConfigError("every --skip CHECK_ID needs its own --reason TEXT (no reason, no skip)")
+    with naming("--skip"):
+        waivers = tuple(t.parse_waiver(c, r, CHECK_IDS) for c, r in zip(args.skips, args.reasons))
+    return CheckPlan(
+        targets=endpoints, entry=entry, engine=args.engine, model=args.model, context_length=args.context_length,
+        logs=logs, auth=Auth(headers=headers, ca_bundle=str(args.ca_bundle) if args.ca_bundle else None,
+                             tenant_headers=tenant_headers, tenant_binding=binding, secrets=frozenset(secrets)),
+        capacity_only=args.capacity_only, timeout_s=args.timeout, concurrency=args.concurrency,
+        accepted_tokens_per_second=args.accepted_tps, allow_disruptive=args.allow_disruptive, waivers=waivers,
+        advisory_dirs=args.advisories, booted=booted,
+    )
+
+
+def build_output(*, fmt: str | None, output: Path | None, record: Path | None, sign_key: str | None,
+                 subjects: tuple[str, ...], unsigned: bool, command_line: tuple[str, ...],
+                 reads_files: bool) -> OutputPlan:
+    """The report format and file, and the record plan (key loaded, subjects parsed) if asked for."""
+    from kvpreflight.formats import FORMATS
+    from kvpreflight.preflight import prepare_record
+
+    if fmt is not None and fmt not in FORMATS:
+        raise ConfigError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    record_plan = None
+    if record is not None:
+        record_plan = prepare_record(record, sign_key=sign_key, subjects=subjects, unsigned=unsigned,
+                                     command_line=command_line, reads_files=reads_files)
+    elif sign_key or subjects or unsigned:
+        raise ConfigError("--sign-key, --subject and --unsigned only make sense with --record FILE")
+    return OutputPlan(format=fmt or "table", path=output, record=record_plan)

@@ -1,0 +1,133 @@
+"""The one small parser that maps loaded YAML onto typed values, for boot specs and fleet inventories.
+
+Every problem is one line naming the file and the field (``spec.yaml: engines[1].port: expected an
+integer or "auto", got 'x'``), raised as the front end's own ConfigError subclass. Unknown keys
+and unknown check ids are errors: a typo must not silently drop a setting or a waiver.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable, Sequence
+
+from kvpreflight.errors import ConfigError, KvpreflightError
+from kvpreflight.model import Waiver
+
+ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+def describe(value: Any) -> str:
+    """A short description of a YAML value for an error message."""
+    if value is None:
+        return "nothing"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, (int, float)):
+        return f"a number ({value})"
+    if isinstance(value, str):
+        return f"{value[:80]!r}" + ("..." if len(value) > 80 else "")
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, dict):
+        return "a mapping"
+    return type(value).__name__
+
+
+class FieldParser:
+    """Reads fields of one file; `error_type` is the front end's ConfigError subclass."""
+
+    def __init__(self, source: str, base_dir: str, error_type: Callable[[str], ConfigError] = ConfigError) -> None:
+        self.source = source
+        self.base_dir = base_dir
+        self.error_type = error_type
+
+    def error(self, where: str | None, problem: str) -> ConfigError:
+        return self.error_type(f"{self.source}: {where}: {problem}" if where else f"{self.source}: {problem}")
+
+    def adopt(self, where: str, exc: KvpreflightError) -> ConfigError:
+        """A library parser's error (which names no field), placed at `where`."""
+        return self.error(where, str(exc))
+
+    def mapping(self, value: Any, allowed: Sequence[str], where: str | None, what: str) -> dict[str, Any]:
+        """A mapping whose keys are all in `allowed`."""
+        if not isinstance(value, dict):
+            raise self.error(where, f"expected {what}, got {describe(value)}")
+        self.unknown_keys(value, allowed, where)
+        return value
+
+    def unknown_keys(self, data: dict[Any, Any], allowed: Sequence[str], where: str | None) -> None:
+        for key in data:
+            if key not in allowed:
+                at = f"{where}.{key}" if where else str(key)
+                raise self.error(at, f"unknown key (expected one of: {', '.join(allowed)})")
+
+    def positive_int(self, value: Any, where: str) -> int | None:
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise self.error(where, f"expected a positive integer, got {describe(value)}")
+        return value
+
+    def positive_number(self, value: Any, where: str) -> float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise self.error(where, f"expected a positive number, got {describe(value)}")
+        return float(value)
+
+    def boolean(self, value: Any, where: str, default: bool = False) -> bool:
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise self.error(where, f"expected true or false, got {describe(value)}")
+        return value
+
+    def strings(self, value: Any, where: str) -> tuple[str, ...]:
+        if value is None:
+            return ()
+        if not isinstance(value, list) or not all(isinstance(v, str) and v.strip() for v in value):
+            raise self.error(where, f"expected a list of strings, got {describe(value)}")
+        return tuple(value)
+
+    def optional_str(self, value: Any, where: str) -> str | None:
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise self.error(where, f"expected a non-empty string, got {describe(value)}")
+        return value
+
+    def env_name(self, value: Any, where: str) -> str | None:
+        """The NAME of an environment variable (secrets are read from it where the check runs)."""
+        name = self.optional_str(value, where)
+        if name is not None and not ENV_NAME.match(name):
+            raise self.error(where, f"the NAME of the environment variable holding the key, got {describe(name)}")
+        return name
+
+    def waivers(self, raw: Any, where: str) -> tuple[Waiver, ...]:
+        """`[{id, reason}]`: each id a known check, each with a reason."""
+        from kvpreflight.checks import CHECK_IDS
+
+        if raw is None:
+            return ()
+        if not isinstance(raw, list):
+            raise self.error(where, f"expected a list of {{id, reason}}, got {describe(raw)}")
+        out = []
+        for i, item in enumerate(raw):
+            at = f"{where}[{i}]"
+            self.mapping(item, ("id", "reason"), at, "a mapping with id and reason")
+            if item.get("id") not in CHECK_IDS:
+                raise self.error(f"{at}.id", f"expected one of {', '.join(CHECK_IDS)}, got {describe(item.get('id'))}")
+            reason = item.get("reason")
+            if not isinstance(reason, str) or not reason.strip():
+                raise self.error(f"{at}.reason", "a skipped check needs a reason (it goes into the record)")
+            out.append(Waiver(item["id"], reason.strip()))
+        return tuple(out)
+
+    def subjects(self, value: Any, where: str) -> tuple[str, ...]:
+        """`NAME=sha256:HEX` strings, each checked."""
+        from kvpreflight.record import parse_subject
+
+        items = self.strings(value, where)
+        for i, text in enumerate(items):
+            try:
+                parse_subject(text)
+            except KvpreflightError as exc:
+                raise self.adopt(f"{where}[{i}]", exc) from None
+        return items

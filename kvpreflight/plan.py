@@ -1,0 +1,72 @@
+"""The one typed description of a check run: what to look at, how to authenticate, how to probe,
+what is waived, and where the results go. Built by the CLI, the demo and the fleet from their own
+inputs; everything in it is already validated, so running it finds no configuration problem.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
+
+from kvpreflight.model import Waiver
+from kvpreflight.targets import Auth, Target
+
+
+@dataclass(frozen=True, kw_only=True)
+class CheckPlan:
+    """One check: engines, entry, auth, probe settings, waivers. Frozen and validated."""
+
+    targets: tuple[Target, ...]
+    entry: str | None = None  # the client-facing URL probes go to (router, gateway)
+    engine: str = "auto"  # an engine kind from kvpreflight.engines.ENGINES, or auto
+    model: str | None = None
+    context_length: int | None = None  # the context promised to users
+    logs: Mapping[str, Path] = field(default_factory=dict)  # engine URL -> its start-up log
+    auth: Auth = field(default_factory=lambda: Auth(headers={}))
+    capacity_only: bool = False
+    timeout_s: float = 30.0
+    concurrency: int | None = None
+    accepted_tokens_per_second: float | None = None
+    allow_disruptive: bool = False
+    waivers: tuple[Waiver, ...] = ()
+    advisory_dirs: tuple[Path, ...] = ()
+    known_markers: frozenset[str] = frozenset()  # another tenant's markers planted on purpose (demo)
+    gpus: tuple[Mapping[str, Any], ...] = ()
+    booted: bool = False  # kvpreflight started the engines itself (boot mode, demo)
+
+    # The flat names the pipeline reads.
+    @property
+    def headers(self) -> Mapping[str, str]:
+        return self.auth.headers
+
+    @property
+    def ca_bundle(self) -> str | None:
+        return self.auth.ca_bundle
+
+    @property
+    def tenant_headers(self) -> tuple[Mapping[str, str], Mapping[str, str]]:
+        return self.auth.tenant_headers
+
+    @property
+    def tenant_binding(self) -> str | None:
+        return self.auth.tenant_binding
+
+
+@dataclass(frozen=True, kw_only=True)
+class RecordPlan:
+    """Where the signed record goes, who signs it and what it is about; prepared before any probe."""
+
+    path: Path
+    signer: Any  # kvpreflight.record.SigningKey, or None for an unsigned record
+    subjects: tuple[Any, ...]  # kvpreflight.record.Subject
+    command_line: tuple[str, ...]  # as typed (secrets are redacted when the record is built)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OutputPlan:
+    """How the report is rendered and where it goes."""
+
+    format: str = "table"
+    path: Path | None = None  # None: stdout
+    record: RecordPlan | None = None

@@ -1,0 +1,137 @@
+"""kvpreflight's library entry points: plan -> run -> Report -> outputs.
+
+`check` (the CLI command), `demo` and the fleet all come here; none of them goes through the CLI.
+
+    from kvpreflight import preflight
+    from kvpreflight.plan import CheckPlan, OutputPlan
+    from kvpreflight.targets import parse_endpoints
+
+    plan = CheckPlan(targets=parse_endpoints(["prefill=http://p:30000", "decode=http://d:30001"]),
+                     entry="http://router:8000")
+    report = preflight.run(plan)                      # attached engines
+    report, files = preflight.run_booted(spec, plan, log_dir=Path("logs"))   # boot, check, stop
+    preflight.publish(report, OutputPlan(format="json"), files_read=files)
+
+Configuration problems are found before anything is contacted or booted: `CheckPlan`,
+`RecordPlan` and boot specs are validated when they are built (`prepare_record` here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+
+from kvpreflight.errors import ConfigError
+from kvpreflight.model import ProcessRole, Report
+from kvpreflight.plan import CheckPlan, OutputPlan, RecordPlan
+from kvpreflight.targets import Target
+
+if TYPE_CHECKING:
+    from kvpreflight.boot.deployment import BootedDeployment
+    from kvpreflight.boot.spec import DeploymentSpec
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+def validate(plan: CheckPlan) -> None:
+    """Load the check data the plan will use (thresholds, advisory folders): a malformed file is a
+    configuration error now, not after engines were booted or probed."""
+    from kvpreflight.checkdata import load_thresholds
+    from kvpreflight.checks.advisory_data import load_advisories
+
+    load_thresholds()
+    load_advisories(plan.advisory_dirs)
+
+
+def run(plan: CheckPlan, progress: Progress = _quiet) -> Report:
+    """Read every engine of the plan, probe through its entry, judge: the Report."""
+    from kvpreflight.pipeline import run_check
+
+    return run_check(plan, progress)
+
+
+@dataclass(frozen=True)
+class BootedRun:
+    report: Report
+    files_read: tuple[Path, ...]  # the spec and every captured engine log: subjects of the record
+
+
+def run_booted(spec: DeploymentSpec, plan: CheckPlan, *, log_dir: Path,
+               before_check: Callable[[BootedDeployment], None] | None = None,
+               progress: Progress = _quiet) -> BootedRun:
+    """Boot every engine of `spec`, check them with `plan` (its targets are ignored: the booted
+    engines are the targets), stop everything, whatever happens.
+
+    The spec's context length and waivers join the plan; the logs kvpreflight captured become an
+    independent capacity source. `before_check(deployment)` runs once all engines are ready.
+    """
+    from kvpreflight.boot import boot_deployment
+
+    validate(plan)
+    with boot_deployment(spec, log_dir) as deployment:
+        if before_check is not None:
+            before_check(deployment)
+        booted = booted_plan(plan, spec, deployment)
+        report = run(booted, progress)
+    spec_file = (Path(spec.source),) if Path(spec.source).is_file() else ()
+    return BootedRun(report, (*spec_file, *booted.logs.values()))
+
+
+def booted_plan(plan: CheckPlan, spec: DeploymentSpec, deployment: BootedDeployment) -> CheckPlan:
+    """The plan for a booted deployment: its engines, entry, logs, GPUs, the spec's waivers."""
+    workers = deployment.workers
+    kinds = {e.engine for e in workers}
+    engine = plan.engine
+    if engine == "auto" and len(kinds) == 1 and "auto" not in kinds:
+        engine = next(iter(kinds))
+    return replace(
+        plan,
+        targets=tuple(Target(e.url.rstrip("/"), ProcessRole(e.role).engine_role) for e in workers),
+        entry=deployment.entry_url,
+        engine=engine,
+        context_length=plan.context_length or spec.context_length,
+        waivers=(*spec.checks.skip, *plan.waivers),
+        logs={e.url.rstrip("/"): Path(e.log_path) for e in workers},
+        gpus=deployment.gpu_records(),
+        booted=True,
+    )
+
+
+def prepare_record(path: Path, *, sign_key: str | None, subjects: Sequence[str], unsigned: bool,
+                   command_line: Sequence[str], reads_files: bool) -> RecordPlan:
+    """Everything a record needs, checked before any engine is contacted: the key loads, every
+    subject parses, and the record will have at least one subject (`reads_files`: the run reads a
+    log or spec file, whose digest becomes a subject)."""
+    from kvpreflight.record import parse_subjects, prepare_signer
+
+    signer = prepare_signer(sign_key, unsigned=unsigned)
+    parsed = tuple(parse_subjects(subjects))
+    if not parsed and not reads_files:
+        raise ConfigError("a record needs at least one subject: pass --subject NAME=sha256:HEX "
+                          "(the image, config or model revision it is about)")
+    return RecordPlan(path=path, signer=signer, subjects=parsed, command_line=tuple(command_line))
+
+
+def publish(report: Report, output: OutputPlan, *, files_read: Iterable[Path] = (),
+            progress: Progress = _quiet) -> Path | None:
+    """Render the report (stdout or a file), GitHub Actions annotations, and the record if planned.
+    Returns the record's path."""
+    from kvpreflight.formats import write_report
+    from kvpreflight.formats.ci import github_actions_side_effects
+
+    write_report(report, output.format, output.path)
+    github_actions_side_effects(report, format_name=output.format if output.path is None else None)
+    if output.record is None:
+        return None
+    from kvpreflight.record import emit_record
+
+    record = output.record
+    path = emit_record(report, path=record.path, signer=record.signer, command_line=list(record.command_line),
+                       subjects=list(record.subjects), files_read=list(files_read))
+    progress(f"record written to {path} ({'signed' if record.signer else 'UNSIGNED'})")
+    return path

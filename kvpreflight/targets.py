@@ -1,0 +1,145 @@
+"""What a check looks at and how it authenticates, parsed from text into typed values.
+
+Shared by the CLI (`--endpoint`, `--log`, `--header`, `--skip`), the fleet inventory and boot
+specs. Messages say what is wrong with the value and name no flag or field: the caller adds that
+with `kvpreflight.errors.naming` ("--endpoint: 'ftp://x' is not an http(s) URL ...").
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable, Mapping, Sequence
+from urllib.parse import urlsplit
+
+from kvpreflight.errors import ConfigError
+from kvpreflight.model import Role, Waiver
+
+
+@dataclass(frozen=True)
+class Target:
+    """One engine that holds a KV pool."""
+
+    url: str
+    role: Role | None = None  # stated by the user (ROLE=URL) or the boot spec; overrides the reported role
+
+
+@dataclass(frozen=True, kw_only=True)
+class Auth:
+    """How kvpreflight's requests authenticate, and the secret values no output may show."""
+
+    headers: Mapping[str, str]  # sent with every request (API key as Authorization, --header)
+    ca_bundle: str | None = None
+    # Two-tenant probes: headers for synthetic tenants a and b; when either is set the deployment
+    # binds tenants itself and no cache_salt is added.
+    tenant_headers: tuple[Mapping[str, str], Mapping[str, str]] = ({}, {})
+    tenant_binding: str | None = None  # how the deployment tells tenants apart (None: a cache_salt per tenant)
+    secrets: frozenset[str] = frozenset()  # every secret value above, for redaction
+
+
+def parse_url(text: str) -> str:
+    parts = urlsplit(text)
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ConfigError(f"{text!r} is not an http(s) URL; write it like http://host:30000")
+    return text.rstrip("/")
+
+
+def parse_endpoint(text: str) -> Target:
+    """`URL` or `ROLE=URL` (prefill, decode, unified)."""
+    role_text, sep, rest = text.partition("=")
+    roles = {r.value: r for r in Role}
+    if sep and role_text in roles:
+        return Target(parse_url(rest), roles[role_text])
+    if sep and "://" not in role_text:
+        raise ConfigError(f"{text!r}: unknown role {role_text!r}; use prefill=URL, decode=URL or unified=URL")
+    return Target(parse_url(text))
+
+
+def parse_endpoints(texts: Iterable[str]) -> tuple[Target, ...]:
+    targets: list[Target] = []
+    for text in texts:
+        target = parse_endpoint(text)
+        if any(t.url == target.url for t in targets):
+            raise ConfigError(f"{target.url} given twice")
+        targets.append(target)
+    return tuple(targets)
+
+
+def parse_log(text: str, endpoints: Sequence[str]) -> tuple[str, Path]:
+    """`URL=PATH`: the start-up log of one of `endpoints` (an independent capacity source)."""
+    url, sep, path = text.rpartition("=")
+    if not sep or not url or not path:
+        raise ConfigError(f"{text!r}: write it as URL=PATH, e.g. http://prefill-0:30000=/var/log/prefill.log")
+    url = parse_url(url)
+    if url not in endpoints:
+        raise ConfigError(f"{text!r}: {url} is not one of the engines' URLs")
+    if not Path(path).is_file():
+        raise ConfigError(f"{text!r}: {path} is not a readable file")
+    return url, Path(path)
+
+
+def parse_header(text: str) -> tuple[str, str]:
+    name, sep, content = text.partition(":")
+    if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
+        raise ConfigError(f"{text.split(':')[0]!r}...: write a header as 'Name: value'")
+    return name.strip(), content.strip()
+
+
+def secret_from_env(name: str) -> str:
+    """A secret's value from the environment variable `name` (never from argv)."""
+    value = (os.environ.get(name) or "").strip()
+    if not value:
+        raise ConfigError(f"the environment variable {name} is not set or empty")
+    return value
+
+
+def secret_from_file(path: Path) -> str:
+    try:
+        value = path.read_text(encoding="utf-8").strip()
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror}") from None
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not UTF-8 text") from None
+    if not value:
+        raise ConfigError(f"{path} is empty")
+    return value
+
+
+def tenant_auth(a_key: str | None, b_key: str | None, header_name: str | None,
+                key_names: tuple[str, str] = ("tenant A's key", "tenant B's key")
+                ) -> tuple[tuple[dict[str, str], dict[str, str]], str | None]:
+    """Per-tenant request headers for the isolation probes, and how the deployment tells tenants
+    apart (None: it does not, and kvpreflight sends a cache_salt per tenant)."""
+    if bool(a_key) != bool(b_key):
+        raise ConfigError("tenant A's and tenant B's keys go together: give both tenants their own key")
+    a: dict[str, str] = {}
+    b: dict[str, str] = {}
+    binding = []
+    if a_key and b_key:
+        if a_key == b_key:
+            raise ConfigError(f"{key_names[0]} and {key_names[1]} are the same key; the tenants need different keys")
+        a["Authorization"], b["Authorization"] = f"Bearer {a_key}", f"Bearer {b_key}"
+        binding.append(f"per-tenant API keys ({key_names[0]}, {key_names[1]})")
+    if header_name is not None:
+        name = header_name.strip()
+        if not name or any(c.isspace() or c == ":" for c in name):
+            raise ConfigError(f"{header_name!r}: give a header name, e.g. X-Tenant-Id")
+        a[name], b[name] = "a", "b"
+        binding.append(f"tenant header {name}: a|b")
+    return (a, b), (" and ".join(binding) or None)
+
+
+def parse_waiver(check_id: str, reason: str, known_ids: Sequence[str]) -> Waiver:
+    if check_id not in known_ids:
+        raise ConfigError(f"{check_id!r}: no such check; ids are {', '.join(known_ids)}")
+    if not reason.strip():
+        raise ConfigError(f"{check_id}: a waived check needs a reason (it goes into the report and record)")
+    return Waiver(check_id, reason.strip())
+
+
+def positive(value: float | int | None) -> None:
+    """A count, a size or a number of seconds: finite and above zero."""
+    if value is not None and (isinstance(value, float) and not math.isfinite(value) or value <= 0):
+        raise ConfigError(f"must be a positive number (got {value})")
