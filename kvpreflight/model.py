@@ -41,6 +41,19 @@ class ProcessRole(enum.StrEnum):
         return None if self is ProcessRole.ROUTER else Role(self.value)
 
 
+class EngineKind(enum.StrEnum):
+    """The engines kvpreflight has an adapter for (kvpreflight.engines.ENGINES, one module each)."""
+
+    BUILTIN = "builtin"
+    SGLANG = "sglang"
+    VLLM = "vllm"
+    LLAMACPP = "llamacpp"
+    TGI = "tgi"
+
+
+AUTO_ENGINE = "auto"  # "find out by asking the server", where an engine kind is expected
+
+
 class Origin(str, enum.Enum):
     """Where a capacity number comes from. Two numbers of one origin are not independent."""
 

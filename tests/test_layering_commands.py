@@ -52,3 +52,16 @@ def test_no_library_module_uses_sys_argv():
 def test_the_scan_sees_imports_inside_functions():
     tree = ast.parse("def f():\n    from kvpreflight.commands.check import register\n")
     assert "kvpreflight.commands.check" in imported_modules(tree)
+
+
+def test_cli_choices_come_from_the_registries():
+    """--engine and --format help list exactly what the registries hold (no copy to drift)."""
+    from kvpreflight.boot.spec import ENGINE_KINDS
+    from kvpreflight.commands.check import ENGINE_HELP, FORMAT_HELP
+    from kvpreflight.engines import ENGINES
+    from kvpreflight.formats import FORMATS
+    from kvpreflight.model import EngineKind
+
+    assert set(ENGINES) == {k.value for k in EngineKind} == set(ENGINE_KINDS) - {"auto"}
+    assert ENGINE_HELP.split("|") == ["auto", *ENGINES] or set(ENGINE_HELP.split("|")) == {"auto", *ENGINES}
+    assert FORMAT_HELP.split("|") == list(FORMATS)

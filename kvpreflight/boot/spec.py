@@ -22,10 +22,10 @@ from typing import Any, Mapping
 
 from kvpreflight.boot.errors import BootConfigError
 from kvpreflight.fields import FieldParser, describe
-from kvpreflight.model import ProcessRole, Waiver
+from kvpreflight.model import AUTO_ENGINE, EngineKind, ProcessRole, Waiver
 
 ROLES = tuple(r.value for r in ProcessRole)
-ENGINE_KINDS = ("sglang", "vllm", "llamacpp", "tgi", "builtin", "auto")
+ENGINE_KINDS = (*(k.value for k in EngineKind), AUTO_ENGINE)
 DEFAULT_READY_TIMEOUT_S = 600.0
 DEFAULT_HEALTH_PATH = "/health"
 

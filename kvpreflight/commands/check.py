@@ -10,8 +10,11 @@ from typing import List, Optional
 
 import typer
 
-ENGINE_HELP = "auto|sglang|vllm|llamacpp|tgi|builtin"  # kvpreflight.engines.ENGINES (a test keeps them equal)
-FORMAT_HELP = "table|json|junit|sarif|github|markdown"  # kvpreflight.formats.FORMATS (a test keeps them equal)
+from kvpreflight.formats import FORMATS
+from kvpreflight.model import AUTO_ENGINE, EngineKind
+
+ENGINE_HELP = "|".join([AUTO_ENGINE, *EngineKind])
+FORMAT_HELP = "|".join(FORMATS)
 
 
 def progress(message: str) -> None:

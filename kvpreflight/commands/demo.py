@@ -7,6 +7,8 @@ from typing import List, Optional
 
 import typer
 
+from kvpreflight.commands.check import FORMAT_HELP
+
 
 def register(app: typer.Typer) -> None:
     @app.command("demo")
@@ -16,7 +18,7 @@ def register(app: typer.Typer) -> None:
         context_length: int = typer.Option(8192, "--context-length", help="Served context length of the demo engines."),
         fault: Optional[List[str]] = typer.Option(None, "--fault", help="Run the engines with this fault (repeatable); see `kvpreflight engine serve --help`."),
         incident: bool = typer.Option(False, "--incident", help="The incident as it happened: pool ratio 0.65, reject-continues and no-transfer-check, another tenant's data in the pool."),
-        fmt: Optional[str] = typer.Option(None, "--format", help="table|json|junit|sarif|github|markdown"),
+        fmt: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
         output: Optional[Path] = typer.Option(None, "--output", help="Write the report here instead of stdout."),
         record: Optional[Path] = typer.Option(None, "--record", help="Where to write the signed record (default: a new folder, printed at the end)."),
         sign_key: Optional[str] = typer.Option(None, "--sign-key", help="Sign with this key instead of a fresh one."),
