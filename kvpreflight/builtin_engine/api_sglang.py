@@ -10,7 +10,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from kvpreflight.builtin_engine import metrics, tokenizer
-from kvpreflight.builtin_engine.config import MAX_RUNNING_REQUESTS
+from kvpreflight.builtin_engine.config import GB, MAX_RUNNING_REQUESTS
 from kvpreflight.builtin_engine.protocol import (
     Generation,
     GenParams,
@@ -26,7 +26,6 @@ from kvpreflight.model import ProcessRole
 if TYPE_CHECKING:
     from kvpreflight.builtin_engine.server import EngineHandler
 
-GB = 1 << 30
 
 
 def server_info(h: EngineHandler) -> None:

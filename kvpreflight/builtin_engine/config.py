@@ -49,6 +49,7 @@ CHUNKED_PREFILL_SIZE = 8192
 MAX_PREFILL_TOKENS = 16384
 MAX_RUNNING_REQUESTS = 64
 
+GB = 1 << 30
 # Bytes per cached token: K and V, 16 float32 each (see model.py).
 KV_DIM = 16
 CELL_BYTES = 2 * KV_DIM * 4

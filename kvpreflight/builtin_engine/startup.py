@@ -16,6 +16,7 @@ from kvpreflight.builtin_engine import tokenizer
 from kvpreflight.builtin_engine.config import (
     CELL_BYTES,
     CHUNKED_PREFILL_SIZE,
+    GB,
     MAX_PREFILL_TOKENS,
     MAX_RUNNING_REQUESTS,
     EngineConfig,
@@ -32,7 +33,6 @@ from kvpreflight.model import ProcessRole
 if TYPE_CHECKING:
     from kvpreflight.builtin_engine.core import Engine
 
-GB = 1 << 30
 TRANSFER_BACKEND = "kvpreflight_tcp"
 
 
@@ -132,7 +132,10 @@ def serve(config: EngineConfig) -> int:
     if config.role is ProcessRole.ROUTER:
         return serve_router(config)
     warnings.filterwarnings("ignore")  # torch's "numpy missing" notice is not our log
-    from kvpreflight.builtin_engine.core import Engine, device_for  # torch: the engine process only
+    from kvpreflight.builtin_engine.core import (  # torch: the engine process only
+        Engine,
+        device_for,
+    )
 
     device = device_for(config.device)
     pool_tokens = resolve_pool_tokens(config, device)

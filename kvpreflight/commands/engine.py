@@ -12,6 +12,7 @@ from typing import List, Optional
 
 import typer
 
+from kvpreflight.builtin_engine.config import Fault
 from kvpreflight.model import ProcessRole
 
 engine_app = typer.Typer(help="The builtin engine: a small SGLang-compatible engine with fault injection.", no_args_is_help=True)
@@ -44,7 +45,7 @@ def serve(
     mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static"),
     page_size: int = typer.Option(16, "--page-size"),
     model_name: str = typer.Option("kvpreflight-builtin-copy", "--model-name"),
-    fault: Optional[List[str]] = typer.Option(None, "--fault", help="Inject a fault (repeatable). Moved to the environment before the engine starts, so nothing the engine exposes shows it."),
+    fault: Optional[List[str]] = typer.Option(None, "--fault", help=f"Inject a fault (repeatable): {', '.join(f.value for f in Fault)}. Moved to the environment before the engine starts, so nothing the engine exposes shows it."),
     transfer_delay_ms: int = typer.Option(0, "--transfer-delay-ms", help="Test only: sleep before each KV page batch is sent."),
     transfer_fail_every: int = typer.Option(0, "--transfer-fail-every", help="Test only: every Nth KV transfer loses its pages after the first batch."),
     page_log: Optional[str] = typer.Option(None, "--page-log", help="Debug: JSON lines of pages given, freed and written by transfers."),
