@@ -101,6 +101,7 @@ def test_server_info_reports_sglang_fields(unified):
     assert info["page_size"] == 16
     assert info["disaggregation_mode"] is None
     assert info["allow_auto_truncate"] is False
+    assert info["disable_radix_cache"] is False
     assert info["internal_states"][0]["memory_usage"]["token_capacity"] == SMALL_POOL
     assert info["version"] == f"kvpreflight-builtin {__version__}"
     assert "--pool-tokens 4096" in info["launch_command"]
@@ -214,6 +215,18 @@ def test_prefix_cache_is_keyed_by_salt(unified):
     assert first["meta_info"]["cached_tokens"] == 0
     assert again["meta_info"]["cached_tokens"] == 26 * 16
     assert other["meta_info"]["cached_tokens"] == 0
+
+
+def test_disable_radix_cache_turns_the_prefix_cache_off_and_says_so(tmp_path):
+    engine = start_engine("unified", tmp_path, context_length=CONTEXT, pool_tokens=SMALL_POOL,
+                          extra_args=["--disable-radix-cache"])
+    try:
+        assert requests.get(engine.url + "/server_info", timeout=TIMEOUT).json()["disable_radix_cache"] is True
+        prompt = "shared system prompt " * 20
+        cached = [gen(engine.url, prompt, max_new=2, cache_salt="a").json()["meta_info"]["cached_tokens"] for _ in range(2)]
+        assert cached == [0, 0]
+    finally:
+        stop_engine(engine)
 
 
 # ---- PD trio, correct (SGLang >= 0.5.21) ---------------------------------------------------------

@@ -1,28 +1,55 @@
-"""Engine settings, fault names and the SGLang-style pool sizing. No torch here."""
+"""Engine settings, faults and the SGLang-style pool sizing. No torch here."""
 
 from __future__ import annotations
 
+import enum
 import os
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 
 from kvpreflight.errors import ConfigError
-
-ROLES = ("unified", "prefill", "decode", "router")
+from kvpreflight.model import ProcessRole
 
 # Faults are read from this environment variable, never from the engine's argv, so that no
 # endpoint (launch_command included), metric or log line can reveal them.
 FAULTS_ENV = "KVPREFLIGHT_BUILTIN_FAULTS"
 
-FAULTS = {
-    "reject-continues": "over-pool prompt becomes a 1-token placeholder and keeps flowing (pre-0.5.21 abort path)",
-    "no-transfer-check": "decode does not compare transferred with reserved token counts",
-    "early-free-on-cancel": "decode frees pages at once on client disconnect, while a transfer is in flight",
-    "transfer-fail-as-drained": "some transfers fail but are reported complete",
-    "prefix-cache-no-salt": "the prefix cache ignores the request's cache_salt",
-    "auto-truncate": "over-length prompts silently truncated, server_info does not say so",
-    "misreport-pool": "server_info and metrics report a larger pool than the allocator holds",
+
+class Fault(str, enum.Enum):
+    """A bug the engine can be told to have, so a test can prove a check catches its class."""
+
+    REJECT_CONTINUES = "reject-continues"
+    NO_TRANSFER_CHECK = "no-transfer-check"
+    EARLY_FREE_ON_CANCEL = "early-free-on-cancel"
+    TRANSFER_FAIL_AS_DRAINED = "transfer-fail-as-drained"
+    PREFIX_CACHE_NO_SALT = "prefix-cache-no-salt"
+    AUTO_TRUNCATE = "auto-truncate"
+    MISREPORT_POOL = "misreport-pool"
+
+    @property
+    def description(self) -> str:
+        return _FAULT_DESCRIPTIONS[self]
+
+
+_FAULT_DESCRIPTIONS = {
+    Fault.REJECT_CONTINUES: "over-pool prompt becomes a 1-token placeholder and keeps flowing (pre-0.5.21 abort path)",
+    Fault.NO_TRANSFER_CHECK: "decode does not compare transferred with reserved token counts",
+    Fault.EARLY_FREE_ON_CANCEL: "decode frees pages at once on client disconnect, while a transfer is in flight",
+    Fault.TRANSFER_FAIL_AS_DRAINED: "some transfers fail but are reported complete",
+    Fault.PREFIX_CACHE_NO_SALT: "the prefix cache ignores the request's cache_salt",
+    Fault.AUTO_TRUNCATE: "over-length prompts silently truncated, server_info does not say so",
+    Fault.MISREPORT_POOL: "server_info and metrics report a larger pool than the allocator holds",
 }
 
+# Name -> description, for callers that hold fault names as text (demo and fleet settings).
+FAULTS: Mapping[str, str] = {fault.value: fault.description for fault in Fault}
+
+# The scheduler limits the engine reports as SGLang's defaults (it does not enforce them).
+CHUNKED_PREFILL_SIZE = 8192
+MAX_PREFILL_TOKENS = 16384
+MAX_RUNNING_REQUESTS = 64
+
+GB = 1 << 30
 # Bytes per cached token: K and V, 16 float32 each (see model.py).
 KV_DIM = 16
 CELL_BYTES = 2 * KV_DIM * 4
@@ -34,9 +61,28 @@ class EngineConfigError(ConfigError):
     """A builtin-engine setting that cannot work; found before the engine starts."""
 
 
-@dataclass(frozen=True)
+def parse_faults(names: Iterable[str], source: str) -> frozenset[Fault]:
+    """Fault names as given on the command line or in the environment; `source` names where."""
+    wanted = {name.strip() for name in names if name.strip()}
+    unknown = sorted(wanted - FAULTS.keys())
+    if unknown:
+        raise EngineConfigError(
+            f"{source} names unknown fault {', '.join(unknown)}; known: {', '.join(sorted(FAULTS))}"
+        )
+    return frozenset(Fault(name) for name in wanted)
+
+
+def parse_role(text: str) -> ProcessRole:
+    try:
+        return ProcessRole(text)
+    except ValueError:
+        known = ", ".join(role.value for role in ProcessRole)
+        raise EngineConfigError(f"--role {text!r} is not one of {known}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
 class EngineConfig:
-    role: str
+    role: ProcessRole
     host: str
     port: int
     context_length: int | None = None
@@ -45,7 +91,7 @@ class EngineConfig:
     mem_fraction_static: float | None = None
     page_size: int = 16
     model_name: str = "kvpreflight-builtin-copy"
-    faults: frozenset[str] = frozenset()
+    faults: frozenset[Fault] = frozenset()
     transfer_delay_ms: int = 0
     transfer_fail_every: int = 0
     page_log: str | None = None
@@ -55,19 +101,12 @@ class EngineConfig:
     device: str = "auto"
     launch_command: str = ""
     bootstrap_port: int = 0  # decode: where prefills send pages; 0 picks a free port
-    extra: dict = field(default_factory=dict)
+    disable_radix_cache: bool = False
 
     def validate(self) -> None:
-        if self.role not in ROLES:
-            raise EngineConfigError(f"--role {self.role!r} is not one of {', '.join(ROLES)}")
         if not (0 <= self.port <= 65535):
             raise EngineConfigError(f"--port {self.port} is not a TCP port (0-65535)")
-        unknown = sorted(self.faults - FAULTS.keys())
-        if unknown:
-            raise EngineConfigError(
-                f"unknown fault {', '.join(unknown)}; known faults: {', '.join(sorted(FAULTS))}"
-            )
-        if self.role == "router":
+        if self.role is ProcessRole.ROUTER:
             if not self.decode_url or not self.prefill_urls:
                 raise EngineConfigError("--role router needs --decode-url URL and at least one --prefill-url URL")
             return
@@ -89,15 +128,9 @@ class EngineConfig:
             raise EngineConfigError("--transfer-delay-ms and --transfer-fail-every must not be negative")
 
 
-def faults_from_env(environ: dict | None = None) -> frozenset[str]:
+def faults_from_env(environ: Mapping[str, str] | None = None) -> frozenset[Fault]:
     raw = (environ if environ is not None else os.environ).get(FAULTS_ENV, "")
-    names = frozenset(n.strip() for n in raw.split(",") if n.strip())
-    unknown = sorted(names - FAULTS.keys())
-    if unknown:
-        raise EngineConfigError(
-            f"{FAULTS_ENV} names unknown fault {', '.join(unknown)}; known: {', '.join(sorted(FAULTS))}"
-        )
-    return names
+    return parse_faults(raw.split(","), FAULTS_ENV)
 
 
 def derive_pool_tokens(total_bytes: int, available_bytes: int, mem_fraction_static: float, page_size: int) -> int:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 import select
 import socket
-from http.server import BaseHTTPRequestHandler
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 def send_json(handler: BaseHTTPRequestHandler, status: int, obj: object) -> None:
@@ -30,7 +31,7 @@ def client_gone(sock: socket.socket) -> bool:
         return True
 
 
-def serve_until_stopped(httpd, on_close=None) -> int:
+def serve_until_stopped(httpd: ThreadingHTTPServer, on_close: Callable[[], None] | None = None) -> int:
     """Serve until Ctrl-C, then close the listening sockets (SIGTERM simply ends the process)."""
     try:
         httpd.serve_forever(poll_interval=0.2)

@@ -6,15 +6,41 @@ keep the `sglang:` prefix and say so in their help text.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from kvpreflight.builtin_engine.core import Engine
+
+
+@dataclass
+class Counters:
+    """What /metrics reports; mutated only through `Engine.count`, under its counter lock."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    num_requests: int = 0
+    cached_tokens: int = 0
+    cache_queries: int = 0
+    cache_hits: int = 0
+    transfers_sent: int = 0
+    transfers_received: int = 0
+    transfer_pages: int = 0
+    transfer_failed: int = 0
+    bootstrap_failed: int = 0
+    deferred_release: int = 0
+    deferred_release_seconds: float = 0.0
+    running: int = 0
+
 
 def _fmt(value: float) -> str:
     return repr(float(value))
 
 
-def render(engine) -> str:
+def render(engine: Engine) -> str:
     c = engine.counters
     labels = (
-        f'model_name="{engine.config.model_name}",engine_type="{engine.role}",tp_rank="0",pp_rank="0"'
+        f'model_name="{engine.config.model_name}",engine_type="{engine.role.value}",tp_rank="0",pp_rank="0"'
     )
     pool = engine.reported_pool_tokens
     # misreport-pool: the used/available numbers stay consistent with the (false) total.

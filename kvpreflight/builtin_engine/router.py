@@ -19,6 +19,7 @@ import time
 import urllib.parse
 import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
 
 from kvpreflight.builtin_engine.config import EngineConfig, EngineConfigError
 from kvpreflight.builtin_engine.httputil import client_gone, send_bytes, send_json, serve_until_stopped
@@ -32,13 +33,20 @@ def _log(message: str) -> None:
     sys.stderr.flush()
 
 
+def _host_port(url: str, flag: str) -> tuple[str, int]:
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme != "http" or not parts.hostname:
+        raise EngineConfigError(f"{flag} {url!r} is not an http://HOST:PORT URL")
+    return parts.hostname, parts.port or 80
+
+
 class _Upstream(threading.Thread):
     """One request to an engine, read in the background; `close()` drops the connection."""
 
     def __init__(self, url: str, path: str, body: bytes, read_all: bool) -> None:
         super().__init__(daemon=True)
-        parts = urllib.parse.urlsplit(url)
-        self.conn = http.client.HTTPConnection(parts.hostname, parts.port or 80, timeout=UPSTREAM_TIMEOUT_S)
+        host, port = _host_port(url, "upstream")
+        self.conn = http.client.HTTPConnection(host, port, timeout=UPSTREAM_TIMEOUT_S)
         self.path, self.body, self.read_all = path, body, read_all
         self.response: http.client.HTTPResponse | None = None
         self.data = b""
@@ -56,6 +64,11 @@ class _Upstream(threading.Thread):
         finally:
             self.ready.set()
 
+    def reply(self) -> http.client.HTTPResponse:
+        """The response; read it once `ready` is set and `error` is None."""
+        assert self.response is not None, "no response: check ready and error first"
+        return self.response
+
     def close(self) -> None:
         sock = self.conn.sock
         if sock is not None:
@@ -70,10 +83,14 @@ class RouterServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address, config: EngineConfig) -> None:
+    def __init__(self, address: tuple[str, int], config: EngineConfig) -> None:
+        assert config.decode_url is not None  # EngineConfig.validate() requires it for the router
+        for url in config.prefill_urls:
+            _host_port(url, "--prefill-url")
         self.config = config
         self.prefill_urls = [u.rstrip("/") for u in config.prefill_urls]
         self.decode_url = config.decode_url.rstrip("/")
+        self._decode_host = _host_port(self.decode_url, "--decode-url")[0]
         self._next = 0
         self._lock = threading.Lock()
         self._decode_bootstrap: tuple[str, int] | None = None
@@ -92,7 +109,7 @@ class RouterServer(ThreadingHTTPServer):
                     info = json.loads(resp.read())
                 port = info.get("disaggregation_bootstrap_port")
                 if isinstance(port, int):
-                    self._decode_bootstrap = (urllib.parse.urlsplit(self.decode_url).hostname, port)
+                    self._decode_bootstrap = (self._decode_host, port)
             except (OSError, ValueError):
                 return None
         return self._decode_bootstrap
@@ -102,6 +119,7 @@ class RouterHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.0"
     server_version = "kvpreflight-builtin-router"
     sys_version = ""
+    server: RouterServer
 
     def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
         pass
@@ -115,8 +133,10 @@ class RouterHandler(BaseHTTPRequestHandler):
     def do_GET(self) -> None:  # noqa: N802 - stdlib name
         path = self.path.split("?", 1)[0]
         if path == "/workers":
-            workers = [{"url": u, "worker_type": "prefill", "bootstrap_port": None, "is_healthy": True}
-                       for u in self.server.prefill_urls]
+            workers: list[dict[str, Any]] = [
+                {"url": u, "worker_type": "prefill", "bootstrap_port": None, "is_healthy": True}
+                for u in self.server.prefill_urls
+            ]
             workers.append({"url": self.server.decode_url, "worker_type": "decode", "is_healthy": True})
             self._json(200, {"workers": workers, "total": len(workers)})
         elif path in ("/health", "/liveness", "/readiness"):
@@ -177,11 +197,11 @@ class RouterHandler(BaseHTTPRequestHandler):
             decode.close()
             self._json(502, {"error": {"message": f"prefill worker failed: {prefill.error}"}})
             return
-        refused = prefill.response.status != 200 or (stream and b'data: {"error"' in prefill.data)
+        answer = prefill.reply()
+        refused = answer.status != 200 or (stream and b'data: {"error"' in prefill.data)
         if refused:
             decode.close()
-            send_bytes(self, prefill.response.status, prefill.data,
-                       prefill.response.getheader("Content-Type", "application/json"))
+            send_bytes(self, answer.status, prefill.data, answer.getheader("Content-Type", "application/json"))
             return
         while not decode.ready.wait(POLL_S):
             if self.client_gone():
@@ -190,7 +210,7 @@ class RouterHandler(BaseHTTPRequestHandler):
         if decode.error is not None:
             self._json(502, {"error": {"message": f"decode worker failed: {decode.error}"}})
             return
-        resp = decode.response
+        resp = decode.reply()
         self.send_response(resp.status)
         self.send_header("Content-Type", resp.getheader("Content-Type", "application/json"))
         self.end_headers()
@@ -208,7 +228,8 @@ class RouterHandler(BaseHTTPRequestHandler):
         if up.error is not None:
             self._json(502, {"error": {"message": f"upstream {url} failed: {up.error}"}})
             return
-        send_bytes(self, up.response.status, up.data, up.response.getheader("Content-Type", "application/json"))
+        resp = up.reply()
+        send_bytes(self, resp.status, up.data, resp.getheader("Content-Type", "application/json"))
 
 
 def serve_router(config: EngineConfig) -> int:

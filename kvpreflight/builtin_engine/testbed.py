@@ -18,9 +18,10 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
+from typing import Any
 
 from kvpreflight.builtin_engine.config import FAULTS_ENV
 
@@ -160,7 +161,7 @@ def start_pd(workdir: Path, *, context_length: int, prefill_pool: int, decode_po
 
 
 @contextlib.contextmanager
-def unified_engine(workdir: Path, **kwargs) -> Iterator[RunningEngine]:
+def unified_engine(workdir: Path, **kwargs: Any) -> Iterator[RunningEngine]:
     engine = start_engine("unified", workdir, **kwargs)
     try:
         yield engine
@@ -169,7 +170,7 @@ def unified_engine(workdir: Path, **kwargs) -> Iterator[RunningEngine]:
 
 
 @contextlib.contextmanager
-def pd_trio(workdir: Path, **kwargs) -> Iterator[PDTrio]:
+def pd_trio(workdir: Path, **kwargs: Any) -> Iterator[PDTrio]:
     trio = start_pd(workdir, **kwargs)
     try:
         yield trio

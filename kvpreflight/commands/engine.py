@@ -12,11 +12,15 @@ from typing import List, Optional
 
 import typer
 
+from kvpreflight.builtin_engine.config import Fault
+from kvpreflight.model import ProcessRole
+
 engine_app = typer.Typer(help="The builtin engine: a small SGLang-compatible engine with fault injection.", no_args_is_help=True)
 
 
 def _strip_fault_args(argv: list[str]) -> list[str]:
-    out, skip = [], False
+    out: list[str] = []
+    skip = False
     for arg in argv:
         if skip:
             skip = False
@@ -32,7 +36,7 @@ def _strip_fault_args(argv: list[str]) -> list[str]:
 
 @engine_app.command("serve")
 def serve(
-    role: str = typer.Option("unified", "--role", help="unified | prefill | decode | router"),
+    role: str = typer.Option("unified", "--role", help=" | ".join(r.value for r in ProcessRole)),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(30000, "--port"),
     context_length: Optional[int] = typer.Option(None, "--context-length", help="Served context length in tokens."),
@@ -41,7 +45,7 @@ def serve(
     mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static"),
     page_size: int = typer.Option(16, "--page-size"),
     model_name: str = typer.Option("kvpreflight-builtin-copy", "--model-name"),
-    fault: Optional[List[str]] = typer.Option(None, "--fault", help="Inject a fault (repeatable). Moved to the environment before the engine starts, so nothing the engine exposes shows it."),
+    fault: Optional[List[str]] = typer.Option(None, "--fault", help=f"Inject a fault (repeatable): {', '.join(f.value for f in Fault)}. Moved to the environment before the engine starts, so nothing the engine exposes shows it."),
     transfer_delay_ms: int = typer.Option(0, "--transfer-delay-ms", help="Test only: sleep before each KV page batch is sent."),
     transfer_fail_every: int = typer.Option(0, "--transfer-fail-every", help="Test only: every Nth KV transfer loses its pages after the first batch."),
     page_log: Optional[str] = typer.Option(None, "--page-log", help="Debug: JSON lines of pages given, freed and written by transfers."),
@@ -53,20 +57,19 @@ def serve(
     device: str = typer.Option("auto", "--device", help="cpu | cuda | auto"),
 ) -> None:
     """Serve one role of the builtin engine until killed."""
-    from kvpreflight.builtin_engine.config import FAULTS_ENV, EngineConfig, faults_from_env
+    from kvpreflight.builtin_engine.config import FAULTS_ENV, EngineConfig, faults_from_env, parse_faults, parse_role
 
     if fault:
         # Re-exec without --fault in argv: faults travel in the environment only.
-        known = set(faults_from_env())
-        merged = ",".join(sorted(known | set(fault)))
+        wanted = parse_faults(fault, "--fault")  # an unknown name fails here, before anything starts
+        merged = ",".join(sorted(f.value for f in faults_from_env() | wanted))
         env = dict(os.environ, **{FAULTS_ENV: merged})
-        faults_from_env(env)  # an unknown name fails here, before anything starts
         args = _strip_fault_args(sys.argv[1:])
         sys.stdout.flush()
         sys.stderr.flush()
         os.execve(sys.executable, [sys.executable, "-m", "kvpreflight", *args], env)
     config = EngineConfig(
-        role=role,
+        role=parse_role(role),
         host=host,
         port=port,
         context_length=context_length,
@@ -85,9 +88,9 @@ def serve(
         device=device,
         launch_command=shlex.join(["kvpreflight", *sys.argv[1:]]),
         bootstrap_port=bootstrap_port,
-        extra={"disable_radix_cache": disable_radix_cache},
+        disable_radix_cache=disable_radix_cache,
     )
-    from kvpreflight.builtin_engine.server import serve as serve_engine
+    from kvpreflight.builtin_engine.startup import serve as serve_engine
 
     raise typer.Exit(serve_engine(config))
 

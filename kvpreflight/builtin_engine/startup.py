@@ -1,0 +1,177 @@
+"""Starting an engine role: pool sizing, SGLang's start-up log lines, the fixed /server_info and
+the listening sockets. `serve(config)` is what `kvpreflight engine serve` runs.
+
+torch is imported here only inside `serve` (and for CUDA's free memory): importing this module,
+as `kvpreflight engine serve --help` does, stays torch-free.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+import warnings
+from typing import TYPE_CHECKING, Any
+
+from kvpreflight.builtin_engine import tokenizer
+from kvpreflight.builtin_engine.config import (
+    CELL_BYTES,
+    CHUNKED_PREFILL_SIZE,
+    GB,
+    MAX_PREFILL_TOKENS,
+    MAX_RUNNING_REQUESTS,
+    EngineConfig,
+    EngineConfigError,
+    derive_pool_tokens,
+)
+from kvpreflight.builtin_engine.httputil import serve_until_stopped
+from kvpreflight.builtin_engine.pd import DecodeHandoff
+from kvpreflight.builtin_engine.protocol import disaggregation_mode, version_string
+from kvpreflight.builtin_engine.router import serve_router
+from kvpreflight.builtin_engine.server import EngineServer
+from kvpreflight.model import ProcessRole
+
+if TYPE_CHECKING:
+    from kvpreflight.builtin_engine.core import Engine
+
+TRANSFER_BACKEND = "kvpreflight_tcp"
+
+
+def log(message: str, tp: bool = True) -> None:
+    """SGLang's log format: `[YYYY-mm-dd HH:MM:SS TP0] message` on stderr."""
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    sys.stderr.write(f"[{stamp}{' TP0' if tp else ''}] {message}\n")
+    sys.stderr.flush()
+
+
+def _available_cpu_bytes() -> int:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def resolve_pool_tokens(config: EngineConfig, device: str) -> int:
+    ps = config.page_size
+    if config.pool_tokens is not None:
+        return config.pool_tokens // ps * ps
+    # validate(): without --pool-tokens, --mem-fraction-static is given.
+    assert config.mem_fraction_static is not None
+    if device == "cuda":
+        import torch  # the engine process only
+
+        free, total = torch.cuda.mem_get_info()
+        if config.mem_budget_bytes is not None:
+            total, free = config.mem_budget_bytes, min(free, config.mem_budget_bytes)
+        return derive_pool_tokens(total, free, config.mem_fraction_static, ps)
+    if config.mem_budget_bytes is None:
+        raise EngineConfigError(
+            "--mem-fraction-static on CPU needs --mem-budget-bytes B (the memory the engine may use); or give --pool-tokens N"
+        )
+    return derive_pool_tokens(config.mem_budget_bytes, config.mem_budget_bytes, config.mem_fraction_static, ps)
+
+
+def build_server_info(engine: Engine, port: int, bootstrap_port: int | None, started_at: float) -> dict[str, Any]:
+    """SGLang's /server_info: the resolved server args plus the scheduler's fields."""
+    c = engine.config
+    pool = engine.reported_pool_tokens
+    return {
+        "model_path": c.model_name,
+        "tokenizer_path": c.model_name,
+        "served_model_name": c.model_name,
+        "host": c.host,
+        "port": port,
+        "context_length": c.context_length,
+        "page_size": c.page_size,
+        "mem_fraction_static": c.mem_fraction_static,
+        "max_total_tokens": pool if c.pool_tokens is not None else None,
+        "chunked_prefill_size": CHUNKED_PREFILL_SIZE,
+        "max_prefill_tokens": MAX_PREFILL_TOKENS,
+        "max_running_requests": MAX_RUNNING_REQUESTS,
+        "allow_auto_truncate": False,
+        "disable_radix_cache": engine.prefix_cache is None,
+        "device": engine.device,
+        "dtype": "float32",
+        "kv_cache_dtype": "auto",
+        "tp_size": 1,
+        "pp_size": 1,
+        "dp_size": 1,
+        "enable_metrics": c.enable_metrics,
+        "disaggregation_mode": disaggregation_mode(engine.role),
+        "disaggregation_transfer_backend": TRANSFER_BACKEND,
+        "disaggregation_bootstrap_port": bootstrap_port,
+        "launch_command": c.launch_command,
+        "max_total_num_tokens": pool,
+        "max_req_input_len": engine.max_req_input_len,
+        "max_req_len": min(engine.context_len - 1, pool - 1),
+        "vocab_size": tokenizer.VOCAB_SIZE,
+        "status": "ready",
+        "startup_time": started_at,
+        "internal_states": [{
+            "dp_rank": 0,
+            "last_gen_throughput": 0.0,
+            "memory_usage": {
+                "weight": round(engine.model.weight_bytes / GB, 3),
+                "kvcache": round(pool * CELL_BYTES / GB, 3),
+                "startup_available": 0.0,
+                "token_capacity": pool,
+                "graph": {},
+            },
+        }],
+        "version": version_string(),
+        "frontend": "python",
+    }
+
+
+def serve(config: EngineConfig) -> int:
+    """Runs an engine role until killed. Returns an exit code."""
+    config.validate()
+    if config.role is ProcessRole.ROUTER:
+        return serve_router(config)
+    warnings.filterwarnings("ignore")  # torch's "numpy missing" notice is not our log
+    from kvpreflight.builtin_engine.core import (  # torch: the engine process only
+        Engine,
+        device_for,
+    )
+
+    device = device_for(config.device)
+    pool_tokens = resolve_pool_tokens(config, device)
+    engine = Engine(config, pool_tokens, device)
+    real = engine.real_pool_tokens
+    log(f"KV Cache is allocated. dtype: torch.float32, #tokens: {real}, KV size: {engine.pool.nbytes / GB:.2f} GB")
+    reported = engine.reported_pool_tokens
+    if reported < engine.context_len:
+        log(
+            f"KV pool holds {reported} tokens, fewer than --context-length {engine.context_len}. One "
+            "full-length request cannot fit, so long requests will be "
+            "refused or truncated at serving time. Lower --context-length, "
+            "raise --mem-fraction-static, or free memory taken before the "
+            "pool is sized."
+        )
+    if device == "cuda":
+        import torch
+
+        available = f"available_gpu_mem={torch.cuda.mem_get_info()[0] / GB:.2f} GB"
+    else:
+        available = f"available_cpu_mem={_available_cpu_bytes() / GB:.2f} GB"
+    log(
+        f"max_total_num_tokens={reported}, chunked_prefill_size={CHUNKED_PREFILL_SIZE}, "
+        f"max_prefill_tokens={MAX_PREFILL_TOKENS}, max_running_requests={MAX_RUNNING_REQUESTS}, "
+        f"context_len={engine.context_len}, {available}"
+    )
+    decode = None
+    if config.role is ProcessRole.DECODE:
+        decode = DecodeHandoff(engine, config.host, config.bootstrap_port)
+        decode.start()
+    try:
+        httpd = EngineServer((config.host, config.port), engine, decode)
+    except OSError as exc:
+        raise EngineConfigError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
+    port = httpd.server_address[1]
+    httpd.server_info = build_server_info(engine, port, decode.port if decode else None, httpd.started_at)
+    log(f"Uvicorn running on http://{config.host}:{port} (Press CTRL+C to quit)", tp=False)
+    log("The server is fired up and ready to roll!", tp=False)
+    return serve_until_stopped(httpd, decode.close if decode is not None else None)

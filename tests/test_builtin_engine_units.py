@@ -1,0 +1,67 @@
+"""Fast checks of the builtin engine's torch-free layer: its HTTP and handoff modules load without
+torch, and faults and roles are closed sets with one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from kvpreflight.builtin_engine.config import (
+    FAULTS,
+    FAULTS_ENV,
+    EngineConfigError,
+    Fault,
+    faults_from_env,
+    parse_faults,
+    parse_role,
+)
+from kvpreflight.builtin_engine.protocol import RequestError, params_from_generate
+from kvpreflight.model import ProcessRole
+
+TORCH_FREE = ("protocol", "api_sglang", "api_openai", "pd", "server", "startup", "config", "metrics", "prefix_cache")
+
+
+def test_http_and_handoff_modules_do_not_import_torch():
+    code = (
+        "import sys\n"
+        + "".join(f"import kvpreflight.builtin_engine.{name}\n" for name in TORCH_FREE)
+        + "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.endswith('builtin_engine.core')))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
+def test_fault_names_are_the_cli_and_environment_spellings():
+    assert sorted(FAULTS) == sorted([
+        "reject-continues", "no-transfer-check", "early-free-on-cancel", "transfer-fail-as-drained",
+        "prefix-cache-no-salt", "auto-truncate", "misreport-pool",
+    ])
+    assert faults_from_env({FAULTS_ENV: " auto-truncate , misreport-pool,"}) == {Fault.AUTO_TRUNCATE, Fault.MISREPORT_POOL}
+    assert faults_from_env({}) == frozenset()
+    assert all(FAULTS[f.value] == f.description for f in Fault)
+
+
+@pytest.mark.parametrize("names,source,message", [
+    (["bogus"], "--fault", "--fault names unknown fault bogus; known: auto-truncate, "),
+    (["auto-truncate", "typo-fault"], FAULTS_ENV, f"{FAULTS_ENV} names unknown fault typo-fault; known: "),
+])
+def test_unknown_fault_is_one_line_naming_where_it_came_from(names, source, message):
+    with pytest.raises(EngineConfigError) as caught:
+        parse_faults(names, source)
+    assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_roles_are_process_roles():
+    assert [parse_role(r.value) for r in ProcessRole] == list(ProcessRole)
+    with pytest.raises(EngineConfigError, match=r"^--role 'leader' is not one of unified, prefill, decode, router$"):
+        parse_role("leader")
+
+
+def test_generate_body_parsing():
+    params = params_from_generate({"sampling_params": {"max_new_tokens": 3, "stop": "x"}, "cache_salt": "a", "rid": "r1"})
+    assert (params.max_new_tokens, params.stop, params.cache_salt, params.rid) == (3, ("x",), "a", "r1")
+    with pytest.raises(RequestError, match="cache_salt must be a string."):
+        params_from_generate({"cache_salt": 5})
