@@ -15,7 +15,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from kvpreflight.builtin_engine.config import FAULTS, FAULTS_ENV
+from kvpreflight.builtin_engine.config import FAULTS, FAULTS_ENV, Fault
 from kvpreflight.errors import ConfigError, NotMeasured
 from kvpreflight.model import Report
 from kvpreflight.plan import OutputPlan
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from kvpreflight.boot.spec import DeploymentSpec
 
 INCIDENT_POOL_RATIO = 0.65  # 681,280 / 1,048,576
-INCIDENT_FAULTS = ("reject-continues", "no-transfer-check")
+INCIDENT_FAULTS = (Fault.REJECT_CONTINUES.value, Fault.NO_TRANSFER_CHECK.value)
 PAGE_SIZE = 16
 # The prefill->decode link is paced (ms before each 8-page batch), so a long prompt's KV takes a
 # few hundred ms to move, as over a real network; unpaced, a local copy is over before a client
