@@ -7,7 +7,6 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-import yaml
 
 from kvpreflight.errors import ConfigError
 
@@ -28,13 +27,14 @@ def data_dir() -> Path:
 
 
 def load_yaml(path: Path) -> Any:
+    from kvpreflight.fields import load_yaml as parse_yaml
+
     try:
-        with open(path, encoding="utf-8") as fh:
-            return yaml.safe_load(fh)
+        with open(path, "rb") as fh:
+            raw = fh.read()
     except OSError as exc:
         raise CheckDataError(f"cannot read {path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise CheckDataError(f"{path} is not valid YAML: {str(exc).splitlines()[0]}") from exc
+    return parse_yaml(raw, str(path), CheckDataError)
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,67 @@ import math
 import re
 from typing import Any, Callable, Sequence
 
+import yaml
+from yaml.nodes import MappingNode, Node, SequenceNode
+
 from kvpreflight.errors import ConfigError, KvpreflightError
 from kvpreflight.model import Waiver
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Nodes a YAML file may expand to, aliases counted each time they are used. Real specs,
+# inventories and manifests have hundreds to thousands; an alias bomb ("billion laughs") has
+# billions, which would hang whoever walks it.
+MAX_EXPANDED_NODES = 200_000
+
+
+def compose_documents(text: str, source: str, error_type: Callable[[str], ConfigError] = ConfigError) -> list[Node]:
+    """Every document of `text` as YAML nodes (with their lines), refused if it is not YAML or if
+    aliases would expand it past MAX_EXPANDED_NODES."""
+    try:
+        documents = [d for d in yaml.compose_all(text, Loader=yaml.SafeLoader) if d is not None]
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise error_type(f"{source}: not valid YAML{where}: {problem}") from None
+    bound_expansion(documents, source, error_type)
+    return documents
+
+
+def bound_expansion(documents: Sequence[Node], source: str, error_type: Callable[[str], ConfigError] = ConfigError) -> None:
+    """Refuse documents whose aliases expand past MAX_EXPANDED_NODES, stopping as soon as they do."""
+    budget = MAX_EXPANDED_NODES
+    stack: list[Node] = list(documents)
+    while stack:
+        node = stack.pop()
+        budget -= 1
+        if budget < 0:
+            raise error_type(f"{source}: YAML aliases expand past {MAX_EXPANDED_NODES:,} values "
+                             "(an alias bomb?); write the values out")
+        if isinstance(node, SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, MappingNode):
+            for key, value in node.value:
+                stack.extend((key, value))
+
+
+def load_yaml(text: str | bytes, source: str, error_type: Callable[[str], ConfigError] = ConfigError) -> Any:
+    """One YAML document as Python data (None when empty), bounded like compose_documents."""
+    if isinstance(text, bytes):
+        try:
+            text = text.decode("utf-8")
+        except UnicodeDecodeError:
+            raise error_type(f"{source}: not UTF-8 text; give a YAML file") from None
+    documents = compose_documents(text, source, error_type)
+    if len(documents) > 1:
+        raise error_type(f"{source}: holds {len(documents)} YAML documents; give one")
+    if not documents:
+        return None
+    loader = yaml.SafeLoader("")
+    try:
+        return loader.construct_document(documents[0])
+    except yaml.YAMLError as exc:
+        raise error_type(f"{source}: not valid YAML: {getattr(exc, 'problem', None) or exc}") from None
 
 
 def describe(value: Any) -> str:

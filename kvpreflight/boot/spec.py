@@ -21,12 +21,13 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from kvpreflight.boot.errors import BootConfigError
-from kvpreflight.fields import FieldParser, describe
+from kvpreflight.fields import FieldParser, describe, load_yaml
 from kvpreflight.model import AUTO_ENGINE, EngineKind, ProcessRole, Waiver
 
 ROLES = tuple(r.value for r in ProcessRole)
 ENGINE_KINDS = (*(k.value for k in EngineKind), AUTO_ENGINE)
 DEFAULT_READY_TIMEOUT_S = 600.0
+MAX_SPEC_BYTES = 1024 * 1024
 DEFAULT_HEALTH_PATH = "/health"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
@@ -103,23 +104,17 @@ def guess_enginedescribe(command: tuple[str, ...]) -> str:
 
 def load_spec(path: str | os.PathLike[str]) -> DeploymentSpec:
     """Read and parse a spec file. Raises BootConfigError (exit 2) with one line on any problem."""
-    import yaml
-
     label = os.fspath(path)
     try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
+        with open(path, "rb") as handle:
+            raw = handle.read(MAX_SPEC_BYTES + 1)
     except FileNotFoundError:
-        raise _error(label, None, "no such file; give the path of a boot spec (see examples/specs/)")
+        raise _error(label, None, "no such file; give the path of a boot spec (see examples/specs/)") from None
     except OSError as exc:
-        raise _error(label, None, f"cannot read: {exc.strerror or exc}")
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc)
-        raise _error(label, None, f"not valid YAML{where}: {problem}")
+        raise _error(label, None, f"cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise _error(label, None, f"larger than {MAX_SPEC_BYTES // 1024} KiB; a boot spec is a short YAML file")
+    data = load_yaml(raw, label, BootConfigError)
     base_dir = os.path.dirname(os.path.abspath(label))
     return parse_spec(data, source=label, base_dir=base_dir)
 

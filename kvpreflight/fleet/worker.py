@@ -40,10 +40,11 @@ def _spec(job: dict[str, Any]) -> DeploymentSpec:
 
         return demo_spec(BuiltinDeployment(pool_ratio=target["pool_ratio"], decode_pool_ratio=target["decode_pool_ratio"],
                                            context_length=target["context_length"], faults=tuple(target["faults"])))
-    import yaml
+    from kvpreflight.boot.errors import BootConfigError
+    from kvpreflight.fields import load_yaml
 
     path = target["spec_path"]
-    return parse_spec(yaml.safe_load(target["spec_text"]), source=path, base_dir=os.path.dirname(path))
+    return parse_spec(load_yaml(target["spec_text"], path, BootConfigError), source=path, base_dir=os.path.dirname(path))
 
 
 def _start_reaper() -> subprocess.Popen[bytes]:

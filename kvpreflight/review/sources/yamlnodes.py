@@ -7,18 +7,22 @@ from pathlib import Path
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
+from kvpreflight.fields import bound_expansion
 from kvpreflight.review.commandline import tokenize
 from kvpreflight.review.interface import ReviewError, Token
 
 
 def load_documents(path: Path, text: str) -> list[Node]:
+    """Every YAML document of a file as nodes; an alias bomb is refused, not walked."""
     try:
-        return [d for d in yaml.compose_all(text, Loader=yaml.SafeLoader) if d is not None]
+        documents = [d for d in yaml.compose_all(text, Loader=yaml.SafeLoader) if d is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ReviewError(f"{where}: not valid YAML ({problem}); fix the file") from None
+    bound_expansion(documents, str(path), ReviewError)
+    return documents
 
 
 def line(node: Node) -> int:

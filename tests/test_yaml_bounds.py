@@ -1,0 +1,46 @@
+"""YAML from pull requests and inventories is loaded with alias expansion bounded, everywhere: an
+alias bomb is one line and exit 2 within seconds, in `review`, `check --boot` and `fleet`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+
+def alias_bomb(levels: int = 9) -> str:
+    lines = ['a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]']
+    for i in range(1, levels):
+        prev, cur = chr(96 + i), chr(97 + i)
+        lines.append(f"{cur}: &{cur} [" + ",".join([f"*{prev}"] * 9) + "]")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("command", [["review"], ["check", "--boot"], ["fleet"]])
+def test_an_alias_bomb_is_refused_in_one_line_within_seconds(tmp_path: Path, command: list[str]) -> None:
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text(alias_bomb())
+    started = time.monotonic()
+    proc = subprocess.run([sys.executable, "-m", "kvpreflight", *command, str(bomb)], capture_output=True, text=True, timeout=60)
+    elapsed = time.monotonic() - started
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "alias" in lines[0] and "bomb.yaml" in lines[0], proc.stderr
+    assert elapsed < 20, elapsed  # a walk of the expanded tree would take hours
+
+
+def test_a_boot_spec_that_is_not_text_is_one_line_exit_2(tmp_path: Path) -> None:
+    spec = tmp_path / "spec.yaml"
+    spec.write_bytes(b"\xff\xfe\x00binary\x80")
+    proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--boot", str(spec)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    assert "not UTF-8 text" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+def test_yaml_with_a_few_aliases_still_loads() -> None:
+    from kvpreflight.fields import load_yaml
+
+    assert load_yaml("base: &b {n: 1}\nother: *b\n", "ok.yaml") == {"base": {"n": 1}, "other": {"n": 1}}
