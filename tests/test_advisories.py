@@ -267,3 +267,21 @@ def test_advisories_list_table_and_show():
     assert r.returncode == 2 and r.stderr.strip() == "kvpreflight: error: no advisory 'KVPF-NOPE-1'; `kvpreflight advisories list` shows the ids"
     r = run_cli("advisories", "list", "--engine", "tensorrt")
     assert r.returncode == 2 and "--engine" in r.stderr
+
+
+def test_review_reads_the_users_advisories_and_refuses_a_malformed_file(tmp_path):
+    # `review(..., advisory_dirs=...)` is what a `review --advisories DIR` option passes on
+    from kvpreflight.errors import ConfigError
+
+    a = next(x for x in ADVISORIES if x.id == "KVPF-SGLANG-2026-003")
+    path, flag_lines = compose(tmp_path, a, "0.5.21")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "acme.yaml").write_text(GOOD.replace('versions: "<0.5.22"', 'versions: "<0.5.22"\n  when: {settings: {allow_auto_truncate: [true]}}')
+                                    .replace('detect: {check: "version"}', 'detect: {review: "image tag"}'))
+    report = review([path], ReviewInputs(model_dir=MODELS, gpu="H100 80GB", context_length=None), advisory_dirs=[mine])
+    (finding,) = [c for c in report.checks if c.id == "engine-advisories"]
+    assert {"ACME-0001", "KVPF-SGLANG-2026-003"} <= set(ids(finding.evidence, "matched"))
+    (mine / "acme.yaml").write_text(GOOD.replace("engine: sglang", "engine: sgl"))
+    with pytest.raises(ConfigError, match=r"acme\.yaml: advisory ACME-0001: field 'engine'"):
+        review([path], ReviewInputs(model_dir=MODELS, gpu="H100 80GB", context_length=None), advisory_dirs=[mine])

@@ -13,7 +13,7 @@ import enum
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from kvpreflight.checkdata import CheckDataError, data_dir, load_yaml
 from kvpreflight.model import Status
@@ -253,7 +253,7 @@ def parse_advisory(raw: Any, path: Path, index: int) -> Advisory:
     )
 
 
-def _when(when: Any, bad: Any) -> tuple[bool | None, tuple[SettingCondition, ...]]:
+def _when(when: Any, bad: Callable[[str, str], CheckDataError]) -> tuple[bool | None, tuple[SettingCondition, ...]]:
     if when is None:
         return None, ()
     if not isinstance(when, dict) or set(when) - {"pd", "settings"}:
