@@ -121,6 +121,8 @@ def test_check_passes_a_current_engine_with_safe_settings():
                           served_context=1, settings={"allow_auto_truncate": False})
     (r,) = run_checks(CheckContext((snap,), load_thresholds(), advisories=ADVISORIES), ["engine-advisories"])
     assert r.status is Status.PASS, r.message
+    # what a running SGLang does not report is named, not silently passed
+    assert "KVPF-SGLANG-2026-006" in r.evidence["not_checked_here"]
 
 
 # --- review -------------------------------------------------------------------------------

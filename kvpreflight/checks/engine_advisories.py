@@ -18,6 +18,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         # an advisory without a `detect.check` needs something a running engine does not report
         assessments = [a.assess(facts) for a in ctx.advisories if a.detect_check]
         summary = summarise(subject, assessments, static=False)
-        evidence = {"engine": snap.engine, "version": snap.version, "pd": is_pd, **summary.evidence}
+        review_only = [a.id for a in ctx.advisories if a.engine == snap.engine and not a.detect_check]
+        evidence = {"engine": snap.engine, "version": snap.version, "pd": is_pd, **summary.evidence,
+                    "not_checked_here": review_only}
         results.append(CheckResult(ID, summary.status, summary.message, snap.url, evidence))
     return results
