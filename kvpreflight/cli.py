@@ -33,6 +33,7 @@ COMMAND_MODULES = (
     "review",
     "gpus",
     "fleet",
+    "advisories",
 )
 
 

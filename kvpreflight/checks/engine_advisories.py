@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from kvpreflight.checks.advisory_data import EngineFacts, summarise
 from kvpreflight.checks.interface import CheckContext
-from kvpreflight.model import CheckResult, Role, Status
+from kvpreflight.model import CheckResult, Role
 
 ID = "engine-advisories"
 
@@ -12,28 +13,13 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     is_pd = any(s.role in (Role.PREFILL, Role.DECODE) for s in ctx.snapshots)
     results = []
     for snap in ctx.snapshots:
-        hits, unknown, infos = [], [], []
-        for adv in ctx.advisories:
-            applies = adv.applies(snap.engine, snap.version, is_pd, snap.settings)
-            if applies is None:
-                unknown.append(adv)
-            elif applies:
-                (infos if adv.severity == "info" else hits).append(adv)
-        evidence = {
-            "engine": snap.engine, "version": snap.version, "pd": is_pd,
-            "matched": [{"id": a.id, "severity": a.severity, "title": a.title, "fix": a.fix} for a in hits],
-            "notes": [{"id": a.id, "title": a.title} for a in infos],
-        }
-        if hits:
-            status = Status.FAIL if any(a.severity == "fail" for a in hits) else Status.WARN
-            message = "; ".join(f"{a.id}: {a.title} (fix: {a.fix})" for a in hits)
-        elif unknown:
-            status = Status.INCONCLUSIVE
-            message = (f"{snap.engine} version unknown, and {len(unknown)} advisory(ies) may apply: "
-                       + ", ".join(a.id for a in unknown))
-        else:
-            status = Status.PASS
-            message = f"{snap.engine} {snap.version}: no known advisory applies" + (
-                f" ({'; '.join(a.title for a in infos)})" if infos else "")
-        results.append(CheckResult(ID, status, message, snap.url, evidence))
+        facts = EngineFacts(engine=snap.engine, version=snap.version, pd=is_pd, settings=snap.settings)
+        subject = f"{snap.engine} {snap.version or '(version unknown)'}"
+        # an advisory without a `detect.check` needs something a running engine does not report
+        assessments = [a.assess(facts) for a in ctx.advisories if a.detect_check]
+        summary = summarise(subject, assessments, static=False)
+        review_only = [a.id for a in ctx.advisories if a.engine == snap.engine and not a.detect_check]
+        evidence = {"engine": snap.engine, "version": snap.version, "pd": is_pd, **summary.evidence,
+                    "not_checked_here": review_only}
+        results.append(CheckResult(ID, summary.status, summary.message, snap.url, evidence))
     return results

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
 from kvpreflight.checkdata import Thresholds
 from kvpreflight.model import CheckResult, EngineSnapshot, Status, Waiver
 from kvpreflight.probes.capacity import ProbeRun
 from kvpreflight.probes.isolation import IsolationRun
+
+if TYPE_CHECKING:
+    from kvpreflight.checks.advisory_data import Advisory
 
 
 @dataclass(frozen=True)
@@ -18,7 +21,7 @@ class CheckContext:
     promised_context: int | None = None  # --context-length: what the operator promises users
     probes: ProbeRun | None = None  # None: capacity-only (no request sent)
     entry: str | None = None
-    advisories: tuple = ()  # kvpreflight.checks.advisory_data.Advisory
+    advisories: tuple[Advisory, ...] = ()
     expected_model: str | None = None  # --model
     isolation: IsolationRun | None = None  # the two-tenant probes (None: not run, see probes)
 

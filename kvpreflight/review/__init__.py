@@ -2,7 +2,8 @@
 
 read files (sources/, one module per input kind) -> find launch commands (commandline) ->
 estimate each engine's pool the way it sizes it (engines/, one module per engine) -> judge with
-the shared thresholds (check) -> a Report the shared formats render. Nothing here imports an
+the shared thresholds (check), and match each launch's image tag and flags against the advisory
+data (advisories) -> a Report the shared formats render. Nothing here imports an
 engine, torch, or kvpreflight's builtin engine: it is arithmetic on the files.
 """
 
@@ -12,46 +13,55 @@ import datetime as _dt
 from pathlib import Path
 from typing import Sequence
 
-from kvpreflight.checkdata import CheckDataError, Thresholds, load_thresholds
+from kvpreflight.checkdata import Thresholds, load_thresholds
+from kvpreflight.checks.advisory_data import load_advisories
 from kvpreflight.model import CheckResult, Report
+from kvpreflight.review.advisories import review_advisories
 from kvpreflight.review.check import judge, skipped
 from kvpreflight.review.commandline import find_launches
 from kvpreflight.review.engines import estimator
 from kvpreflight.review.estimate import Estimate, ReviewInputs
-from kvpreflight.review.interface import ReviewError
+from kvpreflight.review.interface import Launch, ReviewError
 from kvpreflight.review.sources import read_sites
 
 ENGINE_WORDS = "python -m sglang.launch_server, sglang serve, vllm serve, python -m vllm.entrypoints.openai.api_server, llama-server"
 
 
-def estimate_files(files: Sequence[Path], inputs: ReviewInputs) -> list[Estimate | tuple[str, str]]:
+def find_all_launches(files: Sequence[Path]) -> list[list[Launch]]:
+    """The launches of each file, in order."""
+    return [[l for site in read_sites(path) for l in find_launches(site)] for path in files]
+
+
+def estimate_files(files: Sequence[Path], inputs: ReviewInputs,
+                   launches: Sequence[Sequence[Launch]] | None = None) -> list[Estimate | tuple[str, str]]:
     """One Estimate per launch found; for a file without any launch, (file, reason)."""
     out: list[Estimate | tuple[str, str]] = []
     models: dict = {}
-    for path in files:
-        launches = [l for site in read_sites(path) for l in find_launches(site)]
-        if not launches:
+    for path, found in zip(files, launches if launches is not None else find_all_launches(files)):
+        if not found:
             out.append((str(path), f"no engine launch command found (looked for {ENGINE_WORDS})"))
             continue
-        for launch in launches:
+        for launch in found:
             out.append(estimator(launch.engine).estimate(launch, inputs, models))
     return out
 
 
-def review(files: Sequence[Path], inputs: ReviewInputs, thresholds: Thresholds | None = None, version: str = "") -> Report:
+def review(files: Sequence[Path], inputs: ReviewInputs, thresholds: Thresholds | None = None, version: str = "",
+           advisory_dirs: Sequence[Path] = ()) -> Report:
+    """advisory_dirs: folders of the user's own advisory files, read after kvpreflight's."""
     started = _now()
     if not files:
         raise ReviewError("no files to review; pass the deployment files (manifests, compose files, scripts, boot specs)")
-    try:
-        thresholds = thresholds or load_thresholds()
-    except CheckDataError as exc:
-        raise ReviewError(str(exc)) from None
-    results = estimate_files(files, inputs)
+    thresholds = thresholds or load_thresholds()
+    advisories = load_advisories(advisory_dirs)
+    launches = find_all_launches(files)
+    results = estimate_files(files, inputs, launches)
     if all(isinstance(r, tuple) for r in results):
         raise ReviewError(f"no engine launch command in {', '.join(map(str, files))}; looked for {ENGINE_WORDS}")
     checks: list[CheckResult] = [
         skipped(*r) if isinstance(r, tuple) else judge(r, thresholds) for r in results
     ]
+    checks.extend(review_advisories([l for found in launches for l in found], advisories))
     return Report(
         tool_version=version,
         engines=(),

@@ -41,6 +41,8 @@ class CommandSite:
     # file's lines a flag may be on, so its real line can be looked up.
     search_lines: tuple[int, int] | None = None
     env: Mapping[str, str] = field(default_factory=dict)  # literal values the file sets
+    image: str | None = None  # the container image (Kubernetes, compose), whose tag names the engine version
+    image_line: int | None = None
 
 
 @dataclass(frozen=True)

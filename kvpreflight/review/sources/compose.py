@@ -8,7 +8,7 @@ from pathlib import Path
 from yaml.nodes import MappingNode, Node
 
 from kvpreflight.review.interface import CommandSite
-from kvpreflight.review.sources.yamlnodes import command_tokens, env_literals, get, span
+from kvpreflight.review.sources.yamlnodes import command_tokens, env_literals, get, image_of, span
 
 
 def sites(path: Path, docs: list[Node]) -> list[CommandSite]:
@@ -22,6 +22,6 @@ def sites(path: Path, docs: list[Node]) -> list[CommandSite]:
             if tokens:
                 out.append(CommandSite(
                     file=str(path), where=f"service {key.value}", tokens=tuple(tokens),
-                    search_lines=span(svc), env=env_literals(svc),
+                    search_lines=span(svc), env=env_literals(svc), **image_of(svc),
                 ))
     return out

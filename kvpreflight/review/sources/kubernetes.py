@@ -9,7 +9,7 @@ from pathlib import Path
 from yaml.nodes import MappingNode, Node, SequenceNode
 
 from kvpreflight.review.interface import CommandSite
-from kvpreflight.review.sources.yamlnodes import command_tokens, env_literals, get, items, line, scalar, span
+from kvpreflight.review.sources.yamlnodes import command_tokens, env_literals, get, image_of, items, line, scalar, span
 
 GPU_LABEL = "nvidia.com/gpu.product"
 
@@ -28,7 +28,7 @@ def sites(path: Path, docs: list[Node]) -> list[CommandSite]:
                 where = f"{kind}/{name}" + "".join(f" {t}" for t in trail) + f" container {scalar(get(c, 'name')) or '?'}"
                 out.append(CommandSite(
                     file=str(path), where=where, tokens=tuple(tokens), gpu_product=gpu, gpu_product_line=gpu_line,
-                    search_lines=span(c), env=env_literals(c),
+                    search_lines=span(c), env=env_literals(c), **image_of(c),
                 ))
     return out
 

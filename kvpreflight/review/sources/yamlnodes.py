@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
@@ -79,3 +80,10 @@ def env_literals(container: Node) -> dict[str, str]:
             k, _, v = e.value.partition("=")
             out[k] = v
     return out
+
+
+def image_of(container: Node) -> dict[str, Any]:
+    """The `image` of a container or compose service and its line (CommandSite's image fields)."""
+    node = get(container, "image")
+    value = scalar(node)
+    return {"image": value, "image_line": line(node)} if node is not None and value else {}

@@ -1,0 +1,93 @@
+"""`kvpreflight advisories list|show`: the advisory feed `check` and `review` match engines against."""
+
+from __future__ import annotations
+
+import enum
+from pathlib import Path
+from typing import TYPE_CHECKING, List, Optional, Sequence
+
+import typer
+
+if TYPE_CHECKING:
+    from kvpreflight.checks.advisory_data import Advisory
+
+
+class AdvisoriesFormat(str, enum.Enum):
+    table = "table"
+    json = "json"
+
+
+def register(app: typer.Typer) -> None:
+    group = typer.Typer(help="The known engine bugs and risky settings that `check` and `review` look for.",
+                        no_args_is_help=True)
+
+    @group.command("list")
+    def list_command(
+        engine: Optional[str] = typer.Option(None, "--engine", help="Only this engine: sglang, vllm, llamacpp, tgi, builtin."),
+        format: AdvisoriesFormat = typer.Option(AdvisoriesFormat.table, "--format", help="table or json."),
+        advisories: Optional[List[Path]] = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files (validated). Repeatable."),
+    ) -> None:
+        """One line per advisory: id, engine, affected and fixed versions, severity, title."""
+        import json
+        import sys
+
+        from kvpreflight.checks.advisory_data import ENGINES, load_advisories
+        from kvpreflight.errors import UsageError
+
+        if engine is not None and engine not in ENGINES:
+            raise UsageError(f"--engine {engine!r}: use one of {', '.join(ENGINES)}")
+        found = [a for a in load_advisories(tuple(advisories or ())) if engine is None or a.engine == engine]
+        if format is AdvisoriesFormat.json:
+            sys.stdout.write(json.dumps([a.as_dict() for a in found], indent=2) + "\n")
+        else:
+            sys.stdout.write(render_table(found))
+
+    @group.command("show")
+    def show_command(
+        advisory_id: str = typer.Argument(..., metavar="ID", help="An advisory id, e.g. KVPF-SGLANG-2026-001."),
+        advisories: Optional[List[Path]] = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files. Repeatable."),
+    ) -> None:
+        """Everything about one advisory: conditions, sources, how check and review see it, how it was verified."""
+        import sys
+
+        from kvpreflight.checks.advisory_data import find_advisory, load_advisories
+
+        sys.stdout.write(render_one(find_advisory(load_advisories(tuple(advisories or ())), advisory_id)))
+
+    app.add_typer(group, name="advisories")
+
+
+def render_table(found: Sequence[Advisory]) -> str:
+    from tabulate import tabulate
+
+    rows = [[a.id, a.engine, a.versions, a.fixed, a.severity.value, "yes" if a.verified else "no", a.title]
+            for a in found]
+    headers = ["id", "engine", "affected", "fixed", "severity", "verified", "title"]
+    return tabulate(rows, headers=headers, disable_numparse=True) + f"\n{len(found)} advisories\n"
+
+
+def render_one(a: Advisory) -> str:
+    when = []
+    if a.pd is not None:
+        when.append("prefill/decode deployments" if a.pd else "unified (non-PD) deployments")
+    for c in a.settings:
+        test = (f"one of {', '.join(c.values)}" if c.values else f"contains {c.contains!r}" if c.contains
+                else "set to any value")
+        when.append(f"setting {c.name} {test}" + (f" (default {c.default})" if c.default else ""))
+    lines = [
+        f"{a.id}  [{a.severity.value}]  {a.engine}",
+        a.title,
+        "",
+        f"affected:     {a.versions}",
+        f"fixed:        {a.fixed}",
+        f"verified:     {'yes' if a.verified else 'no'}",
+        f"applies when: {'; '.join(when) or 'always (version only)'}",
+        f"fix:          {a.fix}",
+        f"check sees:   {a.detect_check or '- (not visible on a running engine)'}",
+        f"review sees:  {a.detect_review or '- (not visible in deployment files)'}",
+        f"verification: {a.verification}",
+        "references:",
+        *(f"  {r}" for r in a.references),
+        f"source:       {a.source}",
+    ]
+    return "\n".join(lines) + "\n"
