@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-FORMAT_NAMES = ("table", "json", "junit", "sarif", "github", "markdown")
+from kvpreflight.commands.check import FORMAT_HELP
 
 
 def register(app: typer.Typer) -> None:
@@ -17,8 +17,9 @@ def register(app: typer.Typer) -> None:
         model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="The model's folder (Hugging Face config.json, optional model.safetensors.index.json), or a folder holding model folders named like the command's model path."),
         gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU product (e.g. 'H100 80GB', H200, B200, 'A100 80GB', L40S, MI300X); default: the manifest's nvidia.com/gpu.product label."),
         context_length: Optional[int] = typer.Option(None, "--context-length", min=1, help="The context promised to users; the larger of this and each engine's own flag is checked."),
-        format: str = typer.Option("table", "--format", help=f"One of: {', '.join(FORMAT_NAMES)}."),
+        format: str = typer.Option("table", "--format", help=f"One of: {FORMAT_HELP.replace('|', ', ')}."),
         output: Optional[Path] = typer.Option(None, "--output", help="Write the report to this file instead of stdout."),
+        advisories: Optional[List[Path]] = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files (checks/advisories/SCHEMA.md). Repeatable."),
     ) -> None:
         """Estimate each SGLang, vLLM and llama.cpp engine's KV pool the way the engine will size it,
         and fail (exit 1) when one cannot hold the context it promises. An estimate: the runtime
@@ -30,7 +31,8 @@ def register(app: typer.Typer) -> None:
         from kvpreflight.review.estimate import ReviewInputs
 
         formatter = get_format(format)  # a bad --format is a usage error before any work
-        report = review(files, ReviewInputs(model_dir=model_dir, gpu=gpu, context_length=context_length), version=__version__)
+        report = review(files, ReviewInputs(model_dir=model_dir, gpu=gpu, context_length=context_length), version=__version__,
+                        advisory_dirs=tuple(advisories or ()))
         write_report(report, formatter, output)
         github_actions_side_effects(report, format_name=format if output is None else None)
         raise typer.Exit(report.exit_code)
