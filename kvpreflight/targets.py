@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable, Mapping, Sequence
@@ -87,12 +88,25 @@ def parse_header(text: str) -> tuple[str, str]:
     return name.strip(), content.strip()
 
 
+# Secrets are scrubbed from every output by value; a shorter one would scrub ordinary words.
+MIN_SECRET_LENGTH = 8
+# Header names whose values are secrets (besides those named with --secret-header).
+SECRET_HEADER = re.compile(r"(?:authorization|api-?key|token|secret|cookie|password|auth)", re.I)
+
+
+def checked_secret(value: str, where: str) -> str:
+    if len(value) < MIN_SECRET_LENGTH:
+        raise ConfigError(f"{where} is shorter than {MIN_SECRET_LENGTH} characters; kvpreflight removes secrets "
+                          "from every output by value, and so refuses one that short (use a real key)")
+    return value
+
+
 def secret_from_env(name: str) -> str:
     """A secret's value from the environment variable `name` (never from argv)."""
     value = (os.environ.get(name) or "").strip()
     if not value:
         raise ConfigError(f"the environment variable {name} is not set or empty")
-    return value
+    return checked_secret(value, f"the value of {name}")
 
 
 def secret_from_file(path: Path) -> str:
@@ -104,7 +118,7 @@ def secret_from_file(path: Path) -> str:
         raise ConfigError(f"{path}: not UTF-8 text") from None
     if not value:
         raise ConfigError(f"{path} is empty")
-    return value
+    return checked_secret(value, f"the key in {path}")
 
 
 def tenant_auth(a_key: str | None, b_key: str | None, header_name: str | None,

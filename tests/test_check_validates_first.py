@@ -95,3 +95,17 @@ def test_a_record_problem_in_boot_mode_boots_nothing(tmp_path: Path) -> None:
                "--record", str(tmp_path / "r.json"))
     assert_refused_early(proc, "--sign-key")
     assert not marker.exists()
+
+
+@pytest.mark.parametrize("args,env,fragments", [
+    (["--api-key-env", "KVPF_SHORT"], {"KVPF_SHORT": "abc"}, ["KVPF_SHORT", "shorter than 8"]),
+    (["--header", "X-Gateway-Token: short"], {}, ["X-Gateway-Token", "shorter than 8"]),
+    (["--header", "X-Tenant-Pin: 1234", "--secret-header", "x-tenant-pin"], {}, ["X-Tenant-Pin", "shorter than 8"]),
+])
+def test_a_secret_too_short_to_scrub_by_value_is_refused(args: list[str], env: dict[str, str], fragments: list[str]) -> None:
+    with static_server({}) as url:
+        proc = subprocess.run([*KVPF, "check", "--endpoint", url, *args], capture_output=True, text=True, timeout=60,
+                              env={**os.environ, **env})
+        seen = list(static_server.seen)  # type: ignore[attr-defined]
+    assert_refused_early(proc, *fragments)
+    assert seen == [] and "abc" not in proc.stderr and "1234" not in proc.stderr

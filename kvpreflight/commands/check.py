@@ -34,6 +34,7 @@ def register(app: typer.Typer) -> None:
         api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Name of the environment variable holding the API key."),
         api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="File holding the API key."),
         header: Optional[List[str]] = typer.Option(None, "--header", help="Extra request header 'Name: value'. Repeatable."),
+        secret_header: Optional[List[str]] = typer.Option(None, "--secret-header", help="NAME of a --header whose value is a secret (kept out of every output; Authorization, *token*, *key*, cookies are already). Repeatable."),
         ca_bundle: Optional[Path] = typer.Option(None, "--ca-bundle", help="CA bundle for engines behind TLS with a private CA."),
         capacity_only: bool = typer.Option(False, "--capacity-only", help="Read-only: send no request (production endpoints under a change freeze)."),
         tenant_a_key_env: Optional[str] = typer.Option(None, "--tenant-a-key-env", help="Environment variable holding synthetic tenant A's API key (isolation probes)."),
@@ -63,7 +64,7 @@ def register(app: typer.Typer) -> None:
         args = CheckArgs(
             endpoints=tuple(endpoint or ()), entry=entry, engine=engine, model=model, context_length=context_length,
             logs=tuple(log or ()), api_key_env=api_key_env, api_key_file=api_key_file, headers=tuple(header or ()),
-            ca_bundle=ca_bundle, capacity_only=capacity_only, skips=tuple(skip or ()), reasons=tuple(reason or ()),
+            secret_headers=tuple(secret_header or ()), ca_bundle=ca_bundle, capacity_only=capacity_only, skips=tuple(skip or ()), reasons=tuple(reason or ()),
             timeout=timeout, concurrency=concurrency, accepted_tps=accepted_tps, advisories=tuple(advisories or ()),
             tenant_a_key_env=tenant_a_key_env, tenant_b_key_env=tenant_b_key_env, tenant_header=tenant_header,
             allow_disruptive=allow_disruptive,

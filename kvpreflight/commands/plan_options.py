@@ -26,6 +26,7 @@ class CheckArgs:
     api_key_env: str | None = None
     api_key_file: Path | None = None
     headers: tuple[str, ...] = ()
+    secret_headers: tuple[str, ...] = ()  # names of headers whose values are secrets
     ca_bundle: Path | None = None
     capacity_only: bool = False
     skips: tuple[str, ...] = ()
@@ -69,10 +70,13 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
             logs[url] = path
     headers: dict[str, str] = {}
     secrets: set[str] = set()
+    secret_headers = {n.strip().lower() for n in args.secret_headers}
     with naming("--header"):
         for text in args.headers:
             name, value = t.parse_header(text)
             headers[name] = value
+            if t.SECRET_HEADER.search(name) or name.lower() in secret_headers:
+                secrets.add(t.checked_secret(value, f"the value of header {name}"))
     if args.api_key_env and args.api_key_file:
         raise ConfigError("--api-key-env and --api-key-file both given; pass one")
     key = None
