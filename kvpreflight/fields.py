@@ -83,7 +83,8 @@ def describe(value: Any) -> str:
     if isinstance(value, (int, float)):
         return f"a number ({value})"
     if isinstance(value, str):
-        return f"{value[:80]!r}" + ("..." if len(value) > 80 else "")
+        # Quote a short value (a typo is easiest to see); never echo a whole file into a message.
+        return repr(value) if len(value) <= 60 and "\n" not in value else f"a text of {len(value):,} characters"
     if isinstance(value, list):
         return "a list"
     if isinstance(value, dict):

@@ -44,3 +44,13 @@ def test_yaml_with_a_few_aliases_still_loads() -> None:
     from kvpreflight.fields import load_yaml
 
     assert load_yaml("base: &b {n: 1}\nother: *b\n", "ok.yaml") == {"base": {"n": 1}, "other": {"n": 1}}
+
+
+def test_an_error_about_a_file_that_is_not_a_spec_does_not_print_the_file(tmp_path: Path) -> None:
+    inventory = tmp_path / "fleet.yaml"
+    inventory.write_text("deployments:\n  - name: a\n    boot: /etc/passwd\n")
+    proc = subprocess.run([sys.executable, "-m", "kvpreflight", "fleet", str(inventory)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert "deployments[0].boot" in line and "/etc/passwd" in line
+    assert len(line) < 400 and "root:x:0:0" not in line
