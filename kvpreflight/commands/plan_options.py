@@ -71,8 +71,8 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
     secrets: set[str] = set()
     with naming("--header"):
         for text in args.headers:
-            name, value = t.parse_header(text)
-            headers[name] = value
+            header_name, header_value = t.parse_header(text)
+            headers[header_name] = header_value
     if args.api_key_env and args.api_key_file:
         raise ConfigError("--api-key-env and --api-key-file both given; pass one")
     key = None
@@ -101,7 +101,7 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
     if len(args.skips) != len(args.reasons):
         raise ConfigError("every --skip CHECK_ID needs its own --reason TEXT (no reason, no skip)")
     with naming("--skip"):
-        waivers = tuple(t.parse_waiver(c, r, CHECK_IDS) for c, r in zip(args.skips, args.reasons))
+        waivers = tuple(t.parse_waiver(c, r, CHECK_IDS) for c, r in zip(args.skips, args.reasons, strict=True))
     return CheckPlan(
         targets=endpoints, entry=entry, engine=args.engine, model=args.model, context_length=args.context_length,
         logs=logs, auth=Auth(headers=headers, ca_bundle=str(args.ca_bundle) if args.ca_bundle else None,
