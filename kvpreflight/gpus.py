@@ -10,9 +10,10 @@ with `BootedEngine.process_ids()`.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from types import ModuleType
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -61,9 +62,10 @@ def inventory(nvml: ModuleType | None = None) -> GpuInventory:
     """Ask NVML for every GPU. `nvml` replaces the pynvml module (tests)."""
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml
         except ImportError as exc:
             return GpuInventory(gpus=(), reason=f"nvidia-ml-py is not installed ({exc}); pip install nvidia-ml-py")
+        nvml = pynvml
     try:
         nvml.nvmlInit()
     except Exception as exc:  # NVMLError_LibraryNotFound, _DriverNotLoaded, ... and anything else

@@ -3,12 +3,16 @@ has (URLs), plus the log file of each engine and the processes that belong to it
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from kvpreflight.boot import proctree
 from kvpreflight.boot.spec import DeploymentSpec
 from kvpreflight.model import ProcessRole
+
+if TYPE_CHECKING:
+    from kvpreflight.gpus import GpuInventory
 
 
 @dataclass(frozen=True)
@@ -51,7 +55,7 @@ class BootedDeployment:
         """The engines that hold KV pools (everything but routers)."""
         return tuple(e for e in self.engines if e.role is not ProcessRole.ROUTER)
 
-    def gpu_records(self, found=None) -> tuple[Mapping[str, Any], ...]:
+    def gpu_records(self, found: GpuInventory | None = None) -> tuple[Mapping[str, Any], ...]:
         """The GPU inventory (kvpreflight.gpus.inventory() unless `found` is given), one mapping
         per GPU, each with "engines": the names of the engines whose processes run on it."""
         if found is None:
@@ -60,7 +64,7 @@ class BootedDeployment:
             found = inventory()
         families = {e.name: e.process_ids() for e in self.engines}
         records = []
-        for gpu, record in zip(found.gpus, found.records()):
+        for gpu, record in zip(found.gpus, found.records(), strict=True):
             on_it = {p.pid for p in gpu.processes}
             records.append({**record, "engines": [name for name, pids in families.items() if pids & on_it]})
         return tuple(records)

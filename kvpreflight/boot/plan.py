@@ -7,11 +7,12 @@ an engine without a port) are configuration errors: BootConfigError (exit 2).
 from __future__ import annotations
 
 import errno
+import re
 import socket
 import sys
 import types
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Mapping
 from urllib.parse import urlsplit
 
 from kvpreflight.boot.errors import BootConfigError, BootError
@@ -78,7 +79,7 @@ def plan_deployment(spec: DeploymentSpec, *, python: str | None = None) -> Deplo
     hosts = {name: urlsplit(url).hostname or LOOPBACK for name, url in urls.items()}
 
     def fill(text: str, engine: EngineSpec | None, where: str) -> str:
-        def one(match) -> str:
+        def one(match: re.Match[str]) -> str:
             target, _, attr = match.group(1).rpartition(".")
             if not target and attr == "python":
                 return python
@@ -132,7 +133,7 @@ def _choose_ports(spec: DeploymentSpec) -> dict[str, int | None]:
     return ports
 
 
-def _entry_url(spec: DeploymentSpec, urls: dict[str, str], fill) -> str:
+def _entry_url(spec: DeploymentSpec, urls: dict[str, str], fill: Callable[[str, EngineSpec | None, str], str]) -> str:
     if spec.entry in urls:
         return urls[spec.entry]
     return fill(spec.entry, None, "entry").rstrip("/")

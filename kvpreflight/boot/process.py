@@ -9,10 +9,11 @@ import signal
 import subprocess
 import threading
 import time
-from typing import IO, Iterable
+from collections.abc import Callable, Iterable
+from typing import IO
 
 from kvpreflight.boot import proctree
-from kvpreflight.boot.errors import BootConfigError, BootError
+from kvpreflight.boot.errors import BootConfigError
 from kvpreflight.boot.plan import LaunchPlan
 
 TAIL_LINES = 200
@@ -149,7 +150,7 @@ class EngineProcess:
             self._pump.join(timeout)
 
 
-def stop_all(processes: Iterable[EngineProcess], grace_s: float, *, say=None) -> None:
+def stop_all(processes: Iterable[EngineProcess], grace_s: float, *, say: Callable[[str], None] | None = None) -> None:
     """SIGTERM every engine family at once; SIGKILL what is left after `grace_s`; reap all."""
     processes = [p for p in processes if p.launched]
     for proc in processes:

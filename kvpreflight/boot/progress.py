@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 import sys
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 
@@ -21,7 +22,7 @@ class Progress:
         except (OSError, ValueError):
             pass  # a closed stderr must not stop the boot or the clean-up
 
-    def tick(self, message_fn) -> None:
+    def tick(self, message_fn: Callable[[], str]) -> None:
         """Print message_fn() if the interval has passed since the last tick line."""
         now = time.monotonic()
         if now - self._last_tick >= self.interval_s:

@@ -12,7 +12,10 @@ import contextlib
 import os
 import signal
 import threading
-from typing import Iterator
+from collections.abc import Callable, Iterator
+from types import FrameType
+from typing import NoReturn
+
 
 class Terminated(SystemExit):
     """Raised in the main thread when SIGTERM or SIGHUP arrives while a deployment is booted;
@@ -32,7 +35,7 @@ def sigterm_raises() -> Iterator[None]:
         yield
         return
 
-    def handler(signum, frame):
+    def handler(signum: int, frame: FrameType | None) -> NoReturn:
         raise Terminated(signum)
 
     previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGHUP)}
@@ -44,7 +47,7 @@ def sigterm_raises() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def signals_held(*, deliver: bool = True, notice=None) -> Iterator[None]:
+def signals_held(*, deliver: bool = True, notice: Callable[[], None] | None = None) -> Iterator[None]:
     """Hold SIGINT, SIGTERM and SIGHUP for the duration (calling `notice()` when one comes);
     afterwards re-deliver them if `deliver`."""
     if not _main_thread():
@@ -52,7 +55,7 @@ def signals_held(*, deliver: bool = True, notice=None) -> Iterator[None]:
         return
     pending: list[int] = []
 
-    def hold(signum, frame):
+    def hold(signum: int, frame: FrameType | None) -> None:
         pending.append(signum)
         if notice is not None:
             notice()
@@ -64,5 +67,5 @@ def signals_held(*, deliver: bool = True, notice=None) -> Iterator[None]:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         if deliver:
-            for sig in dict.fromkeys(pending):
-                os.kill(os.getpid(), sig)
+            for signum in dict.fromkeys(pending):
+                os.kill(os.getpid(), signum)

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import enum
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from kvpreflight.gpus import GpuInventory
 
 
 class GpusFormat(str, enum.Enum):
@@ -33,7 +37,7 @@ def register(app: typer.Typer) -> None:
             sys.stderr.write(f"kvpreflight: note: {note}\n")
 
 
-def render_table(found) -> str:
+def render_table(found: GpuInventory) -> str:
     from tabulate import tabulate
 
     if not found.gpus:

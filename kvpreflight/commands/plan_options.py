@@ -73,10 +73,10 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
     secret_headers = {n.strip().lower() for n in args.secret_headers}
     with naming("--header"):
         for text in args.headers:
-            name, value = t.parse_header(text)
-            headers[name] = value
-            if t.SECRET_HEADER.search(name) or name.lower() in secret_headers:
-                secrets.add(t.checked_secret(value, f"the value of header {name}"))
+            header_name, header_value = t.parse_header(text)
+            headers[header_name] = header_value
+            if t.SECRET_HEADER.search(header_name) or header_name.lower() in secret_headers:
+                secrets.add(t.checked_secret(header_value, f"the value of header {header_name}"))
     if args.api_key_env and args.api_key_file:
         raise ConfigError("--api-key-env and --api-key-file both given; pass one")
     key = None
@@ -105,7 +105,7 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
     if len(args.skips) != len(args.reasons):
         raise ConfigError("every --skip CHECK_ID needs its own --reason TEXT (no reason, no skip)")
     with naming("--skip"):
-        waivers = tuple(t.parse_waiver(c, r, CHECK_IDS) for c, r in zip(args.skips, args.reasons))
+        waivers = tuple(t.parse_waiver(c, r, CHECK_IDS) for c, r in zip(args.skips, args.reasons, strict=True))
     return CheckPlan(
         targets=endpoints, entry=entry, engine=args.engine, model=args.model, context_length=args.context_length,
         logs=logs, auth=Auth(headers=headers, ca_bundle=str(args.ca_bundle) if args.ca_bundle else None,

@@ -6,12 +6,19 @@ from __future__ import annotations
 import sys
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.fleet.job import JobSettings, Outcome
 from kvpreflight.fleet.runners.interface import Batch, Events, Runner, describe, plan_batches
+from kvpreflight.formats.interface import ReportFormat
+from kvpreflight.model import Report
+
+if TYPE_CHECKING:
+    from kvpreflight.fleet.inventory import Inventory
+    from kvpreflight.fleet.report import FleetReport
 
 DEFAULT_LOCAL_PARALLEL = 4
 
@@ -61,10 +68,10 @@ class Progress(Events):
 
 
 def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _runner(request: FleetRequest, inventory) -> Runner:
+def _runner(request: FleetRequest, inventory: Inventory) -> Runner:
     if request.parallel is not None and request.parallel < 1:
         raise FleetError(f"--parallel must be 1 or more (got {request.parallel})")
     if request.ray is not None:
@@ -122,22 +129,28 @@ def execute(request: FleetRequest) -> int:
         records = write_fleet_records(report, record=request.record, signer=signer, subjects=subjects, command_line=list(request.command_line))
         say(f"fleet record written to {request.record} ({'signed' if signer else 'UNSIGNED'}), "
             f"{len(records)} deployment record(s) beside it")
-    _write(report, fmt, request.output, records)
+    merged = merged_report(report)
+    _write(report, merged, fmt, request.output, records)
     from kvpreflight.formats.ci import github_actions_side_effects
 
-    github_actions_side_effects(merged_report(report), format_name=fmt if request.output is None else None)
+    github_actions_side_effects(merged, format_name=fmt if request.output is None else None)
     return report.exit_code
 
 
-def _write(report, fmt: str, output: Path | None, records: dict[str, str]) -> None:
+@dataclass(frozen=True)
+class _Rendered(ReportFormat):
+    """Text rendered already: the fleet's table and JSON come from the FleetReport, which is not a
+    Report, so the fleet renders first and hands write_report only the text to write."""
+
+    name: str
+    text: str
+
+    def render(self, report: Report) -> str:
+        return self.text
+
+
+def _write(report: FleetReport, merged: Report, fmt: str, output: Path | None, records: dict[str, str]) -> None:
     from kvpreflight.fleet.render import render
     from kvpreflight.formats import write_report
-    from kvpreflight.formats.interface import ReportFormat
 
-    class _Fleet(ReportFormat):
-        name = fmt
-
-        def render(self, _report) -> str:  # type: ignore[override]
-            return render(report, fmt, records)
-
-    write_report(report, _Fleet(), output)  # type: ignore[arg-type]
+    write_report(merged, _Rendered(name=fmt, text=render(report, fmt, records)), output)

@@ -34,7 +34,7 @@ def github_actions_side_effects(
     if environ.get("GITHUB_ACTIONS") != "true":
         return False
     stderr = stderr if stderr is not None else sys.stderr
-    lines = [] if format_name == "github" else github.annotations(report)
+    lines = [] if format_name == "github" else github.annotation_lines(report)
     summary_path = environ.get("GITHUB_STEP_SUMMARY")
     if summary_path:
         try:

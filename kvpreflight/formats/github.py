@@ -39,7 +39,7 @@ def _annotation(check: CheckResult) -> str:
     return command(COMMANDS[check.status], message, file=file, line=line, title=check.id)
 
 
-def annotations(report: Report) -> list[str]:
+def annotation_lines(report: Report) -> list[str]:
     """The workflow commands for every finding; a run with no checks at all gets one warning."""
     lines = [_annotation(c) for c in report.checks if c.status in COMMANDS]
     if not report.checks:
@@ -51,4 +51,4 @@ class GithubFormat(ReportFormat):
     name = "github"
 
     def render(self, report: Report) -> str:
-        return "\n".join([*annotations(report), _common.verdict_line(report)]) + "\n"
+        return "\n".join([*annotation_lines(report), _common.verdict_line(report)]) + "\n"

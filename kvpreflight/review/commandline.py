@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import posixpath
 import re
-from typing import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 
 from kvpreflight.review.interface import CommandSite, Launch, ReviewError, Token
 
@@ -202,7 +202,7 @@ def _launch_at(words: list[Token], i: int) -> tuple[str | None, int]:
         return (engine, 3) if engine else (None, 0)
     if base == "kvpreflight" and [w.text for w in words[i + 1 : i + 3]] == ["engine", "serve"]:
         return "builtin", 3
-    if (base, nxt) in _SCRIPTS:
+    if nxt is not None and (base, nxt) in _SCRIPTS:
         return _SCRIPTS[(base, nxt)], 2
     if base in _BINARIES:
         return _BINARIES[base], 1

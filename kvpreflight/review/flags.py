@@ -3,8 +3,9 @@ last occurrence wins, and a flag's line is kept for annotations."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Mapping
+from typing import overload
 
 from kvpreflight.review.interface import Flag, Launch, ReviewError, Token
 
@@ -25,7 +26,13 @@ class ParsedArgs:
     def has(self, name: str) -> bool:
         return name in self.flags
 
+    @overload
+    def number(self, launch: Launch, name: str) -> int | None: ...
+    @overload
+    def number(self, launch: Launch, name: str, kind: Callable[[str], float]) -> float | None: ...
+
     def number(self, launch: Launch, name: str, kind: Callable[[str], int | float] = int) -> int | float | None:
+        """The flag's value read by `kind` (int unless given); None when the flag is absent."""
         f = self.flags.get(name)
         if f is None:
             return None

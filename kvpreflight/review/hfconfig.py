@@ -79,7 +79,8 @@ def load_model(path: Path) -> ModelShape:
         raise ReviewError(f"{config_path}: cannot read the model config ({exc}); use the model's Hugging Face config.json") from None
     if not isinstance(raw, dict):
         raise ReviewError(f"{config_path}: expected a JSON object (a Hugging Face config.json)")
-    cfg = raw.get("text_config") if isinstance(raw.get("text_config"), dict) else raw
+    text_config = raw.get("text_config")
+    cfg: dict[str, Any] = text_config if isinstance(text_config, dict) else raw
     name = config_path.parent.name
 
     def need(key: str, *alts: str) -> int:

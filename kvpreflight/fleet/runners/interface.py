@@ -9,7 +9,8 @@ runs past it into `inconclusive` outcomes with the reason, never into a missing 
 from __future__ import annotations
 
 import abc
-from typing import Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.fleet.inventory import Deployment
@@ -68,7 +69,7 @@ def batch_deadline_s(batch: Batch) -> float:
     return sum(d.timeout_s for d in batch) + grace
 
 
-def batch_failed(batch: Batch, reason: str, **extra) -> list[Outcome]:
+def batch_failed(batch: Batch, reason: str, **extra: Any) -> list[Outcome]:
     return [not_measured(d.name, reason, **extra) for d in batch]
 
 

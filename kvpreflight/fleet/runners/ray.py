@@ -9,7 +9,9 @@ retry (`max_retries=0`); a task whose node dies, that fails, or that runs past i
 from __future__ import annotations
 
 import time
-from typing import Any, Sequence
+from collections.abc import Sequence
+from types import ModuleType
+from typing import Any
 
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.fleet.job import JobSettings, Outcome, run_batch
@@ -20,7 +22,7 @@ RESOURCE_SHARE = 0.001
 CONNECT_TIMEOUT_S = 5.0  # a placement marker, not a capacity claim
 
 
-def import_ray():
+def import_ray() -> ModuleType:
     try:
         import ray
     except ImportError:

@@ -4,6 +4,7 @@ pool it will allocate. Each has `estimate(launch, inputs, models) -> Estimate`."
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 
 ENGINES = {
     "sglang": "kvpreflight.review.engines.sglang",
@@ -13,5 +14,5 @@ ENGINES = {
 }
 
 
-def estimator(engine: str):
+def estimator(engine: str) -> ModuleType:
     return importlib.import_module(ENGINES[engine])

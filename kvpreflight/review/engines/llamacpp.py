@@ -40,7 +40,8 @@ def estimate(launch: Launch, inputs: ReviewInputs, models: dict) -> Estimate:
     model = resolve_model(launch, a.value("model"), inputs, models)
     gpu = resolve_gpu(launch, inputs, required=False)
     assumptions: list[str] = []
-    n_ctx = parse_size(a.value("ctx"), launch, "-c") if a.has("ctx") else DEFAULT_CTX
+    ctx_text = a.value("ctx")  # a value flag: present exactly when it has a value
+    n_ctx = parse_size(ctx_text, launch, "-c") if ctx_text is not None else DEFAULT_CTX
     if not a.has("ctx"):
         assumptions.append(f"-c not set: llama-server's default {DEFAULT_CTX} cells")
     if n_ctx == 0:
@@ -86,9 +87,10 @@ def estimate(launch: Launch, inputs: ReviewInputs, models: dict) -> Estimate:
     if model.sliding_note:
         assumptions.append(model.sliding_note)
     context, source = checked_context(inputs, launch, None, "", model)
+    np_line = a.line("np")
     return Estimate(
         engine="llamacpp", role=launch.site.role or "unified", file=launch.site.file,
-        line=a.line("np") if per_request < n_ctx and a.line("np") else (a.line("ctx") or launch.line),
+        line=np_line if per_request < n_ctx and np_line else (a.line("ctx") or launch.line),
         where=launch.site.where, model=model.name, gpu=gpu.name if gpu else None,
         pool_tokens=per_request, kv_bytes_per_token=bpt, kv_bytes_formula=formula, weights_bytes_per_gpu=None,
         context_checked=context, context_source=source, assumptions=tuple(assumptions), numbers=numbers,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from yaml.nodes import Node
+from yaml.nodes import Node, ScalarNode
 
 from kvpreflight.review.interface import CommandSite, ReviewError
 from kvpreflight.review.sources.yamlnodes import command_tokens, env_literals, get, items, line, scalar, span
@@ -16,11 +16,11 @@ def sites(path: Path, docs: list[Node]) -> list[CommandSite]:
     for doc in docs:
         ctx_node = get(doc, "context_length")
         context = None
-        if scalar(ctx_node) is not None:
+        if isinstance(ctx_node, ScalarNode):
             try:
-                context = int(scalar(ctx_node) or "")
+                context = int(ctx_node.value or "")
             except ValueError:
-                raise ReviewError(f"{path}:{line(ctx_node)}: context_length {scalar(ctx_node)!r} is not an integer") from None
+                raise ReviewError(f"{path}:{line(ctx_node)}: context_length {ctx_node.value!r} is not an integer") from None
         for i, eng in enumerate(items(get(doc, "engines"))):
             role = scalar(get(eng, "role"))
             if role == "router":

@@ -4,9 +4,10 @@ pod's `nvidia.com/gpu.product` node selector or required node affinity."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
-from yaml.nodes import MappingNode, Node, SequenceNode
+from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
 from kvpreflight.review.interface import CommandSite
 from kvpreflight.review.sources.yamlnodes import command_tokens, env_literals, get, image_of, items, line, scalar, span
@@ -33,7 +34,7 @@ def sites(path: Path, docs: list[Node]) -> list[CommandSite]:
     return out
 
 
-def _pod_specs(node: Node, trail: tuple[str, ...]):
+def _pod_specs(node: Node, trail: tuple[str, ...]) -> Iterator[tuple[tuple[str, ...], MappingNode]]:
     """Every mapping that has a `containers` list, with the keys that lead to it (leaderTemplate...)."""
     if isinstance(node, MappingNode):
         if isinstance(get(node, "containers"), SequenceNode):
@@ -49,8 +50,8 @@ def _pod_specs(node: Node, trail: tuple[str, ...]):
 
 def _gpu_product(pod: Node) -> tuple[str | None, int | None]:
     sel = get(get(pod, "nodeSelector"), GPU_LABEL)
-    if scalar(sel):
-        return scalar(sel), line(sel)
+    if isinstance(sel, ScalarNode) and sel.value:
+        return sel.value, line(sel)
     terms = get(get(get(get(pod, "affinity"), "nodeAffinity"), "requiredDuringSchedulingIgnoredDuringExecution"), "nodeSelectorTerms")
     for term in items(terms):
         for expr in items(get(term, "matchExpressions")):
