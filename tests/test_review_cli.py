@@ -127,3 +127,19 @@ def test_the_fixed_incident_manifest_passes():
     r = run("examples/review/incident-pd-lws.fixed.yaml", "--model-dir", str(MODELS / "DeepSeek-V3"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "1.30x of context 524,288" in r.stdout
+
+
+@pytest.mark.parametrize("key,value", [("num_key_value_heads", -8), ("head_dim", 0), ("num_key_value_heads", "8"), ("kv_lora_rank", -1)])
+def test_a_model_config_with_an_invalid_size_is_a_configuration_error_naming_the_field(tmp_path, key, value):
+    """A negative KV-head count used to yield a verdict on a negative pool."""
+    model = tmp_path / "Llama-3.1-8B-Instruct"
+    model.mkdir()
+    config = json.loads((MODELS / "Llama-3.1-8B-Instruct" / "config.json").read_text())
+    config[key] = value
+    if key == "kv_lora_rank":
+        config["qk_rope_head_dim"] = 64
+    (model / "config.json").write_text(json.dumps(config))
+    r = run("tests/fixtures/review/k8s-llama8b-vllm.yaml", "--model-dir", str(tmp_path), "--format", "json")
+    assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout[-300:])
+    (line,) = r.stderr.strip().splitlines()
+    assert f"'{key}'" in line and "positive integer" in line and "Traceback" not in r.stderr

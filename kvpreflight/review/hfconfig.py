@@ -90,13 +90,25 @@ def load_model(path: Path) -> ModelShape:
                 return v
         raise ReviewError(f"{config_path}: '{key}' is missing or not a positive integer; review needs it to size the KV cache")
 
+    def optional(key: str) -> int | None:
+        """A size the config may leave out, but if it states one, it must be a positive integer."""
+        v = cfg.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
+            raise ReviewError(f"{config_path}: '{key}' is {v!r}, not a positive integer; fix the model config")
+        return v
+
     layers = need("num_hidden_layers", "n_layer", "num_layers")
     heads = need("num_attention_heads", "n_head")
     hidden = need("hidden_size", "n_embd", "d_model")
-    kv_heads = cfg.get("num_key_value_heads") or heads
-    head_dim = cfg.get("head_dim") or hidden // heads
-    mla = cfg.get("kv_lora_rank")
-    rope = cfg.get("qk_rope_head_dim") if mla else None
+    kv_heads = optional("num_key_value_heads") or heads
+    head_dim = optional("head_dim") or hidden // heads
+    if head_dim <= 0:
+        raise ReviewError(f"{config_path}: hidden_size {hidden} / num_attention_heads {heads} gives no head dimension; "
+                          "state head_dim in the model config")
+    mla = optional("kv_lora_rank")
+    rope = optional("qk_rope_head_dim") if mla else None
     if mla and not rope:
         raise ReviewError(f"{config_path}: has kv_lora_rank (MLA) but no qk_rope_head_dim")
     dtype_name = str(cfg.get("torch_dtype") or raw.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
