@@ -7,12 +7,12 @@ log files it captured.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
 from kvpreflight import __version__
 from kvpreflight.checkdata import load_thresholds
+from kvpreflight.clock import utc_now
 from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
 from kvpreflight.checks.advisory_data import load_advisories
 from kvpreflight.engines import EngineConfigError, EngineError, HttpClient, adapter_class, open_adapter
@@ -56,12 +56,8 @@ class CheckOptions:
     booted: bool = False  # boot mode / demo: kvpreflight started the engines itself
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def run_check(options: CheckOptions, progress: Callable[[str], None] = lambda _: None) -> Report:
-    started = _now()
+    started = utc_now()
     thresholds = load_thresholds()
     advisories = load_advisories(options.advisory_dirs)
     client = HttpClient(headers=options.headers, ca_bundle=options.ca_bundle, timeout_s=options.timeout_s)
@@ -101,7 +97,7 @@ def run_check(options: CheckOptions, progress: Callable[[str], None] = lambda _:
         return Report(
             tool_version=__version__, engines=tuple(snapshots), checks=tuple(results), waivers=options.waivers,
             context_length_promised=options.context_length, entry=options.entry, started_at=started,
-            finished_at=_now(), gpus=tuple(options.gpus),
+            finished_at=utc_now(), gpus=tuple(options.gpus),
         )
     finally:
         client.close()

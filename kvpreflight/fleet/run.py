@@ -6,12 +6,18 @@ from __future__ import annotations
 import sys
 import tempfile
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Iterable
 
+from kvpreflight.clock import utc_now
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.fleet.job import JobSettings, Outcome
 from kvpreflight.fleet.runners.interface import Batch, Events, Runner, describe, plan_batches
+from kvpreflight.redact import redact
+
+if TYPE_CHECKING:
+    from kvpreflight.fleet.inventory import Inventory
+    from kvpreflight.fleet.report import FleetReport
 
 DEFAULT_LOCAL_PARALLEL = 4
 
@@ -59,11 +65,7 @@ class Progress(Events):
         say(f"{outcome.deployment} {outcome.verdict.upper()}{detail} {self._counts()}")
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def _runner(request: FleetRequest, inventory) -> Runner:
+def _runner(request: FleetRequest, inventory: Inventory) -> Runner:
     if request.parallel is not None and request.parallel < 1:
         raise FleetError(f"--parallel must be 1 or more (got {request.parallel})")
     if request.ray is not None:
@@ -112,10 +114,10 @@ def execute(request: FleetRequest) -> int:
     say(f"{len(inventory.deployments)} deployment(s) from {request.inventory}, runner {runner.name}"
         + (f", {shared} group(s) share an engine and run one after another" if shared else "")
         + (f"; boot logs under {work_dir}" if work_dir else ""))
-    started = _now()
+    started = utc_now()
     outcomes = runner.run(batches, settings, Progress(len(inventory.deployments)))
     report = FleetReport(name=inventory.name, runner=runner.name, outcomes=tuple(outcomes), inventory=str(request.inventory),
-                         started_at=started, finished_at=_now(), tool_version=__version__)
+                         started_at=started, finished_at=utc_now(), tool_version=__version__)
     records: dict[str, str] = {}
     if request.record is not None:
         records = write_fleet_records(report, record=request.record, signer=signer, subjects=subjects, command_line=list(sys.argv))
@@ -128,15 +130,8 @@ def execute(request: FleetRequest) -> int:
     return report.exit_code
 
 
-def _write(report, fmt: str, output: Path | None, records: dict[str, str]) -> None:
+def _write(report: FleetReport, fmt: str, output: Path | None, records: dict[str, str], secrets: Iterable[str] = ()) -> None:
     from kvpreflight.fleet.render import render
-    from kvpreflight.formats import write_report
-    from kvpreflight.formats.interface import ReportFormat
+    from kvpreflight.formats import write_text
 
-    class _Fleet(ReportFormat):
-        name = fmt
-
-        def render(self, _report) -> str:  # type: ignore[override]
-            return render(report, fmt, records)
-
-    write_report(report, _Fleet(), output)  # type: ignore[arg-type]
+    write_text(redact(render(report, fmt, records), secrets), output)

@@ -8,11 +8,11 @@ engine, torch, or kvpreflight's builtin engine: it is arithmetic on the files.
 
 from __future__ import annotations
 
-import datetime as _dt
 from pathlib import Path
 from typing import Sequence
 
 from kvpreflight.checkdata import CheckDataError, Thresholds, load_thresholds
+from kvpreflight.clock import utc_now
 from kvpreflight.model import CheckResult, Report
 from kvpreflight.review.check import judge, skipped
 from kvpreflight.review.commandline import find_launches
@@ -39,7 +39,7 @@ def estimate_files(files: Sequence[Path], inputs: ReviewInputs) -> list[Estimate
 
 
 def review(files: Sequence[Path], inputs: ReviewInputs, thresholds: Thresholds | None = None, version: str = "") -> Report:
-    started = _now()
+    started = utc_now()
     if not files:
         raise ReviewError("no files to review; pass the deployment files (manifests, compose files, scripts, boot specs)")
     try:
@@ -59,9 +59,7 @@ def review(files: Sequence[Path], inputs: ReviewInputs, thresholds: Thresholds |
         context_length_promised=inputs.context_length,
         entry=None,
         started_at=started,
-        finished_at=_now(),
+        finished_at=utc_now(),
     )
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
