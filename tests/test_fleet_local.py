@@ -284,3 +284,16 @@ def test_fleet_ray_with_nothing_at_the_address_is_one_line_exit_2_at_once(tmp_pa
     assert result.returncode == 2 and time.monotonic() - started < 20
     assert f"kvpreflight: error: --ray 127.0.0.1:{port}: nothing answers there" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_attached_deployments_api_key_never_reaches_the_fleet_report_even_in_a_url(tmp_path):
+    with slow_server(0.0) as (a, _):
+        inv = write_inventory(tmp_path / "fleet.yaml", [
+            {"name": "chat", "attach": {"endpoints": [f"{a}/?tenant={SECRET}"], "api_key_env": "KVPF_TEST_SERVING_KEY",
+                                        "timeout": 5}}])
+        result = fleet(inv, "--format", "markdown", env={"KVPF_TEST_SERVING_KEY": SECRET})
+    assert result.returncode == 3, result.stderr
+    # the report names the URL it could not read, without the key; so does the progress on stderr
+    assert "could not read the engine" in result.stdout and "tenant=<redacted>" in result.stdout
+    assert "chat INCONCLUSIVE" in result.stderr and "tenant=<redacted>" in result.stderr
+    assert SECRET not in result.stdout and SECRET not in result.stderr
