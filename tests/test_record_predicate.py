@@ -91,3 +91,19 @@ def test_a_newer_predicate_schema_is_refused_with_what_to_do():
     predicate = build_statement(sample_report(), command_line=[], subjects=[APP])["predicate"]
     with pytest.raises(RecordError, match="schema_version 99 is newer .*upgrade kvpreflight"):
         ReleasePredicate.from_dict({**predicate, "schema_version": 99})
+
+
+def test_a_signed_record_whose_verdict_is_not_a_kvpreflight_verdict_is_refused_even_with_allow_fail(tmp_path):
+    from kvpreflight.record import Policy, generate, sign_statement, verify_envelope
+    from kvpreflight.record.dsse import envelope_from_dict
+
+    key = generate()
+    st = build_statement(sample_report(), command_line=[], subjects=[APP])
+    st["predicate"]["verdict"] = "mostly-fine"
+    envelope = envelope_from_dict(sign_statement(st, key))
+    with pytest.raises(RecordError, match="verdict 'mostly-fine' is not a kvpreflight verdict") as info:
+        verify_envelope(envelope, key.public, Policy(any_subject=True, allow_fail=True))
+    assert info.value.exit_code == 1
+    st["predicate"]["verdict"] = "pass"
+    ok = verify_envelope(envelope_from_dict(sign_statement(st, key)), key.public, Policy(any_subject=True))
+    assert ok.verdict is Status.PASS
