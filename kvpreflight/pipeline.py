@@ -12,9 +12,9 @@ from typing import Callable, Mapping, Sequence
 
 from kvpreflight import __version__
 from kvpreflight.checkdata import load_thresholds
-from kvpreflight.clock import utc_now
 from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
 from kvpreflight.checks.advisory_data import load_advisories
+from kvpreflight.clock import utc_now
 from kvpreflight.engines import EngineConfigError, EngineError, HttpClient, adapter_class, open_adapter
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import CheckResult, EngineSnapshot, Report, Role, Status, Waiver
