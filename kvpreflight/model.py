@@ -67,6 +67,8 @@ EXIT_FAIL = 1
 EXIT_USAGE = 2
 EXIT_INCONCLUSIVE = 3
 
+REPORT_SCHEMA_VERSION = 1  # of the JSON report (kvpreflight.schema writes and reads it)
+
 
 @dataclass(frozen=True)
 class PoolReading:
@@ -131,7 +133,7 @@ class Report:
     started_at: str | None = None  # RFC 3339 UTC
     finished_at: str | None = None
     gpus: tuple[Mapping[str, Any], ...] = ()
-    schema_version: int = 1
+    schema_version: int = REPORT_SCHEMA_VERSION
 
     @property
     def verdict(self) -> Status:
@@ -140,6 +142,20 @@ class Report:
     @property
     def exit_code(self) -> int:
         return exit_code_of(self.verdict)
+
+    # The schema lives in kvpreflight.schema, which imports this module: imported when called.
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON report's dict (what `--format json` writes and a record embeds)."""
+        from kvpreflight.schema import report_to_dict
+
+        return report_to_dict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Report:
+        """The Report a `to_dict` dict describes; a malformed one raises SchemaError (exit 2)."""
+        from kvpreflight.schema import report_from_dict
+
+        return report_from_dict(data)
 
 
 def verdict_of(checks: tuple[CheckResult, ...] | list[CheckResult]) -> Status:

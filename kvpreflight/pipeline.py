@@ -6,7 +6,6 @@ Called through `kvpreflight.preflight` by `check`, `demo`, boot mode and the fle
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
@@ -14,6 +13,7 @@ from kvpreflight import __version__
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
 from kvpreflight.checks.advisory_data import load_advisories
+from kvpreflight.clock import utc_now
 from kvpreflight.engines import EngineConfigError, EngineError, HttpClient, adapter_class, open_adapter
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import CheckResult, EngineSnapshot, Report, Role, Status
@@ -22,12 +22,8 @@ from kvpreflight.probes.capacity import CapacityProber, ProbeRun, ProbeSettings
 from kvpreflight.probes.isolation import IsolationRun, IsolationSettings, run_isolation
 
 
-def _now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
 def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: None) -> Report:
-    started = _now()
+    started = utc_now()
     thresholds = load_thresholds()
     advisories = load_advisories(options.advisory_dirs)
     client = HttpClient(headers=options.headers, ca_bundle=options.ca_bundle, timeout_s=options.timeout_s)
@@ -67,7 +63,7 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
         return Report(
             tool_version=__version__, engines=tuple(snapshots), checks=tuple(results), waivers=options.waivers,
             context_length_promised=options.context_length, entry=options.entry, started_at=started,
-            finished_at=_now(), gpus=tuple(options.gpus),
+            finished_at=utc_now(), gpus=tuple(options.gpus),
         )
     finally:
         client.close()

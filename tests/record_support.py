@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -85,3 +86,11 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
 
 def load(path: Path) -> dict:
     return json.loads(path.read_text())
+
+
+def record_text(path: Path) -> str:
+    """A record file as a reader of its content sees it: the envelope with its base64 payload
+    decoded. A plaintext secret is never visible in the raw file (the payload is base64), so a
+    test that looks for one must look here."""
+    envelope = json.loads(path.read_text())
+    return json.dumps(envelope) + base64.b64decode(envelope["payload"]).decode("utf-8")

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from record_support import make_keys, run_cli
+from record_support import make_keys, record_text, run_cli
 
 SECRET = "sk-fleet-test-0123456789abcdef"
 
@@ -158,7 +158,8 @@ def test_records_per_deployment_and_a_fleet_record_verify_deep_and_keep_no_secre
     assert "kv-capacity (inconclusive): could not read the engine" in result.stdout  # the table says why
     assert sorted(p.name for p in out.iterdir()) == ["chat-a.dsse.json", "chat-b.dsse.json", "fleet.dsse.json"]
     for path in out.iterdir():
-        assert SECRET not in path.read_text() and SECRET not in result.stderr and SECRET not in result.stdout
+        assert SECRET not in record_text(path)
+    assert SECRET not in result.stderr and SECRET not in result.stdout
 
     # the fleet is inconclusive, so the release gate refuses it, naming the deployments
     refused = run_cli("verify", out / "fleet.dsse.json", "--key", public, "--any-subject")
@@ -195,8 +196,7 @@ def test_a_passing_fleet_verifies_deep_and_a_subject_missing_from_a_deployment_r
     private, public = keys
     image = parse_subject("image=sha256:" + "ef" * 32)
     statement = build_statement(sample_report(), command_line=["kvpreflight", "fleet"], subjects=[image])
-    statement["predicate"]["verdict"] = "pass"  # sample_report carries a WARN only; make the pass explicit
-    outcomes = tuple(Outcome(name, "pass", 0, statement, host="node-1") for name in ("eu", "us"))
+    outcomes = tuple(Outcome(name, "pass", 0, statement, host="node-1", report=sample_report()) for name in ("eu", "us"))
     report = FleetReport("rel", "local", outcomes, "fleet.yaml", "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "0.1.0")
     out = tmp_path / "rec"
     written = write_fleet_records(report, record=out / "fleet.dsse.json", signer=load_signing_key(private),
@@ -284,3 +284,16 @@ def test_fleet_ray_with_nothing_at_the_address_is_one_line_exit_2_at_once(tmp_pa
     assert result.returncode == 2 and time.monotonic() - started < 20
     assert f"kvpreflight: error: --ray 127.0.0.1:{port}: nothing answers there" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_an_attached_deployments_api_key_never_reaches_the_fleet_report_even_in_a_url(tmp_path):
+    with slow_server(0.0) as (a, _):
+        inv = write_inventory(tmp_path / "fleet.yaml", [
+            {"name": "chat", "attach": {"endpoints": [f"{a}/?tenant={SECRET}"], "api_key_env": "KVPF_TEST_SERVING_KEY",
+                                        "timeout": 5}}])
+        result = fleet(inv, "--format", "markdown", env={"KVPF_TEST_SERVING_KEY": SECRET})
+    assert result.returncode == 3, result.stderr
+    # the report names the URL it could not read, without the key; so does the progress on stderr
+    assert "could not read the engine" in result.stdout and "tenant=<redacted>" in result.stdout
+    assert "chat INCONCLUSIVE" in result.stderr and "tenant=<redacted>" in result.stderr
+    assert SECRET not in result.stdout and SECRET not in result.stderr

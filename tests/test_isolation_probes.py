@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from kvpreflight.builtin_engine.testbed import unified_engine
+from record_support import record_text
 
 
 def check(*args: str, env: dict | None = None) -> tuple[int, dict, str]:
@@ -49,7 +50,7 @@ def test_tenant_keys_bind_tenants_and_never_leak_into_report_or_record(tmp_path)
     # itself, and a bare engine that ignores keys and headers shares tenant A's prefix with B.
     assert cache["status"] == "fail" and "per-tenant API keys ($KVPF_TEST_KEY_A, $KVPF_TEST_KEY_B)" in cache["message"]
     assert code == 1
-    written = record.read_text() + json.dumps(report) + err
+    written = record_text(record) + json.dumps(report) + err
     assert not any(secret in written for secret in keys.values())
 
 

@@ -10,7 +10,7 @@ import pytest
 from kvpreflight.record import (
     Policy, RecordError, emit_record, load_public_key, parse_subjects, prepare_signer, read_record, verify_envelope,
 )
-from record_support import APP, APP_DIGEST, make_keys, sample_report
+from record_support import APP, APP_DIGEST, make_keys, record_text, sample_report
 
 
 def test_a_record_is_signed_unless_unsigned_is_asked_for(monkeypatch):
@@ -41,7 +41,7 @@ def test_signing_key_from_env_path_signs_a_record_that_verifies(tmp_path, monkey
     verified = verify_envelope(read_record(out), load_public_key(public), Policy(subjects=(APP,)))
     assert verified.verdict == "pass"
     assert f"file:{log}" in {s.name for s in verified.subjects}
-    assert str(private) not in out.read_text()
+    assert str(private) not in record_text(out)
 
 
 def test_missing_signing_key_file_fails_before_anything_runs(tmp_path, monkeypatch):

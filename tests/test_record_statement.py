@@ -54,15 +54,16 @@ def test_statement_shape_and_predicate_content(tmp_path):
         {"name": f"file:{log}", "digest": {"sha256": hashlib.sha256(log.read_bytes()).hexdigest()}},
     ]
     p = st["predicate"]
-    assert p["schema_version"] == 1 and p["tool"] == {"name": "kvpreflight", "version": "0.1.0"}
+    assert p["schema_version"] == 2 and p["tool"] == {"name": "kvpreflight", "version": "0.1.0"}
     assert p["time"] == "2026-03-01T12:00:00Z" and p["host"] == "ci-runner-7"
     assert p["command_line"] == ["kvpreflight", "check", "--config", str(config)]
     prefill = p["engines"][0]
     assert prefill["url"] == "http://prefill-0:30000" and prefill["role"] == "prefill" and prefill["version"] == "0.4.9"
-    assert prefill["context_served"] == 131072 and prefill["context_checked"] == 131072
+    # the same key as the JSON report for the served context; the promised one is said once
+    assert prefill["context_length"] == 131072 and p["context_length_promised"] == 131072
     assert prefill["kv_pool_tokens"] == 139264
     assert prefill["kv_pool_sources"] == {"log:KV Cache is allocated": 140000, "/server_info max_total_num_tokens": 139264}
-    assert p["engines"][1]["kv_pool_sources"] == {"log:KV Cache is allocated[dp0]": 150000}
+    assert p["engines"][1]["kv_pool_sources"] == {"log:KV Cache is allocated [dp0]": 150000}
     assert [(c["id"], c["status"]) for c in p["checks"]] == [
         ("kv.pool_holds_context", "pass"), ("reject.over_capacity", "pass"), ("throughput.note", "warn")]
     assert p["checks"][0]["evidence"] == {"pool_tokens": 139264, "context": 131072}

@@ -44,5 +44,5 @@ def register(app: typer.Typer) -> None:
         typer.echo(summary(verified, path=str(record)), nl=False)
         if deep is not None:
             for name, one in deep_records:
-                typer.echo(f"  {'deep' if name == deep_records[0][0] else '':<10} {name}: verified, verdict {one.verdict}, "
+                typer.echo(f"  {'deep' if name == deep_records[0][0] else '':<10} {name}: verified, verdict {one.verdict.value}, "
                            f"{len(one.predicate.get('engines') or [])} engine(s)")

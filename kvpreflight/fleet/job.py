@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from kvpreflight.fleet.inventory import AttachTarget, Deployment
+from kvpreflight.model import Report
 
 STOP_GRACE_S = 30.0  # after a deadline: time a worker gets to stop its engines before SIGKILL
 PARENT_ENV = "KVPREFLIGHT_FLEET_PARENT"
@@ -44,6 +45,7 @@ class Outcome:
     host: str | None = None
     node: str | None = None  # the Ray node id, when Ray ran it
     elapsed_s: float = 0.0
+    report: Report | None = None  # what was measured (None: nothing); the fleet renders from it
 
 
 def not_measured(deployment: str, reason: str, **extra: Any) -> Outcome:
@@ -80,12 +82,8 @@ def _command_line(deployment: Deployment, settings: JobSettings) -> list[str]:
     return [*settings.command_line, f"[deployment {deployment.name}]"]
 
 
-def _outcome_from_statement(name: str, statement: Mapping[str, Any]) -> Outcome:
-    predicate = statement.get("predicate") or {}
-    verdict = predicate.get("verdict")
-    if verdict not in ("pass", "fail", "inconclusive"):
-        return not_measured(name, f"the check's record has no verdict ({verdict!r})")
-    return Outcome(name, verdict, {"pass": 0, "fail": 1}.get(verdict, 3), statement)
+def _outcome(name: str, report: Report, statement: Mapping[str, Any]) -> Outcome:
+    return Outcome(name, report.verdict.value, report.exit_code, statement, report=report)
 
 
 def _attached(deployment: Deployment, settings: JobSettings) -> Outcome:
@@ -100,7 +98,7 @@ def _attached(deployment: Deployment, settings: JobSettings) -> Outcome:
     statement = build_statement(report, command_line=_command_line(deployment, settings),
                                 subjects=parse_subjects(_subjects(deployment, settings)),
                                 files_read=list(plan.logs.values()))
-    return _outcome_from_statement(deployment.name, statement)
+    return _outcome(deployment.name, report, statement)
 
 
 def _booted(deployment: Deployment, settings: JobSettings) -> Outcome:
@@ -110,7 +108,9 @@ def _booted(deployment: Deployment, settings: JobSettings) -> Outcome:
     work = base / deployment.name
     work.mkdir(parents=True, exist_ok=True)
     record = work / "unsigned-record.json"
+    report_path = work / "report.json"  # the typed Report the fleet renders, read back below
     record.unlink(missing_ok=True)
+    report_path.unlink(missing_ok=True)
     t = deployment.target
     job = {
         "name": deployment.name,
@@ -121,7 +121,7 @@ def _booted(deployment: Deployment, settings: JobSettings) -> Outcome:
         "subjects": _subjects(deployment, settings),
         "command_line": _command_line(deployment, settings),
         "record": str(record),
-        "report": str(work / "report.json"),
+        "report": str(report_path),
         "log_dir": str(work / "logs"),
     }
     log_path = work / "worker.log"
@@ -142,9 +142,10 @@ def _booted(deployment: Deployment, settings: JobSettings) -> Outcome:
         except BaseException:
             _stop(proc)
             raise
-    if record.is_file():
+    if record.is_file() and report_path.is_file():
         envelope = read_record(record)
-        return _outcome_from_statement(deployment.name, json.loads(envelope.payload))
+        return _outcome(deployment.name, Report.from_dict(json.loads(report_path.read_text(encoding="utf-8"))),
+                        json.loads(envelope.payload))
     return not_measured(deployment.name, f"{_last_line(log_path)} (worker exit status {proc.returncode}; log {log_path})")
 
 

@@ -6,11 +6,13 @@ measured is never a pass.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from kvpreflight.fleet.job import Outcome
 from kvpreflight.model import CheckResult, Report, Status, exit_code_of
+from kvpreflight.record.predicate import FleetDeployment
+from kvpreflight.schema import SCHEMA_VERSION, tool
 
 FLEET_CHECK_ID = "fleet-run"  # the result a deployment gets when nothing could be measured
 
@@ -45,16 +47,15 @@ class FleetReport:
         return out
 
 
-def _predicate(outcome: Outcome) -> dict[str, Any]:
-    return dict((outcome.statement or {}).get("predicate") or {})
-
-
 def pools(outcome: Outcome) -> list[dict[str, Any]]:
     """Per engine: role, URL, pool and the context it was checked against."""
+    if outcome.report is None:
+        return []
+    promised = outcome.report.context_length_promised
     out = []
-    for e in _predicate(outcome).get("engines") or []:
-        contexts = [c for c in (e.get("context_served"), e.get("context_checked")) if isinstance(c, int)]
-        out.append({"role": e.get("role"), "url": e.get("url"), "kv_pool_tokens": e.get("kv_pool_tokens"),
+    for e in outcome.report.engines:
+        contexts = [c for c in (e.served_context, promised) if c is not None]
+        out.append({"role": e.role.value, "url": e.url, "kv_pool_tokens": e.pool_tokens(),
                     "context": max(contexts) if contexts else None})
     return out
 
@@ -70,26 +71,23 @@ def pool_summary(outcome: Outcome) -> str:
     return "; ".join(parts) or "-"
 
 
-def not_passed(outcome: Outcome) -> list[tuple[str, str]]:
+def not_passed(outcome: Outcome) -> list[tuple[str, Status]]:
     """(check id, status) of every check that failed or was inconclusive, in order, once each."""
-    seen: dict[str, str] = {}
-    for c in _predicate(outcome).get("checks") or []:
-        if isinstance(c, dict) and c.get("status") in ("fail", "inconclusive"):
-            old = seen.get(c.get("id"))
-            if old != "fail":
-                seen[str(c.get("id"))] = c["status"]
+    seen: dict[str, Status] = {}
+    for c in outcome.report.checks if outcome.report is not None else ():
+        if c.status in (Status.FAIL, Status.INCONCLUSIVE) and seen.get(c.id) is not Status.FAIL:
+            seen[c.id] = c.status
     return list(seen.items())
 
 
 def problems(outcome: Outcome) -> str:
-    if outcome.statement is None:
+    if outcome.report is None:
         return outcome.reason or "not measured"
-    ids = ", ".join(cid if status == "fail" else f"{cid} (inconclusive)" for cid, status in not_passed(outcome)) or "-"
+    ids = ", ".join(cid if status is Status.FAIL else f"{cid} (inconclusive)" for cid, status in not_passed(outcome)) or "-"
     if outcome.verdict == "inconclusive":  # nothing failed: say why it could not be measured
-        why = next((c.get("message") for c in _predicate(outcome).get("checks") or []
-                    if isinstance(c, dict) and c.get("status") == "inconclusive"), None)
+        why = next((c.message for c in outcome.report.checks if c.status is Status.INCONCLUSIVE), None)
         if why:
-            why = " ".join(str(why).split())
+            why = " ".join(why.split())
             ids += f": {why[:160]}{'…' if len(why) > 160 else ''}"
     return ids
 
@@ -99,12 +97,21 @@ def where(outcome: Outcome) -> str:
     return f"{host} (node {outcome.node[:8]})" if outcome.node else host
 
 
+def deployment_summary(outcome: Outcome, record: str | None = None) -> FleetDeployment:
+    """The deployment's line in the fleet's JSON report and in the fleet record."""
+    return FleetDeployment(
+        name=outcome.deployment, verdict=Status(outcome.verdict), exit_code=outcome.exit_code, host=outcome.host,
+        node=outcome.node, elapsed_s=outcome.elapsed_s, reason=outcome.reason, engines=tuple(pools(outcome)),
+        not_passed=tuple({"id": cid, "status": status.value} for cid, status in not_passed(outcome)), record=record,
+    )
+
+
 def fleet_to_dict(report: FleetReport, records: dict[str, str] | None = None) -> dict[str, Any]:
     records = records or {}
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "kind": "fleet",
-        "tool": {"name": "kvpreflight", "version": report.tool_version},
+        "tool": tool(report.tool_version),
         "fleet": report.name,
         "inventory": report.inventory,
         "runner": report.runner,
@@ -113,15 +120,7 @@ def fleet_to_dict(report: FleetReport, records: dict[str, str] | None = None) ->
         "counts": report.counts(),
         "started_at": report.started_at,
         "finished_at": report.finished_at,
-        "deployments": [
-            {
-                "name": o.deployment, "verdict": o.verdict, "exit_code": o.exit_code, "host": o.host, "node": o.node,
-                "elapsed_s": o.elapsed_s, "reason": o.reason, "engines": pools(o),
-                "not_passed": [{"id": cid, "status": status} for cid, status in not_passed(o)],
-                "record": records.get(o.deployment),
-            }
-            for o in report.outcomes
-        ],
+        "deployments": [deployment_summary(o, records.get(o.deployment)).to_dict() for o in report.outcomes],
     }
 
 
@@ -130,15 +129,10 @@ def merged_report(report: FleetReport) -> Report:
     formats that list checks (junit, sarif, github, markdown)."""
     checks: list[CheckResult] = []
     for o in report.outcomes:
-        if o.statement is None:
+        if o.report is None:
             checks.append(CheckResult(FLEET_CHECK_ID, Status.INCONCLUSIVE, f"[{o.deployment}] {o.reason}", o.deployment))
             continue
-        for c in _predicate(o).get("checks") or []:
-            try:
-                status = Status(c.get("status"))
-            except ValueError:
-                status = Status.INCONCLUSIVE
-            checks.append(CheckResult(str(c.get("id")), status, f"[{o.deployment}] {c.get('message', '')}",
-                                      c.get("endpoint") or o.deployment, dict(c.get("evidence") or {})))
+        checks.extend(replace(c, message=f"[{o.deployment}] {c.message}", endpoint=c.endpoint or o.deployment)
+                      for c in o.report.checks)
     return Report(tool_version=report.tool_version, engines=(), checks=tuple(checks),
                   started_at=report.started_at, finished_at=report.finished_at)

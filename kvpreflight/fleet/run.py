@@ -3,18 +3,18 @@ deployment through a runner, print the merged report, write the records, exit wi
 
 from __future__ import annotations
 
+import os
 import sys
 import tempfile
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
+from kvpreflight.clock import utc_now
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.fleet.job import JobSettings, Outcome
 from kvpreflight.fleet.runners.interface import Batch, Events, Runner, describe, plan_batches
-from kvpreflight.formats.interface import ReportFormat
-from kvpreflight.model import Report
+from kvpreflight.redact import Redactor, redact, secrets_of
 
 if TYPE_CHECKING:
     from kvpreflight.fleet.inventory import Inventory
@@ -44,12 +44,13 @@ def say(message: str) -> None:
 
 
 class Progress(Events):
-    """Done / running / left on stderr, and each result as it comes."""
+    """Done / running / left on stderr, and each result as it comes (with no secret in it)."""
 
-    def __init__(self, total: int) -> None:
+    def __init__(self, total: int, secrets: Iterable[str] = ()) -> None:
         self.total = total
         self.done = 0
         self.running = 0
+        self.redactor = Redactor(secrets)
 
     def _counts(self) -> str:
         return f"[{self.done}/{self.total} done, {self.running} running, {self.total - self.done - self.running} left]"
@@ -64,11 +65,7 @@ class Progress(Events):
         self.done += 1
         self.running = max(0, self.running - 1)
         detail = "" if outcome.verdict == "pass" else f": {problems(outcome)}"
-        say(f"{outcome.deployment} {outcome.verdict.upper()}{detail} {self._counts()}")
-
-
-def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+        say(self.redactor.text(f"{outcome.deployment} {outcome.verdict.upper()}{detail} {self._counts()}"))
 
 
 def _runner(request: FleetRequest, inventory: Inventory) -> Runner:
@@ -120,37 +117,35 @@ def execute(request: FleetRequest) -> int:
     say(f"{len(inventory.deployments)} deployment(s) from {request.inventory}, runner {runner.name}"
         + (f", {shared} group(s) share an engine and run one after another" if shared else "")
         + (f"; boot logs under {work_dir}" if work_dir else ""))
-    started = _now()
-    outcomes = runner.run(batches, settings, Progress(len(inventory.deployments)))
+    secrets = _secrets(inventory)
+    started = utc_now()
+    outcomes = runner.run(batches, settings, Progress(len(inventory.deployments), secrets))
     report = FleetReport(name=inventory.name, runner=runner.name, outcomes=tuple(outcomes), inventory=str(request.inventory),
-                         started_at=started, finished_at=_now(), tool_version=__version__)
+                         started_at=started, finished_at=utc_now(), tool_version=__version__)
     records: dict[str, str] = {}
     if request.record is not None:
-        records = write_fleet_records(report, record=request.record, signer=signer, subjects=subjects, command_line=list(request.command_line))
+        records = write_fleet_records(report, record=request.record, signer=signer, subjects=subjects,
+                                      command_line=list(request.command_line), secrets=secrets)
         say(f"fleet record written to {request.record} ({'signed' if signer else 'UNSIGNED'}), "
             f"{len(records)} deployment record(s) beside it")
-    merged = merged_report(report)
-    _write(report, merged, fmt, request.output, records)
+    _write(report, fmt, request.output, records, secrets)
     from kvpreflight.formats.ci import github_actions_side_effects
 
-    github_actions_side_effects(merged, format_name=fmt if request.output is None else None)
+    github_actions_side_effects(merged_report(report), format_name=fmt if request.output is None else None)
     return report.exit_code
 
 
-@dataclass(frozen=True)
-class _Rendered(ReportFormat):
-    """Text rendered already: the fleet's table and JSON come from the FleetReport, which is not a
-    Report, so the fleet renders first and hands write_report only the text to write."""
+def _secrets(inventory: Inventory) -> frozenset[str]:
+    """The API keys this machine holds for the attached deployments (their values never reach a
+    report or record; a node that checks one reads its own copy)."""
+    from kvpreflight.fleet.inventory import AttachTarget
 
-    name: str
-    text: str
-
-    def render(self, report: Report) -> str:
-        return self.text
+    return secrets_of(values=[os.environ.get(d.target.api_key_env) for d in inventory.deployments
+                              if isinstance(d.target, AttachTarget) and d.target.api_key_env])
 
 
-def _write(report: FleetReport, merged: Report, fmt: str, output: Path | None, records: dict[str, str]) -> None:
+def _write(report: FleetReport, fmt: str, output: Path | None, records: dict[str, str], secrets: Iterable[str]) -> None:
     from kvpreflight.fleet.render import render
-    from kvpreflight.formats import write_report
+    from kvpreflight.formats import write_text
 
-    write_report(merged, _Rendered(name=fmt, text=render(report, fmt, records)), output)
+    write_text(redact(render(report, fmt, records), secrets), output)

@@ -4,7 +4,9 @@ Public interface (what ``check`` and ``verify`` call). Most commands need only `
 ``prepare_signer`` + ``parse_subjects`` before running, ``emit_record`` after. The parts:
 
 - :func:`parse_subject` ``"NAME=sha256:HEX"`` -> :class:`Subject`
-- :func:`build_statement` (report, command_line=, subjects=, files_read=) -> statement dict
+- :class:`ReleasePredicate`, :class:`FleetPredicate`: the two predicates, typed (``to_dict``/``from_dict``)
+- :func:`statement` (predicate, subjects=, command_line=, secrets=) -> statement dict: the one builder;
+  :func:`build_statement` (report, command_line=, subjects=, files_read=, secrets=) for a release
 - :func:`resolve_sign_key_path` (``--sign-key`` value or ``$KVPREFLIGHT_SIGN_KEY``) -> path or None
 - :func:`load_signing_key` (path) -> :class:`SigningKey`
 - :func:`sign_statement` (statement, key) -> DSSE envelope dict; :func:`unsigned_envelope` (statement)
@@ -27,23 +29,17 @@ from kvpreflight.record.keys import (
     resolve_sign_key_path,
     write_keypair,
 )
+from kvpreflight.record.predicate import FLEET_PREDICATE_TYPE, PREDICATE_TYPE, FleetDeployment, FleetPredicate, ReleasePredicate
 from kvpreflight.record.release import emit_record, parse_subjects, prepare_signer
 from kvpreflight.record.sign import read_record, sign_statement, unsigned_envelope, write_record
-from kvpreflight.record.statement import (
-    PREDICATE_TYPE,
-    STATEMENT_TYPE,
-    Subject,
-    build_statement,
-    file_subject,
-    parse_subject,
-    redact_command_line,
-)
+from kvpreflight.record.statement import STATEMENT_TYPE, Subject, build_statement, file_subject, parse_subject, statement
 from kvpreflight.record.verify import Policy, VerifiedRecord, parse_duration, summary, verify_envelope
+from kvpreflight.redact import redact_command_line
 
 __all__ = [
-    "IN_TOTO_PAYLOAD_TYPE", "PASSWORD_ENV", "PREDICATE_TYPE", "SIGN_KEY_ENV", "STATEMENT_TYPE",
-    "Envelope", "Policy", "PublicKey", "RecordError", "SigningKey", "Subject", "VerifiedRecord",
+    "FLEET_PREDICATE_TYPE", "IN_TOTO_PAYLOAD_TYPE", "PASSWORD_ENV", "PREDICATE_TYPE", "SIGN_KEY_ENV", "STATEMENT_TYPE",
+    "Envelope", "FleetDeployment", "FleetPredicate", "Policy", "ReleasePredicate", "PublicKey", "RecordError", "SigningKey", "Subject", "VerifiedRecord",
     "build_statement", "emit_record", "parse_subjects", "prepare_signer", "file_subject", "generate", "load_public_key", "load_signing_key", "pae",
     "parse_duration", "parse_subject", "read_record", "redact_command_line", "resolve_sign_key_path",
-    "sign_statement", "summary", "unsigned_envelope", "verify_envelope", "write_keypair", "write_record",
+    "sign_statement", "statement", "summary", "unsigned_envelope", "verify_envelope", "write_keypair", "write_record",
 ]

@@ -4,16 +4,17 @@
    ``subjects = parse_subjects(subject_options)``, so a missing key or a bad ``--subject`` is exit 2
    before minutes of probing.
 2. After the report exists: ``emit_record(report, path=..., signer=signer, command_line=sys.argv,
-   subjects=subjects, files_read=[...])``.
+   subjects=subjects, files_read=[...], secrets=...)``.
 """
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from kvpreflight.errors import naming
+from kvpreflight.model import Report
 from kvpreflight.record.errors import RecordError
 from kvpreflight.record.keys import SIGN_KEY_ENV, SigningKey, load_signing_key, resolve_sign_key_path
 from kvpreflight.record.sign import sign_statement, unsigned_envelope, write_record
@@ -43,16 +44,18 @@ def prepare_signer(sign_key: str | os.PathLike[str] | None, *, unsigned: bool) -
 
 
 def emit_record(
-    report: object,
+    report: Report,
     *,
     path: str | os.PathLike[str],
     signer: SigningKey | None,
-    command_line: list[str],
-    subjects: list[Subject],
+    command_line: Sequence[str],
+    subjects: Sequence[Subject],
     files_read: Iterable[str | os.PathLike[str]] = (),
+    secrets: Iterable[str] = (),
 ) -> Path:
-    """Build the statement, sign it (or mark it unsigned when ``signer`` is None) and write it."""
+    """Build the statement (with `secrets` and every URL credential removed), sign it (or mark it
+    unsigned when ``signer`` is None) and write it."""
     statement = build_statement(report, command_line=command_line, subjects=subjects,
-                                files_read=[Path(p) for p in files_read])
+                                files_read=[Path(p) for p in files_read], secrets=secrets)
     envelope = sign_statement(statement, signer) if signer is not None else unsigned_envelope(statement)
     return write_record(path, envelope)

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
+from kvpreflight.files import write_atomic
 from kvpreflight.record._io import read_input
 from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, Envelope, Signature, envelope_from_bytes, pae
 from kvpreflight.record.errors import RecordError
@@ -35,24 +35,11 @@ def unsigned_envelope(statement: dict[str, Any]) -> dict[str, Any]:
 
 
 def write_record(path: str | os.PathLike[str], envelope: dict[str, Any]) -> Path:
-    """Write the envelope as JSON, atomically (a reader never sees half a record)."""
-    path = Path(path)
-    text = json.dumps(envelope, indent=2) + "\n"
-    directory = path.parent if str(path.parent) else Path(".")
+    """Write the envelope as JSON, atomically (a reader never sees half a record), mode 0644."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=directory)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as fh:
-                fh.write(text)
-            os.chmod(tmp, 0o644)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        return write_atomic(path, json.dumps(envelope, indent=2) + "\n")
     except OSError as exc:
         raise RecordError(f"cannot write record {path}: {exc.strerror}; choose a writable --record path") from None
-    return path
 
 
 def read_record(path: str | os.PathLike[str]) -> Envelope:

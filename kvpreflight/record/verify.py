@@ -16,14 +16,15 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Mapping
 
+from kvpreflight.model import Status
 from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, Envelope
 from kvpreflight.record.errors import RecordError, refusal
 from kvpreflight.record.keys import PublicKey
-from kvpreflight.record.statement import PREDICATE_TYPE, STATEMENT_TYPE, Subject
+from kvpreflight.record.predicate import FLEET_PREDICATE_TYPE, PREDICATE_TYPE
+from kvpreflight.record.statement import STATEMENT_TYPE, Subject
 
 DEFAULT_MAX_AGE = "24h"
-# A fleet record (`kvpreflight fleet --record`): its subjects name each deployment's record file.
-FLEET_PREDICATE_TYPE = "https://kvpreflight.dev/fleet-record/v1"
+# A fleet record's subjects name each deployment's record file with this prefix.
 RECORD_SUBJECT_PREFIX = "record:"
 FUTURE_SKEW = timedelta(minutes=5)
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -68,7 +69,7 @@ class Policy:
 class VerifiedRecord:
     keyid: str
     time: datetime
-    verdict: str
+    verdict: Status
     subjects: tuple[Subject, ...]
     predicate: Mapping[str, Any]
     predicate_type: str = PREDICATE_TYPE
@@ -157,19 +158,23 @@ def verify_envelope(envelope: Envelope, key: PublicKey, policy: Policy, *, now: 
         elif age > policy.max_age:
             problems.append(f"record is {format_duration(age)} old, older than --max-age {format_duration(policy.max_age)} ({predicate['time']}); run the preflight again")
 
-    verdict = predicate.get("verdict")
-    if not policy.allow_fail and verdict != "pass":
+    try:
+        verdict: Status | None = Status(predicate.get("verdict"))
+    except ValueError:  # not a verdict kvpreflight writes: never accepted, --allow-fail or not
+        verdict = None
+        problems.append(f"verdict {predicate.get('verdict')!r} is not a kvpreflight verdict")
+    if verdict is not None and verdict is not Status.PASS and not policy.allow_fail:
         failed = [c.get("id") for c in predicate.get("checks", []) if isinstance(c, dict) and c.get("status") in ("fail", "inconclusive")]
         detail = f" (checks: {', '.join(map(str, failed))})" if failed else ""
         if statement["predicateType"] == FLEET_PREDICATE_TYPE:
             failed = [f"{d.get('name')} {d.get('verdict')}" for d in predicate.get("deployments", [])
                       if isinstance(d, dict) and d.get("verdict") != "pass"]
             detail = f" (deployments: {', '.join(map(str, failed))})" if failed else ""
-        problems.append(f"verdict is {verdict!r}, not 'pass'{detail}; pass --allow-fail to check authenticity only")
+        problems.append(f"verdict is {verdict.value!r}, not 'pass'{detail}; pass --allow-fail to check authenticity only")
 
-    if problems:
+    if problems or moment is None or verdict is None:
         raise refusal("; ".join(problems))
-    return VerifiedRecord(keyid=keyid, time=moment, verdict=str(verdict), subjects=recorded, predicate=predicate,  # type: ignore[arg-type]
+    return VerifiedRecord(keyid=keyid, time=moment, verdict=verdict, subjects=recorded, predicate=predicate,
                           predicate_type=statement["predicateType"])
 
 
@@ -179,7 +184,7 @@ def summary(record: VerifiedRecord, *, path: str, now: datetime | None = None) -
     lines = [
         f"verified {path}",
         f"  signed by  keyid {record.keyid[:16]}…",
-        f"  verdict    {record.verdict}",
+        f"  verdict    {record.verdict.value}",
         f"  time       {p.get('time')} ({format_duration(now - record.time)} ago) on {p.get('host')}",
         f"  tool       kvpreflight {(p.get('tool') or {}).get('version')}",
     ]
@@ -189,7 +194,7 @@ def summary(record: VerifiedRecord, *, path: str, now: datetime | None = None) -
         if not isinstance(e, dict):
             continue
         desc = (f"{e.get('engine')} {e.get('version') or ''} {e.get('role')} at {e.get('url')}: model {e.get('model')}, "
-                f"pool {e.get('kv_pool_tokens')} tokens, context served {e.get('context_served')}")
+                f"pool {e.get('kv_pool_tokens')} tokens, context served {e.get('context_length', e.get('context_served'))}")
         lines.append(f"  {'engines' if i == 0 else '':<10} {' '.join(desc.split())}")
     for i, d in enumerate(p.get("deployments") or [] if record.is_fleet else []):
         if isinstance(d, dict):

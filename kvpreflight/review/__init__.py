@@ -9,12 +9,12 @@ engine, torch, or kvpreflight's builtin engine: it is arithmetic on the files.
 
 from __future__ import annotations
 
-import datetime as _dt
 from pathlib import Path
 from typing import Sequence
 
 from kvpreflight.checkdata import Thresholds, load_thresholds
 from kvpreflight.checks.advisory_data import load_advisories
+from kvpreflight.clock import utc_now
 from kvpreflight.model import CheckResult, Report
 from kvpreflight.review.advisories import review_advisories
 from kvpreflight.review.check import judge, skipped
@@ -49,7 +49,7 @@ def estimate_files(files: Sequence[Path], inputs: ReviewInputs,
 def review(files: Sequence[Path], inputs: ReviewInputs, thresholds: Thresholds | None = None, version: str = "",
            advisory_dirs: Sequence[Path] = ()) -> Report:
     """advisory_dirs: folders of the user's own advisory files, read after kvpreflight's."""
-    started = _now()
+    started = utc_now()
     if not files:
         raise ReviewError("no files to review; pass the deployment files (manifests, compose files, scripts, boot specs)")
     thresholds = thresholds or load_thresholds()
@@ -69,9 +69,7 @@ def review(files: Sequence[Path], inputs: ReviewInputs, thresholds: Thresholds |
         context_length_promised=inputs.context_length,
         entry=None,
         started_at=started,
-        finished_at=_now(),
+        finished_at=utc_now(),
     )
 
 
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
