@@ -117,14 +117,18 @@ def prepare_record(path: Path, *, sign_key: str | None, subjects: Sequence[str],
     return RecordPlan(path=path, signer=signer, subjects=parsed, command_line=tuple(command_line))
 
 
-def publish(report: Report, output: OutputPlan, *, files_read: Iterable[Path] = (),
+def publish(report: Report, output: OutputPlan, *, files_read: Iterable[Path] = (), secrets: Iterable[str] = (),
             progress: Progress = _quiet) -> Path | None:
-    """Render the report (stdout or a file), GitHub Actions annotations, and the record if planned.
-    Returns the record's path."""
+    """Render the report (stdout or a file), GitHub Actions annotations, and the record if planned,
+    each with every value of `secrets` (the plan's `auth.secrets`) removed. Returns the record's path."""
+    from kvpreflight.redact import redact_report
+
+    secrets = frozenset(secrets)
+    report = redact_report(report, secrets)
     from kvpreflight.formats import write_report
     from kvpreflight.formats.ci import github_actions_side_effects
 
-    write_report(report, output.format, output.path)
+    write_report(report, output.format, output.path, secrets=secrets)
     github_actions_side_effects(report, format_name=output.format if output.path is None else None)
     if output.record is None:
         return None
@@ -132,6 +136,6 @@ def publish(report: Report, output: OutputPlan, *, files_read: Iterable[Path] = 
 
     record = output.record
     path = emit_record(report, path=record.path, signer=record.signer, command_line=list(record.command_line),
-                       subjects=list(record.subjects), files_read=list(files_read))
+                       subjects=list(record.subjects), files_read=list(files_read), secrets=secrets)
     progress(f"record written to {path} ({'signed' if record.signer else 'UNSIGNED'})")
     return path

@@ -85,14 +85,30 @@ def register(app: typer.Typer) -> None:
         out = build_output(fmt=fmt, output=output, record=record, sign_key=sign_key, subjects=tuple(subject or ()),
                            unsigned=unsigned, command_line=tuple(sys.argv), reads_files=bool(plan.logs) or spec is not None)
         preflight.validate(plan)
-        if spec is None:
-            report = preflight.run(plan, progress)
-            files: tuple[Path, ...] = tuple(plan.logs.values())
-        else:
-            import tempfile
+        from kvpreflight.errors import KvpreflightError
+        from kvpreflight.redact import Redactor
 
-            folder = log_dir or Path(tempfile.mkdtemp(prefix=f"kvpreflight-{spec.deployment}-"))
-            booted = preflight.run_booted(spec, plan, log_dir=folder, progress=progress)
-            report, files = booted.report, booted.files_read
-        preflight.publish(report, out, files_read=files, progress=progress)
+        scrub = Redactor(plan.auth.secrets).text
+
+        def say(message: str) -> None:
+            progress(scrub(message))
+
+        try:
+            report, files = _run(plan, spec, log_dir, say)
+        except KvpreflightError as exc:  # an engine may echo a key into an error message
+            raise type(exc)(scrub(str(exc))) from None
+        preflight.publish(report, out, files_read=files, secrets=plan.auth.secrets, progress=say)
         raise typer.Exit(report.exit_code)
+
+
+def _run(plan: CheckPlan, spec: DeploymentSpec | None, log_dir: Path | None,
+         say: Callable[[str], None]) -> tuple[Report, tuple[Path, ...]]:
+    from kvpreflight import preflight
+
+    if spec is None:
+        return preflight.run(plan, say), tuple(plan.logs.values())
+    import tempfile
+
+    folder = log_dir or Path(tempfile.mkdtemp(prefix=f"kvpreflight-{spec.deployment}-"))
+    booted = preflight.run_booted(spec, plan, log_dir=folder, progress=say)
+    return booted.report, booted.files_read

@@ -106,10 +106,14 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
         raise ConfigError("every --skip CHECK_ID needs its own --reason TEXT (no reason, no skip)")
     with naming("--skip"):
         waivers = tuple(t.parse_waiver(c, r, CHECK_IDS) for c, r in zip(args.skips, args.reasons, strict=True))
+    from kvpreflight.redact import secrets_of
+
+    all_secrets = secrets_of(values=secrets, headers=[*headers.items(), *tenant_headers[0].items(), *tenant_headers[1].items()],
+                             urls=[*(e.url for e in endpoints), entry])
     return CheckPlan(
         targets=endpoints, entry=entry, engine=args.engine, model=args.model, context_length=args.context_length,
         logs=logs, auth=Auth(headers=headers, ca_bundle=str(args.ca_bundle) if args.ca_bundle else None,
-                             tenant_headers=tenant_headers, tenant_binding=binding, secrets=frozenset(secrets)),
+                             tenant_headers=tenant_headers, tenant_binding=binding, secrets=all_secrets),
         capacity_only=args.capacity_only, timeout_s=args.timeout, concurrency=args.concurrency,
         accepted_tokens_per_second=args.accepted_tps, allow_disruptive=args.allow_disruptive, waivers=waivers,
         advisory_dirs=args.advisories, booted=booted,

@@ -67,10 +67,12 @@ class AttachTarget:
         """The check plan, built where the check runs: log files and the API key are read there."""
         targets = parse_endpoints(self.endpoints)
         logs = dict(parse_log(text, [t.url for t in targets]) for text in self.logs)
-        headers, secrets = {}, frozenset[str]()
+        from kvpreflight.redact import secrets_of
+
+        headers: dict[str, str] = {}
         if self.api_key_env:
-            key = secret_from_env(self.api_key_env)
-            headers, secrets = {"Authorization": f"Bearer {key}"}, frozenset({key})
+            headers = {"Authorization": f"Bearer {secret_from_env(self.api_key_env)}"}
+        secrets = secrets_of(headers=headers, urls=[*(t.url for t in targets), self.entry])
         return CheckPlan(targets=targets, entry=self.entry, engine=self.engine, model=self.model,
                          context_length=self.context_length, logs=logs, auth=Auth(headers=headers, secrets=secrets),
                          capacity_only=self.capacity_only, timeout_s=self.timeout, waivers=waivers)

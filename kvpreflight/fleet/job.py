@@ -97,7 +97,7 @@ def _attached(deployment: Deployment, settings: JobSettings) -> Outcome:
     report = preflight.run(plan)
     statement = build_statement(report, command_line=_command_line(deployment, settings),
                                 subjects=parse_subjects(_subjects(deployment, settings)),
-                                files_read=list(plan.logs.values()))
+                                files_read=list(plan.logs.values()), secrets=plan.auth.secrets)
     return _outcome(deployment.name, report, statement)
 
 
