@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections import defaultdict
 
 from kvpreflight.checks.interface import CheckContext
-from kvpreflight.model import CheckResult, EngineSnapshot, Origin, Status
-from kvpreflight.probes.capacity import ProbeRun
+from kvpreflight.model import CheckResult, EngineSnapshot, ErrorKind, Origin, Status
+from kvpreflight.probes.results import ProbeRun
 
 ID = "kv-sources-agree"
 MISSING_HINT = {
@@ -91,10 +91,10 @@ def _behaviour(run: ProbeRun | None, snap: EngineSnapshot) -> tuple[dict | None,
     a, r = accept.completion, reject.completion
     facts = {"largest_prompt_sent_accepted": None, "smallest_prompt_sent_rejected": None,
              "predicted_max_accepted": limits.max_accepted}
-    ok_a = a.status == 200 and a.error_message is None and not a.timed_out
-    len_rejected_a = a.error_kind == "length"
-    ok_r = r.status == 200 and r.error_message is None and not r.timed_out
-    len_rejected_r = r.error_kind == "length"
+    ok_a = a.served
+    len_rejected_a = a.error_kind is ErrorKind.LENGTH
+    ok_r = r.served
+    len_rejected_r = r.error_kind is ErrorKind.LENGTH
     if ok_a:
         facts["largest_prompt_sent_accepted"] = a.sent_tokens
     if len_rejected_r:

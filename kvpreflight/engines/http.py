@@ -148,6 +148,10 @@ class StreamReply:
     timed_out: bool = False
     first_frame_s: float | None = None
 
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.body).hexdigest()
+
     def events(self) -> Iterator[Any]:
         """Each data frame as JSON; `[DONE]` ends the stream; a non-JSON frame is an error."""
         for frame in self.frames:
