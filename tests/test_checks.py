@@ -64,6 +64,14 @@ def test_kv_capacity_thresholds_come_from_the_shared_data(pool, expected):
     assert r.evidence["ratio"] == round(pool / 10000, 4)
 
 
+def test_slots_that_own_their_cells_need_no_headroom():
+    # llama.cpp without --kv-unified: a tight pool still fits one full request per slot
+    (r,) = check("kv-capacity", CheckContext((snap(pool=10000, kv_per_slot=True),), T))
+    assert r.status is Status.PASS and "each slot owns its cells" in r.message
+    (r,) = check("kv-capacity", CheckContext((snap(pool=10000, kv_per_slot=False),), T))
+    assert r.status is Status.WARN
+
+
 def test_kv_capacity_checks_the_larger_of_promised_and_served():
     (r,) = check("kv-capacity", CheckContext((snap(pool=15000),), T, promised_context=16384))
     assert r.status is Status.FAIL and r.evidence["checked_context"] == 16384
