@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvpreflight.checks.interface import CheckContext
 from kvpreflight.model import CheckResult, Origin, Status
 
@@ -13,7 +15,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     for snap in ctx.snapshots:
         pool = snap.pool_tokens()
         checked = ctx.checked_context(snap)
-        evidence = {
+        evidence: dict[str, Any] = {
             "role": snap.role.value,
             "kv_pool_tokens": pool,
             "served_context": snap.served_context,

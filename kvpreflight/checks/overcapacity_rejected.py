@@ -35,7 +35,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             if moved:
                 status, message = Status.FAIL, f"refused, but KV reached the decode engine first (counters moved: {moved})"
         if status is Status.FAIL and not p.completion.rejected:
-            processed = {u: d.get("prompt_tokens") for u, d in p.counter_deltas.items() if d.get("prompt_tokens")}
+            processed = {u: d["prompt_tokens"] for u, d in p.counter_deltas.items() if d.get("prompt_tokens")}
             short = {u: int(v) for u, v in processed.items() if v < p.completion.sent_tokens}
             if short:
                 message += ("; the engines' prompt-token counters show only "

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from kvpreflight.checks.interface import CheckContext
 from kvpreflight.model import CheckResult, Completion, ErrorKind, Role, Status
 from kvpreflight.probes.results import ProbeResult
@@ -50,7 +53,7 @@ def refusal_verdict(c: Completion) -> tuple[Status, str]:
                          "generated tokens: the over-capacity request was served, not rejected")
 
 
-def probe_evidence(p: ProbeResult) -> dict:
+def probe_evidence(p: ProbeResult) -> dict[str, Any]:
     ev = {"probe": p.name, "purpose": p.purpose, **p.completion.evidence()}
     if p.reached:
         ev["reached"] = list(p.reached)
@@ -68,5 +71,5 @@ def decode_urls(ctx: CheckContext) -> set[str]:
 SEVERITY = (Status.FAIL, Status.INCONCLUSIVE, Status.WARN, Status.PASS, Status.SKIP)
 
 
-def worst_status(statuses) -> Status:
+def worst_status(statuses: Iterable[Status]) -> Status:
     return min(statuses, key=SEVERITY.index)

@@ -13,8 +13,9 @@ import abc
 import json
 import re
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Iterable, Mapping, Self
+from typing import Any, ClassVar, Self
 
 from prometheus_client.parser import text_string_to_metric_families
 

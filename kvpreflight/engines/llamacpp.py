@@ -8,7 +8,8 @@ allocator's `llama_kv_cache: size = ... (N cells, ...)` log line. Each slot owns
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import HttpClient, HttpReply
@@ -120,15 +121,16 @@ class LlamaCppAdapter(EngineAdapter):
         return _facts(data, str(data.get("content") or ""), request.sent_tokens)
 
     def parse_events(self, request: EngineRequest, events: list[Any]) -> ReplyFacts:
-        final = next((e for e in reversed(events) if e.get("stop")), {})
+        final: dict[str, Any] = next((e for e in reversed(events) if e.get("stop")), {})
         return _facts(final, "".join(str(e.get("content") or "") for e in events), request.sent_tokens)
 
 
 def _facts(data: Mapping[str, Any], text: str, sent: int) -> ReplyFacts:
     stop_type = data.get("stop_type")
+    finish = {"limit": "length", "eos": "stop", "word": "stop"}.get(stop_type, stop_type) if isinstance(stop_type, str) else None
     return ReplyFacts(
         text=text, completion_tokens=data.get("tokens_predicted"), prompt_tokens=data.get("tokens_evaluated"),
-        finish_reason={"limit": "length", "eos": "stop", "word": "stop"}.get(stop_type, stop_type),
+        finish_reason=finish,
         # llama.cpp sets `truncated` also when GENERATION hits the slot's n_ctx; only a prompt
         # evaluated short of what was sent is prompt truncation.
         truncated=_prompt_truncated(data, sent),

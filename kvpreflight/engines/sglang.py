@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import HttpClient, HttpReply
@@ -98,7 +99,7 @@ class SglangAdapter(EngineAdapter):
 
         mode = info.get("disaggregation_mode")
         reported_role = {"prefill": Role.PREFILL, "decode": Role.DECODE}.get(str(mode or metric_role or "").lower(), Role.UNIFIED)
-        settings = {
+        settings: dict[str, Any] = {
             key: info.get(key)
             for key in (
                 "allow_auto_truncate", "disable_radix_cache", "disaggregation_mode", "disaggregation_transfer_backend",

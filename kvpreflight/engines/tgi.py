@@ -17,8 +17,9 @@ sends it, so `sent_tokens` is TGI's own count.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping, Self
+from typing import Any, Self
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import HttpClient, HttpReply
@@ -124,7 +125,7 @@ class TgiAdapter(EngineAdapter):
             notes.extend(log_notes)
         if not readings:
             notes.append("no batch token budget found (pass --log with TGI's start-up log for the warm-up line)")
-        settings = {key: info[key] for key in ("max_concurrent_requests", "max_best_of", "max_client_batch_size",
+        settings: dict[str, Any] = {key: info[key] for key in ("max_concurrent_requests", "max_best_of", "max_client_batch_size",
                                                "validation_workers", "router", "model_pipeline_tag",
                                                "waiting_served_ratio", "max_waiting_tokens", "max_batch_size")
                     if key in info}
@@ -284,9 +285,10 @@ def parse_tgi_log(text: str) -> tuple[list[PoolReading], list[str]]:
 def _facts(request: EngineRequest, details: Mapping[str, Any], text: str, prompt_tokens: Any) -> ReplyFacts:
     prompt = prompt_tokens if isinstance(prompt_tokens, int) else None
     finish = details.get("finish_reason")
+    finish = FINISH.get(finish, finish) if isinstance(finish, str) else None
     return ReplyFacts(
         text=text, completion_tokens=details.get("generated_tokens"), prompt_tokens=prompt,
-        finish_reason=FINISH.get(finish, finish), truncated=None if prompt is None else prompt < request.sent_tokens,
+        finish_reason=finish, truncated=None if prompt is None else prompt < request.sent_tokens,
     )
 
 

@@ -10,8 +10,8 @@ import json
 import socket
 import ssl
 import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Callable, Iterator, Mapping
 from urllib.parse import urlsplit
 
 from kvpreflight.engines.interface import EngineAdapter, EngineRequest

@@ -5,7 +5,7 @@ and the time one request may take."""
 from __future__ import annotations
 
 import time
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.interface import Counters, EngineAdapter

@@ -21,19 +21,32 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Callable, Mapping, Sequence
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import Completion, EngineSnapshot, Role
-from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN, Departure, RawTarget, leave_after_first_token, leave_during_transfer
+from kvpreflight.probes.disconnect import (
+    AFTER_FIRST_TOKEN,
+    Departure,
+    RawTarget,
+    leave_after_first_token,
+    leave_during_transfer,
+)
 from kvpreflight.probes.engine_state import EngineState, counter_deltas, request_budget
 from kvpreflight.probes.markers import contains_marker, foreign_markers, new_marker
 from kvpreflight.probes.prefix_cache import caching_off, probe_prefix_cache
-from kvpreflight.probes.results import Expect, IsolationRun, Limits, Scenario, Tenant, TenantRequest
+from kvpreflight.probes.results import (
+    Expect,
+    IsolationRun,
+    Limits,
+    Scenario,
+    Tenant,
+    TenantRequest,
+)
 from kvpreflight.probes.tenants import TenantClient
 from kvpreflight.probes.tokens import valid_token_ids
 
@@ -309,7 +322,7 @@ def run_isolation(entry: EngineAdapter, engines: Mapping[str, EngineAdapter], sn
     clients: list[HttpClient] = []
     try:
         tenants = []
-        for tenant, extra in zip(Tenant, tenant_headers):
+        for tenant, extra in zip(Tenant, tenant_headers, strict=True):
             headers = {**base_headers, **extra}
             http = HttpClient(headers=headers, ca_bundle=settings.ca_bundle, timeout_s=settings.timeout_s)
             clients.append(http)

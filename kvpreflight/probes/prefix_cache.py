@@ -4,13 +4,18 @@ the answer (`cached_tokens`) and from the engines' prefix-cache hit counters."""
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import EngineSnapshot, Role
 from kvpreflight.probes.engine_state import EngineState
 from kvpreflight.probes.markers import new_marker
-from kvpreflight.probes.results import CacheProbe, CacheProbeKind, PrefixCacheRun, Tenant
+from kvpreflight.probes.results import (
+    CacheProbe,
+    CacheProbeKind,
+    PrefixCacheRun,
+    Tenant,
+)
 from kvpreflight.probes.tenants import TenantClient
 
 CACHE_PREFIXES = 3  # fresh shared prefixes (medians of TTFT)

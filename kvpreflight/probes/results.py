@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import enum
 import statistics
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from kvpreflight.model import Completion
 

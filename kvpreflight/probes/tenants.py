@@ -3,8 +3,9 @@ headers a raw connection must repeat, and the cache_salt it sends (when kvprefli
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.probes.results import Tenant

@@ -13,12 +13,25 @@ prefix cache keyed by (cache_salt, prompt) that reports `cached_tokens`.
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from kvpreflight.engines.http import HttpClient, HttpReply
-from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts
-from kvpreflight.model import Completion, EngineSnapshot, ErrorKind, Origin, PoolReading, Role
+from kvpreflight.engines.interface import (
+    Counters,
+    EngineAdapter,
+    EngineRequest,
+    ReplyFacts,
+)
+from kvpreflight.model import (
+    Completion,
+    EngineSnapshot,
+    ErrorKind,
+    Origin,
+    PoolReading,
+    Role,
+)
 
 ENGINES: dict[str, FakeEngine] = {}  # url -> engine; a fixture fills and clears it
 ID_BASE = 1_000_000  # token id = seed number * ID_BASE + position: the seed text is recoverable

@@ -3,12 +3,12 @@ interface (tests/support/fake_adapter.py), registered as engine kind `fake`."""
 
 from __future__ import annotations
 
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
+from support import fake_adapter
 
 from kvpreflight import engines
-from support import fake_adapter
 
 
 @pytest.fixture(autouse=True)

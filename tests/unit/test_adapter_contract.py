@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from static_server import static_server
 
 from kvpreflight.engines.builtin import BuiltinAdapter
 from kvpreflight.engines.http import HttpClient
@@ -17,7 +18,6 @@ from kvpreflight.engines.llamacpp import LlamaCppAdapter
 from kvpreflight.engines.sglang import SglangAdapter
 from kvpreflight.engines.vllm import VllmAdapter
 from kvpreflight.model import ErrorKind
-from static_server import static_server
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 JSON = "application/json"

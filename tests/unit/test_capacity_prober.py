@@ -3,13 +3,14 @@ context, the order it sends them in, and how each answer is attributed."""
 
 from __future__ import annotations
 
+from support.fake_adapter import FakeAdapter, FakeEngine, Sent, snapshot
+
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CheckContext, run_checks
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.model import Completion, Role, Status
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings
 from kvpreflight.probes.results import Expect, Limits
-from support.fake_adapter import FakeAdapter, FakeEngine, Sent, snapshot
 
 URL = "http://engine:1"
 

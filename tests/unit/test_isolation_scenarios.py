@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 
 import pytest
+from support.fake_adapter import FakeAdapter, FakeEngine, Sent, snapshot
 
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CheckContext, run_checks
@@ -15,8 +16,15 @@ from kvpreflight.model import Completion, EngineSnapshot, Role, Status
 from kvpreflight.probes import isolation
 from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN, Departure, RawTarget
 from kvpreflight.probes.isolation import IsolationSettings, run_isolation
-from kvpreflight.probes.results import CacheProbeKind, Expect, IsolationRun, Limits, ProbeRun, Scenario, Tenant
-from support.fake_adapter import FakeAdapter, FakeEngine, Sent, snapshot
+from kvpreflight.probes.results import (
+    CacheProbeKind,
+    Expect,
+    IsolationRun,
+    Limits,
+    ProbeRun,
+    Scenario,
+    Tenant,
+)
 
 URL = "http://engine:1"
 LIMITS = Limits(served_context=8192, pool_tokens=4096, max_accepted=4089)

@@ -3,9 +3,10 @@ probes go through, and what is sent (nothing at all in read-only or router-less 
 
 from __future__ import annotations
 
+from support.fake_adapter import FakeEngine, snapshot
+
 from kvpreflight.model import Role, Status
 from kvpreflight.pipeline import CheckOptions, Target, run_check
-from support.fake_adapter import FakeEngine, snapshot
 
 PROBE_CHECKS = ("overcapacity-rejected", "prompt-integrity", "max-tokens-clamp", "concurrent-capacity", "engine-healthy-after")
 
