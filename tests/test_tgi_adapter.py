@@ -227,3 +227,15 @@ def test_ids_it_did_not_make_are_refused_not_guessed():
         adapter = open_adapter(url, HttpClient())
         with pytest.raises(EngineError, match="text prompts"):
             adapter.complete([BOS, 5, 6, 7], max_tokens=1, stream=False, timeout_s=5)
+
+
+def test_the_raw_disconnect_request_is_the_generation_and_tenants_share_the_text_plans():
+    # A raw client sends build_request's request: the streamed generation of the exact text,
+    # not the /tokenize call made while building it. A tenant's adapter (with_client) can send
+    # ids another tenant's adapter made, as the cross-tenant cache probe does.
+    with static_server(routes()) as url:
+        adapter = open_adapter(url, HttpClient())
+        ids = adapter.token_ids(120, SEED)
+        request = adapter.with_client(HttpClient(headers={"X-Tenant": "b"})).build_request(ids, max_tokens=3, stream=True)
+    assert (request.path, request.sent_tokens, request.stream) == ("/generate_stream", 120, True)
+    assert len(tokenize(request.body["inputs"])) == 120 and request.body["parameters"]["max_new_tokens"] == 3
