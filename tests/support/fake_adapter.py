@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, ClassVar
 
 from kvpreflight.engines.http import HttpClient, HttpReply
 from kvpreflight.engines.interface import (
@@ -114,7 +114,7 @@ class FakeEngine:
 
 class FakeAdapter(EngineAdapter):
     kind = "fake"
-    seeds: list[str] = []  # every seed text token_ids() was asked for (shared, like a tokenizer)
+    seeds: ClassVar[list[str]] = []  # every seed text token_ids() was asked for (shared, like a tokenizer)
 
     @property
     def engine(self) -> FakeEngine:
