@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpreflight.checkdata import Thresholds
+from kvpreflight.checks.advisory_data import Advisory
 from kvpreflight.model import CheckResult, EngineSnapshot, Status, Waiver
 from kvpreflight.probes.results import IsolationRun, ProbeRun
 
@@ -17,7 +18,7 @@ class CheckContext:
     promised_context: int | None = None  # --context-length: what the operator promises users
     probes: ProbeRun | None = None  # None: capacity-only (no request sent)
     entry: str | None = None
-    advisories: tuple = ()  # kvpreflight.checks.advisory_data.Advisory
+    advisories: tuple[Advisory, ...] = ()
     expected_model: str | None = None  # --model
     isolation: IsolationRun | None = None  # the two-tenant probes (None: not run, see probes)
 
