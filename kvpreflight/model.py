@@ -81,7 +81,7 @@ class PoolReading:
 
     @property
     def label(self) -> str:
-        """The source and, where it is per rank, the rank: 'metrics sglang:max_total_num_tokens [tp1]'."""
+        """The source and, where it is per rank, the rank: '/server_info internal_states.memory_usage.token_capacity [dp1]'."""
         return f"{self.source} [{self.rank}]" if self.rank else self.source
 
 
@@ -98,13 +98,75 @@ class EngineSnapshot:
     pool_readings: tuple[PoolReading, ...] = ()
     page_size: int | None = None
     max_request_tokens: int | None = None  # the engine's own per-request input limit, if stated
-    settings: Mapping[str, Any] = field(default_factory=dict)  # allow_auto_truncate, transfer backend, ...
+    settings: Mapping[str, Any] = field(default_factory=dict)  # for display only; checks read the typed fields
     notes: tuple[str, ...] = ()  # what could not be read, and why
+    prefix_caching: bool | None = None  # the engine says its prefix cache is on/off; None: not stated
+    kv_per_slot: bool | None = None  # each request slot owns its KV cells (llama.cpp without --kv-unified)
 
     def pool_tokens(self) -> int | None:
         """The pool that counts: the smallest non-behavioural reading (smallest rank counts)."""
         values = [r.tokens for r in self.pool_readings if r.origin is not Origin.BEHAVIOUR]
         return min(values) if values else None
+
+
+class ErrorKind(str, enum.Enum):
+    """Why an engine refused a prompt. Only LENGTH is a capacity verdict."""
+
+    LENGTH = "length"
+    VOCAB = "vocab"
+    OTHER = "other"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Completion:
+    """What one probe request got back, as a client saw it. `text` is never serialized."""
+
+    sent_tokens: int
+    max_tokens: int
+    streamed: bool
+    status: int | None  # HTTP status; None when nothing came back
+    elapsed_s: float
+    timed_out: bool = False
+    transport_error: str | None = None
+    error_message: str | None = None  # the engine's own error message
+    error_kind: ErrorKind | None = None
+    completion_tokens: int | None = None
+    prompt_tokens: int | None = None  # what the engine says it processed
+    cached_tokens: int | None = None
+    finish_reason: str | None = None
+    truncated: bool | None = None  # the engine said it truncated the prompt
+    body_bytes: int = 0
+    body_sha256: str = ""
+    ttft_s: float | None = None
+    text: str = field(default="", repr=False)
+
+    @property
+    def rejected(self) -> bool:
+        return self.error_message is not None and not self.timed_out
+
+    @property
+    def served(self) -> bool:
+        """Answered with HTTP 200, no error, in time: the one meaning of "served cleanly"."""
+        return self.status == 200 and self.error_message is None and not self.timed_out and not self.transport_error
+
+    def evidence(self) -> dict[str, Any]:
+        """Numbers only, plus the engine's error message; never the generated text."""
+        out: dict[str, Any] = {
+            "sent_tokens": self.sent_tokens,
+            "max_tokens": self.max_tokens,
+            "stream": self.streamed,
+            "http_status": self.status,
+            "elapsed_s": round(self.elapsed_s, 3),
+        }
+        for key in ("timed_out", "transport_error", "error_message", "error_kind", "completion_tokens",
+                    "prompt_tokens", "cached_tokens", "finish_reason", "truncated"):
+            value = getattr(self, key)
+            if value not in (None, False):
+                out[key] = value.value if isinstance(value, enum.Enum) else value
+        if self.body_bytes:
+            out["response_bytes"] = self.body_bytes
+            out["response_sha256"] = self.body_sha256
+        return out
 
 
 @dataclass(frozen=True)

@@ -18,9 +18,9 @@ from kvpreflight.engines import EngineConfigError, EngineError, HttpClient, adap
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import CheckResult, EngineSnapshot, Report, Role, Status
 from kvpreflight.plan import CheckPlan
-from kvpreflight.probes.capacity import CapacityProber, ProbeRun, ProbeSettings
-from kvpreflight.probes.isolation import IsolationRun, IsolationSettings, run_isolation
-
+from kvpreflight.probes.capacity import CapacityProber, ProbeSettings
+from kvpreflight.probes.isolation import IsolationSettings, run_isolation
+from kvpreflight.probes.results import IsolationRun, ProbeRun
 
 def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: None) -> Report:
     started = utc_now()
@@ -51,8 +51,9 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
         results: list[CheckResult] = list(unreadable)
         per_group_ids = [c for c in CHECK_IDS if c != "pd-consistency"]
         for entry_url, group in _groups(options, snapshots):
-            run = _probe(options, entry_url, group, adapters, settings, client, progress)
-            isolation = _isolate(options, entry_url, group, adapters, settings, client, progress, run)
+            entry = _entry_adapter(entry_url, group, client)
+            run = _probe(options, entry, group, adapters, settings, progress)
+            isolation = _isolate(options, entry, group, adapters, settings, progress, run)
             ctx = CheckContext(tuple(group), thresholds, options.context_length, run, entry_url, advisories,
                                isolation=isolation)
             results.extend(run_checks(ctx, per_group_ids, options.waivers))
@@ -76,38 +77,40 @@ def _groups(options: CheckPlan, snapshots: Sequence[EngineSnapshot]) -> list[tup
     return [(s.url, [s]) for s in snapshots]
 
 
-def _probe(options: CheckPlan, entry_url: str | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
-           settings: ProbeSettings, client: HttpClient, progress: Callable[[str], None]) -> ProbeRun | None:
+def _entry_adapter(entry_url: str | None, group: list[EngineSnapshot], client: HttpClient) -> EngineAdapter | None:
+    """The adapter every probe request goes through: the engines' kind at the entry's URL, naming
+    the model they serve (OpenAI-style routes need it). None when there is no entry to probe."""
+    if entry_url is None or not group:
+        return None
+    return adapter_class(group[0].engine)(entry_url, client, model=group[0].model)
+
+
+def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
+           settings: ProbeSettings, progress: Callable[[str], None]) -> ProbeRun | None:
     if options.capacity_only:
         return None
-    if entry_url is None:
-        return ProbeRun(None, not_run="prefill/decode deployment without --entry: probes must go through the client-facing "
-                                      "router, so capacity was checked but no request was sent; pass --entry URL")
     if not group:
-        return ProbeRun(None, not_run="no engine could be read")
+        return ProbeRun(limits=None, not_run="no engine could be read")
+    if entry is None:
+        return ProbeRun(limits=None, not_run="prefill/decode deployment without --entry: probes must go through the client-facing "
+                                             "router, so capacity was checked but no request was sent; pass --entry URL")
     kinds = {s.engine for s in group}
     if len(kinds) > 1:
-        return ProbeRun(None, not_run=f"the engines behind the entry are of different kinds ({', '.join(sorted(kinds))})")
-    entry = adapters.get(entry_url) or adapter_class(group[0].engine)(entry_url, client)
-    if hasattr(entry, "model_name") and getattr(entry, "model_name", None) is None:
-        entry.model_name = group[0].model  # type: ignore[attr-defined]
+        return ProbeRun(limits=None, not_run=f"the engines behind the entry are of different kinds ({', '.join(sorted(kinds))})")
     engines = {s.url: adapters[s.url] for s in group}
     try:
         return CapacityProber(entry, engines, group, settings, progress).run()
     except EngineError as exc:
-        return ProbeRun(None, not_run=f"probes could not run: {exc}")
+        return ProbeRun(limits=None, not_run=f"probes could not run: {exc}")
 
 
-def _isolate(options: CheckPlan, entry_url: str | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
-             settings: ProbeSettings, client: HttpClient, progress: Callable[[str], None], run: ProbeRun | None) -> IsolationRun | None:
+def _isolate(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
+             settings: ProbeSettings, progress: Callable[[str], None], run: ProbeRun | None) -> IsolationRun | None:
     """The two-tenant probes, after the capacity probes and through the same entry."""
     if run is None:
         return None  # --capacity-only: the checks say so
-    if run.not_run or run.limits is None or entry_url is None:
+    if run.not_run or run.limits is None or entry is None:
         return IsolationRun(not_run=run.not_run or "the capacity limits are unknown, so no isolation probe size can be derived")
-    entry = adapters.get(entry_url) or adapter_class(group[0].engine)(entry_url, client)
-    if getattr(entry, "model_name", "") is None:
-        entry.model_name = group[0].model  # type: ignore[attr-defined]
     kinds = sorted({s.engine for s in group})
     iso_settings = IsolationSettings(
         timeout_s=options.timeout_s, accepted_tokens_per_second=settings.accepted_tokens_per_second,

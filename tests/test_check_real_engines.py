@@ -10,7 +10,8 @@ import sys
 import pytest
 
 from kvpreflight.engines import HttpClient, open_adapter
-from kvpreflight.engines.interface import ERROR_LENGTH, ERROR_VOCAB
+from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight.model import ErrorKind
 
 pytestmark = pytest.mark.real_engine
 
@@ -120,16 +121,17 @@ def test_promise_above_the_vllm_pool_fails_capacity(vllm_server):
 
 def test_out_of_vocabulary_is_never_taken_for_a_rejection(vllm_server):
     client = HttpClient()
-    adapter = open_adapter(vllm_server.url, client)
-    adapter.snapshot()
+    # Adapters keep no state from what they read: name the served model as the pipeline does.
+    model = open_adapter(vllm_server.url, client).snapshot().model
+    adapter = VllmAdapter(vllm_server.url, client, model=model)
     # Within the length limit, an invalid id gets a 400 that is NOT about length.
     oov = adapter.complete([1509] * 100, max_tokens=1, stream=False, timeout_s=60)
-    assert oov.status == 400 and oov.error_kind == ERROR_VOCAB, oov.error_message
+    assert oov.status == 400 and oov.error_kind == ErrorKind.VOCAB, oov.error_message
     # The probes' ids come from the engine's own tokenizer, so every one is valid.
     assert all(0 <= t < 512 for t in adapter.token_ids(5000, "a capacity probe"))
     valid = adapter.token_ids(5000, "a capacity probe")
     too_long = adapter.complete(valid, max_tokens=1, stream=False, timeout_s=60)
-    assert too_long.status == 400 and too_long.error_kind == ERROR_LENGTH
+    assert too_long.status == 400 and too_long.error_kind == ErrorKind.LENGTH
     client.close()
 
 

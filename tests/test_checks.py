@@ -6,9 +6,20 @@ import pytest
 
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CheckContext, run_checks
-from kvpreflight.engines.interface import ERROR_LENGTH, ERROR_VOCAB, Completion
-from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Report, Role, Status, Waiver, exit_code_of, verdict_of
-from kvpreflight.probes.capacity import EXPECT_ACCEPT, EXPECT_REJECT, Limits, ProbeResult, ProbeRun
+from kvpreflight.model import (
+    Completion,
+    EngineSnapshot,
+    ErrorKind,
+    Origin,
+    PoolReading,
+    Report,
+    Role,
+    Status,
+    Waiver,
+    exit_code_of,
+    verdict_of,
+)
+from kvpreflight.probes.results import Expect, Limits, ProbeResult, ProbeRun
 
 T = load_thresholds()
 PREFILL, DECODE, ENTRY = "http://p:1", "http://d:2", "http://router:3"
@@ -24,21 +35,21 @@ def snap(url=PREFILL, role=Role.UNIFIED, pool=20000, served=10000, readings=None
 
 
 def ok(sent, generated=1, **kw) -> Completion:
-    return Completion(sent, kw.pop("max_tokens", 1), False, 200, 0.1, completion_tokens=generated, prompt_tokens=sent,
+    return Completion(sent_tokens=sent, max_tokens=kw.pop("max_tokens", 1), streamed=False, status=200, elapsed_s=0.1, completion_tokens=generated, prompt_tokens=sent,
                       finish_reason="length", body_bytes=100, body_sha256="ab", **kw)
 
 
-def refused(sent, msg="Input length (9999 tokens) exceeds the maximum allowed length (9993 tokens).", kind=ERROR_LENGTH, status=400, **kw):
-    return Completion(sent, 16, kw.pop("stream", False), status, 0.01, error_message=msg, error_kind=kind, **kw)
+def refused(sent, msg="Input length (9999 tokens) exceeds the maximum allowed length (9993 tokens).", kind=ErrorKind.LENGTH, status=400, **kw):
+    return Completion(sent_tokens=sent, max_tokens=16, streamed=kw.pop("stream", False), status=status, elapsed_s=0.01, error_message=msg, error_kind=kind, **kw)
 
 
 def run(*probes, limits=Limits(10000, 20000, 9993), reached=(PREFILL,)) -> ProbeRun:
     items = []
     for name, completion, *rest in probes:
         deltas = rest[0] if rest else {}
-        expect = EXPECT_ACCEPT if name.startswith(("boundary-accept", "concurrent")) else EXPECT_REJECT
-        items.append(ProbeResult(name, expect, completion, "test", reached, deltas))
-    return ProbeRun(limits, tuple(items), healthy_after={PREFILL: True}, idle_after={PREFILL: True},
+        expect = Expect.ACCEPT if name.startswith(("boundary-accept", "concurrent")) else Expect.REJECT
+        items.append(ProbeResult(name=name, expect=expect, completion=completion, purpose="test", reached=reached, counter_deltas=deltas))
+    return ProbeRun(limits=limits, probes=tuple(items), healthy_after={PREFILL: True}, idle_after={PREFILL: True},
                     small_request_after=ok(16))
 
 
@@ -51,6 +62,14 @@ def test_kv_capacity_thresholds_come_from_the_shared_data(pool, expected):
     (r,) = check("kv-capacity", CheckContext((snap(pool=pool),), T))
     assert r.status is expected
     assert r.evidence["ratio"] == round(pool / 10000, 4)
+
+
+def test_slots_that_own_their_cells_need_no_headroom():
+    # llama.cpp without --kv-unified: a tight pool still fits one full request per slot
+    (r,) = check("kv-capacity", CheckContext((snap(pool=10000, kv_per_slot=True),), T))
+    assert r.status is Status.PASS and "each slot owns its cells" in r.message
+    (r,) = check("kv-capacity", CheckContext((snap(pool=10000, kv_per_slot=False),), T))
+    assert r.status is Status.WARN
 
 
 def test_kv_capacity_checks_the_larger_of_promised_and_served():
@@ -100,8 +119,8 @@ def test_clean_length_rejections_with_an_accepted_twin_pass():
 @pytest.mark.parametrize("completion,fragment", [
     (ok(10001, generated=16), "served, not rejected"),
     (ok(10001, generated=16, truncated=True), "silently truncated"),
-    (Completion(10001, 16, False, None, 30.0, timed_out=True), "hang"),
-    (refused(10001, "Internal Server Error", kind="other", status=500), "HTTP 500"),
+    (Completion(sent_tokens=10001, max_tokens=16, streamed=False, status=None, elapsed_s=30.0, timed_out=True), "hang"),
+    (refused(10001, "Internal Server Error", kind=ErrorKind.OTHER, status=500), "HTTP 500"),
 ])
 def test_served_truncated_hung_or_5xx_over_capacity_requests_fail(completion, fragment):
     probes = run(*good_probes(**{"over-context": completion}))
@@ -111,13 +130,13 @@ def test_served_truncated_hung_or_5xx_over_capacity_requests_fail(completion, fr
 
 def test_placeholder_answer_200_with_one_prompt_token_is_truncation():
     placeholder = ok(10001, generated=16)
-    placeholder = Completion(10001, 16, False, 200, 0.1, completion_tokens=16, prompt_tokens=1)
+    placeholder = Completion(sent_tokens=10001, max_tokens=16, streamed=False, status=200, elapsed_s=0.1, completion_tokens=16, prompt_tokens=1)
     (r,) = check("overcapacity-rejected", CheckContext((snap(),), T, probes=run(*good_probes(**{"over-context": placeholder})), entry=PREFILL))
     assert r.status is Status.FAIL and "processed 1 of 10001" in r.message
 
 
 def test_out_of_vocabulary_400_is_not_a_capacity_verdict():
-    oov = refused(10001, "Token id 1509 is out of vocabulary", kind=ERROR_VOCAB)
+    oov = refused(10001, "Token id 1509 is out of vocabulary", kind=ErrorKind.VOCAB)
     (r,) = check("overcapacity-rejected", CheckContext((snap(),), T, probes=run(*good_probes(**{"over-context": oov})), entry=PREFILL))
     assert r.status is Status.INCONCLUSIVE and "vocabulary" in r.message
 
@@ -136,9 +155,10 @@ def test_refusal_after_kv_reached_decode_fails():
 
 
 def test_foreign_marker_in_a_response_fails_and_is_quoted():
-    leaked = ProbeResult("over-pool", EXPECT_REJECT, ok(15000, generated=16), "test", (PREFILL,), {},
-                         ("KVPF-TENANT-0123456789abcdef01234567",))
-    probes = ProbeRun(Limits(20000, 10000, 9993), (ProbeResult("boundary-accept", EXPECT_ACCEPT, ok(9992), "t", (PREFILL,)), leaked))
+    leaked = ProbeResult(name="over-pool", expect=Expect.REJECT, completion=ok(15000, generated=16), purpose="test", reached=(PREFILL,), counter_deltas={},
+                         foreign_markers=("KVPF-TENANT-0123456789abcdef01234567",))
+    probes = ProbeRun(limits=Limits(20000, 10000, 9993), probes=(
+        ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=ok(9992), purpose="t", reached=(PREFILL,)), leaked))
     (r,) = check("overcapacity-rejected", CheckContext((snap(pool=10000, served=20000),), T, probes=probes, entry=PREFILL))
     assert r.status is Status.FAIL and "KVPF-TENANT-0123456789abcdef01234567" in r.message
 
@@ -152,7 +172,7 @@ def test_engine_no_probe_reached_behind_a_router_is_inconclusive():
 
 
 def test_prompt_integrity_needs_exact_token_count():
-    short = Completion(9992, 1, False, 200, 0.1, completion_tokens=1, prompt_tokens=9000)
+    short = Completion(sent_tokens=9992, max_tokens=1, streamed=False, status=200, elapsed_s=0.1, completion_tokens=1, prompt_tokens=9000)
     (r,) = check("prompt-integrity", CheckContext((snap(),), T, probes=run(("boundary-accept", short)), entry=PREFILL))
     assert r.status is Status.FAIL and "9,000" in r.message
     (r,) = check("prompt-integrity", CheckContext((snap(),), T, probes=run(("boundary-accept", ok(9992))), entry=PREFILL))
@@ -160,7 +180,7 @@ def test_prompt_integrity_needs_exact_token_count():
 
 
 def test_silent_max_tokens_clamp_warns_and_explicit_refusal_passes():
-    clamp = Completion(9985, 23, False, 200, 0.1, completion_tokens=15, prompt_tokens=9985, finish_reason="length")
+    clamp = Completion(sent_tokens=9985, max_tokens=23, streamed=False, status=200, elapsed_s=0.1, completion_tokens=15, prompt_tokens=9985, finish_reason="length")
     (r,) = check("max-tokens-clamp", CheckContext((snap(),), T, probes=run(("clamp", clamp)), entry=PREFILL))
     assert r.status is Status.WARN and "silently cut" in r.message
     (r,) = check("max-tokens-clamp", CheckContext((snap(),), T, probes=run(("clamp", refused(9985))), entry=PREFILL))
@@ -169,9 +189,9 @@ def test_silent_max_tokens_clamp_warns_and_explicit_refusal_passes():
 
 def test_concurrent_5xx_fails_and_capacity_refusal_passes():
     ctx = lambda c2: CheckContext((snap(),), T, probes=run(("concurrent-1", ok(9992, max_tokens=4)), ("concurrent-2", c2)), entry=PREFILL)
-    (r,) = check("concurrent-capacity", ctx(refused(9992, "Context size has been exceeded.", kind=ERROR_LENGTH, status=500)))
+    (r,) = check("concurrent-capacity", ctx(refused(9992, "Context size has been exceeded.", kind=ErrorKind.LENGTH, status=500)))
     assert r.status is Status.FAIL
-    (r,) = check("concurrent-capacity", ctx(refused(9992, "busy", kind="other", status=429)))
+    (r,) = check("concurrent-capacity", ctx(refused(9992, "busy", kind=ErrorKind.OTHER, status=429)))
     assert r.status is Status.PASS
 
 

@@ -10,42 +10,44 @@ import pytest
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
 from kvpreflight.commands.plan_options import CheckArgs, build_plan
-from kvpreflight.engines.interface import ERROR_LENGTH, Completion
 from kvpreflight.errors import UsageError
-from kvpreflight.model import EngineSnapshot, Role, Status, Waiver
-from kvpreflight.probes.capacity import Limits, ProbeRun
-from kvpreflight.probes.isolation import (
+from kvpreflight.model import Completion, EngineSnapshot, ErrorKind, Role, Status, Waiver
+from kvpreflight.probes.markers import contains_marker, new_marker
+from kvpreflight.probes.results import (
     CacheProbe,
+    CacheProbeKind,
+    Expect,
     IsolationRun,
+    Limits,
     PrefixCacheRun,
+    ProbeRun,
     Scenario,
+    Tenant,
     TenantRequest,
-    contains_marker,
-    request_shape,
 )
-from kvpreflight.probes.markers import new_marker
 
 T = load_thresholds()
 ENTRY, DECODE = "http://router:1", "http://decode:2"
 CANARY = {"a": new_marker("TENANTA"), "b": new_marker("TENANTB")}
+CANARIES = {Tenant(name): canary for name, canary in CANARY.items()}
 
 
 def served(tenant="a", name="normal-a1", own=True, crossings=(), cached=None, ttft=0.05, status=200, **kw) -> TenantRequest:
-    c = Completion(4000, 256, False, status, ttft, completion_tokens=256, prompt_tokens=4000, cached_tokens=cached,
+    c = Completion(sent_tokens=4000, max_tokens=256, streamed=False, status=status, elapsed_s=ttft, completion_tokens=256, prompt_tokens=4000, cached_tokens=cached,
                    body_bytes=100, body_sha256="ab", ttft_s=ttft, text="never serialized")
-    return TenantRequest(tenant, name, c, own_seen=own, crossings=tuple(crossings), **kw)
+    return TenantRequest(tenant=Tenant(tenant), name=name, completion=c, own_seen=own, crossings=tuple(crossings), **kw)
 
 
 def refused(tenant="b", name="over-capacity-b-over") -> TenantRequest:
-    c = Completion(8193, 256, False, 400, 0.01, error_message="The input (8193 tokens) is longer than the model's context length (8192 tokens).",
-                   error_kind=ERROR_LENGTH)
-    return TenantRequest(tenant, name, c, expect="reject")
+    c = Completion(sent_tokens=8193, max_tokens=256, streamed=False, status=400, elapsed_s=0.01, error_message="The input (8193 tokens) is longer than the model's context length (8192 tokens).",
+                   error_kind=ErrorKind.LENGTH)
+    return TenantRequest(tenant=Tenant(tenant), name=name, completion=c, expect=Expect.REJECT)
 
 
 def scenario(name="normal", requests=None, **kw) -> Scenario:
     requests = requests if requests is not None else (served("a", "normal-a1"), served("b", "normal-b1"))
     fields = {"occurred": True, "occurrence": "both tenants ran", "idle_after": {DECODE: True}, **kw}
-    return Scenario(name, "test", tuple(requests), **fields)
+    return Scenario(name=name, purpose="test", requests=tuple(requests), **fields)
 
 
 def cache_run(cross_cached=0, warm_cached=1008, off=None, ttft=(0.080, 0.020, 0.080), hit_delta=None) -> PrefixCacheRun:
@@ -53,17 +55,18 @@ def cache_run(cross_cached=0, warm_cached=1008, off=None, ttft=(0.080, 0.020, 0.
     for k in range(3):
         for kind, tenant, cached, t in (("cold", "a", 0, ttft[0]), ("warm", "a", warm_cached, ttft[1]),
                                         ("warm", "a", warm_cached, ttft[1]), ("cross", "b", cross_cached, ttft[2])):
-            c = Completion(1024, 1, True, 200, t, completion_tokens=1, prompt_tokens=1024, cached_tokens=cached, ttft_s=t)
-            probes.append(CacheProbe(kind, tenant, k, c, hit_delta))
-    return PrefixCacheRun(tuple(probes), "a cache_salt per tenant", off, prompt_tokens=1024)
+            c = Completion(sent_tokens=1024, max_tokens=1, streamed=True, status=200, elapsed_s=t, completion_tokens=1, prompt_tokens=1024, cached_tokens=cached, ttft_s=t)
+            probes.append(CacheProbe(kind=CacheProbeKind(kind), tenant=Tenant(tenant), prefix=k, completion=c,
+                                     hit_metric_delta=hit_delta))
+    return PrefixCacheRun(probes=tuple(probes), binding="a cache_salt per tenant", caching_off=off, prompt_tokens=1024)
 
 
 def iso(*scenarios, cache=None, **kw) -> IsolationRun:
-    return IsolationRun(scenarios or (scenario(),), cache or cache_run(), dict(CANARY), "a cache_salt per tenant",
+    return IsolationRun(scenarios=scenarios or (scenario(),), cache=cache or cache_run(), canaries=CANARIES, binding="a cache_salt per tenant",
                         healthy_after={DECODE: True}, idle_after={DECODE: True}, **kw)
 
 
-def ctx(isolation, probes=ProbeRun(Limits(8192, 16384, 8185))) -> CheckContext:
+def ctx(isolation, probes=ProbeRun(limits=Limits(8192, 16384, 8185))) -> CheckContext:
     snap = EngineSnapshot(url=DECODE, engine="builtin", version="x", role=Role.DECODE, model="m", served_context=8192)
     return CheckContext((snap,), T, None, probes, ENTRY, isolation=isolation)
 
@@ -108,8 +111,8 @@ def test_one_tenant_echoing_is_not_enough():
 
 def test_churn_scenarios_skipped_with_the_reason_but_the_rest_still_judged():
     reason = "disruptive against a live vllm deployment; pass --allow-disruptive to run it"
-    skipped = Scenario("cancel-transfer", "test", skipped=reason, churn=True)
-    r = one("tenant-isolation", iso(scenario("normal"), skipped, Scenario("load", "test", skipped=reason, churn=True)))
+    skipped = Scenario(name="cancel-transfer", purpose="test", skipped=reason, churn=True)
+    r = one("tenant-isolation", iso(scenario("normal"), skipped, Scenario(name="load", purpose="test", skipped=reason, churn=True)))
     assert r.status is Status.PASS
     assert f"cancel-transfer, load: not run ({reason})" in r.message
     assert {"scenario": "cancel-transfer", "purpose": "test", "skipped": reason} in r.evidence["scenarios"]
@@ -140,7 +143,7 @@ def test_a_tenant_with_no_served_answer_makes_the_scenario_inconclusive():
 
 
 def test_engine_unhealthy_after_the_probes_fails():
-    run = IsolationRun((scenario(),), cache_run(), dict(CANARY), "x", healthy_after={DECODE: False}, idle_after={DECODE: True})
+    run = IsolationRun(scenarios=(scenario(),), cache=cache_run(), canaries=CANARIES, binding="x", healthy_after={DECODE: False}, idle_after={DECODE: True})
     assert one("tenant-isolation", run).status is Status.FAIL
 
 
@@ -184,7 +187,7 @@ def test_no_same_tenant_hit_means_the_control_failed():
 
 
 def test_caching_off_is_said_not_passed():
-    r = one("prefix-cache-isolation", iso(cache=cache_run(warm_cached=0, off="vllm:cache_config_info enable_prefix_caching=False")))
+    r = one("prefix-cache-isolation", iso(cache=cache_run(warm_cached=0, off="http://decode:2 reports it off")))
     assert r.status is Status.SKIP and "prefix caching is off" in r.message
 
 
@@ -246,23 +249,6 @@ def test_marker_scan_counts_fragments():
     assert contains_marker(f"xx{m}yy", m)
     assert contains_marker("..." + m[-14:], m)  # cut by a page boundary
     assert not contains_marker(m[:-13], m)
-
-
-def test_request_shape_is_the_adapters_own_request_without_sending():
-    from kvpreflight.engines.builtin import BuiltinAdapter
-    from kvpreflight.engines.vllm import VllmAdapter
-
-    class Boom:
-        def __getattr__(self, name):
-            raise AssertionError("nothing may be sent")
-
-    url, body = request_shape(BuiltinAdapter("http://e:1", Boom()), [1, 2, 3], max_tokens=5, stream=True, extra={"cache_salt": "s"})
-    assert url == "http://e:1/generate" and body["input_ids"] == [1, 2, 3] and body["cache_salt"] == "s"
-    assert body["sampling_params"]["max_new_tokens"] == 5 and body["stream"] is True
-    v = VllmAdapter("http://v:2", Boom())
-    v.model_name = "tiny"
-    url, body = request_shape(v, [7], max_tokens=2, stream=True, extra=None)
-    assert url == "http://v:2/v1/completions" and body["model"] == "tiny" and body["prompt"] == [7]
 
 
 def test_isolation_checks_are_registered_in_report_order():

@@ -38,6 +38,19 @@ def test_builtin_engine_passes_isolation_and_runs_churn_in_attach_mode(tmp_path)
     assert not any("skipped" in s for s in scenarios.values())  # builtin engine: churn runs in attach mode
 
 
+def test_builtin_engine_without_prefix_cache_says_caching_is_off(tmp_path):
+    # The engine states --disable-radix-cache in /server_info; the adapter turns that into the
+    # snapshot's prefix_caching=False, so the failed same-tenant control reads as "caching off".
+    with unified_engine(tmp_path, context_length=2048, pool_tokens=8192, extra_args=["--disable-radix-cache"]) as engine:
+        code, report, err = check("--endpoint", engine.url)
+    cache = by_id(report)["prefix-cache-isolation"]
+    assert cache["status"] == "skip", cache["message"]
+    assert cache["message"].startswith(f"prefix caching is off ({engine.url} reports it off)")
+    assert all(p["cached_tokens"] in (0, None) for p in cache["evidence"]["probes"])
+    assert by_id(report)["tenant-isolation"]["status"] in ("pass", "warn")
+    assert code == 0, err[-1500:]
+
+
 def test_tenant_keys_bind_tenants_and_never_leak_into_report_or_record(tmp_path):
     keys = {"KVPF_TEST_KEY_A": "sk-tenant-a-7f3e91", "KVPF_TEST_KEY_B": "sk-tenant-b-0c44d2"}
     record = tmp_path / "record.json"

@@ -14,8 +14,7 @@ from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CheckContext, run_checks
 from kvpreflight.checks.advisory_data import load_advisories
 from kvpreflight.engines import HttpClient, open_adapter
-from kvpreflight.engines.interface import ERROR_LENGTH
-from kvpreflight.model import Origin, Role, Status
+from kvpreflight.model import ErrorKind, Origin, Role, Status
 from static_server import static_server
 
 FIX = Path(__file__).parent / "fixtures" / "sglang"
@@ -91,7 +90,7 @@ def test_error_inside_a_200_stream_is_read_as_a_length_rejection():
         adapter = open_adapter(url, HttpClient())
         c = adapter.complete([1, 2, 3], max_tokens=4, stream=True, timeout_s=5)
     assert c.status == 200
-    assert c.rejected and c.error_kind == ERROR_LENGTH
+    assert c.rejected and c.error_kind == ErrorKind.LENGTH
     assert "exceeds the maximum allowed length (681274 tokens)" in c.error_message
 
 
@@ -100,7 +99,7 @@ def test_both_sglang_length_messages_classify_as_length(fixture):
     body = (FIX / fixture).read_text()
     with static_server(routes(generate=(400, JSON, body))) as url:
         c = open_adapter(url, HttpClient()).complete([1, 2], max_tokens=1, stream=False, timeout_s=5)
-    assert c.status == 400 and c.error_kind == ERROR_LENGTH and c.completion_tokens is None
+    assert c.status == 400 and c.error_kind == ErrorKind.LENGTH and c.completion_tokens is None
 
 
 def test_http_200_with_generated_text_is_not_a_rejection():

@@ -19,12 +19,11 @@ import pytest
 from kvpreflight.engines import HttpClient, open_adapter
 from kvpreflight.engines.builtin import BuiltinAdapter
 from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.interface import ERROR_LENGTH, ERROR_OTHER
 from kvpreflight.engines.llamacpp import LlamaCppAdapter
 from kvpreflight.engines.sglang import SglangAdapter
 from kvpreflight.engines.tgi import TgiAdapter
 from kvpreflight.engines.vllm import VllmAdapter
-from kvpreflight.model import Origin
+from kvpreflight.model import ErrorKind, Origin
 from static_server import static_server
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -141,9 +140,9 @@ def test_check_cli_capacity_only_fails_when_the_batch_budget_is_below_max_total_
 
 # -- errors ----------------------------------------------------------------------------------
 @pytest.mark.parametrize("fixture,kind", [
-    ("error_max_total_tokens.json", ERROR_LENGTH),
-    ("error_input_length.json", ERROR_LENGTH),
-    ("error_temperature.json", ERROR_OTHER),
+    ("error_max_total_tokens.json", ErrorKind.LENGTH),
+    ("error_input_length.json", ErrorKind.LENGTH),
+    ("error_temperature.json", ErrorKind.OTHER),
 ])
 def test_validation_errors_are_length_only_when_tgi_says_so(fixture, kind):
     body = (FIX / fixture).read_text()
@@ -159,7 +158,7 @@ def test_overloaded_429_is_not_a_length_rejection():
     with static_server(routes(generate=(429, JSON, (FIX / "error_overloaded.json").read_text()))) as url:
         adapter = open_adapter(url, HttpClient())
         c = adapter.complete(adapter.token_ids(40, SEED), max_tokens=1, stream=False, timeout_s=5)
-    assert c.status == 429 and c.error_kind == ERROR_OTHER and c.error_message == "Model is overloaded"
+    assert c.status == 429 and c.error_kind == ErrorKind.OTHER and c.error_message == "Model is overloaded"
 
 
 def test_error_event_inside_a_200_stream_is_read_as_a_length_rejection():
@@ -167,7 +166,7 @@ def test_error_event_inside_a_200_stream_is_read_as_a_length_rejection():
         adapter = open_adapter(url, HttpClient())
         c = adapter.complete(adapter.token_ids(40, SEED), max_tokens=16, stream=True, timeout_s=5)
     assert c.status == 200
-    assert c.rejected and c.error_kind == ERROR_LENGTH
+    assert c.rejected and c.error_kind == ErrorKind.LENGTH
     assert "must be <= 32768" in c.error_message
 
 
@@ -228,3 +227,15 @@ def test_ids_it_did_not_make_are_refused_not_guessed():
         adapter = open_adapter(url, HttpClient())
         with pytest.raises(EngineError, match="text prompts"):
             adapter.complete([BOS, 5, 6, 7], max_tokens=1, stream=False, timeout_s=5)
+
+
+def test_the_raw_disconnect_request_is_the_generation_and_tenants_share_the_text_plans():
+    # A raw client sends build_request's request: the streamed generation of the exact text,
+    # not the /tokenize call made while building it. A tenant's adapter (with_client) can send
+    # ids another tenant's adapter made, as the cross-tenant cache probe does.
+    with static_server(routes()) as url:
+        adapter = open_adapter(url, HttpClient())
+        ids = adapter.token_ids(120, SEED)
+        request = adapter.with_client(HttpClient(headers={"X-Tenant": "b"})).build_request(ids, max_tokens=3, stream=True)
+    assert (request.path, request.sent_tokens, request.stream) == ("/generate_stream", 120, True)
+    assert len(tokenize(request.body["inputs"])) == 120 and request.body["parameters"]["max_new_tokens"] == 3

@@ -4,6 +4,7 @@ to results with evidence. The only place verdicts are made. One module per check
 from __future__ import annotations
 
 import importlib
+from types import ModuleType
 
 from kvpreflight.checks.interface import CheckContext, run_checks
 
@@ -23,7 +24,7 @@ CHECK_IDS = (
 )
 
 
-def check_module(check_id: str):
+def check_module(check_id: str) -> ModuleType:
     return importlib.import_module(f"kvpreflight.checks.{check_id.replace('-', '_')}")
 
 

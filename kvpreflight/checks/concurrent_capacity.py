@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-from kvpreflight.checks.interface import CheckContext, probes_missing
-from kvpreflight.checks.probe_common import accepted_cleanly, probe_evidence, worst_status
-from kvpreflight.engines.interface import ERROR_LENGTH
-from kvpreflight.model import CheckResult, Status
+from kvpreflight.checks.interface import CheckContext, probe_run
+from kvpreflight.checks.probe_common import probe_evidence, worst_status
+from kvpreflight.model import CheckResult, ErrorKind, Status
 
 ID = "concurrent-capacity"
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
-    missing = probes_missing(ctx, ID, ctx.entry)
-    if missing:
-        return [missing]
-    assert ctx.probes is not None
-    probes = ctx.probes.named("concurrent-")
+    run = probe_run(ctx, ID)
+    if isinstance(run, CheckResult):
+        return [run]
+    probes = run.named("concurrent-")
     if not probes:
         return [CheckResult(ID, Status.INCONCLUSIVE, "no concurrent probe was sent", ctx.entry)]
     verdicts = []
@@ -28,12 +26,12 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         elif (c.status or 0) >= 500:
             verdicts.append((Status.FAIL, f"{p.name}: HTTP {c.status} {c.error_message or ''}".rstrip()))
         elif c.error_message is not None:
-            capacity = c.status == 429 or c.error_kind == ERROR_LENGTH
+            capacity = c.status == 429 or c.error_kind is ErrorKind.LENGTH
             verdicts.append((Status.PASS if capacity else Status.INCONCLUSIVE,
                              f"{p.name}: refused (HTTP {c.status}){'' if capacity else ' for a reason other than capacity'}: {c.error_message}"))
         elif c.truncated or (c.prompt_tokens is not None and c.prompt_tokens < c.sent_tokens):
             verdicts.append((Status.FAIL, f"{p.name}: prompt truncated ({c.prompt_tokens} of {c.sent_tokens})"))
-        elif accepted_cleanly(c) and c.completion_tokens:
+        elif c.served and c.completion_tokens:
             verdicts.append((Status.PASS, f"{p.name}: served"))
         else:
             verdicts.append((Status.FAIL, f"{p.name}: HTTP {c.status} without generated tokens"))

@@ -3,21 +3,18 @@ used-token gauges are back to idle (no leaked pages) where the engine has them."
 
 from __future__ import annotations
 
-from kvpreflight.checks.interface import CheckContext, probes_missing
-from kvpreflight.checks.probe_common import accepted_cleanly
+from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.model import CheckResult, Status
 
 ID = "engine-healthy-after"
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
-    missing = probes_missing(ctx, ID, ctx.entry)
-    if missing:
-        return [missing]
-    run = ctx.probes
-    assert run is not None
+    run = probe_run(ctx, ID)
+    if isinstance(run, CheckResult):
+        return [run]
     results = []
-    small_ok = run.small_request_after is not None and accepted_cleanly(run.small_request_after) and bool(run.small_request_after.completion_tokens)
+    small_ok = run.small_request_after is not None and run.small_request_after.served and bool(run.small_request_after.completion_tokens)
     for snap in ctx.snapshots:
         healthy = run.healthy_after.get(snap.url)
         idle = run.idle_after.get(snap.url)

@@ -2,17 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Sequence
 
 from kvpreflight.checkdata import Thresholds
+from kvpreflight.checks.advisory_data import Advisory
 from kvpreflight.model import CheckResult, EngineSnapshot, Status, Waiver
-from kvpreflight.probes.capacity import ProbeRun
-from kvpreflight.probes.isolation import IsolationRun
-
-if TYPE_CHECKING:
-    from kvpreflight.checks.advisory_data import Advisory
-
+from kvpreflight.probes.results import IsolationRun, ProbeRun
 
 @dataclass(frozen=True)
 class CheckContext:
@@ -31,26 +27,30 @@ class CheckContext:
         return max(values) if values else None
 
 
-def probes_missing(ctx: CheckContext, check_id: str, endpoint: str | None = None) -> CheckResult | None:
-    """The result for a probe check when no probe ran, else None."""
+def probe_run(ctx: CheckContext, check_id: str) -> ProbeRun | CheckResult:
+    """The capacity probes' run, or the result of a probe check when no probe ran:
+
+        run = probe_run(ctx, ID)
+        if isinstance(run, CheckResult):
+            return [run]
+    """
     if ctx.probes is None:
-        return CheckResult(check_id, Status.SKIP, "--capacity-only: no request was sent (read-only mode)", endpoint)
+        return CheckResult(check_id, Status.SKIP, "--capacity-only: no request was sent (read-only mode)", ctx.entry)
     if ctx.probes.not_run:
-        return CheckResult(check_id, Status.INCONCLUSIVE, ctx.probes.not_run, endpoint)
-    return None
+        return CheckResult(check_id, Status.INCONCLUSIVE, ctx.probes.not_run, ctx.entry)
+    return ctx.probes
 
 
-def isolation_missing(ctx: CheckContext, check_id: str) -> CheckResult | None:
-    """The result for an isolation check when its probes did not run, else None."""
-    missing = probes_missing(ctx, check_id, ctx.entry)
-    if missing:
-        return missing
+def isolation_run(ctx: CheckContext, check_id: str) -> IsolationRun | CheckResult:
+    """The two-tenant probes' run, or the result of an isolation check when they did not run."""
+    probes = probe_run(ctx, check_id)
+    if isinstance(probes, CheckResult):
+        return probes
     if ctx.isolation is None:
         return CheckResult(check_id, Status.INCONCLUSIVE, "the two-tenant probes did not run", ctx.entry)
     if ctx.isolation.not_run:
-        status = Status.SKIP if ctx.isolation.not_run_status == "skip" else Status.INCONCLUSIVE
-        return CheckResult(check_id, status, ctx.isolation.not_run, ctx.entry)
-    return None
+        return CheckResult(check_id, Status.INCONCLUSIVE, ctx.isolation.not_run, ctx.entry)
+    return ctx.isolation
 
 
 def run_checks(ctx: CheckContext, check_ids: Sequence[str], waivers: Sequence[Waiver] = ()) -> tuple[CheckResult, ...]:

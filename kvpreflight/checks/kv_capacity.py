@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from kvpreflight.checks.interface import CheckContext
 from kvpreflight.model import CheckResult, Origin, Status
 
@@ -13,7 +15,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     for snap in ctx.snapshots:
         pool = snap.pool_tokens()
         checked = ctx.checked_context(snap)
-        evidence = {
+        evidence: dict[str, Any] = {
             "role": snap.role.value,
             "kv_pool_tokens": pool,
             "served_context": snap.served_context,
@@ -38,7 +40,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         what = f"{snap.role.value} engine: KV pool {pool:,} tokens vs context {checked:,} ({ratio:.2f}x)"
         if ratio < ctx.thresholds.fail_below_ratio:
             status, message = Status.FAIL, f"{what}: one full-context request does not fit; lower the context or enlarge the pool"
-        elif snap.settings.get("kv_dedicated_per_slot"):
+        elif snap.kv_per_slot:
             # llama.cpp without --kv-unified: each slot owns n_ctx cells that no other request can take.
             status, message = Status.PASS, f"{what}: each slot owns its cells, so one full request always fits"
         elif ratio < ctx.thresholds.warn_below_ratio:

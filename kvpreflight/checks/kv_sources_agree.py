@@ -8,10 +8,11 @@ from one origin are one computation seen twice; a pass needs two origins that ag
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import Any
 
 from kvpreflight.checks.interface import CheckContext
-from kvpreflight.model import CheckResult, EngineSnapshot, Origin, Status
-from kvpreflight.probes.capacity import ProbeRun
+from kvpreflight.model import CheckResult, EngineSnapshot, ErrorKind, Origin, Status
+from kvpreflight.probes.results import ProbeRun
 
 ID = "kv-sources-agree"
 MISSING_HINT = {
@@ -40,13 +41,13 @@ def _one(ctx: CheckContext, snap: EngineSnapshot) -> CheckResult:
 
     origin_values: dict[str, int] = {}
     for origin, sources in by_origin.items():
-        values = sorted(set(sources.values()))
-        if values[-1] - values[0] > tolerance:
+        lowest, highest = min(sources.values()), max(sources.values())
+        if highest - lowest > tolerance:
             problems.append(f"{origin.value} sources disagree: " + ", ".join(f"{s}={v:,}" for s, v in sources.items()))
-        origin_values[origin.value] = values[0]
+        origin_values[origin.value] = lowest
 
     behaviour, behaviour_note = _behaviour(ctx.probes, snap)
-    evidence: dict = {"origins": {o.value: dict(s) for o, s in by_origin.items()}, "tolerance_tokens": tolerance}
+    evidence: dict[str, Any] = {"origins": {o.value: dict(s) for o, s in by_origin.items()}, "tolerance_tokens": tolerance}
     if behaviour is not None:
         evidence["behaviour"] = behaviour
         if behaviour.get("implied_pool_tokens") is not None:
@@ -89,12 +90,12 @@ def _behaviour(run: ProbeRun | None, snap: EngineSnapshot) -> tuple[dict | None,
     if not binding:
         return None, "the context, not this engine's pool, is the binding limit: the boundary confirms the context only"
     a, r = accept.completion, reject.completion
-    facts = {"largest_prompt_sent_accepted": None, "smallest_prompt_sent_rejected": None,
+    facts: dict[str, Any] = {"largest_prompt_sent_accepted": None, "smallest_prompt_sent_rejected": None,
              "predicted_max_accepted": limits.max_accepted}
-    ok_a = a.status == 200 and a.error_message is None and not a.timed_out
-    len_rejected_a = a.error_kind == "length"
-    ok_r = r.status == 200 and r.error_message is None and not r.timed_out
-    len_rejected_r = r.error_kind == "length"
+    ok_a = a.served
+    len_rejected_a = a.error_kind is ErrorKind.LENGTH
+    ok_r = r.served
+    len_rejected_r = r.error_kind is ErrorKind.LENGTH
     if ok_a:
         facts["largest_prompt_sent_accepted"] = a.sent_tokens
     if len_rejected_r:

@@ -2,28 +2,26 @@
 
 from __future__ import annotations
 
-from kvpreflight.checks.interface import CheckContext, probes_missing
+from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import probe_evidence
-from kvpreflight.engines.interface import ERROR_LENGTH
-from kvpreflight.model import CheckResult, Status
+from kvpreflight.model import CheckResult, ErrorKind, Status
 
 ID = "max-tokens-clamp"
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
-    missing = probes_missing(ctx, ID, ctx.entry)
-    if missing:
-        return [missing]
-    assert ctx.probes is not None and ctx.probes.limits is not None
-    p = ctx.probes.get("clamp")
-    if p is None:
+    run = probe_run(ctx, ID)
+    if isinstance(run, CheckResult):
+        return [run]
+    p = run.get("clamp")
+    if p is None or run.limits is None:
         return [CheckResult(ID, Status.INCONCLUSIVE, "the clamp probe was not sent", ctx.entry)]
     c, ev = p.completion, probe_evidence(p)
-    served = ctx.probes.limits.served_context
+    served = run.limits.served_context
     if c.timed_out or c.transport_error:
         return [CheckResult(ID, Status.INCONCLUSIVE, f"no answer to the clamp probe ({c.transport_error or 'timed out'})", ctx.entry, ev)]
     if c.error_message is not None:
-        if c.error_kind == ERROR_LENGTH and (c.status or 0) < 500:
+        if c.error_kind is ErrorKind.LENGTH and (c.status or 0) < 500:
             return [CheckResult(ID, Status.PASS, "prompt + max_tokens over the context is refused explicitly", ctx.entry, ev)]
         return [CheckResult(ID, Status.INCONCLUSIVE, f"refused, but not for length (HTTP {c.status}): {c.error_message}", ctx.entry, ev)]
     generated = c.completion_tokens

@@ -3,9 +3,8 @@ rejection with zero generated tokens, before any KV transfer; a shorter twin is 
 
 from __future__ import annotations
 
-from kvpreflight.checks.interface import CheckContext, probes_missing
+from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import (
-    accepted_cleanly,
     decode_urls,
     probe_evidence,
     refusal_verdict,
@@ -15,17 +14,14 @@ from kvpreflight.checks.probe_common import (
 from kvpreflight.model import CheckResult, Status
 
 ID = "overcapacity-rejected"
-# Counters that move when KV is handed to a decode engine.
-TRANSFER_KEYS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures",
-                 "sglang:kv_transfers_total", "sglang:kv_transfer_tokens_total")
+# Counters (kvpreflight.engines.interface.Counters fields) that move when KV is handed to a decode engine.
+TRANSFER_KEYS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "kv_transfers", "kv_transfer_tokens")
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
-    missing = probes_missing(ctx, ID, ctx.entry)
-    if missing:
-        return [missing]
-    run = ctx.probes
-    assert run is not None
+    run = probe_run(ctx, ID)
+    if isinstance(run, CheckResult):
+        return [run]
     probes = run.named("over-pool") + run.named("over-context")
     twin = run.get("boundary-accept")
     verdicts = []
@@ -39,7 +35,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             if moved:
                 status, message = Status.FAIL, f"refused, but KV reached the decode engine first (counters moved: {moved})"
         if status is Status.FAIL and not p.completion.rejected:
-            processed = {u: d.get("prompt_tokens") for u, d in p.counter_deltas.items() if d.get("prompt_tokens")}
+            processed = {u: d["prompt_tokens"] for u, d in p.counter_deltas.items() if d.get("prompt_tokens")}
             short = {u: int(v) for u, v in processed.items() if v < p.completion.sent_tokens}
             if short:
                 message += ("; the engines' prompt-token counters show only "
@@ -51,7 +47,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         verdicts.append((status, f"{p.name} ({p.completion.sent_tokens:,} tokens): {message}", probe_evidence(p)))
     if not verdicts:
         return [CheckResult(ID, Status.INCONCLUSIVE, "no over-capacity probe was sent", ctx.entry)]
-    if twin is None or not accepted_cleanly(twin.completion):
+    if twin is None or not twin.completion.served:
         verdicts.append((Status.INCONCLUSIVE,
                          "the shorter twin (boundary-accept) was not accepted, so a refusal cannot be shown to be about length",
                          probe_evidence(twin) if twin else {}))
@@ -61,5 +57,5 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if run.limits and not run.limits.pool_bound:
         gap = " (the pool holds the served context: no over-pool gap exists, only over-context was probed)"
     result = CheckResult(ID, worst, "; ".join(lines) + gap, ctx.entry,
-                         {"probes": [e for _, _, e in verdicts], "twin_accepted": bool(twin and accepted_cleanly(twin.completion))})
+                         {"probes": [e for _, _, e in verdicts], "twin_accepted": bool(twin and twin.completion.served)})
     return [result, *unreached(ctx, ID)]

@@ -8,18 +8,15 @@ a cross-tenant request as fast as a warm one is a timing side channel (warn).
 
 from __future__ import annotations
 
-from kvpreflight.checks.interface import CheckContext, isolation_missing
+from typing import Any
+
+from kvpreflight.checks.interface import CheckContext, isolation_run
 from kvpreflight.model import CheckResult, Status
-from kvpreflight.probes.isolation import CacheProbe, IsolationRun, ttft_summary
+from kvpreflight.probes.results import CacheProbe, CacheProbeKind, ttft_summary
 
 ID = "prefix-cache-isolation"
 GAP_MIN_S = 0.005  # a warm/cold TTFT gap smaller than this is noise
 GAP_MIN_RATIO = 0.2
-
-
-def _ok(p: CacheProbe) -> bool:
-    c = p.completion
-    return c.status == 200 and c.error_message is None and not c.timed_out and not c.transport_error
 
 
 def _hit(p: CacheProbe) -> bool | None:
@@ -31,8 +28,8 @@ def _hit(p: CacheProbe) -> bool | None:
     return None
 
 
-def _probe_ev(p: CacheProbe) -> dict:
-    ev = {"kind": p.kind, "tenant": p.tenant, "prefix": p.prefix, "ttft_s": round(p.ttft_s, 4), **p.completion.evidence(),
+def _probe_ev(p: CacheProbe) -> dict[str, Any]:
+    ev: dict[str, Any] = {"kind": p.kind.value, "tenant": p.tenant.value, "prefix": p.prefix, "ttft_s": round(p.ttft_s, 4), **p.completion.evidence(),
           "cached_tokens": p.completion.cached_tokens}  # 0 is a finding here; None: not reported
     if p.hit_metric_delta is not None:
         ev["hit_metric_delta"] = p.hit_metric_delta
@@ -40,20 +37,19 @@ def _probe_ev(p: CacheProbe) -> dict:
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
-    missing = isolation_missing(ctx, ID)
-    if missing:
-        return [missing]
-    run: IsolationRun = ctx.isolation  # type: ignore[assignment]  # isolation_missing saw it
+    run = isolation_run(ctx, ID)
+    if isinstance(run, CheckResult):
+        return [run]
     cache = run.cache
     if cache is None or cache.not_run:
         return [CheckResult(ID, Status.INCONCLUSIVE, (cache.not_run if cache else None) or "the prefix-cache probes did not run", ctx.entry)]
     ttft = ttft_summary(cache)
-    evidence: dict = {"tenant_binding": cache.binding, "prompt_tokens": cache.prompt_tokens,
+    evidence: dict[str, Any] = {"tenant_binding": cache.binding, "prompt_tokens": cache.prompt_tokens,
                       "probes": [_probe_ev(p) for p in cache.probes]}
     if ttft:
-        evidence["ttft_median_s"] = {k: round(v, 4) for k, v in ttft.items()}
-    failed = [p for p in cache.probes if not _ok(p)]
-    cross = [p for p in cache.of("cross") if _ok(p)]
+        evidence["ttft_median_s"] = {k.value: round(v, 4) for k, v in ttft.items()}
+    failed = [p for p in cache.probes if not p.completion.served]
+    cross = [p for p in cache.of(CacheProbeKind.CROSS) if p.completion.served]
     leaks = [p for p in cross if _hit(p)]
     if leaks:
         shown = ", ".join(f"{p.completion.cached_tokens if p.completion.cached_tokens is not None else 'hit-counter'}"
@@ -68,7 +64,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
                             f"(first: HTTP {failed[0].completion.status} {failed[0].completion.error_message or failed[0].completion.transport_error or ''})".rstrip(),
                             ctx.entry, evidence)]
     first_warm: list[CacheProbe] = []
-    for p in cache.of("warm"):  # the first repeat of each prefix is the control; the second only adds TTFT
+    for p in cache.of(CacheProbeKind.WARM):  # the first repeat of each prefix is the control; the second only adds TTFT
         if all(q.prefix != p.prefix for q in first_warm):
             first_warm.append(p)
     warm_hits = [_hit(p) for p in first_warm]
@@ -91,7 +87,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
                + (f", {min(warm_tokens):,}+ cached tokens" if warm_tokens else "")
                + f"), the other tenant never did (0 of {len(cross)}) with {cache.binding}")
     if ttft:
-        cold, warm, x = ttft["cold"], ttft["warm"], ttft["cross"]
+        cold, warm, x = ttft[CacheProbeKind.COLD], ttft[CacheProbeKind.WARM], ttft[CacheProbeKind.CROSS]
         gap = cold - warm
         timing = f"TTFT median cold {cold * 1000:.1f} ms, warm {warm * 1000:.1f} ms, cross-tenant {x * 1000:.1f} ms"
         if gap > GAP_MIN_S and gap > GAP_MIN_RATIO * cold and x < warm + gap / 2:

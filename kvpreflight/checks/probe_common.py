@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import Any
+
 from kvpreflight.checks.interface import CheckContext
-from kvpreflight.engines.interface import ERROR_LENGTH, ERROR_VOCAB, Completion
-from kvpreflight.model import CheckResult, Role, Status
-from kvpreflight.probes.capacity import ProbeResult
+from kvpreflight.model import CheckResult, Completion, ErrorKind, Role, Status
+from kvpreflight.probes.results import ProbeResult
 
 
 def unreached(ctx: CheckContext, check_id: str) -> list[CheckResult]:
@@ -38,10 +40,10 @@ def refusal_verdict(c: Completion) -> tuple[Status, str]:
     if c.error_message is not None:
         if c.completion_tokens:
             return Status.FAIL, f"error reported but {c.completion_tokens} tokens were generated"
-        if c.error_kind == ERROR_LENGTH:
+        if c.error_kind is ErrorKind.LENGTH:
             where = "inside an HTTP 200 stream" if c.status == 200 else f"HTTP {c.status}"
             return Status.PASS, f"refused for length ({where}), zero tokens generated"
-        if c.error_kind == ERROR_VOCAB:
+        if c.error_kind is ErrorKind.VOCAB:
             return Status.INCONCLUSIVE, f"refused as out-of-vocabulary, not for length (HTTP {c.status}): not a capacity verdict"
         return Status.INCONCLUSIVE, f"refused, but not for length (HTTP {c.status}): {c.error_message}"
     if c.truncated or (c.prompt_tokens is not None and c.prompt_tokens < c.sent_tokens):
@@ -51,11 +53,7 @@ def refusal_verdict(c: Completion) -> tuple[Status, str]:
                          "generated tokens: the over-capacity request was served, not rejected")
 
 
-def accepted_cleanly(c: Completion) -> bool:
-    return c.status == 200 and c.error_message is None and not c.timed_out and not c.transport_error
-
-
-def probe_evidence(p: ProbeResult) -> dict:
+def probe_evidence(p: ProbeResult) -> dict[str, Any]:
     ev = {"probe": p.name, "purpose": p.purpose, **p.completion.evidence()}
     if p.reached:
         ev["reached"] = list(p.reached)
@@ -73,5 +71,5 @@ def decode_urls(ctx: CheckContext) -> set[str]:
 SEVERITY = (Status.FAIL, Status.INCONCLUSIVE, Status.WARN, Status.PASS, Status.SKIP)
 
 
-def worst_status(statuses) -> Status:
+def worst_status(statuses: Iterable[Status]) -> Status:
     return min(statuses, key=SEVERITY.index)

@@ -3,23 +3,22 @@ the tokens sent (no silent truncation, no placeholder)."""
 
 from __future__ import annotations
 
-from kvpreflight.checks.interface import CheckContext, probes_missing
-from kvpreflight.checks.probe_common import accepted_cleanly, probe_evidence
+from kvpreflight.checks.interface import CheckContext, probe_run
+from kvpreflight.checks.probe_common import probe_evidence
 from kvpreflight.model import CheckResult, Status
 
 ID = "prompt-integrity"
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
-    missing = probes_missing(ctx, ID, ctx.entry)
-    if missing:
-        return [missing]
-    assert ctx.probes is not None
-    p = ctx.probes.get("boundary-accept")
+    run = probe_run(ctx, ID)
+    if isinstance(run, CheckResult):
+        return [run]
+    p = run.get("boundary-accept")
     if p is None:
         return [CheckResult(ID, Status.INCONCLUSIVE, "no near-limit request was sent", ctx.entry)]
     c, ev = p.completion, probe_evidence(p)
-    if not accepted_cleanly(c):
+    if not c.served:
         why = "timed out" if c.timed_out else (c.transport_error or f"HTTP {c.status}: {c.error_message}")
         return [CheckResult(ID, Status.FAIL, f"a {c.sent_tokens:,}-token prompt within the stated limits was not served ({why})", ctx.entry, ev)]
     if c.truncated:

@@ -8,16 +8,18 @@ Fail closed: a crossing fails; a model that does not echo makes the probe powerl
 
 from __future__ import annotations
 
-from kvpreflight.checks.interface import CheckContext, isolation_missing
+from typing import Any
+
+from kvpreflight.checks.interface import CheckContext, isolation_run
 from kvpreflight.checks.probe_common import worst_status
 from kvpreflight.model import CheckResult, Status
-from kvpreflight.probes.isolation import IsolationRun, Scenario, TenantRequest
+from kvpreflight.probes.results import Expect, Scenario, Tenant, TenantRequest
 
 ID = "tenant-isolation"
 
 
-def request_evidence(r: TenantRequest) -> dict:
-    ev: dict = {"tenant": r.tenant, "request": r.name, "own_canary_seen": r.own_seen}
+def request_evidence(r: TenantRequest) -> dict[str, Any]:
+    ev: dict[str, Any] = {"tenant": r.tenant.value, "request": r.name, "own_canary_seen": r.own_seen}
     if r.abandoned:
         ev["disconnected"] = r.abandoned
     if r.completion is not None:
@@ -37,10 +39,9 @@ def scenario_verdict(s: Scenario) -> tuple[Status, str]:
     stuck = sorted(u for u, idle in s.idle_after.items() if idle is False)
     if stuck:
         return Status.FAIL, f"{s.name}: KV pages still held afterwards at {', '.join(stuck)} (not back to idle)"
-    served = [r for r in s.requests if r.expect == "accept" and r.served]
-    tenants_served = {r.tenant for r in served}
-    if {"a", "b"} - tenants_served:
-        missing = ", ".join(sorted({"a", "b"} - tenants_served))
+    tenants_served = {r.tenant for r in s.requests if r.expect is Expect.ACCEPT and r.served}
+    if set(Tenant) - tenants_served:
+        missing = ", ".join(sorted(t.value for t in set(Tenant) - tenants_served))
         return Status.INCONCLUSIVE, f"{s.name}: no answer of tenant {missing} was served, so nothing of it was scanned"
     if not s.churn:
         moved = {u: {k: v for k, v in d.items() if k in ("transfer_failures", "bootstrap_failures") and v}
@@ -54,13 +55,12 @@ def scenario_verdict(s: Scenario) -> tuple[Status, str]:
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
-    missing = isolation_missing(ctx, ID)
-    if missing:
-        return [missing]
-    run: IsolationRun = ctx.isolation  # type: ignore[assignment]  # isolation_missing saw it
+    run = isolation_run(ctx, ID)
+    if isinstance(run, CheckResult):
+        return [run]
     requests = run.requests()
-    evidence: dict = {
-        "canaries": dict(run.canaries),
+    evidence: dict[str, Any] = {
+        "canaries": {tenant.value: canary for tenant, canary in run.canaries.items()},
         "tenant_binding": run.binding,
         "scenarios": [
             {"scenario": s.name, "purpose": s.purpose, **({"skipped": s.skipped} if s.skipped else {
@@ -72,15 +72,15 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     }
     crossed = [(s, r) for s in run.scenarios for r in s.requests if r.crossings]
     if crossed:
-        lines = [f"tenant {r.tenant.upper()}'s {r.name} ({s.name}) carried {', '.join(r.crossings)}" for s, r in crossed]
+        lines = [f"tenant {r.tenant.label}'s {r.name} ({s.name}) carried {', '.join(r.crossings)}" for s, r in crossed]
         return [CheckResult(ID, Status.FAIL, "canary crossed tenants: " + "; ".join(lines), ctx.entry,
                             {**evidence, "crossings": [{"scenario": s.name, **request_evidence(r)} for s, r in crossed]})]
     results = []
     silent = []
-    for tenant in ("a", "b"):
-        served = [r for r in requests if r.tenant == tenant and r.served]
+    for tenant in Tenant:
+        served = [r for r in requests if r.tenant is tenant and r.served]
         if served and not any(r.own_seen for r in served):
-            silent.append(f"tenant {tenant.upper()}'s {len(served)}")
+            silent.append(f"tenant {tenant.label}'s {len(served)}")
     if silent:
         results.append((Status.INCONCLUSIVE,
                         f"model does not echo: none of {' or '.join(silent)} served answers repeated the tenant's own "

@@ -11,8 +11,9 @@ import hashlib
 import json
 import re
 import time
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any
 
 import requests
 
@@ -106,7 +107,7 @@ class HttpClient:
             raise EngineError(f"{url}: HTTP {reply.status}")
         return reply.json()
 
-    def post_stream(self, url: str, body: Any, *, timeout_s: float) -> "StreamReply":
+    def post_stream(self, url: str, body: Any, *, timeout_s: float) -> StreamReply:
         """POST and read a server-sent-event stream to its end (or the deadline)."""
         start = time.monotonic()
         resp = self._send("POST", url, json_body=body, timeout_s=timeout_s, stream=True)
@@ -147,6 +148,10 @@ class StreamReply:
     elapsed_s: float = 0.0
     timed_out: bool = False
     first_frame_s: float | None = None
+
+    @property
+    def sha256(self) -> str:
+        return hashlib.sha256(self.body).hexdigest()
 
     def events(self) -> Iterator[Any]:
         """Each data frame as JSON; `[DONE]` ends the stream; a non-JSON frame is an error."""

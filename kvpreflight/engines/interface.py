@@ -1,91 +1,74 @@
 """The engine-adapter interface. Adapters read and send; they never judge.
 
-An adapter knows one engine kind's endpoints, log lines and error messages. Each capacity number
-it reads is a PoolReading that keeps its source and origin, so checks can tell independent
-sources from two views of one computation.
+An adapter knows one engine kind's endpoints, log lines, metric names and error messages, and
+turns them into typed facts (EngineSnapshot, Counters, Completion in kvpreflight.model), so no
+probe or check names an engine's metric or setting. Each capacity number it reads is a
+PoolReading that keeps its source and origin, so checks can tell independent sources from two
+views of one computation.
 """
 
 from __future__ import annotations
 
 import abc
-import hashlib
 import json
 import re
 import time
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, ClassVar, Self
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import EngineTimeout, HttpClient, HttpReply, StreamReply
-from kvpreflight.model import EngineSnapshot, Role
-
-# Kinds of error an engine gives for a refused prompt. Only LENGTH is a capacity verdict.
-ERROR_LENGTH = "length"
-ERROR_VOCAB = "vocab"
-ERROR_OTHER = "other"
+from kvpreflight.model import Completion, EngineSnapshot, ErrorKind, Role
 
 
-@dataclass(frozen=True)
-class Completion:
-    """What one probe request got back, as a client saw it. `text` is never serialized."""
+@dataclass(frozen=True, kw_only=True)
+class EngineRequest:
+    """One generation request in an engine's own API, built and not yet sent."""
 
-    sent_tokens: int
+    path: str  # e.g. /generate, appended to the adapter's URL
+    body: Mapping[str, Any]
+    sent_tokens: int  # the prompt's length as the engine counts it
     max_tokens: int
-    streamed: bool
-    status: int | None  # HTTP status; None when nothing came back
-    elapsed_s: float
-    timed_out: bool = False
-    transport_error: str | None = None
-    error_message: str | None = None  # the engine's own error message
-    error_kind: str | None = None  # ERROR_LENGTH | ERROR_VOCAB | ERROR_OTHER
+    stream: bool
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReplyFacts:
+    """What an answered (HTTP 200) request says in the engine's own fields; `complete()` adds
+    the status, timing, size and digest every engine shares."""
+
+    text: str = ""
     completion_tokens: int | None = None
-    prompt_tokens: int | None = None  # what the engine says it processed
+    prompt_tokens: int | None = None
     cached_tokens: int | None = None
     finish_reason: str | None = None
-    truncated: bool | None = None  # the engine said it truncated the prompt
-    body_bytes: int = 0
-    body_sha256: str = ""
-    ttft_s: float | None = None
-    text: str = field(default="", repr=False)
-
-    @property
-    def rejected(self) -> bool:
-        return self.error_message is not None and not self.timed_out
-
-    def evidence(self) -> dict[str, Any]:
-        """Numbers only, plus the engine's error message; never the generated text."""
-        out: dict[str, Any] = {
-            "sent_tokens": self.sent_tokens,
-            "max_tokens": self.max_tokens,
-            "stream": self.streamed,
-            "http_status": self.status,
-            "elapsed_s": round(self.elapsed_s, 3),
-        }
-        for key in ("timed_out", "transport_error", "error_message", "error_kind", "completion_tokens",
-                    "prompt_tokens", "cached_tokens", "finish_reason", "truncated"):
-            value = getattr(self, key)
-            if value not in (None, False):
-                out[key] = value
-        if self.body_bytes:
-            out["response_bytes"] = self.body_bytes
-            out["response_sha256"] = self.body_sha256
-        return out
+    truncated: bool | None = None
+    error_message: str | None = None  # an error inside a 200 answer (SGLang's abort finish)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Counters:
-    """Monotonic counters and gauges read from /metrics; None where the engine has none."""
+    """Monotonic counters and gauges read from /metrics; None where the engine has none.
+
+    The adapter maps each engine's metric names onto these fields, so probes and checks never
+    name an engine's metric."""
 
     requests: float | None = None
     prompt_tokens: float | None = None
     generation_tokens: float | None = None
-    transfer_failures: float | None = None
+    transfer_failures: float | None = None  # KV transfers that failed
+    bootstrap_failures: float | None = None  # prefill/decode handshakes that failed
+    deferred_releases: float | None = None  # decode KV releases held back until a transfer drained
+    kv_transfers: float | None = None  # KV transfers completed
+    kv_transfer_tokens: float | None = None  # tokens moved by KV transfers
+    prefix_cache_hits: float | None = None  # prefix-cache hits (lookups or tokens, as the engine counts)
     used_tokens: float | None = None  # gauge: tokens held in the pool right now
-    extra: Mapping[str, float] = field(default_factory=dict)
+    extra: Mapping[str, float] = field(default_factory=dict)  # other engine counters, for evidence only
 
-    def moved_since(self, before: "Counters") -> bool | None:
+    def moved_since(self, before: Counters) -> bool | None:
         """Did any request/token counter move? None when there is nothing to compare."""
         pairs = [(getattr(self, k), getattr(before, k)) for k in ("requests", "prompt_tokens", "generation_tokens")]
         known = [(a, b) for a, b in pairs if a is not None and b is not None]
@@ -93,16 +76,41 @@ class Counters:
             return None
         return any(a != b for a, b in known)
 
+    def deltas_since(self, before: Counters) -> dict[str, float]:
+        """How much each counter known at both moments moved (the used-token gauge is not a counter)."""
+        out: dict[str, float] = {}
+        for name in COUNTER_FIELDS:
+            a, b = getattr(self, name), getattr(before, name)
+            if a is not None and b is not None:
+                out[name] = round(a - b, 3)
+        for key, value in self.extra.items():
+            if key in before.extra:
+                out[key] = round(value - before.extra[key], 3)
+        return out
+
+
+COUNTER_FIELDS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "bootstrap_failures",
+                  "deferred_releases", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits")
+
 
 class EngineAdapter(abc.ABC):
-    kind: str = ""
-    # Regexes (case-insensitive) that mark an error message as about prompt LENGTH.
-    length_error_patterns: tuple[str, ...] = ()
-    vocab_error_patterns: tuple[str, ...] = (r"out of vocabulary", r"token id .* (invalid|out of range)", r"invalid tokens")
+    """One engine kind's endpoints, request shapes and messages. Stateless apart from the
+    connection it was given: a tenant's adapter is `entry.with_client(tenant_client)`."""
 
-    def __init__(self, url: str, client: HttpClient) -> None:
+    kind: ClassVar[str] = ""
+    # Regexes (case-insensitive) that mark an error message as about prompt LENGTH.
+    length_error_patterns: ClassVar[tuple[str, ...]] = ()
+    vocab_error_patterns: ClassVar[tuple[str, ...]] = (
+        r"out of vocabulary", r"token id .* (invalid|out of range)", r"invalid tokens")
+
+    def __init__(self, url: str, client: HttpClient, *, model: str | None = None) -> None:
         self.url = url.rstrip("/")
         self.client = client
+        self.model = model  # the served model's name, for APIs whose requests name it
+
+    def with_client(self, client: HttpClient) -> Self:
+        """The same engine through another connection (another tenant's credentials)."""
+        return type(self)(self.url, client, model=self.model)
 
     # -- reading ---------------------------------------------------------------------------
     @classmethod
@@ -117,16 +125,6 @@ class EngineAdapter(abc.ABC):
     def counters(self) -> Counters:
         return Counters()
 
-    # -- sending ---------------------------------------------------------------------------
-    @abc.abstractmethod
-    def token_ids(self, count: int, seed_text: str) -> list[int]:
-        """`count` token ids that the engine's own tokenizer produced (so all are valid)."""
-
-    @abc.abstractmethod
-    def complete(self, ids: list[int], *, max_tokens: int, stream: bool, timeout_s: float,
-                 extra: Mapping[str, Any] | None = None) -> Completion:
-        """Send one real generation request to this URL (an engine or the entry in front of it)."""
-
     @abc.abstractmethod
     def max_accepted_prompt(self, snapshot: EngineSnapshot) -> int | None:
         """The longest prompt the engine's stated limits say it accepts (with max_tokens=1)."""
@@ -137,43 +135,85 @@ class EngineAdapter(abc.ABC):
         except EngineError:
             return False
 
-    # -- shared helpers --------------------------------------------------------------------
-    def stream_events(self, reply: StreamReply, sent: int, max_tokens: int) -> tuple[list[Any], Completion | None]:
-        """The events of a stream, or the Completion it already amounts to: an error frame
-        inside the (HTTP 200) stream is a rejection; a frame that is not JSON is a transport error."""
+    # -- sending ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def token_ids(self, count: int, seed_text: str) -> list[int]:
+        """`count` token ids that the engine's own tokenizer produced (so all are valid)."""
+
+    @abc.abstractmethod
+    def build_request(self, ids: list[int], *, max_tokens: int, stream: bool,
+                      extra: Mapping[str, Any] | None = None) -> EngineRequest:
+        """The request `complete` would send; a raw connection may send it and walk away."""
+
+    @abc.abstractmethod
+    def parse_reply(self, request: EngineRequest, reply: HttpReply) -> ReplyFacts:
+        """The facts of a non-streamed HTTP 200 answer."""
+
+    @abc.abstractmethod
+    def parse_events(self, request: EngineRequest, events: list[Any]) -> ReplyFacts:
+        """The facts of a streamed HTTP 200 answer (every data frame, none of them an error)."""
+
+    def complete(self, ids: list[int], *, max_tokens: int, stream: bool, timeout_s: float,
+                 extra: Mapping[str, Any] | None = None) -> Completion:
+        """Send one real generation request to this URL (an engine or the entry in front of it).
+        A hang, a transport failure or a refusal comes back as a Completion (a finding)."""
+        request = self.build_request(ids, max_tokens=max_tokens, stream=stream, extra=extra)
+        url = f"{self.url}{request.path}"
+        start = time.monotonic()
+        reply: HttpReply | StreamReply
+        try:
+            if stream:
+                reply = self.client.post_stream(url, request.body, timeout_s=timeout_s)
+            else:
+                reply = self.client.post(url, request.body, timeout_s=timeout_s)
+        except EngineTimeout:
+            return _unanswered(request, time.monotonic() - start, timed_out=True)
+        except EngineError as exc:
+            return _unanswered(request, time.monotonic() - start, transport_error=str(exc))
+        if reply.status != 200:
+            return self._refused(request, reply, error_message_of(reply.body) or f"HTTP {reply.status} without an error message")
+        if isinstance(reply, HttpReply):
+            return self._answered(request, reply, self.parse_reply(request, reply), ttft_s=None, timed_out=False)
         events: list[Any] = []
         try:
             for event in reply.events():
-                if (message := error_in_event(event)) is not None:
-                    return events, completion_from_error(sent, max_tokens, True, reply, message, self.classify_error(message))
+                if (message := error_in_event(event)) is not None:  # a refusal inside the 200 stream
+                    return self._refused(request, reply, message)
                 events.append(event)
-        except EngineError as exc:
-            return events, Completion(sent, max_tokens, True, reply.status, reply.elapsed_s, transport_error=str(exc),
-                                      body_bytes=len(reply.body), body_sha256=hashlib.sha256(reply.body).hexdigest())
-        return events, None
+        except EngineError as exc:  # a frame that is not JSON
+            return Completion(sent_tokens=request.sent_tokens, max_tokens=request.max_tokens, streamed=True,
+                              status=reply.status, elapsed_s=reply.elapsed_s, transport_error=str(exc),
+                              body_bytes=len(reply.body), body_sha256=reply.sha256)
+        return self._answered(request, reply, self.parse_events(request, events), ttft_s=reply.first_frame_s,
+                              timed_out=reply.timed_out)
 
-    def send(self, path: str, body: Mapping[str, Any], *, sent: int, max_tokens: int, stream: bool,
-             timeout_s: float) -> HttpReply | StreamReply | Completion:
-        """POST a probe. A hang or a transport failure comes back as a Completion (a finding)."""
-        url = f"{self.url}{path}"
-        start = time.monotonic()
-        try:
-            if stream:
-                return self.client.post_stream(url, body, timeout_s=timeout_s)
-            return self.client.post(url, body, timeout_s=timeout_s)
-        except EngineTimeout:
-            return Completion(sent, max_tokens, stream, None, time.monotonic() - start, timed_out=True)
-        except EngineError as exc:
-            return Completion(sent, max_tokens, stream, None, time.monotonic() - start, transport_error=str(exc))
-
-    def classify_error(self, message: str) -> str:
+    def classify_error(self, message: str) -> ErrorKind:
         for pattern in self.length_error_patterns:
             if re.search(pattern, message, re.IGNORECASE):
-                return ERROR_LENGTH
+                return ErrorKind.LENGTH
         for pattern in self.vocab_error_patterns:
             if re.search(pattern, message, re.IGNORECASE):
-                return ERROR_VOCAB
-        return ERROR_OTHER
+                return ErrorKind.VOCAB
+        return ErrorKind.OTHER
+
+    def _refused(self, request: EngineRequest, reply: HttpReply | StreamReply, message: str) -> Completion:
+        return Completion(
+            sent_tokens=request.sent_tokens, max_tokens=request.max_tokens, streamed=request.stream,
+            status=reply.status, elapsed_s=reply.elapsed_s, error_message=message, error_kind=self.classify_error(message),
+            body_bytes=len(reply.body), body_sha256=reply.sha256,
+        )
+
+    def _answered(self, request: EngineRequest, reply: HttpReply | StreamReply, facts: ReplyFacts, *,
+                  ttft_s: float | None, timed_out: bool) -> Completion:
+        message = facts.error_message
+        return Completion(
+            sent_tokens=request.sent_tokens, max_tokens=request.max_tokens, streamed=request.stream,
+            status=reply.status, elapsed_s=reply.elapsed_s, timed_out=timed_out, error_message=message,
+            error_kind=None if message is None else self.classify_error(message),
+            completion_tokens=facts.completion_tokens, prompt_tokens=facts.prompt_tokens,
+            cached_tokens=facts.cached_tokens, finish_reason=facts.finish_reason, truncated=facts.truncated,
+            body_bytes=len(reply.body), body_sha256=reply.sha256, ttft_s=ttft_s, text=facts.text,
+        )
 
     def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]] | None:
         """/metrics parsed with prometheus_client's parser: name -> [(labels, value)].
@@ -186,6 +226,12 @@ class EngineAdapter(abc.ABC):
         if reply.status != 200:
             raise EngineError(f"{self.url}/metrics: HTTP {reply.status}")
         return parse_metrics(reply.url, reply.text())
+
+
+def _unanswered(request: EngineRequest, elapsed_s: float, *, timed_out: bool = False,
+                transport_error: str | None = None) -> Completion:
+    return Completion(sent_tokens=request.sent_tokens, max_tokens=request.max_tokens, streamed=request.stream,
+                      status=None, elapsed_s=elapsed_s, timed_out=timed_out, transport_error=transport_error)
 
 
 def parse_metrics(url: str, text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -207,15 +253,6 @@ def metric_sum(metrics: Mapping[str, list[tuple[dict[str, str], float]]] | None,
         if name in metrics:
             return sum(v for _, v in metrics[name])
     return None
-
-
-def completion_from_error(sent: int, max_tokens: int, stream: bool, reply: HttpReply | StreamReply,
-                          message: str, kind: str) -> Completion:
-    return Completion(
-        sent_tokens=sent, max_tokens=max_tokens, streamed=stream, status=reply.status,
-        elapsed_s=reply.elapsed_s, error_message=message, error_kind=kind,
-        body_bytes=len(reply.body), body_sha256=hashlib.sha256(reply.body).hexdigest(),
-    )
 
 
 def cycle_to(ids: Iterable[int], count: int) -> list[int]:

@@ -7,19 +7,18 @@ allocator's `llama_kv_cache: size = ... (N cells, ...)` log line. Each slot owns
 
 from __future__ import annotations
 
-import hashlib
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.http import HttpClient
+from kvpreflight.engines.http import HttpClient, HttpReply
 from kvpreflight.engines.interface import (
-    Completion,
     Counters,
     EngineAdapter,
-    completion_from_error,
+    EngineRequest,
+    ReplyFacts,
     cycle_to,
-    error_message_of,
     metric_sum,
     positive_int,
 )
@@ -54,6 +53,7 @@ class LlamaCppAdapter(EngineAdapter):
         readings: list[PoolReading] = []
         notes: list[str] = []
         settings: dict[str, Any] = {"total_slots": props.get("total_slots")}
+        kv_unified: bool | None = None  # the start-up log says; the API does not
         if per_slot:
             readings.append(PoolReading("/props n_ctx (per slot)", Origin.SCHEDULER, per_slot))
         slots_reply = self.client.get(f"{self.url}/slots", timeout_s=10)
@@ -70,10 +70,8 @@ class LlamaCppAdapter(EngineAdapter):
                 if m := ALLOCATOR_LINE.search(line):
                     readings.append(PoolReading("log: llama_kv_cache cells", Origin.ALLOCATOR, int(m["cells"])))
                 if m := SLOTS_LINE.search(line):
-                    settings["kv_unified"] = m["unified"] == "true"
-        if settings.get("kv_unified") is False:
-            settings["kv_dedicated_per_slot"] = True
-        elif "kv_unified" not in settings:
+                    kv_unified = settings["kv_unified"] = m["unified"] == "true"
+        if kv_unified is None:
             notes.append("whether slots share one KV pool (--kv-unified) is not exposed by the API; pass --log to read it")
         model_name = None
         try:
@@ -85,7 +83,7 @@ class LlamaCppAdapter(EngineAdapter):
         return EngineSnapshot(
             url=self.url, engine=self.kind, version=str(build) if build else None, role=role or Role.UNIFIED,
             model=model_name, served_context=per_slot, pool_readings=tuple(readings), settings=settings,
-            notes=tuple(notes),
+            notes=tuple(notes), kv_per_slot=None if kv_unified is None else not kv_unified,
         )
 
     def counters(self) -> Counters:
@@ -110,41 +108,33 @@ class LlamaCppAdapter(EngineAdapter):
             raise EngineError(f"{self.url}/tokenize: no token list in the answer")
         return cycle_to(tokens, count)
 
-    def complete(self, ids: list[int], *, max_tokens: int, stream: bool, timeout_s: float,
-                 extra: Mapping[str, Any] | None = None) -> Completion:
+    def build_request(self, ids: list[int], *, max_tokens: int, stream: bool,
+                      extra: Mapping[str, Any] | None = None) -> EngineRequest:
         # The native route: token-id prompts get exact counts and it reports `truncated`.
         body: dict[str, Any] = {"prompt": ids, "n_predict": max_tokens, "temperature": 0, "stream": stream,
                                 "cache_prompt": False}
         body.update(extra or {})
-        sent = len(ids)
-        reply = self.send("/completion", body, sent=sent, max_tokens=max_tokens, stream=stream, timeout_s=timeout_s)
-        if isinstance(reply, Completion):
-            return reply
-        if reply.status != 200:
-            message = error_message_of(reply.body) or f"HTTP {reply.status} without an error message"
-            return completion_from_error(sent, max_tokens, stream, reply, message, self.classify_error(message))
-        digest = hashlib.sha256(reply.body).hexdigest()
-        if stream:
-            events, early = self.stream_events(reply, sent, max_tokens)
-            if early is not None:
-                return early
-            final = next((e for e in reversed(events) if e.get("stop")), {})
-            text = [str(e.get("content") or "") for e in events]
-            data, content, ttft = final, "".join(text), reply.first_frame_s
-        else:
-            data = reply.json()
-            content, ttft = str(data.get("content") or ""), None
-        stop_type = data.get("stop_type")
-        finish = {"limit": "length", "eos": "stop", "word": "stop"}.get(stop_type, stop_type)
-        return Completion(
-            sent_tokens=sent, max_tokens=max_tokens, streamed=stream, status=reply.status, elapsed_s=reply.elapsed_s,
-            completion_tokens=data.get("tokens_predicted"), prompt_tokens=data.get("tokens_evaluated"),
-            # llama.cpp sets `truncated` also when GENERATION hits the slot's n_ctx; only a prompt
-            # evaluated short of what was sent is prompt truncation.
-            finish_reason=finish, truncated=_prompt_truncated(data, sent),
-            body_bytes=len(reply.body), body_sha256=digest, ttft_s=ttft, text=content,
-            timed_out=getattr(reply, "timed_out", False),
-        )
+        return EngineRequest(path="/completion", body=body, sent_tokens=len(ids), max_tokens=max_tokens, stream=stream)
+
+    def parse_reply(self, request: EngineRequest, reply: HttpReply) -> ReplyFacts:
+        data = reply.json()
+        return _facts(data, str(data.get("content") or ""), request.sent_tokens)
+
+    def parse_events(self, request: EngineRequest, events: list[Any]) -> ReplyFacts:
+        final: dict[str, Any] = next((e for e in reversed(events) if e.get("stop")), {})
+        return _facts(final, "".join(str(e.get("content") or "") for e in events), request.sent_tokens)
+
+
+def _facts(data: Mapping[str, Any], text: str, sent: int) -> ReplyFacts:
+    stop_type = data.get("stop_type")
+    finish = {"limit": "length", "eos": "stop", "word": "stop"}.get(stop_type, stop_type) if isinstance(stop_type, str) else None
+    return ReplyFacts(
+        text=text, completion_tokens=data.get("tokens_predicted"), prompt_tokens=data.get("tokens_evaluated"),
+        finish_reason=finish,
+        # llama.cpp sets `truncated` also when GENERATION hits the slot's n_ctx; only a prompt
+        # evaluated short of what was sent is prompt truncation.
+        truncated=_prompt_truncated(data, sent),
+    )
 
 
 def _prompt_truncated(data: Mapping[str, Any], sent: int) -> bool | None:

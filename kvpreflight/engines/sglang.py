@@ -8,21 +8,19 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-from dataclasses import replace
 import re
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.http import HttpClient
+from kvpreflight.engines.http import HttpClient, HttpReply
 from kvpreflight.engines.interface import (
-    Completion,
     Counters,
     EngineAdapter,
-    completion_from_error,
+    EngineRequest,
+    ReplyFacts,
     cycle_to,
-    error_message_of,
     metric_sum,
     positive_int,
 )
@@ -101,15 +99,16 @@ class SglangAdapter(EngineAdapter):
 
         mode = info.get("disaggregation_mode")
         reported_role = {"prefill": Role.PREFILL, "decode": Role.DECODE}.get(str(mode or metric_role or "").lower(), Role.UNIFIED)
-        settings = {
+        settings: dict[str, Any] = {
             key: info.get(key)
             for key in (
-                "allow_auto_truncate", "disaggregation_mode", "disaggregation_transfer_backend",
+                "allow_auto_truncate", "disable_radix_cache", "disaggregation_mode", "disaggregation_transfer_backend",
                 "disaggregation_enable_kv_checksum", "kv_canary", "enable_metrics", "max_total_tokens",
                 "mem_fraction_static", "tp_size", "dp_size", "page_size", "chunked_prefill_size",
             )
             if key in info
         }
+        radix_off = info.get("disable_radix_cache")  # --disable-radix-cache turns the prefix cache off
         if role is not None and role != reported_role:
             notes.append(f"role {role.value} given on the command line; the engine reports {reported_role.value}")
         return EngineSnapshot(
@@ -124,6 +123,7 @@ class SglangAdapter(EngineAdapter):
             max_request_tokens=positive_int(info.get("max_req_input_len"), "/server_info max_req_input_len", self.url),
             settings=settings,
             notes=tuple(notes),
+            prefix_caching=not radix_off if isinstance(radix_off, bool) else None,
         )
 
     def counters(self) -> Counters:
@@ -133,10 +133,12 @@ class SglangAdapter(EngineAdapter):
             prompt_tokens=metric_sum(metrics, "sglang:prompt_tokens_total"),
             generation_tokens=metric_sum(metrics, "sglang:generation_tokens_total"),
             transfer_failures=metric_sum(metrics, "sglang:num_transfer_failed_reqs_total"),
+            bootstrap_failures=metric_sum(metrics, "sglang:num_bootstrap_failed_reqs_total"),
+            deferred_releases=metric_sum(metrics, "sglang:decode_deferred_kv_release_total"),
+            kv_transfers=metric_sum(metrics, "sglang:kv_transfers_total"),
+            kv_transfer_tokens=metric_sum(metrics, "sglang:kv_transfer_tokens_total"),
+            prefix_cache_hits=metric_sum(metrics, "sglang:prefix_cache_hits_total", "sglang:cached_tokens_total"),
             used_tokens=metric_sum(metrics, "sglang:num_used_tokens"),
-            extra={k: v for k in ("sglang:num_bootstrap_failed_reqs_total", "sglang:kv_transfers_total",
-                                  "sglang:kv_transfer_tokens_total")
-                   if (v := metric_sum(metrics, k)) is not None},
         )
 
     def max_accepted_prompt(self, snapshot: EngineSnapshot) -> int | None:
@@ -160,61 +162,37 @@ class SglangAdapter(EngineAdapter):
             raise EngineError(f"{self.url}/tokenize: no token list in the answer")
         return cycle_to(tokens, count)
 
-    def complete(self, ids: list[int], *, max_tokens: int, stream: bool, timeout_s: float,
-                 extra: Mapping[str, Any] | None = None) -> Completion:
+    def build_request(self, ids: list[int], *, max_tokens: int, stream: bool,
+                      extra: Mapping[str, Any] | None = None) -> EngineRequest:
         body: dict[str, Any] = {
             "input_ids": ids,
             "sampling_params": {"max_new_tokens": max_tokens, "temperature": 0},
             "stream": stream,
         }
         body.update(extra or {})
-        sent = len(ids)
-        reply = self.send("/generate", body, sent=sent, max_tokens=max_tokens, stream=stream, timeout_s=timeout_s)
-        if isinstance(reply, Completion):
-            return reply
-        if stream:
-            return self._from_stream(sent, max_tokens, reply)
-        if reply.status != 200:
-            message = error_message_of(reply.body) or f"HTTP {reply.status} without an error message"
-            return completion_from_error(sent, max_tokens, False, reply, message, self.classify_error(message))
+        return EngineRequest(path="/generate", body=body, sent_tokens=len(ids), max_tokens=max_tokens, stream=stream)
+
+    def parse_reply(self, request: EngineRequest, reply: HttpReply) -> ReplyFacts:
         data = reply.json()
         if isinstance(data, list):  # batch answers; we send one prompt
             data = data[0] if data else {}
-        return self._from_result(sent, max_tokens, False, reply.status, reply.elapsed_s, reply.body, data, None)
+        return _facts(data)
 
-    def _from_stream(self, sent: int, max_tokens: int, reply: Any) -> Completion:
-        events, early = self.stream_events(reply, sent, max_tokens)
-        if early is not None:
-            return early
-        last = events[-1] if events else None  # SGLang's frames are cumulative
-        ttft = reply.first_frame_s
-        if reply.status != 200 and last is None:
-            message = error_message_of(reply.body) or f"HTTP {reply.status}"
-            return completion_from_error(sent, max_tokens, True, reply, message, self.classify_error(message))
-        completion = self._from_result(sent, max_tokens, True, reply.status, reply.elapsed_s, reply.body, last or {}, ttft)
-        if reply.timed_out:
-            return replace(completion, timed_out=True)
-        return completion
+    def parse_events(self, request: EngineRequest, events: list[Any]) -> ReplyFacts:
+        return _facts(events[-1] if events else {})  # SGLang's frames are cumulative
 
-    def _from_result(self, sent: int, max_tokens: int, stream: bool, status: int, elapsed: float,
-                     body: bytes, data: dict[str, Any], ttft: float | None) -> Completion:
-        meta = data.get("meta_info") or {}
-        finish = meta.get("finish_reason")
-        finish_type = finish.get("type") if isinstance(finish, dict) else finish
-        if isinstance(finish, dict) and finish.get("type") == "abort":
-            message = finish.get("message") or "aborted"
-            return Completion(sent, max_tokens, stream, status, elapsed, error_message=str(message),
-                              error_kind=self.classify_error(str(message)), finish_reason="abort",
-                              completion_tokens=meta.get("completion_tokens"), prompt_tokens=meta.get("prompt_tokens"),
-                              body_bytes=len(body), body_sha256=hashlib.sha256(body).hexdigest(),
-                              text=str(data.get("text") or ""))
-        return Completion(
-            sent_tokens=sent, max_tokens=max_tokens, streamed=stream, status=status, elapsed_s=elapsed,
-            completion_tokens=meta.get("completion_tokens"), prompt_tokens=meta.get("prompt_tokens"),
-            cached_tokens=meta.get("cached_tokens"), finish_reason=finish_type,
-            body_bytes=len(body), body_sha256=hashlib.sha256(body).hexdigest(), ttft_s=ttft,
-            text=str(data.get("text") or ""),
-        )
+
+def _facts(data: Mapping[str, Any]) -> ReplyFacts:
+    meta = data.get("meta_info") or {}
+    finish = meta.get("finish_reason")
+    text = str(data.get("text") or "")
+    if isinstance(finish, dict) and finish.get("type") == "abort":  # a refusal inside a 200 answer
+        return ReplyFacts(text=text, error_message=str(finish.get("message") or "aborted"), finish_reason="abort",
+                          completion_tokens=meta.get("completion_tokens"), prompt_tokens=meta.get("prompt_tokens"))
+    return ReplyFacts(
+        text=text, completion_tokens=meta.get("completion_tokens"), prompt_tokens=meta.get("prompt_tokens"),
+        cached_tokens=meta.get("cached_tokens"), finish_reason=finish.get("type") if isinstance(finish, dict) else finish,
+    )
 
 
 def parse_sglang_log(text: str) -> tuple[list[PoolReading], list[str]]:

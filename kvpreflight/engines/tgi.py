@@ -16,18 +16,18 @@ sends it, so `sent_tokens` is TGI's own count.
 
 from __future__ import annotations
 
-import hashlib
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Self
 
 from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.http import HttpClient
+from kvpreflight.engines.http import HttpClient, HttpReply
 from kvpreflight.engines.interface import (
-    Completion,
     Counters,
     EngineAdapter,
-    completion_from_error,
+    EngineRequest,
+    ReplyFacts,
     error_message_of,
     metric_sum,
     positive_int,
@@ -81,9 +81,16 @@ class TgiAdapter(EngineAdapter):
         r"`?inputs`? must have less than \d+ tokens",
     )
 
-    def __init__(self, url: str, client: HttpClient) -> None:
-        super().__init__(url, client)
+    def __init__(self, url: str, client: HttpClient, *, model: str | None = None) -> None:
+        super().__init__(url, client, model=model)
         self._plans: dict[str, _TextPlan] = {}
+
+    def with_client(self, client: HttpClient) -> Self:
+        # The plans are facts of TGI's tokenizer, the same for every connection; sharing them lets
+        # tenant B send a prompt whose ids tenant A's adapter made (the cross-tenant cache probe).
+        other = super().with_client(client)
+        other._plans = self._plans
+        return other
 
     @classmethod
     def detect(cls, url: str, client: HttpClient) -> bool:
@@ -118,7 +125,7 @@ class TgiAdapter(EngineAdapter):
             notes.extend(log_notes)
         if not readings:
             notes.append("no batch token budget found (pass --log with TGI's start-up log for the warm-up line)")
-        settings = {key: info[key] for key in ("max_concurrent_requests", "max_best_of", "max_client_batch_size",
+        settings: dict[str, Any] = {key: info[key] for key in ("max_concurrent_requests", "max_best_of", "max_client_batch_size",
                                                "validation_workers", "router", "model_pipeline_tag",
                                                "waiting_served_ratio", "max_waiting_tokens", "max_batch_size")
                     if key in info}
@@ -158,53 +165,34 @@ class TgiAdapter(EngineAdapter):
             plan = self._plans[seed_text] = self._plan(seed_text)
         return plan.ids(count)
 
-    def complete(self, ids: list[int], *, max_tokens: int, stream: bool, timeout_s: float,
-                 extra: Mapping[str, Any] | None = None) -> Completion:
+    def build_request(self, ids: list[int], *, max_tokens: int, stream: bool,
+                      extra: Mapping[str, Any] | None = None) -> EngineRequest:
         text, counted = self._text_for(ids)
-        sent = counted if counted is not None else len(ids)
         params: dict[str, Any] = {"max_new_tokens": max_tokens, "details": True, "do_sample": False}
         body: dict[str, Any] = {"inputs": text, "parameters": params}
         body.update(extra or {})
-        reply = self.send("/generate_stream" if stream else "/generate", body, sent=sent, max_tokens=max_tokens,
-                          stream=stream, timeout_s=timeout_s)
-        if isinstance(reply, Completion):
-            return reply
-        if reply.status != 200:
-            message = error_message_of(reply.body) or f"HTTP {reply.status} without an error message"
-            return completion_from_error(sent, max_tokens, stream, reply, message, self.classify_error(message))
-        digest = hashlib.sha256(reply.body).hexdigest()
-        if stream:
-            events, early = self.stream_events(reply, sent, max_tokens)
-            if early is not None:
-                return early
-            final: dict[str, Any] = {}
-            pieces: list[str] = []
-            for event in events:
-                token = event.get("token") if isinstance(event, dict) else None
-                if isinstance(token, dict) and not token.get("special"):
-                    pieces.append(str(token.get("text") or ""))
-                if isinstance(event, dict) and event.get("details") is not None:
-                    final = event
-            details = final.get("details") or {}
-            prompt_tokens = details.get("input_length")
-            generated = str(final["generated_text"]) if final.get("generated_text") is not None else "".join(pieces)
-            ttft = reply.first_frame_s
-        else:
-            data = reply.json()
-            if isinstance(data, list):  # the compat route answers a list; /generate an object
-                data = data[0] if data else {}
-            details = data.get("details") or {}
-            prompt_tokens = _header_int(reply.headers.get("x-prompt-tokens"))
-            generated, ttft = str(data.get("generated_text") or ""), None
-        prompt_tokens = prompt_tokens if isinstance(prompt_tokens, int) else None
-        finish = details.get("finish_reason")
-        return Completion(
-            sent_tokens=sent, max_tokens=max_tokens, streamed=stream, status=reply.status, elapsed_s=reply.elapsed_s,
-            completion_tokens=details.get("generated_tokens"), prompt_tokens=prompt_tokens,
-            finish_reason=FINISH.get(finish, finish), truncated=None if prompt_tokens is None else prompt_tokens < sent,
-            body_bytes=len(reply.body), body_sha256=digest, ttft_s=ttft, text=generated,
-            timed_out=getattr(reply, "timed_out", False),
-        )
+        return EngineRequest(path="/generate_stream" if stream else "/generate", body=body,
+                             sent_tokens=counted if counted is not None else len(ids), max_tokens=max_tokens, stream=stream)
+
+    def parse_reply(self, request: EngineRequest, reply: HttpReply) -> ReplyFacts:
+        data = reply.json()
+        if isinstance(data, list):  # the compat route answers a list; /generate an object
+            data = data[0] if data else {}
+        return _facts(request, data.get("details") or {}, str(data.get("generated_text") or ""),
+                      _header_int(reply.headers.get("x-prompt-tokens")))
+
+    def parse_events(self, request: EngineRequest, events: list[Any]) -> ReplyFacts:
+        final: dict[str, Any] = {}
+        pieces: list[str] = []
+        for event in events:
+            token = event.get("token") if isinstance(event, dict) else None
+            if isinstance(token, dict) and not token.get("special"):
+                pieces.append(str(token.get("text") or ""))
+            if isinstance(event, dict) and event.get("details") is not None:
+                final = event
+        details = final.get("details") or {}
+        generated = str(final["generated_text"]) if final.get("generated_text") is not None else "".join(pieces)
+        return _facts(request, details, generated, details.get("input_length"))
 
     # -- text prompts of an exact length -------------------------------------------------------
     def _tokenize(self, text: str) -> list[dict[str, Any]] | None:
@@ -292,6 +280,16 @@ def parse_tgi_log(text: str) -> tuple[list[PoolReading], list[str]]:
             notes.append("engine log: the model does not support automatic max batch total tokens, so the budget "
                          "is --max-batch-total-tokens or a default, not measured from free memory")
     return readings, notes
+
+
+def _facts(request: EngineRequest, details: Mapping[str, Any], text: str, prompt_tokens: Any) -> ReplyFacts:
+    prompt = prompt_tokens if isinstance(prompt_tokens, int) else None
+    finish = details.get("finish_reason")
+    finish = FINISH.get(finish, finish) if isinstance(finish, str) else None
+    return ReplyFacts(
+        text=text, completion_tokens=details.get("generated_tokens"), prompt_tokens=prompt,
+        finish_reason=finish, truncated=None if prompt is None else prompt < request.sent_tokens,
+    )
 
 
 def _header_int(value: str | None) -> int | None:

@@ -47,7 +47,7 @@ class VllmAdapter(OpenAICompletionsMixin):
             first = models["data"][0]
         except (KeyError, IndexError, TypeError):
             raise EngineError(f"{self.url}/v1/models: no model listed") from None
-        self.model_name = first.get("id")
+        model_name = first.get("id")
         served = positive_int(first.get("max_model_len"), "/v1/models max_model_len", self.url)
         version = self.client.get_json(f"{self.url}/version").get("version")
 
@@ -55,6 +55,7 @@ class VllmAdapter(OpenAICompletionsMixin):
         notes: list[str] = []
         settings: dict[str, object] = {}
         page_size = None
+        prefix_caching = None
         metrics = self.metrics()
         if metrics is None:
             notes.append("/metrics not served")
@@ -74,6 +75,8 @@ class VllmAdapter(OpenAICompletionsMixin):
                 for key in ("enable_prefix_caching", "cache_dtype", "kv_cache_memory_bytes", "gpu_memory_utilization"):
                     if key in labels:
                         settings[key] = labels[key]
+                # An info metric's labels are strings: "True" / "False".
+                prefix_caching = {"true": True, "false": False}.get(labels.get("enable_prefix_caching", "").lower(), prefix_caching)
         if log_text is not None:
             for line in log_text.splitlines():
                 if m := ALLOCATOR_LINE.search(line):
@@ -82,8 +85,9 @@ class VllmAdapter(OpenAICompletionsMixin):
                     notes.append(f"engine log: estimated maximum model length is {m[1]}")
         return EngineSnapshot(
             url=self.url, engine=self.kind, version=str(version) if version is not None else None,
-            role=role or Role.UNIFIED, model=self.model_name, served_context=served,
+            role=role or Role.UNIFIED, model=model_name, served_context=served,
             pool_readings=tuple(readings), page_size=page_size, settings=settings, notes=tuple(notes),
+            prefix_caching=prefix_caching,
         )
 
     def counters(self) -> Counters:
@@ -93,6 +97,7 @@ class VllmAdapter(OpenAICompletionsMixin):
             requests=metric_sum(metrics, "vllm:request_success_total"),
             prompt_tokens=metric_sum(metrics, "vllm:prompt_tokens_total"),
             generation_tokens=metric_sum(metrics, "vllm:generation_tokens_total"),
+            prefix_cache_hits=metric_sum(metrics, "vllm:prefix_cache_hits_total"),
             used_tokens=usage,  # a fraction for vLLM: 0 means idle
         )
 
@@ -101,9 +106,9 @@ class VllmAdapter(OpenAICompletionsMixin):
         return None if snapshot.served_context is None else snapshot.served_context - 1
 
     def token_ids(self, count: int, seed_text: str) -> list[int]:
-        body = {"prompt": seed_text, "add_special_tokens": False}
-        if self.model_name:
-            body["model"] = self.model_name
+        body: dict[str, object] = {"prompt": seed_text, "add_special_tokens": False}
+        if self.model:
+            body["model"] = self.model
         reply = self.client.post(f"{self.url}/tokenize", body)
         if reply.status != 200:
             raise EngineError(f"{self.url}/tokenize: HTTP {reply.status}; kvpreflight needs the engine's tokenizer to build valid token ids")

@@ -1,1 +1,9 @@
-"""Probes send real requests through the entry and record what came back. They never judge."""
+"""Probes send real requests through the entry and record what came back. They never judge.
+
+  results.py       what the checks read (the only probe module a check may import)
+  capacity.py      requests at and beyond the limits the engines state
+  isolation.py     two synthetic tenants in interleaved scenarios
+  prefix_cache.py  the cold / same-tenant warm / cross-tenant cache controls
+  disconnect.py    a client that leaves mid-request
+  engine_state.py  counters and their deltas, the wait for idle pools, request time budgets
+"""

@@ -7,65 +7,22 @@ and a rejected request can be shown to have stopped before any KV transfer.
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from typing import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 
-from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.interface import Completion, Counters, EngineAdapter
-from kvpreflight.model import EngineSnapshot
-from kvpreflight.probes.tokens import valid_token_ids
+from kvpreflight.engines.interface import Counters, EngineAdapter
+from kvpreflight.model import Completion, EngineSnapshot
+from kvpreflight.probes.engine_state import EngineState, counter_deltas, request_budget
 from kvpreflight.probes.markers import foreign_markers, new_marker
+from kvpreflight.probes.results import Expect, Limits, ProbeResult, ProbeRun
+from kvpreflight.probes.tokens import valid_token_ids
 
 # Enough generated tokens that, if an over-capacity request is wrongly served from stale pages,
 # whole synthetic markers of other requests (37 characters) surface in the answer as evidence.
 OVER_MAX_TOKENS = 96
 CONCURRENT_MAX_TOKENS = 4
-
-EXPECT_ACCEPT = "accept"
-EXPECT_REJECT = "reject"
-
-
-@dataclass(frozen=True)
-class ProbeResult:
-    name: str  # stable: boundary-accept, boundary-reject, over-pool, over-context, clamp, concurrent-N, ...
-    expect: str  # EXPECT_ACCEPT | EXPECT_REJECT
-    completion: Completion
-    purpose: str
-    reached: tuple[str, ...] = ()  # URLs of engines whose request/token counters moved
-    counter_deltas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
-    foreign_markers: tuple[str, ...] = ()  # synthetic markers in the response that this request never sent
-
-
-@dataclass(frozen=True)
-class Limits:
-    """What the engines' stated numbers predict, for the deployment as the entry serves it."""
-
-    served_context: int
-    pool_tokens: int | None
-    max_accepted: int  # longest prompt the stated limits accept with max_tokens=1
-
-    @property
-    def pool_bound(self) -> bool:
-        return self.pool_tokens is not None and self.pool_tokens < self.served_context
-
-
-@dataclass(frozen=True)
-class ProbeRun:
-    limits: Limits | None
-    probes: tuple[ProbeResult, ...] = ()
-    not_run: str | None = None  # why no probe was sent (then every probe check is inconclusive/skip)
-    healthy_after: Mapping[str, bool] = field(default_factory=dict)
-    idle_after: Mapping[str, bool | None] = field(default_factory=dict)
-    small_request_after: Completion | None = None
-    own_markers: frozenset[str] = frozenset()  # this run's probe marker: not foreign to the isolation probes
-
-    def get(self, name: str) -> ProbeResult | None:
-        return next((p for p in self.probes if p.name == name), None)
-
-    def named(self, prefix: str) -> list[ProbeResult]:
-        return [p for p in self.probes if p.name.startswith(prefix)]
+IDLE_WAIT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -100,16 +57,17 @@ class CapacityProber:
                  progress: Callable[[str], None] = lambda _: None) -> None:
         self.entry = entry
         self.engines = engines  # url -> adapter, for counters
-        self.snapshots = {s.url: s for s in snapshots}
+        self.state = EngineState(engines)
+        self.snapshots = list(snapshots)
         self.settings = settings
         self.progress = progress
         self.marker = new_marker("PROBE")
         self._latest: dict[str, Counters | None] | None = None  # counters after the last probe
 
     def run(self) -> ProbeRun:
-        limits = deployment_limits(self.entry, list(self.snapshots.values()))
+        limits = deployment_limits(self.entry, self.snapshots)
         if limits is None:
-            return ProbeRun(None, not_run="the engines state no served context or request limit, so no probe size can be derived")
+            return ProbeRun(limits=None, not_run="the engines state no served context or request limit, so no probe size can be derived")
         longest = max(limits.served_context + 1, limits.max_accepted + 1)
         seed = f"kvpreflight capacity probe {self.marker}. Repeat this marker: {self.marker}.\n"
         ids = self._token_ids(longest, seed)
@@ -122,105 +80,61 @@ class CapacityProber:
             over_pool = limits.pool_tokens + max(1, (limits.served_context - limits.pool_tokens) // 2)
             over_pool = min(max(over_pool, m + 1), limits.served_context - 1)
             for stream in (False, True):
-                probes.append(self._one(f"over-pool{'-stream' if stream else ''}", EXPECT_REJECT, ids[:over_pool], OVER_MAX_TOKENS,
+                probes.append(self._one(f"over-pool{'-stream' if stream else ''}", Expect.REJECT, ids[:over_pool], OVER_MAX_TOKENS,
                                         "longer than the KV pool but within the served context (the incident's danger zone)",
                                         stream=stream))
         for stream in (False, True):
-            probes.append(self._one(f"over-context{'-stream' if stream else ''}", EXPECT_REJECT,
+            probes.append(self._one(f"over-context{'-stream' if stream else ''}", Expect.REJECT,
                                     ids[: limits.served_context + 1], OVER_MAX_TOKENS, "one token over the served context", stream=stream))
-        probes.append(self._one("boundary-accept", EXPECT_ACCEPT, ids[:m], 1,
+        probes.append(self._one("boundary-accept", Expect.ACCEPT, ids[:m], 1,
                                 "the longest prompt the stated limits accept; must succeed with every token processed"))
-        probes.append(self._one("boundary-reject", EXPECT_REJECT, ids[: m + 1], 1,
+        probes.append(self._one("boundary-reject", Expect.REJECT, ids[: m + 1], 1,
                                 "one token more than the stated limits accept; must be refused"))
         clamp_prompt = max(1, m - 8)
         clamp_max = limits.served_context - clamp_prompt + 8
-        probes.append(self._one("clamp", EXPECT_REJECT, ids[:clamp_prompt], clamp_max,
+        probes.append(self._one("clamp", Expect.REJECT, ids[:clamp_prompt], clamp_max,
                                 "prompt plus max_tokens 8 tokens over the served context: refuse, or say it cut max_tokens"))
         # Near the limit, but leaving room for the 4 generated tokens so no engine has to cut them.
         probes.extend(self._concurrent(ids[: max(1, m - CONCURRENT_MAX_TOKENS)]))
-        healthy, idle, small = self._after()
-        return ProbeRun(limits, tuple(probes), healthy_after=healthy, idle_after=idle, small_request_after=small,
-                        own_markers=frozenset({self.marker}))
+        healthy = {url: adapter.healthy() for url, adapter in self.engines.items()}
+        small_ids = self._token_ids(16, f"kvpreflight health check {self.marker}")
+        small = self.entry.complete(small_ids, max_tokens=4, stream=False, timeout_s=self.settings.timeout_s)
+        idle = self.state.wait_idle(IDLE_WAIT_S)
+        return ProbeRun(limits=limits, probes=tuple(probes), healthy_after=healthy, idle_after=idle,
+                        small_request_after=small, own_markers=frozenset({self.marker}))
 
     def _token_ids(self, count: int, seed: str) -> list[int]:
         return valid_token_ids(self.entry, self.engines.values(), count, seed)
 
     # -- one request ----------------------------------------------------------------------
-    def _budget(self, tokens: int, expect: str) -> float:
-        # --timeout bounds the wait for a refusal; an honest accepted prompt gets time for its size.
-        if expect == EXPECT_REJECT:
-            return self.settings.timeout_s
-        return self.settings.timeout_s + tokens / self.settings.accepted_tokens_per_second
-
-    def _one(self, name: str, expect: str, ids: list[int], max_tokens: int, purpose: str, *, stream: bool = False) -> ProbeResult:
+    def _one(self, name: str, expect: Expect, ids: list[int], max_tokens: int, purpose: str, *, stream: bool = False) -> ProbeResult:
         self.progress(f"probe {name}: {len(ids)} tokens, max_tokens {max_tokens}{' (stream)' if stream else ''}")
-        before = self._latest or self._counters()
-        completion = self.entry.complete(ids, max_tokens=max_tokens, stream=stream,
-                                         timeout_s=self._budget(len(ids), expect))
-        after = self._latest = self._counters()
-        return self._result(name, expect, completion, purpose, before, after)
-
-    def _result(self, name: str, expect: str, completion: Completion, purpose: str,
-                before: Mapping[str, Counters | None], after: Mapping[str, Counters | None]) -> ProbeResult:
-        reached, deltas = [], {}
-        for url in self.engines:
-            b, a = before.get(url), after.get(url)
-            if a is None or b is None:
-                continue
-            if a.moved_since(b):
-                reached.append(url)
-            deltas[url] = {k: round(getattr(a, k) - getattr(b, k), 3) for k in
-                           ("requests", "prompt_tokens", "generation_tokens", "transfer_failures")
-                           if getattr(a, k) is not None and getattr(b, k) is not None}
-            for key, value in a.extra.items():
-                if key in b.extra:
-                    deltas[url][key] = round(value - b.extra[key], 3)
-        foreign = foreign_markers(completion.text, {self.marker}, set(self.settings.known_markers))
-        return ProbeResult(name, expect, completion, purpose, tuple(reached), deltas, tuple(foreign))
-
-    def _counters(self) -> dict[str, Counters | None]:
         # Probes run one after another, so one probe's "after" is the next one's "before":
         # each probe costs one metrics scrape per engine, not two.
-        out: dict[str, Counters | None] = {}
-        for url, adapter in self.engines.items():
-            try:
-                out[url] = adapter.counters()
-            except EngineError:
-                out[url] = None
-        return out
+        before = self._latest or self.state.counters()
+        budget = request_budget(self.settings.timeout_s, self.settings.accepted_tokens_per_second, len(ids), expect)
+        completion = self.entry.complete(ids, max_tokens=max_tokens, stream=stream, timeout_s=budget)
+        after = self._latest = self.state.counters()
+        return self._result(name, expect, completion, purpose, before, after)
+
+    def _result(self, name: str, expect: Expect, completion: Completion, purpose: str,
+                before: Mapping[str, Counters | None], after: Mapping[str, Counters | None]) -> ProbeResult:
+        reached = tuple(url for url in self.engines
+                        if (a := after.get(url)) is not None and (b := before.get(url)) is not None and a.moved_since(b))
+        foreign = foreign_markers(completion.text, {self.marker}, set(self.settings.known_markers))
+        return ProbeResult(name=name, expect=expect, completion=completion, purpose=purpose, reached=reached,
+                           counter_deltas=counter_deltas(before, after), foreign_markers=tuple(foreign))
 
     def _concurrent(self, ids: list[int]) -> list[ProbeResult]:
         k = max(1, self.settings.concurrency)
         self.progress(f"probe concurrent: {k} x {len(ids)} tokens at once")
-        before = self._latest or self._counters()
-        budget = self.settings.timeout_s + k * len(ids) / self.settings.accepted_tokens_per_second
+        before = self._latest or self.state.counters()
+        budget = request_budget(self.settings.timeout_s, self.settings.accepted_tokens_per_second, k * len(ids), Expect.ACCEPT)
         with ThreadPoolExecutor(max_workers=k) as pool:
             futures = [pool.submit(self.entry.complete, ids, max_tokens=CONCURRENT_MAX_TOKENS, stream=False, timeout_s=budget)
                        for _ in range(k)]
             completions = [f.result() for f in futures]
-        after = self._latest = self._counters()
-        return [self._result(f"concurrent-{i + 1}", EXPECT_ACCEPT, c,
+        after = self._latest = self.state.counters()
+        return [self._result(f"concurrent-{i + 1}", Expect.ACCEPT, c,
                              f"{k} near-limit requests at once: each must succeed or be refused with a capacity error",
                              before, after) for i, c in enumerate(completions)]
-
-    def _after(self) -> tuple[dict[str, bool], dict[str, bool | None], Completion | None]:
-        healthy = {url: adapter.healthy() for url, adapter in self.engines.items()}
-        small_ids = self._token_ids(16, f"kvpreflight health check {self.marker}")
-        small = self.entry.complete(small_ids, max_tokens=4, stream=False, timeout_s=self.settings.timeout_s)
-        idle: dict[str, bool | None] = {}
-        deadline = time.monotonic() + 10
-        pending = set(self.engines)
-        while True:
-            for url in list(pending):
-                try:
-                    used = self.engines[url].counters().used_tokens
-                except EngineError:
-                    used = None
-                idle[url] = None if used is None else used == 0
-                if idle[url] is not False:
-                    pending.discard(url)
-            if not pending or time.monotonic() > deadline:
-                break
-            time.sleep(0.25)
-        return healthy, idle, small
-

@@ -21,6 +21,11 @@ def markers_in(text: str) -> set[str]:
     return set(MARKER.findall(text))
 
 
+def contains_marker(text: str, marker: str) -> bool:
+    """The marker in text, whole or as a fragment of its random tail."""
+    return marker in text or _fragment_in(text, marker)
+
+
 def foreign_markers(text: str, own: set[str] | frozenset[str], known: set[str] | frozenset[str] = frozenset()) -> list[str]:
     """Markers (or fragments of `known` markers) in text that do not belong to `own`.
 
@@ -28,11 +33,11 @@ def foreign_markers(text: str, own: set[str] | frozenset[str], known: set[str] |
     """
     found = {m for m in markers_in(text) if m not in own}
     for marker in known - set(own):
-        if marker in found:
-            continue
-        tail = marker.rsplit("-", 1)[-1]
-        for start in range(0, len(tail) - FRAGMENT_MIN + 1, 4):
-            if tail[start:start + FRAGMENT_MIN] in text:
-                found.add(marker + " (fragment)")
-                break
+        if marker not in found and _fragment_in(text, marker):
+            found.add(marker + " (fragment)")
     return sorted(found)
+
+
+def _fragment_in(text: str, marker: str) -> bool:
+    tail = marker.rsplit("-", 1)[-1]
+    return any(tail[start:start + FRAGMENT_MIN] in text for start in range(0, len(tail) - FRAGMENT_MIN + 1, 4))

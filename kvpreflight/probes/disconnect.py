@@ -1,0 +1,114 @@
+"""A client that goes away mid-request: the adapter's own request, sent over a raw connection
+that is shut down at a chosen moment (while the KV is being written, or after the first
+streamed token). HttpClient cannot do this: it always reads an answer to its end."""
+
+from __future__ import annotations
+
+import contextlib
+import http.client
+import json
+import socket
+import ssl
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from urllib.parse import urlsplit
+
+from kvpreflight.engines.interface import EngineAdapter, EngineRequest
+
+TRANSFER_START_WAIT_S = 2.0  # then leave anyway (the scenario is reported unconfirmed)
+UNIFIED_CANCEL_AFTER_S = 0.02  # a unified engine shows no transfer: leave during prefill
+NO_GAUGE_CANCEL_AFTER_S = 0.01
+AFTER_FIRST_TOKEN = "after the first streamed token"
+
+
+@dataclass(frozen=True)
+class Departure:
+    """How a deliberately abandoned request went."""
+
+    left: str | None  # when we closed the connection; None: not at the intended moment
+    received: bytes  # what arrived before the close (scanned for markers like any answer)
+    note: str | None = None  # why the intended moment was missed
+
+
+@dataclass(frozen=True)
+class RawTarget:
+    """Where and how to send: the adapter's URL and request, this tenant's headers."""
+
+    adapter: EngineAdapter
+    request: EngineRequest
+    headers: Mapping[str, str]
+    timeout_s: float
+    ca_bundle: str | None = None
+
+
+def leave_during_transfer(target: RawTarget, pages_reserved: Callable[[], bool | None], *, unified: bool) -> Departure:
+    """Send, then close once `pages_reserved()` says the engine reserved pages for the request
+    (its KV is being written). `pages_reserved` answers None when there is no gauge to watch."""
+    try:
+        with _connection(target) as conn:
+            _send(conn, target)
+            if unified:
+                time.sleep(UNIFIED_CANCEL_AFTER_S)
+                return Departure(f"{UNIFIED_CANCEL_AFTER_S * 1000:.0f} ms after sending (during prefill)", b"")
+            deadline = time.monotonic() + TRANSFER_START_WAIT_S
+            while time.monotonic() < deadline:
+                reserved = pages_reserved()
+                if reserved:
+                    return Departure("after its pages were reserved (used-token gauge rose)", b"")
+                if reserved is None:
+                    time.sleep(NO_GAUGE_CANCEL_AFTER_S)
+                    return Departure(f"{NO_GAUGE_CANCEL_AFTER_S * 1000:.0f} ms after sending (no used-token gauge to watch)", b"")
+                time.sleep(0.002)
+            return Departure(None, b"", f"no used-token gauge rose within {TRANSFER_START_WAIT_S:g} s")
+    except (OSError, http.client.HTTPException) as exc:
+        return Departure(None, b"", f"{type(exc).__name__} before the disconnect")
+
+
+def leave_after_first_token(target: RawTarget, read_budget_s: float) -> Departure:
+    """Send a streamed request and close right after its first data frame."""
+    received = b""
+    try:
+        with _connection(target) as conn:
+            _send(conn, target)
+            resp = conn.getresponse()
+            deadline = time.monotonic() + read_budget_s
+            while time.monotonic() < deadline:
+                line = resp.fp.readline()
+                if not line:
+                    return Departure(None, received, "the answer ended before a token was streamed")
+                received += line
+                text = line.decode("utf-8", errors="replace").strip()
+                if text.startswith("data:") and text[5:].strip() not in ("", "[DONE]"):
+                    if '"error"' in text:
+                        return Departure(None, received, "the engine answered with an error frame")
+                    return Departure(AFTER_FIRST_TOKEN, received)
+            return Departure(None, received)
+    except (OSError, http.client.HTTPException) as exc:
+        return Departure(None, received, f"{type(exc).__name__} before the disconnect")
+
+
+@contextlib.contextmanager
+def _connection(target: RawTarget) -> Iterator[http.client.HTTPConnection]:
+    """A connection that is shut down hard (both directions) on the way out, as a client that
+    goes away: the engine sees the socket close, not a polite end of the request."""
+    parts = urlsplit(target.adapter.url)
+    conn: http.client.HTTPConnection
+    if parts.scheme == "https":
+        context = ssl.create_default_context(cafile=target.ca_bundle) if target.ca_bundle else ssl.create_default_context()
+        conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=target.timeout_s, context=context)
+    else:
+        conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=target.timeout_s)
+    try:
+        yield conn
+    finally:
+        if conn.sock is not None:
+            with contextlib.suppress(OSError):
+                conn.sock.shutdown(socket.SHUT_RDWR)
+        conn.close()
+
+
+def _send(conn: http.client.HTTPConnection, target: RawTarget) -> None:
+    path = urlsplit(target.adapter.url).path + target.request.path
+    headers = {"Content-Type": "application/json", "User-Agent": "kvpreflight", **target.headers}
+    conn.request("POST", path, body=json.dumps(target.request.body), headers=headers)

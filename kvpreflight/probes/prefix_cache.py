@@ -1,0 +1,53 @@
+"""The prefix-cache controls: a fresh shared prefix sent cold by tenant A, repeated by A (must
+hit: the positive control) and then by tenant B (must not). Each request's cache hit is read from
+the answer (`cached_tokens`) and from the engines' prefix-cache hit counters."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+
+from kvpreflight.engines.interface import EngineAdapter
+from kvpreflight.model import EngineSnapshot, Role
+from kvpreflight.probes.engine_state import EngineState
+from kvpreflight.probes.markers import new_marker
+from kvpreflight.probes.results import (
+    CacheProbe,
+    CacheProbeKind,
+    PrefixCacheRun,
+    Tenant,
+)
+from kvpreflight.probes.tenants import TenantClient
+
+CACHE_PREFIXES = 3  # fresh shared prefixes (medians of TTFT)
+MAX_PROMPT_TOKENS = 1024
+ORDER = ((CacheProbeKind.COLD, Tenant.A), (CacheProbeKind.WARM, Tenant.A), (CacheProbeKind.WARM, Tenant.A),
+         (CacheProbeKind.CROSS, Tenant.B))
+
+
+def caching_off(snapshots: Sequence[EngineSnapshot]) -> str | None:
+    """Which engines say their prefix cache is off. A decode engine does not count: it never
+    looks a prompt up (SGLang's decode runs without a radix cache while its prefill has one)."""
+    off = [s.url for s in snapshots if s.role is not Role.DECODE and s.prefix_caching is False]
+    return "; ".join(f"{url} reports it off" for url in off) or None
+
+
+def probe_prefix_cache(tenants: Mapping[Tenant, TenantClient], state: EngineState,
+                       token_ids: Callable[[EngineAdapter, int, str], list[int]], *, longest: int,
+                       budget_s: Callable[[int], float], binding: str, off: str | None) -> PrefixCacheRun:
+    tokens = max(1, min(longest, MAX_PROMPT_TOKENS))
+    a = tenants[Tenant.A]
+    timeout_s = budget_s(tokens)
+    # One throw-away request first, so the cold probe does not also pay for a cold engine.
+    warmup = token_ids(a.adapter, tokens, f"{new_marker('WARMUP')} ")
+    a.adapter.complete(warmup, max_tokens=1, stream=True, timeout_s=timeout_s, extra=a.extra)
+    probes: list[CacheProbe] = []
+    for prefix in range(CACHE_PREFIXES):
+        ids = token_ids(a.adapter, tokens, f"{new_marker('SHARED')} ")  # fresh: nobody has it cached
+        for kind, tenant in ORDER:
+            client = tenants[tenant]
+            hits_before = state.total(lambda c: c.prefix_cache_hits)
+            completion = client.adapter.complete(ids, max_tokens=1, stream=True, timeout_s=timeout_s, extra=client.extra)
+            hits_after = state.total(lambda c: c.prefix_cache_hits)
+            delta = None if hits_before is None or hits_after is None else round(hits_after - hits_before, 3)
+            probes.append(CacheProbe(kind=kind, tenant=tenant, prefix=prefix, completion=completion, hit_metric_delta=delta))
+    return PrefixCacheRun(probes=tuple(probes), binding=binding, caching_off=off, prompt_tokens=tokens)

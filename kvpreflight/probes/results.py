@@ -1,0 +1,167 @@
+"""What the probes hand to the checks: plain frozen results, no I/O. Checks import this module
+and kvpreflight.model, nothing else of the probe machinery."""
+
+from __future__ import annotations
+
+import enum
+import statistics
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from kvpreflight.model import Completion
+
+
+class Expect(str, enum.Enum):
+    """What a probe request must get: served, or refused."""
+
+    ACCEPT = "accept"
+    REJECT = "reject"
+
+
+class Tenant(str, enum.Enum):
+    """The two synthetic tenants of the isolation probes."""
+
+    A = "a"
+    B = "b"
+
+    @property
+    def other(self) -> Tenant:
+        return Tenant.B if self is Tenant.A else Tenant.A
+
+    @property
+    def label(self) -> str:
+        return self.value.upper()
+
+
+class CacheProbeKind(str, enum.Enum):
+    """The prefix-cache controls: first sight, the same tenant again, the other tenant."""
+
+    COLD = "cold"
+    WARM = "warm"
+    CROSS = "cross"
+
+
+# -- capacity probes -----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Limits:
+    """What the engines' stated numbers predict, for the deployment as the entry serves it."""
+
+    served_context: int
+    pool_tokens: int | None
+    max_accepted: int  # longest prompt the stated limits accept with max_tokens=1
+
+    @property
+    def pool_bound(self) -> bool:
+        return self.pool_tokens is not None and self.pool_tokens < self.served_context
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeResult:
+    name: str  # stable: boundary-accept, boundary-reject, over-pool, over-context, clamp, concurrent-N, ...
+    expect: Expect
+    completion: Completion
+    purpose: str
+    reached: tuple[str, ...] = ()  # URLs of engines whose request/token counters moved
+    counter_deltas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # url -> Counters field -> delta
+    foreign_markers: tuple[str, ...] = ()  # synthetic markers in the response that this request never sent
+
+
+@dataclass(frozen=True, kw_only=True)
+class ProbeRun:
+    limits: Limits | None
+    probes: tuple[ProbeResult, ...] = ()
+    not_run: str | None = None  # why no probe was sent (then every probe check is inconclusive/skip)
+    healthy_after: Mapping[str, bool] = field(default_factory=dict)
+    idle_after: Mapping[str, bool | None] = field(default_factory=dict)
+    small_request_after: Completion | None = None
+    own_markers: frozenset[str] = frozenset()  # this run's probe marker: not foreign to the isolation probes
+
+    def get(self, name: str) -> ProbeResult | None:
+        return next((p for p in self.probes if p.name == name), None)
+
+    def named(self, prefix: str) -> list[ProbeResult]:
+        return [p for p in self.probes if p.name.startswith(prefix)]
+
+
+# -- isolation probes ----------------------------------------------------------------------------
+
+@dataclass(frozen=True, kw_only=True)
+class TenantRequest:
+    """One request of one tenant and what its answer contained (markers only, never text)."""
+
+    tenant: Tenant
+    name: str  # e.g. normal-a1
+    completion: Completion | None  # None: we disconnected on purpose (see `abandoned`)
+    expect: Expect = Expect.ACCEPT
+    abandoned: str | None = None  # how we disconnected ("after transfer start", "after first token", ...)
+    own_seen: bool = False  # the tenant's own canary surfaced (positive control)
+    crossings: tuple[str, ...] = ()  # the other tenant's canary, fragments, other synthetic markers
+
+    @property
+    def served(self) -> bool:
+        return self.completion is not None and self.completion.served
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scenario:
+    name: str
+    purpose: str
+    requests: tuple[TenantRequest, ...] = ()
+    skipped: str | None = None  # why it did not run
+    occurred: bool | None = None  # True: shown to have happened; None: unconfirmed
+    occurrence: str = ""  # how it was shown, or why it could not be
+    idle_after: Mapping[str, bool | None] = field(default_factory=dict)
+    counter_deltas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # url -> Counters field -> delta
+    churn: bool = False
+
+
+@dataclass(frozen=True, kw_only=True)
+class CacheProbe:
+    kind: CacheProbeKind
+    tenant: Tenant
+    prefix: int  # which fresh prefix
+    completion: Completion
+    hit_metric_delta: float | None = None  # the engines' prefix-cache hit counters over this request
+
+    @property
+    def ttft_s(self) -> float:
+        c = self.completion
+        return c.ttft_s if c.ttft_s is not None else c.elapsed_s
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrefixCacheRun:
+    probes: tuple[CacheProbe, ...] = ()
+    binding: str = ""
+    caching_off: str | None = None  # which engines state prefix caching is off
+    not_run: str | None = None
+    prompt_tokens: int = 0
+
+    def of(self, kind: CacheProbeKind) -> list[CacheProbe]:
+        return [p for p in self.probes if p.kind is kind]
+
+
+@dataclass(frozen=True, kw_only=True)
+class IsolationRun:
+    scenarios: tuple[Scenario, ...] = ()
+    cache: PrefixCacheRun | None = None
+    canaries: Mapping[Tenant, str] = field(default_factory=dict)  # our synthetic canary per tenant
+    binding: str = ""  # how the tenants were told apart (cache_salt, header, API keys)
+    not_run: str | None = None
+    healthy_after: Mapping[str, bool] = field(default_factory=dict)
+    idle_after: Mapping[str, bool | None] = field(default_factory=dict)
+
+    def requests(self) -> list[TenantRequest]:
+        return [r for s in self.scenarios for r in s.requests]
+
+
+def ttft_summary(cache: PrefixCacheRun) -> dict[CacheProbeKind, float] | None:
+    """Median time-to-first-token of cold, same-tenant warm and cross-tenant requests."""
+    out = {}
+    for kind in CacheProbeKind:
+        values = [p.ttft_s for p in cache.of(kind) if p.completion.error_message is None and p.completion.status == 200]
+        if not values:
+            return None
+        out[kind] = statistics.median(values)
+    return out

@@ -1,0 +1,24 @@
+"""One synthetic tenant's connection to the entry: its adapter (its own credentials), the
+headers a raw connection must repeat, and the cache_salt it sends (when kvpreflight binds tenants)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from kvpreflight.engines.interface import EngineAdapter
+from kvpreflight.probes.results import Tenant
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantClient:
+    tenant: Tenant
+    adapter: EngineAdapter  # the entry, with this tenant's credentials
+    headers: Mapping[str, str]  # what this tenant's connection sends (for raw disconnect probes)
+    salt: str | None  # cache_salt sent with every request, or None when the deployment binds tenants
+
+    @property
+    def extra(self) -> dict[str, Any] | None:
+        """Request fields this tenant adds to every request."""
+        return {"cache_salt": self.salt} if self.salt else None

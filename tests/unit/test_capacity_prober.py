@@ -1,0 +1,95 @@
+"""The capacity prober on a fake engine: the exact prompt sizes it derives from a pool and a
+context, the order it sends them in, and how each answer is attributed."""
+
+from __future__ import annotations
+
+from support.fake_adapter import FakeAdapter, FakeEngine, Sent, snapshot
+
+from kvpreflight.checkdata import load_thresholds
+from kvpreflight.checks import CheckContext, run_checks
+from kvpreflight.engines.http import HttpClient
+from kvpreflight.model import Completion, Role, Status
+from kvpreflight.probes.capacity import CapacityProber, ProbeSettings
+from kvpreflight.probes.results import Expect, Limits
+
+URL = "http://engine:1"
+
+
+def probe(engine: FakeEngine, *, concurrency: int = 2):
+    adapter = FakeAdapter(engine.snap.url, HttpClient())
+    settings = ProbeSettings(timeout_s=5, concurrency=concurrency)
+    return CapacityProber(adapter, {engine.snap.url: adapter}, [engine.snap], settings).run()
+
+
+def shape(sent: list[Sent]) -> list[tuple[int, int, bool]]:
+    return [(s.tokens, s.max_tokens, s.stream) for s in sent]
+
+
+def test_pool_smaller_than_context_probes_over_the_pool_first():
+    engine = FakeEngine(snapshot(URL, pool=4096, context=8192))
+    run = probe(engine)
+    # max accepted = min(8191, 4095) - 5 - 1 = 4089; over the pool = 4096 + (8192 - 4096) // 2
+    assert run.limits == Limits(served_context=8192, pool_tokens=4096, max_accepted=4089)
+    assert shape(engine.sent) == [
+        (6144, 96, False), (6144, 96, True),  # over-pool, then streamed
+        (8193, 96, False), (8193, 96, True),  # over-context: one token over the served context
+        (4089, 1, False),  # boundary-accept: the stated maximum
+        (4090, 1, False),  # boundary-reject: one more
+        (4081, 8192 - 4081 + 8, False),  # clamp: prompt + max_tokens 8 over the context
+        (4085, 4, False), (4085, 4, False),  # concurrent: leaves room for the 4 generated tokens
+        (16, 4, False),  # the small request after the probes
+    ]
+    assert [(p.name, p.expect) for p in run.probes] == [
+        ("over-pool", Expect.REJECT), ("over-pool-stream", Expect.REJECT),
+        ("over-context", Expect.REJECT), ("over-context-stream", Expect.REJECT),
+        ("boundary-accept", Expect.ACCEPT), ("boundary-reject", Expect.REJECT), ("clamp", Expect.REJECT),
+        ("concurrent-1", Expect.ACCEPT), ("concurrent-2", Expect.ACCEPT),
+    ]
+
+
+def test_context_smaller_than_pool_has_no_over_pool_probe():
+    engine = FakeEngine(snapshot(URL, pool=16384, context=8192))
+    run = probe(engine, concurrency=3)
+    assert run.limits == Limits(served_context=8192, pool_tokens=16384, max_accepted=8185)
+    assert not run.named("over-pool")
+    assert shape(engine.sent) == [(8193, 96, False), (8193, 96, True), (8185, 1, False), (8186, 1, False),
+                                  (8177, 23, False), *[(8181, 4, False)] * 3, (16, 4, False)]
+
+
+def test_answers_are_attributed_to_the_engine_whose_counters_moved():
+    engine = FakeEngine(snapshot(URL, pool=4096, context=8192))
+    run = probe(engine)
+    accepted, refused = run.get("boundary-accept"), run.get("boundary-reject")
+    assert accepted is not None and refused is not None
+    assert accepted.reached == (URL,) and accepted.counter_deltas[URL]["prompt_tokens"] == 4089
+    assert refused.reached == () and refused.completion.rejected
+    assert run.healthy_after == {URL: True} and run.idle_after == {URL: True}
+    assert run.small_request_after is not None and run.small_request_after.served
+
+
+def test_a_well_behaved_engine_passes_every_probe_check():
+    engine = FakeEngine(snapshot(URL, pool=4096, context=8192))
+    ctx = CheckContext((engine.snap,), load_thresholds(), probes=probe(engine), entry=URL)
+    ids = ["overcapacity-rejected", "prompt-integrity", "max-tokens-clamp", "concurrent-capacity", "engine-healthy-after"]
+    results = run_checks(ctx, ids)
+    assert [(r.id, r.status) for r in results] == [(i, Status.PASS) for i in ids], [r.message for r in results]
+
+
+def test_an_engine_that_serves_over_the_pool_fails_overcapacity_rejected():
+    def serves_everything(engine: FakeEngine, sent: Sent) -> Completion | None:
+        if sent.tokens <= 8192:  # within the context, past the pool: the incident
+            return Completion(sent_tokens=sent.tokens, max_tokens=sent.max_tokens, streamed=sent.stream, status=200,
+                              elapsed_s=0.01, completion_tokens=sent.max_tokens, prompt_tokens=sent.tokens)
+        return None
+
+    engine = FakeEngine(snapshot(URL, pool=4096, context=8192, role=Role.UNIFIED), script=serves_everything)
+    ctx = CheckContext((engine.snap,), load_thresholds(), probes=probe(engine), entry=URL)
+    (result,) = run_checks(ctx, ["overcapacity-rejected"])
+    assert result.status is Status.FAIL and "over-pool (6,144 tokens)" in result.message
+
+
+def test_no_stated_context_sends_nothing():
+    engine = FakeEngine(snapshot(URL, pool=4096, context=None))
+    run = probe(engine)
+    assert run.limits is None and run.not_run and "no served context" in run.not_run
+    assert engine.sent == []

@@ -1,0 +1,104 @@
+"""The one complete() every adapter shares: how a hang, a transport failure, a refusal (as an
+HTTP error or as an error frame inside a 200 stream), a broken stream and an answer each become
+a Completion, whatever the engine. Replies are canned; nothing is sent."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+import pytest
+
+from kvpreflight.engines.errors import EngineError
+from kvpreflight.engines.http import EngineTimeout, HttpReply, StreamReply
+from kvpreflight.engines.sglang import SglangAdapter
+from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight.model import ErrorKind
+
+LENGTH_MESSAGE = "Input length (9000 tokens) exceeds the maximum allowed length (8185 tokens)."
+
+
+class CannedClient:
+    """Answers every POST with one canned reply, or raises it."""
+
+    def __init__(self, answer: HttpReply | StreamReply | Exception) -> None:
+        self.answer = answer
+        self.posted: list[tuple[str, Any]] = []
+
+    def _reply(self, url: str, body: Any) -> Any:
+        self.posted.append((url, body))
+        if isinstance(self.answer, Exception):
+            raise self.answer
+        return self.answer
+
+    def post(self, url: str, body: Any, *, timeout_s: float | None = None) -> HttpReply:
+        return self._reply(url, body)
+
+    def post_stream(self, url: str, body: Any, *, timeout_s: float) -> StreamReply:
+        return self._reply(url, body)
+
+
+def sglang(answer: HttpReply | StreamReply | Exception, *, stream: bool = False, sent: int = 9000):
+    client = CannedClient(answer)
+    adapter = SglangAdapter("http://e:1", client)  # type: ignore[arg-type]  # a canned stand-in for HttpClient
+    return adapter.complete(list(range(sent)), max_tokens=4, stream=stream, timeout_s=1), client
+
+
+def frames(*events: Any, timed_out: bool = False, status: int = 200) -> StreamReply:
+    texts = tuple(e if isinstance(e, str) else json.dumps(e) for e in events)
+    body = "".join(f"data: {t}\n\n" for t in texts).encode()
+    return StreamReply("http://e:1/generate", status, texts, body, 0.5, timed_out, 0.01)
+
+
+def test_a_hang_is_timed_out_and_a_transport_failure_says_why():
+    c, _ = sglang(EngineTimeout("no answer"))
+    assert c.timed_out and c.status is None and not c.rejected
+    c, _ = sglang(EngineError("cannot connect"))
+    assert c.transport_error == "cannot connect" and not c.timed_out and not c.served
+
+
+def test_an_http_refusal_is_classified_by_the_engines_own_messages():
+    body = json.dumps({"error": {"message": LENGTH_MESSAGE}}).encode()
+    c, client = sglang(HttpReply("http://e:1/generate", 400, body, 0.01))
+    assert client.posted[0][0] == "http://e:1/generate"
+    assert (c.status, c.error_message, c.error_kind) == (400, LENGTH_MESSAGE, ErrorKind.LENGTH)
+    assert c.body_sha256 == hashlib.sha256(body).hexdigest() and c.sent_tokens == 9000
+    c, _ = sglang(HttpReply("http://e:1/generate", 503, b"", 0.01))
+    assert c.error_message == "HTTP 503 without an error message" and c.error_kind is ErrorKind.OTHER
+
+
+def test_an_error_frame_inside_a_200_stream_is_a_refusal():
+    c, _ = sglang(frames({"error": {"message": LENGTH_MESSAGE}}), stream=True)
+    assert c.status == 200 and c.rejected and c.error_kind is ErrorKind.LENGTH and c.streamed
+
+
+def test_a_frame_that_is_not_json_is_a_transport_error():
+    c, _ = sglang(frames("{not json"), stream=True)
+    assert c.transport_error and "not JSON" in c.transport_error and not c.served
+
+
+@pytest.mark.parametrize("timed_out", [False, True])
+def test_a_streamed_answer_keeps_its_first_frame_time_and_whether_the_deadline_cut_it(timed_out):
+    last = {"text": "hello", "meta_info": {"prompt_tokens": 9000, "completion_tokens": 4, "cached_tokens": 0,
+                                           "finish_reason": {"type": "length"}}}
+    c, _ = sglang(frames({"text": "he"}, last, "[DONE]", timed_out=timed_out), stream=True)
+    assert (c.prompt_tokens, c.completion_tokens, c.finish_reason, c.text, c.ttft_s) == (9000, 4, "length", "hello", 0.01)
+    assert c.timed_out is timed_out and c.served is not timed_out
+
+
+def test_an_abort_inside_a_200_answer_is_a_refusal():
+    answer = {"text": "", "meta_info": {"finish_reason": {"type": "abort", "message": LENGTH_MESSAGE}}}
+    c, _ = sglang(HttpReply("http://e:1/generate", 200, json.dumps(answer).encode(), 0.01))
+    assert c.rejected and c.error_kind is ErrorKind.LENGTH and c.finish_reason == "abort"
+
+
+def test_the_openai_route_merges_usage_and_finish_from_their_own_frames():
+    events = ({"choices": [{"text": "a", "finish_reason": None}]}, {"choices": [{"text": "b", "finish_reason": "length"}]},
+              {"choices": [], "usage": {"prompt_tokens": 10, "completion_tokens": 2,
+                                        "prompt_tokens_details": {"cached_tokens": 8}}}, "[DONE]")
+    client = CannedClient(frames(*events))
+    c = VllmAdapter("http://v:2", client, model="tiny").complete(  # type: ignore[arg-type]
+        list(range(10)), max_tokens=2, stream=True, timeout_s=1)
+    assert (c.text, c.finish_reason, c.prompt_tokens, c.completion_tokens, c.cached_tokens) == ("ab", "length", 10, 2, 8)
+    assert client.posted[0][1]["model"] == "tiny"

@@ -1,0 +1,40 @@
+"""The engine state the probes share: counter deltas, the bounded wait for idle pools (an engine
+found stuck is not waited for again), and request time budgets."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from support.fake_adapter import FakeAdapter, FakeEngine, snapshot
+
+from kvpreflight.engines.http import HttpClient
+from kvpreflight.engines.interface import Counters
+from kvpreflight.probes import engine_state
+from kvpreflight.probes.engine_state import EngineState, counter_deltas, request_budget
+from kvpreflight.probes.results import Expect
+
+
+def test_deltas_cover_counters_known_at_both_moments_only():
+    before = {"u": Counters(requests=1, prompt_tokens=100, kv_transfers=None, extra={"queue": 2}), "gone": Counters(requests=1)}
+    after = {"u": Counters(requests=3, prompt_tokens=100, kv_transfers=5, used_tokens=64, extra={"queue": 1}), "gone": None}
+    assert counter_deltas(before, after) == {"u": {"requests": 2, "prompt_tokens": 0, "queue": -1}}
+
+
+def test_a_stuck_engine_is_waited_for_once(monkeypatch):
+    monkeypatch.setattr(engine_state, "IDLE_POLL_S", 0.01)
+    idle, stuck = FakeEngine(snapshot("http://idle:1")), FakeEngine(snapshot("http://stuck:2"))
+    stuck.counters = replace(stuck.counters, used_tokens=48)
+    client = HttpClient()
+    state = EngineState({e.snap.url: FakeAdapter(e.snap.url, client) for e in (idle, stuck)})
+    start = time.monotonic()
+    assert state.wait_idle(0.2) == {"http://idle:1": True, "http://stuck:2": False}
+    assert time.monotonic() - start >= 0.2
+    start = time.monotonic()
+    assert state.wait_idle(5.0) == {"http://idle:1": True, "http://stuck:2": False}
+    assert time.monotonic() - start < 1.0  # still holding no more than before: not waited for again
+
+
+def test_a_refusal_gets_the_timeout_and_an_accepted_prompt_time_for_its_size():
+    assert request_budget(30, 20000, 40000, Expect.REJECT) == 30
+    assert request_budget(30, 20000, 40000, Expect.ACCEPT) == 32

@@ -1,0 +1,226 @@
+"""Each isolation scenario on fake engines: who sends what, how large, in which order, and what
+the checks make of an engine that keeps tenants apart, leaks, or has no prefix cache."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import replace
+
+import pytest
+from support.fake_adapter import FakeAdapter, FakeEngine, Sent, snapshot
+
+from kvpreflight.checkdata import load_thresholds
+from kvpreflight.checks import CheckContext, run_checks
+from kvpreflight.engines.http import HttpClient
+from kvpreflight.model import Completion, EngineSnapshot, Role, Status
+from kvpreflight.probes import isolation
+from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN, Departure, RawTarget
+from kvpreflight.probes.isolation import IsolationSettings, run_isolation
+from kvpreflight.probes.results import (
+    CacheProbeKind,
+    Expect,
+    IsolationRun,
+    Limits,
+    ProbeRun,
+    Scenario,
+    Tenant,
+)
+
+URL = "http://engine:1"
+LIMITS = Limits(served_context=8192, pool_tokens=4096, max_accepted=4089)
+# gen = max(16, min(256, 8192 // 4)) = 256; longest = min(4089, 8192 - 256 - 1) = 4089
+LONGEST, GEN = 4089, 256
+
+
+def tenant_of(sent: Sent) -> str:
+    return "a" if "tenant-a" in sent.extra.get("cache_salt", "") else "b"
+
+
+def isolate(*engines: FakeEngine, entry: FakeEngine | None = None, churn: bool = False, salted: bool = True,
+            limits: Limits = LIMITS) -> IsolationRun:
+    entry = entry or engines[0]
+    client = HttpClient()
+    adapters = {e.snap.url: FakeAdapter(e.snap.url, client) for e in engines}
+    settings = IsolationSettings(timeout_s=5, churn_allowed=churn, churn_not_allowed_reason="not in this test",
+                                 binding="a cache_salt per tenant" if salted else "API keys")
+    return run_isolation(FakeAdapter(entry.snap.url, client), adapters, [e.snap for e in engines], limits, settings,
+                         {}, ({}, {}), salted=salted)
+
+
+def scenario(run: IsolationRun, name: str) -> Scenario:
+    return next(s for s in run.scenarios if s.name == name)
+
+
+def judged(run: IsolationRun, snaps: tuple[EngineSnapshot, ...], check_id: str):
+    ctx = CheckContext(snaps, load_thresholds(), probes=ProbeRun(limits=LIMITS), entry=snaps[0].url, isolation=run)
+    (result,) = run_checks(ctx, [check_id])
+    return result
+
+
+@pytest.fixture
+def departures(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, RawTarget]]]:
+    """The raw disconnects, recorded instead of sent; each leaves at the intended moment."""
+    seen: list[tuple[str, RawTarget]] = []
+
+    def during_transfer(target: RawTarget, pages_reserved, *, unified: bool) -> Departure:
+        seen.append(("transfer", target))
+        return Departure("after its pages were reserved (used-token gauge rose)", b"")
+
+    def after_first_token(target: RawTarget, read_budget_s: float) -> Departure:
+        seen.append(("token", target))
+        return Departure(AFTER_FIRST_TOKEN, b'data: {"text": "x"}\n')
+
+    monkeypatch.setattr(isolation, "leave_during_transfer", during_transfer)
+    monkeypatch.setattr(isolation, "leave_after_first_token", after_first_token)
+    yield seen
+
+
+def test_scenarios_send_interleaved_tenants_at_the_derived_sizes():
+    engine = FakeEngine(snapshot(URL, pool=4096, context=8192))
+    run = isolate(engine)
+    assert [s.name for s in run.scenarios] == ["normal", "boundary", "over-capacity", "cancel-transfer", "cancel-decode", "load"]
+    normal, boundary, over = (scenario(run, n) for n in ("normal", "boundary", "over-capacity"))
+    assert [(r.tenant.value, r.completion.sent_tokens) for r in normal.requests] == [
+        (t, LONGEST // 2) for t in "ababab"]
+    assert [(r.tenant.value, r.completion.sent_tokens) for r in boundary.requests] == [(t, LONGEST) for t in "abba"]
+    # over the pool, within the context: 4096 + (8192 - 4096) // 2
+    assert [(r.name, r.expect, r.completion.sent_tokens) for r in over.requests] == [
+        ("over-capacity-a-long", Expect.ACCEPT, LONGEST), ("over-capacity-b-over", Expect.REJECT, 6144),
+        ("over-capacity-b-long", Expect.ACCEPT, LONGEST), ("over-capacity-a-over", Expect.REJECT, 6144)]
+    # every request carries its own tenant's salt and asks for a scanned answer
+    scenario_sent = engine.sent[:14]
+    assert [tenant_of(s) for s in scenario_sent] == list("ababab" + "abba" + "abba")
+    assert {s.max_tokens for s in scenario_sent} == {GEN}
+
+
+def test_churn_scenarios_are_skipped_with_the_reason_unless_allowed():
+    run = isolate(FakeEngine(snapshot(URL)))
+    skipped = [s for s in run.scenarios if s.churn]
+    assert [s.name for s in skipped] == ["cancel-transfer", "cancel-decode", "load"]
+    assert all(s.skipped == "not in this test" and not s.requests for s in skipped)
+
+
+def test_echoing_engine_that_keeps_tenants_apart_passes_both_checks():
+    engine = FakeEngine(snapshot(URL))
+    run = isolate(engine)
+    assert all(r.own_seen and not r.crossings for r in run.requests() if r.served)
+    iso = judged(run, (engine.snap,), "tenant-isolation")
+    assert iso.status is Status.PASS and "not run (not in this test)" in iso.message, iso.message
+    cache = judged(run, (engine.snap,), "prefix-cache-isolation")
+    assert cache.status is Status.PASS, cache.message
+
+
+def test_engine_that_answers_b_with_as_pages_fails_tenant_isolation():
+    last_of: dict[str, str] = {}
+
+    def leaky(engine: FakeEngine, sent: Sent) -> Completion | None:
+        tenant = tenant_of(sent)
+        other = last_of.get("a" if tenant == "b" else "b")
+        last_of[tenant] = sent.seed
+        if other is None or sent.tokens > engine.limit:
+            return None
+        return Completion(sent_tokens=sent.tokens, max_tokens=sent.max_tokens, streamed=False, status=200, elapsed_s=0.01,
+                          completion_tokens=sent.max_tokens, prompt_tokens=sent.tokens, text=sent.seed + other)
+
+    engine = FakeEngine(snapshot(URL), script=leaky)
+    run = isolate(engine)
+    result = judged(run, (engine.snap,), "tenant-isolation")
+    assert result.status is Status.FAIL and "canary crossed tenants" in result.message
+    assert run.canaries[Tenant.A] in result.message
+
+
+def test_without_a_salt_an_engine_shares_the_prefix_across_tenants():
+    engine = FakeEngine(snapshot(URL))
+    run = isolate(engine, salted=False)
+    assert run.cache is not None
+    assert all(p.completion.cached_tokens for p in run.cache.of(CacheProbeKind.CROSS))
+    result = judged(run, (engine.snap,), "prefix-cache-isolation")
+    assert result.status is Status.FAIL and "tenant B reused tenant A's cached prefix" in result.message
+
+
+def test_prefix_cache_controls_send_cold_warm_warm_cross_per_fresh_prefix():
+    engine = FakeEngine(snapshot(URL))
+    run = isolate(engine)
+    assert run.cache is not None
+    assert [(p.kind, p.tenant, p.prefix) for p in run.cache.probes] == [
+        (kind, tenant, prefix) for prefix in range(3)
+        for kind, tenant in ((CacheProbeKind.COLD, Tenant.A), (CacheProbeKind.WARM, Tenant.A),
+                             (CacheProbeKind.WARM, Tenant.A), (CacheProbeKind.CROSS, Tenant.B))]
+    assert run.cache.prompt_tokens == 1024 and all(p.completion.sent_tokens == 1024 for p in run.cache.probes)
+    assert all(p.hit_metric_delta == (1 if p.kind is CacheProbeKind.WARM else 0) for p in run.cache.probes)
+
+
+def no_cache(engine: FakeEngine, sent: Sent) -> Completion | None:
+    engine.cache.clear()  # nothing is ever reused
+    return None
+
+
+def test_an_engine_that_states_caching_off_is_skipped_not_inconclusive():
+    engine = FakeEngine(snapshot(URL, prefix_caching=False), script=no_cache)
+    run = isolate(engine)
+    assert run.cache is not None and run.cache.caching_off == f"{URL} reports it off"
+    result = judged(run, (engine.snap,), "prefix-cache-isolation")
+    assert result.status is Status.SKIP and result.message.startswith(f"prefix caching is off ({URL} reports it off)")
+
+
+def test_only_a_decode_engine_without_a_cache_does_not_mean_caching_is_off():
+    router = FakeEngine(snapshot("http://router:0", role=Role.UNIFIED), script=no_cache)
+    decode = FakeEngine(snapshot("http://decode:2", role=Role.DECODE, prefix_caching=False))
+    prefill = FakeEngine(snapshot("http://prefill:1", role=Role.PREFILL, prefix_caching=True))
+    run = isolate(prefill, decode, entry=router)
+    assert run.cache is not None and run.cache.caching_off is None
+    result = judged(run, (prefill.snap, decode.snap), "prefix-cache-isolation")
+    assert result.status is Status.INCONCLUSIVE and "positive control failed" in result.message
+
+
+def test_cancel_decode_leaves_after_the_first_token_and_the_other_tenant_follows(departures):
+    engine = FakeEngine(snapshot(URL))
+    run = isolate(engine, churn=True)
+    cancel = scenario(run, "cancel-decode")
+    assert [(r.name, r.abandoned) for r in cancel.requests] == [
+        ("cancel-decode-a-left", AFTER_FIRST_TOKEN), ("cancel-decode-b", None),
+        ("cancel-decode-b-left", AFTER_FIRST_TOKEN), ("cancel-decode-a", None)]
+    token_targets = [t for how, t in departures if how == "token"]
+    assert [t.request.body["stream"] for t in token_targets] == [True, True]
+    # the adapter's own request: its path, its tenant's salt, max_tokens 512 to stay mid-answer
+    assert [t.request.path for t in token_targets] == ["/generate", "/generate"]
+    assert ["tenant-a" in token_targets[0].request.body["cache_salt"], "tenant-b" in token_targets[1].request.body["cache_salt"]] == [True, True]
+    assert {t.request.max_tokens for t in token_targets} == {512}
+    assert cancel.occurred is True and cancel.occurrence.startswith("confirmed")
+
+
+def test_cancel_transfer_on_a_unified_engine_is_unconfirmed(departures):
+    engine = FakeEngine(snapshot(URL, pool=4096))
+    run = isolate(engine, churn=True)
+    cancel = scenario(run, "cancel-transfer")
+    # the leaver's prompt is half the pool; the other tenant sends two of 45% of that
+    assert [(r.name, r.completion.sent_tokens if r.completion else None) for r in cancel.requests] == [
+        ("cancel-transfer-a-left", None), ("cancel-transfer-b1", 921), ("cancel-transfer-b2", 921),
+        ("cancel-transfer-b-left", None), ("cancel-transfer-a1", 921), ("cancel-transfer-a2", 921)]
+    assert [len(t.request.body["input_ids"]) for how, t in departures if how == "transfer"] == [2048, 2048]
+    assert cancel.occurred is None and "a unified engine shows no transfer" in cancel.occurrence
+
+
+def test_cancel_transfer_is_confirmed_by_the_decode_deferred_release_counter(departures):
+    def defers(engine: FakeEngine, sent: Sent) -> Completion | None:
+        if not sent.stream and "tenant" in sent.extra.get("cache_salt", ""):
+            engine.counters = replace(engine.counters, deferred_releases=(engine.counters.deferred_releases or 0) + 1)
+        return None
+
+    prefill = FakeEngine(snapshot("http://prefill:1", role=Role.PREFILL))
+    decode = FakeEngine(snapshot("http://decode:2", role=Role.DECODE), script=defers)
+    decode.counters = replace(decode.counters, deferred_releases=0)
+    router = FakeEngine(snapshot("http://router:0"), forwards_to=(prefill, decode))
+    run = isolate(prefill, decode, entry=router, churn=True)
+    cancel = scenario(run, "cancel-transfer")
+    assert cancel.occurred is True and "deferred" in cancel.occurrence
+
+
+def test_load_sends_both_tenants_at_once_near_the_smallest_pool():
+    engine = FakeEngine(snapshot(URL, pool=4096))
+    run = isolate(engine, churn=True)
+    load = scenario(run, "load")
+    # 90% of the pool (3,686 tokens) in at least 4 requests: 4 x 921
+    assert sorted((r.tenant.value, r.completion.sent_tokens) for r in load.requests if r.completion) == [
+        ("a", 921), ("a", 921), ("b", 921), ("b", 921)]
+    assert load.occurred is True and "4 x 921 = 3,684 tokens against a 4,096-token pool" in load.occurrence
