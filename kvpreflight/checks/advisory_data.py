@@ -16,9 +16,9 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from kvpreflight.checkdata import CheckDataError, data_dir, load_yaml
-from kvpreflight.model import Status
+from kvpreflight.model import EngineKind, Status
 
-ENGINES = ("sglang", "vllm", "llamacpp", "tgi", "builtin")
+ENGINES = tuple(k.value for k in EngineKind)
 # `fixed` is a version, or one of these words (see SCHEMA.md).
 FIXED_WORDS = ("open", "unverified", "n/a")
 ID_PATTERN = re.compile(r"[A-Z][A-Z0-9]*(-[A-Z0-9]+)+")

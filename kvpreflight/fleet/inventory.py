@@ -233,7 +233,7 @@ class _Parser(FieldParser):
             except KvpreflightError as exc:
                 raise self.adopt(f"{where}.entry", exc) from None
         engine = raw.get("engine", "auto")
-        if engine != "auto" and engine not in ENGINES:
+        if not isinstance(engine, str) or engine != "auto" and engine not in ENGINES:
             raise self.error(f"{where}.engine", f"expected auto or one of {', '.join(ENGINES)}, got {describe(engine)}")
         logs = self.strings(raw.get("logs"), f"{where}.logs")
         for i, text in enumerate(logs):
