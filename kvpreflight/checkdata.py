@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
-
 
 from kvpreflight.errors import ConfigError
 
@@ -45,7 +44,7 @@ class Thresholds:
     concurrency: int
 
 
-@lru_cache(maxsize=None)
+@cache
 def load_thresholds(path: Path | None = None) -> Thresholds:
     path = path or data_dir() / "thresholds.yaml"
     raw = load_yaml(path) or {}

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import sys
 import tempfile
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from kvpreflight.builtin_engine.config import FAULTS, FAULTS_ENV, Fault
 from kvpreflight.errors import ConfigError, NotMeasured

@@ -12,8 +12,8 @@ under one of these three.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 
 class KvpreflightError(Exception):

@@ -7,8 +7,9 @@ CheckResult -> Report -> formats / record.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 
 class Status(str, enum.Enum):

@@ -6,8 +6,8 @@ Called through `kvpreflight.preflight` by `check`, `demo`, boot mode and the fle
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 from kvpreflight import __version__
 from kvpreflight.checkdata import load_thresholds
@@ -21,6 +21,7 @@ from kvpreflight.plan import CheckPlan
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings
 from kvpreflight.probes.isolation import IsolationSettings, run_isolation
 from kvpreflight.probes.results import IsolationRun, ProbeRun
+
 
 def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: None) -> Report:
     started = utc_now()

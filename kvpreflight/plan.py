@@ -5,9 +5,10 @@ inputs; everything in it is already validated, so running it finds no configurat
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from kvpreflight.model import Waiver
 from kvpreflight.targets import Auth, Target

@@ -18,9 +18,10 @@ Configuration problems are found before anything is contacted or booted: `CheckP
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from kvpreflight.errors import ConfigError
 from kvpreflight.model import ProcessRole, Report

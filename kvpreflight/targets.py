@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Sequence
 from urllib.parse import urlsplit
 
 from kvpreflight.errors import ConfigError

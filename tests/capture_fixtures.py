@@ -85,7 +85,7 @@ class Recorder:
     def finish(self, **meta) -> None:
         (self.folder / "exchanges.json").write_text(json.dumps(self.exchanges, indent=2) + "\n")
         (self.folder / "runs.json").write_text(
-            json.dumps({"captured_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+            json.dumps({"captured_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
                         **meta, "runs": self.runs}, indent=2) + "\n")
 
 

@@ -8,11 +8,10 @@ them with ``-m "not real_engine"``. ``$KVPREFLIGHT_CACHE/engines.env`` (written 
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import pytest
-
 import realengines
 from realengines import EngineNotSetUp, EngineProcess
 

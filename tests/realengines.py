@@ -242,7 +242,7 @@ class EngineProcess:
                 self._log_file.close()
                 self._log_file = None
 
-    def __enter__(self) -> "EngineProcess":
+    def __enter__(self) -> EngineProcess:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -8,12 +8,11 @@ import os
 import shutil
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from kvpreflight.model import CheckResult, EngineSnapshot, Origin, PoolReading, Report, Role, Status, Waiver
 from kvpreflight.record import build_statement, generate, parse_subject, sign_statement, write_keypair, write_record
-
 
 
 def _console_script() -> Path:
@@ -75,7 +74,7 @@ def write_signed(path: Path, key, *, failing: bool = False, now: datetime | None
 
 
 def hours_ago(hours: float) -> datetime:
-    return datetime.now(timezone.utc) - timedelta(hours=hours)
+    return datetime.now(UTC) - timedelta(hours=hours)
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

@@ -6,11 +6,11 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable, Iterator, Mapping, Union
 
-Body = Union[bytes, str, dict, list]
-Route = Union[tuple, Callable[[dict], tuple]]  # (status, content_type, body[, headers])
+Body = bytes | str | dict | list
+Route = tuple | Callable[[dict], tuple]  # (status, content_type, body[, headers])
 
 
 def _encode(body: Body) -> bytes:

@@ -18,8 +18,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from boot_support.procs import group_members, live_pids
+
 from kvpreflight.boot import BootError, boot_deployment, parse_spec
 
 FAKE = str(Path(__file__).parent / "boot_support" / "fake_engine.py")
@@ -215,7 +215,7 @@ def test_exception_in_the_block_still_stops_engines(tmp_path, reaper):
         with boot_deployment(spec, tmp_path, stderr=io.StringIO()) as deployment:
             pid = deployment.engines[0].pid
             reaper.add(pid)
-            1 / 0
+            raise ZeroDivisionError  # any exception inside the block
     assert_all_gone({pid})
 
 

@@ -13,8 +13,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-
 from boot_support.procs import group_members, live_pids
+
 from kvpreflight.boot import boot_deployment, load_spec
 
 SPECS = Path(__file__).parent.parent / "examples" / "specs"

@@ -10,7 +10,6 @@ import threading
 from pathlib import Path
 
 import pytest
-
 from static_server import static_server
 
 FIX = Path(__file__).parent / "fixtures" / "sglang"

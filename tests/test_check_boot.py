@@ -10,9 +10,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-import yaml
-
 import realengines
+import yaml
 from proctags import processes_tagged
 
 ROOT = Path(__file__).resolve().parent.parent

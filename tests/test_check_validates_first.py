@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from static_server import static_server
 
 KVPF = [sys.executable, "-m", "kvpreflight"]

@@ -43,7 +43,10 @@ def refused(sent, msg="Input length (9999 tokens) exceeds the maximum allowed le
     return Completion(sent_tokens=sent, max_tokens=16, streamed=kw.pop("stream", False), status=status, elapsed_s=0.01, error_message=msg, error_kind=kind, **kw)
 
 
-def run(*probes, limits=Limits(10000, 20000, 9993), reached=(PREFILL,)) -> ProbeRun:
+DEFAULT_LIMITS = Limits(10000, 20000, 9993)
+
+
+def run(*probes, limits=DEFAULT_LIMITS, reached=(PREFILL,)) -> ProbeRun:
     items = []
     for name, completion, *rest in probes:
         deltas = rest[0] if rest else {}

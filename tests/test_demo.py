@@ -12,7 +12,6 @@ import sys
 import uuid
 
 import pytest
-
 from proctags import processes_tagged
 
 pytestmark = pytest.mark.slow

@@ -13,9 +13,8 @@ import uuid
 from pathlib import Path
 
 import pytest
-
-from record_support import KVPREFLIGHT, make_keys, run_cli
 from proctags import processes_tagged
+from record_support import KVPREFLIGHT, make_keys, run_cli
 
 pytestmark = pytest.mark.slow
 

@@ -4,11 +4,11 @@ anything runs; a good inventory parses into what the runners need."""
 from __future__ import annotations
 
 import pytest
+from record_support import run_cli
 
 from kvpreflight.fleet import FleetError, parse_inventory
 from kvpreflight.fleet.inventory import AttachTarget, BootTarget, BuiltinTarget
 from kvpreflight.fleet.runners import plan_batches
-from record_support import run_cli
 
 GOOD = {
     "fleet": "rel-42",

@@ -18,7 +18,6 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
-
 from record_support import make_keys, record_text, run_cli
 
 SECRET = "sk-fleet-test-0123456789abcdef"
@@ -187,11 +186,12 @@ def test_records_per_deployment_and_a_fleet_record_verify_deep_and_keep_no_secre
 
 
 def test_a_passing_fleet_verifies_deep_and_a_subject_missing_from_a_deployment_record_is_refused(tmp_path, keys):
+    from record_support import sample_report
+
     from kvpreflight.fleet.job import Outcome
     from kvpreflight.fleet.records import write_fleet_records
     from kvpreflight.fleet.report import FleetReport
     from kvpreflight.record import build_statement, load_signing_key, parse_subject
-    from record_support import sample_report
 
     private, public = keys
     image = parse_subject("image=sha256:" + "ef" * 32)

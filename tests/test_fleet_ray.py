@@ -15,9 +15,8 @@ import time
 import uuid
 
 import pytest
-
-from record_support import KVPREFLIGHT, make_keys, run_cli
 from proctags import processes_tagged
+from record_support import KVPREFLIGHT, make_keys, run_cli
 from test_fleet_local import silent_server
 
 pytestmark = pytest.mark.slow

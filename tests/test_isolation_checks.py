@@ -66,7 +66,10 @@ def iso(*scenarios, cache=None, **kw) -> IsolationRun:
                         healthy_after={DECODE: True}, idle_after={DECODE: True}, **kw)
 
 
-def ctx(isolation, probes=ProbeRun(limits=Limits(8192, 16384, 8185))) -> CheckContext:
+DEFAULT_PROBES = ProbeRun(limits=Limits(8192, 16384, 8185))
+
+
+def ctx(isolation, probes=DEFAULT_PROBES) -> CheckContext:
     snap = EngineSnapshot(url=DECODE, engine="builtin", version="x", role=Role.DECODE, model="m", served_context=8192)
     return CheckContext((snap,), T, None, probes, ENTRY, isolation=isolation)
 

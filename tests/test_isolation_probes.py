@@ -9,8 +9,9 @@ import os
 import subprocess
 import sys
 
-from kvpreflight.builtin_engine.testbed import unified_engine
 from record_support import record_text
+
+from kvpreflight.builtin_engine.testbed import unified_engine
 
 
 def check(*args: str, env: dict | None = None) -> tuple[int, dict, str]:

@@ -11,7 +11,6 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 import realengines
 
 pytestmark = pytest.mark.real_engine

@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from record_support import APP, load, make_keys, sample_report, write_signed
 from securesystemslib.dsse import Envelope as SslibEnvelope
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import CryptoSigner, SSlibKey
@@ -23,7 +24,6 @@ from securesystemslib.signer import CryptoSigner, SSlibKey
 from kvpreflight.record import Policy, build_statement, load_public_key, verify_envelope
 from kvpreflight.record.dsse import envelope_from_dict
 from kvpreflight.record.sign import statement_bytes
-from record_support import APP, load, make_keys, sample_report, write_signed
 
 REPO = Path(__file__).resolve().parents[1]
 SIGSTORE_JS_PACKAGES = ("@sigstore/verify@3.1.1", "@sigstore/bundle@4.0.0")

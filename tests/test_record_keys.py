@@ -6,9 +6,9 @@ import os
 import stat
 
 import pytest
+from record_support import APP_DIGEST, make_keys, run_cli, write_signed
 
 from kvpreflight.record import RecordError, load_public_key, load_signing_key, resolve_sign_key_path
-from record_support import APP_DIGEST, make_keys, run_cli, write_signed
 
 
 def test_keygen_writes_a_0600_private_key_and_a_public_key(tmp_path):

@@ -9,15 +9,21 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from record_support import APP, sample_report
 
 from kvpreflight.formats import get_format
 from kvpreflight.model import Report, Status
 from kvpreflight.record import (
-    FLEET_PREDICATE_TYPE, PREDICATE_TYPE, FleetDeployment, FleetPredicate, RecordError, ReleasePredicate, build_statement,
+    FLEET_PREDICATE_TYPE,
+    PREDICATE_TYPE,
+    FleetDeployment,
+    FleetPredicate,
+    RecordError,
+    ReleasePredicate,
+    build_statement,
     statement,
 )
 from kvpreflight.schema import SchemaError
-from record_support import APP, sample_report
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "records"
 

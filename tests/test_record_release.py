@@ -6,11 +6,18 @@ import json
 from dataclasses import replace
 
 import pytest
+from record_support import APP, APP_DIGEST, make_keys, record_text, sample_report
 
 from kvpreflight.record import (
-    Policy, RecordError, emit_record, load_public_key, parse_subjects, prepare_signer, read_record, verify_envelope,
+    Policy,
+    RecordError,
+    emit_record,
+    load_public_key,
+    parse_subjects,
+    prepare_signer,
+    read_record,
+    verify_envelope,
 )
-from record_support import APP, APP_DIGEST, make_keys, record_text, sample_report
 
 
 def test_a_record_is_signed_unless_unsigned_is_asked_for(monkeypatch):

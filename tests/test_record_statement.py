@@ -5,12 +5,12 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import replace
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import pytest
+from record_support import APP, APP_DIGEST, sample_report
 
 from kvpreflight.record import PREDICATE_TYPE, STATEMENT_TYPE, RecordError, build_statement, parse_subject, redact_command_line
-from record_support import APP, APP_DIGEST, sample_report
 
 FAKE_KEY = "sk-live-FAKE0123456789abcdefSECRET"
 
@@ -44,7 +44,7 @@ def test_statement_shape_and_predicate_content(tmp_path):
     config.write_text("engines: []\n")
     log = tmp_path / "prefill.log"
     log.write_bytes(b"KV Cache is allocated. #tokens: 140000\n")
-    moment = datetime(2026, 3, 1, 12, 0, tzinfo=timezone.utc)
+    moment = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
     st = build_statement(sample_report(), command_line=["kvpreflight", "check", "--config", str(config)],
                          subjects=[APP], files_read=[config, log], now=moment, host="ci-runner-7")
     assert st["_type"] == STATEMENT_TYPE and st["predicateType"] == PREDICATE_TYPE

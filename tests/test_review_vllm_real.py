@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-
 import realengines
 
 pytestmark = pytest.mark.real_engine

@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 
 import pytest
+from static_server import static_server
 
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CheckContext, run_checks
 from kvpreflight.checks.advisory_data import load_advisories
 from kvpreflight.engines import HttpClient, open_adapter
 from kvpreflight.model import ErrorKind, Origin, Role, Status
-from static_server import static_server
 
 FIX = Path(__file__).parent / "fixtures" / "sglang"
 JSON = "application/json"

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from static_server import static_server
 
 from kvpreflight.engines import HttpClient, open_adapter
 from kvpreflight.engines.builtin import BuiltinAdapter
@@ -24,7 +25,6 @@ from kvpreflight.engines.sglang import SglangAdapter
 from kvpreflight.engines.tgi import TgiAdapter
 from kvpreflight.engines.vllm import VllmAdapter
 from kvpreflight.model import ErrorKind, Origin
-from static_server import static_server
 
 FIXTURES = Path(__file__).parent / "fixtures"
 FIX = FIXTURES / "tgi"

@@ -6,13 +6,13 @@ import base64
 import json
 import subprocess
 import sys
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
+from record_support import APP, APP_DIGEST, load, make_keys, run_cli, sample_report, write_signed
 
 from kvpreflight.record import build_statement, load_signing_key, sign_statement, unsigned_envelope, write_record
-from record_support import APP, APP_DIGEST, load, make_keys, run_cli, sample_report, write_signed
 
 SUBJECT = f"app=sha256:{APP_DIGEST}"
 
@@ -112,7 +112,7 @@ def test_signature_without_keyid_by_another_key_is_refused(record, tmp_path):
 
 def test_stale_record_is_refused_and_max_age_widens_the_window(tmp_path, keys):
     path = tmp_path / "old.json"
-    write_signed(path, keys[0], now=datetime.now(timezone.utc) - timedelta(hours=30))
+    write_signed(path, keys[0], now=datetime.now(UTC) - timedelta(hours=30))
     assert_refused(verify(path, keys[1], "--subject", SUBJECT), "record is 30h old, older than --max-age 24h")
     assert verify(path, keys[1], "--subject", SUBJECT, "--max-age", "2d").returncode == 0
     assert_refused(verify(path, keys[1], "--subject", SUBJECT, "--max-age", "90m"), "older than --max-age 90m")
@@ -120,7 +120,7 @@ def test_stale_record_is_refused_and_max_age_widens_the_window(tmp_path, keys):
 
 def test_record_from_the_future_is_refused(tmp_path, keys):
     path = tmp_path / "future.json"
-    write_signed(path, keys[0], now=datetime.now(timezone.utc) + timedelta(hours=2))
+    write_signed(path, keys[0], now=datetime.now(UTC) + timedelta(hours=2))
     assert_refused(verify(path, keys[1], "--subject", SUBJECT), "in the future", "clock")
 
 
@@ -144,7 +144,7 @@ def test_failed_verdict_is_refused_unless_allow_fail(tmp_path, keys):
 
 def test_every_failed_condition_is_named_at_once(tmp_path, keys):
     path = tmp_path / "bad.json"
-    write_signed(path, keys[0], failing=True, now=datetime.now(timezone.utc) - timedelta(days=3))
+    write_signed(path, keys[0], failing=True, now=datetime.now(UTC) - timedelta(days=3))
     result = verify(path, keys[1], "--subject", "app=sha256:" + "0" * 64)
     assert_refused(result, "subject app has digest", "older than --max-age", "verdict is 'fail'")
 

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from static_server import static_server
 
 pytestmark = pytest.mark.slow

@@ -21,7 +21,8 @@ import os
 import signal
 import time
 import types
-from typing import Iterator, TextIO
+from collections.abc import Iterator
+from typing import TextIO
 
 from kvpreflight.boot.deployment import BootedDeployment, BootedEngine
 from kvpreflight.boot.errors import BootConfigError, BootError

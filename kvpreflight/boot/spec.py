@@ -17,8 +17,9 @@ import os
 import re
 import shlex
 import types
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from kvpreflight.boot.errors import BootConfigError
 from kvpreflight.fields import FieldParser, describe, load_yaml
@@ -210,7 +211,7 @@ class _Parser(FieldParser):
             try:
                 argv = shlex.split(value)
             except ValueError as exc:
-                raise self.error(where, f"cannot split into arguments: {exc}")
+                raise self.error(where, f"cannot split into arguments: {exc}") from None
         elif isinstance(value, list):
             argv = []
             for i, item in enumerate(value):

@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import enum
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from kvpreflight.checkdata import CheckDataError, data_dir, load_yaml
 from kvpreflight.model import EngineKind, Status

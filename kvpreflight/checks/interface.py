@@ -10,6 +10,7 @@ from kvpreflight.checks.advisory_data import Advisory
 from kvpreflight.model import CheckResult, EngineSnapshot, Status, Waiver
 from kvpreflight.probes.results import IsolationRun, ProbeRun
 
+
 @dataclass(frozen=True)
 class CheckContext:
     snapshots: tuple[EngineSnapshot, ...]

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import enum
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Optional, Sequence
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -23,9 +24,9 @@ def register(app: typer.Typer) -> None:
 
     @group.command("list")
     def list_command(
-        engine: Optional[str] = typer.Option(None, "--engine", help="Only this engine: sglang, vllm, llamacpp, tgi, builtin."),
+        engine: str | None = typer.Option(None, "--engine", help="Only this engine: sglang, vllm, llamacpp, tgi, builtin."),
         format: AdvisoriesFormat = typer.Option(AdvisoriesFormat.table, "--format", help="table or json."),
-        advisories: Optional[List[Path]] = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files (validated). Repeatable."),
+        advisories: list[Path] | None = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files (validated). Repeatable."),
     ) -> None:
         """One line per advisory: id, engine, affected and fixed versions, severity, title."""
         import json
@@ -45,7 +46,7 @@ def register(app: typer.Typer) -> None:
     @group.command("show")
     def show_command(
         advisory_id: str = typer.Argument(..., metavar="ID", help="An advisory id, e.g. KVPF-SGLANG-2026-001."),
-        advisories: Optional[List[Path]] = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files. Repeatable."),
+        advisories: list[Path] | None = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files. Repeatable."),
     ) -> None:
         """Everything about one advisory: conditions, sources, how check and review see it, how it was verified."""
         import sys

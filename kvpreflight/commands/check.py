@@ -5,13 +5,19 @@ over-capacity requests are hard-rejected. Parses arguments into a `CheckPlan`, c
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING
 
 import typer
 
 from kvpreflight.formats import FORMATS
 from kvpreflight.model import AUTO_ENGINE, EngineKind
+
+if TYPE_CHECKING:
+    from kvpreflight.boot.spec import DeploymentSpec
+    from kvpreflight.model import Report
+    from kvpreflight.plan import CheckPlan
 
 ENGINE_HELP = "|".join([AUTO_ENGINE, *EngineKind])
 FORMAT_HELP = "|".join(FORMATS)
@@ -25,36 +31,36 @@ def progress(message: str) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("check")
     def check(
-        endpoint: Optional[List[str]] = typer.Option(None, "--endpoint", help="Engine URL, or ROLE=URL (prefill, decode, unified) to override the role it reports. Repeatable."),
-        entry: Optional[str] = typer.Option(None, "--entry", help="Client-facing URL (router, load balancer, gateway) where probes are sent. Default: each unified endpoint itself."),
+        endpoint: list[str] | None = typer.Option(None, "--endpoint", help="Engine URL, or ROLE=URL (prefill, decode, unified) to override the role it reports. Repeatable."),
+        entry: str | None = typer.Option(None, "--entry", help="Client-facing URL (router, load balancer, gateway) where probes are sent. Default: each unified endpoint itself."),
         engine: str = typer.Option("auto", "--engine", help=ENGINE_HELP),
-        model: Optional[str] = typer.Option(None, "--model", help="Model name the engines must serve (and the OpenAI `model` field)."),
-        context_length: Optional[int] = typer.Option(None, "--context-length", help="Context length promised to users. Default: what the engine serves. The larger is checked."),
-        log: Optional[List[str]] = typer.Option(None, "--log", help="URL=PATH of an engine's start-up log (an independent capacity source). Repeatable."),
-        api_key_env: Optional[str] = typer.Option(None, "--api-key-env", help="Name of the environment variable holding the API key."),
-        api_key_file: Optional[Path] = typer.Option(None, "--api-key-file", help="File holding the API key."),
-        header: Optional[List[str]] = typer.Option(None, "--header", help="Extra request header 'Name: value'. Repeatable."),
-        secret_header: Optional[List[str]] = typer.Option(None, "--secret-header", help="NAME of a --header whose value is a secret (kept out of every output; Authorization, *token*, *key*, cookies are already). Repeatable."),
-        ca_bundle: Optional[Path] = typer.Option(None, "--ca-bundle", help="CA bundle for engines behind TLS with a private CA."),
+        model: str | None = typer.Option(None, "--model", help="Model name the engines must serve (and the OpenAI `model` field)."),
+        context_length: int | None = typer.Option(None, "--context-length", help="Context length promised to users. Default: what the engine serves. The larger is checked."),
+        log: list[str] | None = typer.Option(None, "--log", help="URL=PATH of an engine's start-up log (an independent capacity source). Repeatable."),
+        api_key_env: str | None = typer.Option(None, "--api-key-env", help="Name of the environment variable holding the API key."),
+        api_key_file: Path | None = typer.Option(None, "--api-key-file", help="File holding the API key."),
+        header: list[str] | None = typer.Option(None, "--header", help="Extra request header 'Name: value'. Repeatable."),
+        secret_header: list[str] | None = typer.Option(None, "--secret-header", help="NAME of a --header whose value is a secret (kept out of every output; Authorization, *token*, *key*, cookies are already). Repeatable."),
+        ca_bundle: Path | None = typer.Option(None, "--ca-bundle", help="CA bundle for engines behind TLS with a private CA."),
         capacity_only: bool = typer.Option(False, "--capacity-only", help="Read-only: send no request (production endpoints under a change freeze)."),
-        tenant_a_key_env: Optional[str] = typer.Option(None, "--tenant-a-key-env", help="Environment variable holding synthetic tenant A's API key (isolation probes)."),
-        tenant_b_key_env: Optional[str] = typer.Option(None, "--tenant-b-key-env", help="Environment variable holding synthetic tenant B's API key (isolation probes)."),
-        tenant_header: Optional[str] = typer.Option(None, "--tenant-header", help="Header NAME the deployment reads the tenant from; tenants send NAME: a and NAME: b."),
+        tenant_a_key_env: str | None = typer.Option(None, "--tenant-a-key-env", help="Environment variable holding synthetic tenant A's API key (isolation probes)."),
+        tenant_b_key_env: str | None = typer.Option(None, "--tenant-b-key-env", help="Environment variable holding synthetic tenant B's API key (isolation probes)."),
+        tenant_header: str | None = typer.Option(None, "--tenant-header", help="Header NAME the deployment reads the tenant from; tenants send NAME: a and NAME: b."),
         allow_disruptive: bool = typer.Option(False, "--allow-disruptive", help="Also run the isolation scenarios that churn the engine (client disconnects, load near the pool) against a live deployment."),
-        skip: Optional[List[str]] = typer.Option(None, "--skip", help="Waive a check id; needs a matching --reason. Repeatable."),
-        reason: Optional[List[str]] = typer.Option(None, "--reason", help="Why the matching --skip is waived (kept in the report and record)."),
-        fmt: Optional[str] = typer.Option(None, "--format", help=f"{FORMAT_HELP} (default: table)."),
-        output: Optional[Path] = typer.Option(None, "--output", help="Write the report here instead of stdout."),
+        skip: list[str] | None = typer.Option(None, "--skip", help="Waive a check id; needs a matching --reason. Repeatable."),
+        reason: list[str] | None = typer.Option(None, "--reason", help="Why the matching --skip is waived (kept in the report and record)."),
+        fmt: str | None = typer.Option(None, "--format", help=f"{FORMAT_HELP} (default: table)."),
+        output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
         timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for a rejection; accepted long prompts get more, scaled by size."),
-        concurrency: Optional[int] = typer.Option(None, "--concurrency", help="Near-limit requests sent at once by concurrent-capacity (default from checks/thresholds.yaml)."),
-        accepted_tps: Optional[float] = typer.Option(None, "--accepted-tokens-per-second", help="Budget for accepted long prompts: timeout + tokens / this."),
-        advisories: Optional[List[Path]] = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files. Repeatable."),
-        record: Optional[Path] = typer.Option(None, "--record", help="Write a signed release record (DSSE, in-toto) of this run here, pass or fail."),
-        sign_key: Optional[str] = typer.Option(None, "--sign-key", help="Private key file for --record (or set KVPREFLIGHT_SIGN_KEY to its path)."),
-        subject: Optional[List[str]] = typer.Option(None, "--subject", help="NAME=sha256:HEX the record is about (image, config, model revision). Repeatable."),
+        concurrency: int | None = typer.Option(None, "--concurrency", help="Near-limit requests sent at once by concurrent-capacity (default from checks/thresholds.yaml)."),
+        accepted_tps: float | None = typer.Option(None, "--accepted-tokens-per-second", help="Budget for accepted long prompts: timeout + tokens / this."),
+        advisories: list[Path] | None = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files. Repeatable."),
+        record: Path | None = typer.Option(None, "--record", help="Write a signed release record (DSSE, in-toto) of this run here, pass or fail."),
+        sign_key: str | None = typer.Option(None, "--sign-key", help="Private key file for --record (or set KVPREFLIGHT_SIGN_KEY to its path)."),
+        subject: list[str] | None = typer.Option(None, "--subject", help="NAME=sha256:HEX the record is about (image, config, model revision). Repeatable."),
         unsigned: bool = typer.Option(False, "--unsigned", help="Write the record unsigned (verify will refuse it)."),
-        boot: Optional[Path] = typer.Option(None, "--boot", help="Boot the deployment in this spec (YAML), check it, stop everything."),
-        log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="With --boot: where engine logs go (default: a new temporary folder)."),
+        boot: Path | None = typer.Option(None, "--boot", help="Boot the deployment in this spec (YAML), check it, stop everything."),
+        log_dir: Path | None = typer.Option(None, "--log-dir", help="With --boot: where engine logs go (default: a new temporary folder)."),
     ) -> None:
         """Check running engines (or boot them from a spec with --boot). Exit 0 pass, 1 a check failed, 2 usage error, 3 inconclusive."""
         from kvpreflight import preflight

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -16,13 +15,13 @@ def register(app: typer.Typer) -> None:
         pool_ratio: float = typer.Option(2.0, "--pool-ratio", help="Prefill KV pool = R x served context (0.65 reproduces the incident's 681,280 / 1,048,576)."),
         decode_pool_ratio: float = typer.Option(2.0, "--decode-pool-ratio", help="Decode KV pool = R x served context."),
         context_length: int = typer.Option(8192, "--context-length", help="Served context length of the demo engines."),
-        fault: Optional[List[str]] = typer.Option(None, "--fault", help="Run the engines with this fault (repeatable); see `kvpreflight engine serve --help`."),
+        fault: list[str] | None = typer.Option(None, "--fault", help="Run the engines with this fault (repeatable); see `kvpreflight engine serve --help`."),
         incident: bool = typer.Option(False, "--incident", help="The incident as it happened: pool ratio 0.65, reject-continues and no-transfer-check, another tenant's data in the pool."),
-        fmt: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
-        output: Optional[Path] = typer.Option(None, "--output", help="Write the report here instead of stdout."),
-        record: Optional[Path] = typer.Option(None, "--record", help="Where to write the signed record (default: a new folder, printed at the end)."),
-        sign_key: Optional[str] = typer.Option(None, "--sign-key", help="Sign with this key instead of a fresh one."),
-        log_dir: Optional[Path] = typer.Option(None, "--log-dir", help="Where the engines' logs go (default: beside the record)."),
+        fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
+        output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
+        record: Path | None = typer.Option(None, "--record", help="Where to write the signed record (default: a new folder, printed at the end)."),
+        sign_key: str | None = typer.Option(None, "--sign-key", help="Sign with this key instead of a fresh one."),
+        log_dir: Path | None = typer.Option(None, "--log-dir", help="Where the engines' logs go (default: beside the record)."),
     ) -> None:
         """Boot a builtin prefill/decode deployment, run the full check through its router, write a signed record.
 

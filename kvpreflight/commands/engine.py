@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import shlex
 import sys
-from typing import List, Optional
 
 import typer
 
@@ -17,6 +16,8 @@ from kvpreflight.model import ProcessRole
 
 engine_app = typer.Typer(help="The builtin engine: a small SGLang-compatible engine with fault injection.", no_args_is_help=True)
 
+
+FAULT_NAMES = ", ".join(f.value for f in Fault)
 
 def _strip_fault_args(argv: list[str]) -> list[str]:
     out: list[str] = []
@@ -39,18 +40,18 @@ def serve(
     role: str = typer.Option("unified", "--role", help=" | ".join(r.value for r in ProcessRole)),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(30000, "--port"),
-    context_length: Optional[int] = typer.Option(None, "--context-length", help="Served context length in tokens."),
-    pool_tokens: Optional[int] = typer.Option(None, "--pool-tokens", help="KV pool size in tokens (like SGLang --max-total-tokens)."),
-    mem_budget_bytes: Optional[int] = typer.Option(None, "--mem-budget-bytes", help="Memory the engine may use; with --mem-fraction-static sizes the pool as SGLang does."),
-    mem_fraction_static: Optional[float] = typer.Option(None, "--mem-fraction-static"),
+    context_length: int | None = typer.Option(None, "--context-length", help="Served context length in tokens."),
+    pool_tokens: int | None = typer.Option(None, "--pool-tokens", help="KV pool size in tokens (like SGLang --max-total-tokens)."),
+    mem_budget_bytes: int | None = typer.Option(None, "--mem-budget-bytes", help="Memory the engine may use; with --mem-fraction-static sizes the pool as SGLang does."),
+    mem_fraction_static: float | None = typer.Option(None, "--mem-fraction-static"),
     page_size: int = typer.Option(16, "--page-size"),
     model_name: str = typer.Option("kvpreflight-builtin-copy", "--model-name"),
-    fault: Optional[List[str]] = typer.Option(None, "--fault", help=f"Inject a fault (repeatable): {', '.join(f.value for f in Fault)}. Moved to the environment before the engine starts, so nothing the engine exposes shows it."),
+    fault: list[str] | None = typer.Option(None, "--fault", help=f"Inject a fault (repeatable): {FAULT_NAMES}. Moved to the environment before the engine starts, so nothing the engine exposes shows it."),
     transfer_delay_ms: int = typer.Option(0, "--transfer-delay-ms", help="Test only: sleep before each KV page batch is sent."),
     transfer_fail_every: int = typer.Option(0, "--transfer-fail-every", help="Test only: every Nth KV transfer loses its pages after the first batch."),
-    page_log: Optional[str] = typer.Option(None, "--page-log", help="Debug: JSON lines of pages given, freed and written by transfers."),
-    decode_url: Optional[str] = typer.Option(None, "--decode-url", help="router: the decode engine."),
-    prefill_url: Optional[List[str]] = typer.Option(None, "--prefill-url", help="router: a prefill engine (repeatable)."),
+    page_log: str | None = typer.Option(None, "--page-log", help="Debug: JSON lines of pages given, freed and written by transfers."),
+    decode_url: str | None = typer.Option(None, "--decode-url", help="router: the decode engine."),
+    prefill_url: list[str] | None = typer.Option(None, "--prefill-url", help="router: a prefill engine (repeatable)."),
     bootstrap_port: int = typer.Option(0, "--disaggregation-bootstrap-port", help="decode: TCP port prefills send KV pages to (0 picks one; see /server_info)."),
     enable_metrics: bool = typer.Option(False, "--enable-metrics"),
     disable_radix_cache: bool = typer.Option(False, "--disable-radix-cache", help="Turn the prefix cache off."),

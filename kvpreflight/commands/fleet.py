@@ -4,7 +4,6 @@ and write one merged report and signed record. Parses arguments and wires the pa
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -13,15 +12,15 @@ def register(app: typer.Typer) -> None:
     @app.command("fleet")
     def fleet(
         inventory: Path = typer.Argument(..., help="Fleet inventory (YAML): deployments to attach to or boot, with node selectors."),
-        parallel: Optional[int] = typer.Option(None, "--parallel", help="Deployments checked at once (default 4 here; with --ray all). Deployments that share an engine always run one after another."),
-        ray: Optional[str] = typer.Option(None, "--ray", help="Run on Ray: 'auto' (the cluster this machine belongs to) or the head's ADDRESS. One task per deployment, on its node."),
-        fmt: Optional[str] = typer.Option(None, "--format", help="table|json (fleet rows) or junit|sarif|github|markdown (every deployment's checks)."),
-        output: Optional[Path] = typer.Option(None, "--output", help="Write the report here instead of stdout."),
-        record: Optional[Path] = typer.Option(None, "--record", help="Write the fleet record here, and each deployment's record (NAME.dsse.json) beside it."),
-        sign_key: Optional[str] = typer.Option(None, "--sign-key", help="Private key file for --record (or set KVPREFLIGHT_SIGN_KEY to its path)."),
-        subject: Optional[List[str]] = typer.Option(None, "--subject", help="NAME=sha256:HEX every record is about. Repeatable."),
+        parallel: int | None = typer.Option(None, "--parallel", help="Deployments checked at once (default 4 here; with --ray all). Deployments that share an engine always run one after another."),
+        ray: str | None = typer.Option(None, "--ray", help="Run on Ray: 'auto' (the cluster this machine belongs to) or the head's ADDRESS. One task per deployment, on its node."),
+        fmt: str | None = typer.Option(None, "--format", help="table|json (fleet rows) or junit|sarif|github|markdown (every deployment's checks)."),
+        output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
+        record: Path | None = typer.Option(None, "--record", help="Write the fleet record here, and each deployment's record (NAME.dsse.json) beside it."),
+        sign_key: str | None = typer.Option(None, "--sign-key", help="Private key file for --record (or set KVPREFLIGHT_SIGN_KEY to its path)."),
+        subject: list[str] | None = typer.Option(None, "--subject", help="NAME=sha256:HEX every record is about. Repeatable."),
         unsigned: bool = typer.Option(False, "--unsigned", help="Write the records unsigned (verify will refuse them)."),
-        work_dir: Optional[Path] = typer.Option(None, "--work-dir", help="Where booted deployments' logs go (on each node; default a new temporary folder)."),
+        work_dir: Path | None = typer.Option(None, "--work-dir", help="Where booted deployments' logs go (on each node; default a new temporary folder)."),
     ) -> None:
         """Check many deployments at once. Exit 0 all pass, 1 one failed, 2 usage error, 3 one inconclusive (none failed)."""
         import sys

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -13,13 +12,13 @@ from kvpreflight.commands.check import FORMAT_HELP
 def register(app: typer.Typer) -> None:
     @app.command("review")
     def review_command(
-        files: List[Path] = typer.Argument(..., help="Kubernetes manifests, docker-compose files, shell scripts or kvpreflight boot specs."),
-        model_dir: Optional[Path] = typer.Option(None, "--model-dir", help="The model's folder (Hugging Face config.json, optional model.safetensors.index.json), or a folder holding model folders named like the command's model path."),
-        gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU product (e.g. 'H100 80GB', H200, B200, 'A100 80GB', L40S, MI300X); default: the manifest's nvidia.com/gpu.product label."),
-        context_length: Optional[int] = typer.Option(None, "--context-length", min=1, help="The context promised to users; the larger of this and each engine's own flag is checked."),
+        files: list[Path] = typer.Argument(..., help="Kubernetes manifests, docker-compose files, shell scripts or kvpreflight boot specs."),
+        model_dir: Path | None = typer.Option(None, "--model-dir", help="The model's folder (Hugging Face config.json, optional model.safetensors.index.json), or a folder holding model folders named like the command's model path."),
+        gpu: str | None = typer.Option(None, "--gpu", help="GPU product (e.g. 'H100 80GB', H200, B200, 'A100 80GB', L40S, MI300X); default: the manifest's nvidia.com/gpu.product label."),
+        context_length: int | None = typer.Option(None, "--context-length", min=1, help="The context promised to users; the larger of this and each engine's own flag is checked."),
         format: str = typer.Option("table", "--format", help=f"One of: {FORMAT_HELP.replace('|', ', ')}."),
-        output: Optional[Path] = typer.Option(None, "--output", help="Write the report to this file instead of stdout."),
-        advisories: Optional[List[Path]] = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files (checks/advisories/SCHEMA.md). Repeatable."),
+        output: Path | None = typer.Option(None, "--output", help="Write the report to this file instead of stdout."),
+        advisories: list[Path] | None = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files (checks/advisories/SCHEMA.md). Repeatable."),
     ) -> None:
         """Estimate each SGLang, vLLM and llama.cpp engine's KV pool the way the engine will size it,
         and fail (exit 1) when one cannot hold the context it promises. An estimate: the runtime

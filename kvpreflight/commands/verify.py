@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
 
 import typer
 
@@ -13,18 +12,27 @@ def register(app: typer.Typer) -> None:
     def verify(
         record: Path = typer.Argument(..., help="The record file (DSSE envelope) written by `kvpreflight check --record`."),
         key: Path = typer.Option(..., "--key", help="The signer's public key (kvpreflight.pub)."),
-        subject: Optional[List[str]] = typer.Option(None, "--subject", help="NAME=sha256:HEX that must be in the record with exactly this digest. Repeatable."),
+        subject: list[str] | None = typer.Option(None, "--subject", help="NAME=sha256:HEX that must be in the record with exactly this digest. Repeatable."),
         max_age: str = typer.Option("24h", "--max-age", help="Refuse a record older than this (s, m, h, d)."),
         allow_fail: bool = typer.Option(False, "--allow-fail", help="Check authenticity, subjects and age only; accept any verdict."),
         require_pass: bool = typer.Option(False, "--require-pass", help="Require the verdict pass (the default; for explicit pipelines)."),
         any_subject: bool = typer.Option(False, "--any-subject", help="Accept a record without naming a --subject."),
-        deep: Optional[Path] = typer.Option(None, "--deep", help="RECORD is a fleet record: also verify every deployment record it names, found in this folder, by digest, key and the same policy."),
+        deep: Path | None = typer.Option(None, "--deep", help="RECORD is a fleet record: also verify every deployment record it names, found in this folder, by digest, key and the same policy."),
     ) -> None:
         """Exit 0 only if RECORD is signed by --key, names every --subject with its digest, is younger than --max-age and passed.
 
         Exit 1: refused (the reason names the condition). Exit 2: bad input (missing or malformed file or key, bad option).
         """
-        from kvpreflight.record import Policy, RecordError, load_public_key, parse_duration, parse_subjects, read_record, summary, verify_envelope
+        from kvpreflight.record import (
+            Policy,
+            RecordError,
+            load_public_key,
+            parse_duration,
+            parse_subjects,
+            read_record,
+            summary,
+            verify_envelope,
+        )
 
         if allow_fail and require_pass:
             raise RecordError("--allow-fail and --require-pass contradict each other; pass one")

@@ -25,7 +25,7 @@ import hashlib
 import os
 import re
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from kvpreflight.demo import BuiltinDeployment
 from kvpreflight.errors import KvpreflightError
@@ -91,7 +91,7 @@ class BootTarget:
 BuiltinTarget = BuiltinDeployment
 
 
-Target = Union[AttachTarget, BootTarget, BuiltinTarget]
+Target = AttachTarget | BootTarget | BuiltinTarget
 
 
 @dataclass(frozen=True)

@@ -12,8 +12,9 @@ from __future__ import annotations
 import hashlib
 import os
 import socket
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 from kvpreflight.clock import utc_now
 from kvpreflight.fleet.errors import FleetError

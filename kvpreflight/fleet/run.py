@@ -6,9 +6,10 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from kvpreflight.clock import utc_now
 from kvpreflight.fleet.errors import FleetError

@@ -73,7 +73,7 @@ def _run() -> int:
     try:
         record = preflight.prepare_record(Path(job["record"]), sign_key=None, subjects=job["subjects"], unsigned=True,
                                           command_line=job["command_line"], reads_files=True)
-        waivers = tuple(Waiver(c, r) for c, r in zip(job["skips"], job["reasons"]))
+        waivers = tuple(Waiver(c, r) for c, r in zip(job["skips"], job["reasons"], strict=True))
         booted = preflight.run_booted(_spec(job), CheckPlan(targets=(), waivers=waivers), log_dir=Path(job["log_dir"]),
                                       progress=_progress)
         preflight.publish(booted.report, OutputPlan(format="json", path=Path(job["report"]), record=record),

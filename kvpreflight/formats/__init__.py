@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import importlib
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 from kvpreflight.files import write_atomic
 from kvpreflight.formats.interface import FormatError, ReportFormat

@@ -16,7 +16,6 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Union
 
 from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
@@ -31,8 +30,8 @@ ALGORITHMS = ("ecdsa-p256", "ed25519")
 PRIVATE_NAME = "kvpreflight.key"
 PUBLIC_NAME = "kvpreflight.pub"
 
-PrivateKey = Union[ec.EllipticCurvePrivateKey, ed25519.Ed25519PrivateKey]
-PublicKeyType = Union[ec.EllipticCurvePublicKey, ed25519.Ed25519PublicKey]
+PrivateKey = ec.EllipticCurvePrivateKey | ed25519.Ed25519PrivateKey
+PublicKeyType = ec.EllipticCurvePublicKey | ed25519.Ed25519PublicKey
 
 
 def _spki_der(public: PublicKeyType) -> bytes:
@@ -59,7 +58,7 @@ class PublicKey:
     source: str
 
     @classmethod
-    def from_crypto(cls, key: PublicKeyType, source: str = "<memory>") -> "PublicKey":
+    def from_crypto(cls, key: PublicKeyType, source: str = "<memory>") -> PublicKey:
         algorithm = _check_supported(key, source)
         return cls(key=key, algorithm=algorithm, keyid=hashlib.sha256(_spki_der(key)).hexdigest(), source=source)
 
@@ -85,7 +84,7 @@ class SigningKey:
     public: PublicKey
 
     @classmethod
-    def from_crypto(cls, key: PrivateKey, source: str = "<memory>") -> "SigningKey":
+    def from_crypto(cls, key: PrivateKey, source: str = "<memory>") -> SigningKey:
         _check_supported(key, source)
         return cls(key=key, public=PublicKey.from_crypto(key.public_key(), source))
 

@@ -10,8 +10,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Iterable, Sequence
 
 from kvpreflight.errors import naming
 from kvpreflight.model import Report

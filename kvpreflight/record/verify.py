@@ -11,10 +11,11 @@ import hashlib
 import json
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from kvpreflight.model import Status
 from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, Envelope
@@ -147,7 +148,7 @@ def verify_envelope(envelope: Envelope, key: PublicKey, policy: Policy, *, now: 
         elif have.sha256 != want.sha256:
             problems.append(f"subject {want.name} has digest sha256:{have.sha256} in the record, not sha256:{want.sha256}")
 
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     moment = _parse_time(predicate.get("time"))
     if moment is None:
         problems.append(f"record time {predicate.get('time')!r} is missing or not RFC 3339")
@@ -179,7 +180,7 @@ def verify_envelope(envelope: Envelope, key: PublicKey, policy: Policy, *, now: 
 
 
 def summary(record: VerifiedRecord, *, path: str, now: datetime | None = None) -> str:
-    now = now or datetime.now(timezone.utc)
+    now = now or datetime.now(UTC)
     p = record.predicate
     lines = [
         f"verified {path}",

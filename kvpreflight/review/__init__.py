@@ -9,8 +9,8 @@ engine, torch, or kvpreflight's builtin engine: it is arithmetic on the files.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from kvpreflight.checkdata import Thresholds, load_thresholds
 from kvpreflight.checks.advisory_data import load_advisories
@@ -37,7 +37,7 @@ def estimate_files(files: Sequence[Path], inputs: ReviewInputs,
     """One Estimate per launch found; for a file without any launch, (file, reason)."""
     out: list[Estimate | tuple[str, str]] = []
     models: dict = {}
-    for path, found in zip(files, launches if launches is not None else find_all_launches(files)):
+    for path, found in zip(files, launches if launches is not None else find_all_launches(files), strict=True):
         if not found:
             out.append((str(path), f"no engine launch command found (looked for {ENGINE_WORDS})"))
             continue

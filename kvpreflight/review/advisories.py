@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import posixpath
 import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 from kvpreflight.checks.advisory_data import Advisory, EngineFacts, Match, summarise
 from kvpreflight.model import CheckResult, Status

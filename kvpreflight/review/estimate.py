@@ -3,9 +3,9 @@ and the GPU, and choosing the context to check."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Mapping
 
 from kvpreflight.review import gpus
 from kvpreflight.review.hfconfig import ModelShape, load_model

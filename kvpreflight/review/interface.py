@@ -8,8 +8,8 @@ its KV pool; `check` turns the estimate into a CheckResult with the shared thres
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping
 
 from kvpreflight.errors import ConfigError
 

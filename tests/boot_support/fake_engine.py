@@ -17,7 +17,7 @@ port, mode = int(sys.argv[1]), sys.argv[2]
 print(f"fake engine {mode} loading weights", flush=True)
 
 if mode == "crash":
-    print("server_args=ServerArgs(port=%d, api_key='sk-live-123')" % port, flush=True)
+    print(f"server_args=ServerArgs(port={port}, api_key='sk-live-123')", flush=True)
     print("RuntimeError: CUDA out of memory (fake)", file=sys.stderr, flush=True)
     sys.exit(7)
 if mode == "ignore-term":

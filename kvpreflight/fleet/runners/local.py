@@ -5,7 +5,7 @@ from __future__ import annotations
 import queue
 import threading
 import time
-from typing import Sequence
+from collections.abc import Sequence
 
 from kvpreflight.fleet.job import JobSettings, Outcome, run_batch
 from kvpreflight.fleet.runners.interface import Batch, Events, Runner, batch_deadline_s, batch_failed

@@ -16,7 +16,13 @@ post-capture sizing off as by default):
 from __future__ import annotations
 
 from kvpreflight.review.estimate import (
-    GIB, Estimate, ReviewInputs, checked_context, kv_dtype_bytes, resolve_gpu, resolve_model,
+    GIB,
+    Estimate,
+    ReviewInputs,
+    checked_context,
+    kv_dtype_bytes,
+    resolve_gpu,
+    resolve_model,
 )
 from kvpreflight.review.flags import parse_args
 from kvpreflight.review.interface import Launch, ReviewError

@@ -10,7 +10,14 @@ max-model-len request does not fit (``ValueError: To serve at least one request 
 from __future__ import annotations
 
 from kvpreflight.review.estimate import (
-    GIB, Estimate, ReviewInputs, checked_context, kv_dtype_bytes, parse_size, resolve_gpu, resolve_model,
+    GIB,
+    Estimate,
+    ReviewInputs,
+    checked_context,
+    kv_dtype_bytes,
+    parse_size,
+    resolve_gpu,
+    resolve_model,
 )
 from kvpreflight.review.flags import parse_args
 from kvpreflight.review.interface import Launch, ReviewError
