@@ -7,7 +7,7 @@ CheckResult -> Report -> formats / record.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -221,14 +221,20 @@ class Report:
         return report_from_dict(data)
 
 
-def verdict_of(checks: tuple[CheckResult, ...] | list[CheckResult]) -> Status:
-    """fail beats inconclusive beats pass. warn and skip (always with a reason) still pass."""
-    statuses = {c.status for c in checks}
-    if Status.FAIL in statuses:
+def combined_verdict(statuses: Iterable[Status]) -> Status:
+    """The one verdict rule, for checks and for fleets of deployments alike: fail beats
+    inconclusive beats pass; warn and skip (always with a reason) still pass; nothing at all
+    measured is inconclusive, never a pass."""
+    seen = set(statuses)
+    if Status.FAIL in seen:
         return Status.FAIL
-    if Status.INCONCLUSIVE in statuses or not checks:
+    if Status.INCONCLUSIVE in seen or not seen:
         return Status.INCONCLUSIVE
     return Status.PASS
+
+
+def verdict_of(checks: tuple[CheckResult, ...] | list[CheckResult]) -> Status:
+    return combined_verdict(c.status for c in checks)
 
 
 def exit_code_of(verdict: Status) -> int:

@@ -20,6 +20,8 @@ from pathlib import Path
 import pytest
 from record_support import make_keys, record_text, run_cli
 
+from kvpreflight.model import Status
+
 SECRET = "sk-fleet-test-0123456789abcdef"
 
 
@@ -196,7 +198,7 @@ def test_a_passing_fleet_verifies_deep_and_a_subject_missing_from_a_deployment_r
     private, public = keys
     image = parse_subject("image=sha256:" + "ef" * 32)
     statement = build_statement(sample_report(), command_line=["kvpreflight", "fleet"], subjects=[image])
-    outcomes = tuple(Outcome(name, "pass", 0, statement, host="node-1", report=sample_report()) for name in ("eu", "us"))
+    outcomes = tuple(Outcome(name, Status.PASS, 0, statement, host="node-1", report=sample_report()) for name in ("eu", "us"))
     report = FleetReport("rel", "local", outcomes, "fleet.yaml", "2026-01-01T00:00:00Z", "2026-01-01T00:01:00Z", "0.1.0")
     out = tmp_path / "rec"
     written = write_fleet_records(report, record=out / "fleet.dsse.json", signer=load_signing_key(private),

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpreflight.fleet.inventory import AttachTarget, Deployment
-from kvpreflight.model import Report
+from kvpreflight.model import Report, Status, exit_code_of
 
 STOP_GRACE_S = 30.0  # after a deadline: time a worker gets to stop its engines before SIGKILL
 PARENT_ENV = "KVPREFLIGHT_FLEET_PARENT"
@@ -39,7 +39,7 @@ class JobSettings:
 @dataclass(frozen=True)
 class Outcome:
     deployment: str
-    verdict: str  # pass | fail | inconclusive
+    verdict: Status  # pass | fail | inconclusive
     exit_code: int
     statement: Mapping[str, Any] | None = None  # unsigned, as built where it ran; None: nothing measured
     reason: str | None = None  # why nothing was measured
@@ -50,7 +50,7 @@ class Outcome:
 
 
 def not_measured(deployment: str, reason: str, **extra: Any) -> Outcome:
-    return Outcome(deployment, "inconclusive", 3, None, " ".join(reason.split()), **extra)
+    return Outcome(deployment, Status.INCONCLUSIVE, exit_code_of(Status.INCONCLUSIVE), None, " ".join(reason.split()), **extra)
 
 
 def run_batch(batch: Sequence[Deployment], settings: JobSettings) -> tuple[Outcome, ...]:
@@ -84,7 +84,7 @@ def _command_line(deployment: Deployment, settings: JobSettings) -> list[str]:
 
 
 def _outcome(name: str, report: Report, statement: Mapping[str, Any]) -> Outcome:
-    return Outcome(name, report.verdict.value, report.exit_code, statement, report=report)
+    return Outcome(name, report.verdict, report.exit_code, statement, report=report)
 
 
 def _attached(deployment: Deployment, settings: JobSettings) -> Outcome:

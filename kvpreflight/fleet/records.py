@@ -84,7 +84,7 @@ def fleet_statement(report: FleetReport, *, subjects: list[Subject], command_lin
                     records: dict[str, str], secrets: Iterable[str] = ()) -> dict[str, Any]:
     predicate = FleetPredicate(
         fleet=report.name, runner=report.runner, tool_version=report.tool_version, started_at=report.started_at,
-        finished_at=report.finished_at, verdict=Status(report.verdict), counts=report.counts(),
+        finished_at=report.finished_at, verdict=report.verdict, counts=report.counts(),
         deployments=tuple(deployment_summary(o, records.get(o.deployment)) for o in report.outcomes),
         time=utc_now(), host=socket.gethostname(),
     )

@@ -16,11 +16,11 @@ FLEET_FORMATS = ("table", "json")
 
 
 def render_table(report: FleetReport) -> str:
-    rows = [(o.deployment, o.verdict.upper(), where(o), pool_summary(o), problems(o)) for o in report.outcomes]
+    rows = [(o.deployment, o.verdict.value.upper(), where(o), pool_summary(o), problems(o)) for o in report.outcomes]
     counts = report.counts()
     table = tabulate(rows, headers=("deployment", "verdict", "ran on", "KV pool / context per engine", "failing checks or reason"),
                      tablefmt="simple", disable_numparse=True)
-    summary = (f"fleet {report.name}: {report.verdict.upper()} — {len(report.outcomes)} deployment(s): "
+    summary = (f"fleet {report.name}: {report.verdict.value.upper()} — {len(report.outcomes)} deployment(s): "
                f"{counts['pass']} pass, {counts['fail']} fail, {counts['inconclusive']} inconclusive (runner: {report.runner})")
     return f"{table}\n\n{summary}\n"
 

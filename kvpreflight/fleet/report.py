@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from kvpreflight.fleet.job import Outcome
-from kvpreflight.model import CheckResult, Report, Status, exit_code_of
+from kvpreflight.model import CheckResult, Report, Status, combined_verdict, exit_code_of
 from kvpreflight.record.predicate import FleetDeployment
 from kvpreflight.schema import SCHEMA_VERSION, tool
 
@@ -28,22 +28,17 @@ class FleetReport:
     tool_version: str
 
     @property
-    def verdict(self) -> str:
-        verdicts = {o.verdict for o in self.outcomes}
-        if "fail" in verdicts:
-            return "fail"
-        if "inconclusive" in verdicts or not self.outcomes:
-            return "inconclusive"
-        return "pass"
+    def verdict(self) -> Status:
+        return combined_verdict(o.verdict for o in self.outcomes)
 
     @property
     def exit_code(self) -> int:
-        return exit_code_of(Status(self.verdict))
+        return exit_code_of(self.verdict)
 
     def counts(self) -> dict[str, int]:
-        out = {"pass": 0, "fail": 0, "inconclusive": 0}
+        out = {s.value: 0 for s in (Status.PASS, Status.FAIL, Status.INCONCLUSIVE)}
         for o in self.outcomes:
-            out[o.verdict] += 1
+            out[o.verdict.value] += 1
         return out
 
 
@@ -84,7 +79,7 @@ def problems(outcome: Outcome) -> str:
     if outcome.report is None:
         return outcome.reason or "not measured"
     ids = ", ".join(cid if status is Status.FAIL else f"{cid} (inconclusive)" for cid, status in not_passed(outcome)) or "-"
-    if outcome.verdict == "inconclusive":  # nothing failed: say why it could not be measured
+    if outcome.verdict is Status.INCONCLUSIVE:  # nothing failed: say why it could not be measured
         why = next((c.message for c in outcome.report.checks if c.status is Status.INCONCLUSIVE), None)
         if why:
             why = " ".join(why.split())
@@ -100,7 +95,7 @@ def where(outcome: Outcome) -> str:
 def deployment_summary(outcome: Outcome, record: str | None = None) -> FleetDeployment:
     """The deployment's line in the fleet's JSON report and in the fleet record."""
     return FleetDeployment(
-        name=outcome.deployment, verdict=Status(outcome.verdict), exit_code=outcome.exit_code, host=outcome.host,
+        name=outcome.deployment, verdict=outcome.verdict, exit_code=outcome.exit_code, host=outcome.host,
         node=outcome.node, elapsed_s=outcome.elapsed_s, reason=outcome.reason, engines=tuple(pools(outcome)),
         not_passed=tuple({"id": cid, "status": status.value} for cid, status in not_passed(outcome)), record=record,
     )
@@ -115,7 +110,7 @@ def fleet_to_dict(report: FleetReport, records: dict[str, str] | None = None) ->
         "fleet": report.name,
         "inventory": report.inventory,
         "runner": report.runner,
-        "verdict": report.verdict,
+        "verdict": report.verdict.value,
         "exit_code": report.exit_code,
         "counts": report.counts(),
         "started_at": report.started_at,

@@ -15,6 +15,7 @@ from kvpreflight.clock import utc_now
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.fleet.job import JobSettings, Outcome
 from kvpreflight.fleet.runners.interface import Batch, Events, Runner, describe, plan_batches
+from kvpreflight.model import Status
 from kvpreflight.redact import Redactor, redact, secrets_of
 
 if TYPE_CHECKING:
@@ -65,8 +66,8 @@ class Progress(Events):
 
         self.done += 1
         self.running = max(0, self.running - 1)
-        detail = "" if outcome.verdict == "pass" else f": {problems(outcome)}"
-        say(self.redactor.text(f"{outcome.deployment} {outcome.verdict.upper()}{detail} {self._counts()}"))
+        detail = "" if outcome.verdict is Status.PASS else f": {problems(outcome)}"
+        say(self.redactor.text(f"{outcome.deployment} {outcome.verdict.value.upper()}{detail} {self._counts()}"))
 
 
 def _runner(request: FleetRequest, inventory: Inventory) -> Runner:
