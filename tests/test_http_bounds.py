@@ -160,7 +160,7 @@ def test_a_stream_of_tiny_frames_is_refused_before_its_objects_outgrow_its_bytes
     with misbehaving_server(chunked(None, "text/event-stream", b"data:\n" * 10000)) as url:
         with PeakRss() as memory:
             error, _ = timed(lambda: HttpClient().post_stream(f"{url}/v1/completions", {}, timeout_s=TIMEOUT_S))
-    assert isinstance(error, BodyTooLarge) and "more than 524,288 frames" in str(error), error
+    assert isinstance(error, BodyTooLarge) and "more than 196,608 frames" in str(error), error
     assert memory.growth_mb < MEMORY_BOUND_MB, memory.growth_mb
 
 

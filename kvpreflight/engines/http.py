@@ -54,9 +54,10 @@ class BodyLimit(enum.IntEnum):
     # Prometheus text from /metrics: vLLM, SGLang, TGI serve 20-200 KiB; per-model and per-LoRA
     # labels multiply that, and 16 MiB leaves ~100x room.
     METRICS = 16 * MiB
-    # A server-sent-event stream: one 150-400 byte JSON frame a token (~1 KiB with logprobs);
-    # 64 MiB holds 64k such frames, far more than the few thousand tokens a probe asks for.
-    EVENT_STREAM = 64 * MiB
+    # A server-sent-event stream: one 150-400 byte JSON frame a token (~700 bytes with top-5
+    # logprobs); 24 MiB holds 32k tokens even so, and probes ask for 256 at most. A stream is
+    # held twice (its body, and its frames as text), ~2.3x this at the worst: under 100 MB.
+    EVENT_STREAM = 24 * MiB
 
     @property
     def kind(self) -> str:
