@@ -20,14 +20,15 @@ BLOCK = b"x" * 65536  # written over and over: a server of endless bodies holds 
 
 
 @contextlib.contextmanager
-def misbehaving_server(behaviour: Behaviour) -> Iterator[str]:
-    """The URL of a server on 127.0.0.1 that answers every request with `behaviour`."""
+def misbehaving_server(behaviour: Behaviour, *, read_request: bool = True) -> Iterator[str]:
+    """The URL of a server on 127.0.0.1 that answers every request with `behaviour`, after reading
+    the HTTP request (unless `read_request` is False: a TLS client's hello is not one)."""
     stop = threading.Event()
 
     class Handler(socketserver.StreamRequestHandler):
         def handle(self) -> None:
             length = 0
-            while (line := self.rfile.readline(65537)) not in (b"\r\n", b"\n", b""):
+            while read_request and (line := self.rfile.readline(65537)) not in (b"\r\n", b"\n", b""):
                 name, _, value = line.decode("latin-1").partition(":")
                 if name.strip().lower() == "content-length":
                     length = int(value.strip())
@@ -75,6 +76,17 @@ def drip_headers(every_s: float) -> Behaviour:
         out.flush()
         while not stop.wait(every_s):
             out.write(b"x")
+            out.flush()
+    return behave
+
+
+def drip_tls_handshake(every_s: float) -> Behaviour:
+    """To a TLS client: a handshake record header promising 16 KiB, then a byte every `every_s`."""
+    def behave(out: BufferedIOBase, stop: threading.Event) -> None:
+        out.write(bytes([0x16, 0x03, 0x03, 0x40, 0x00]))
+        out.flush()
+        while not stop.wait(every_s):
+            out.write(b"\x00")
             out.flush()
     return behave
 

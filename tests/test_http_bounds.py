@@ -29,7 +29,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
-from misbehaving_http import PeakRss, chunked, drip_body, drip_headers, drip_stream, fixed, misbehaving_server, sized
+from misbehaving_http import PeakRss, chunked, drip_body, drip_headers, drip_stream, drip_tls_handshake, fixed, misbehaving_server, sized
 
 from kvpreflight.engines.errors import EngineConfigError, EngineError
 from kvpreflight.engines.http import BodyTooLarge, EngineTimeout, HttpClient
@@ -69,6 +69,13 @@ def test_a_body_dripped_a_byte_at_a_time_ends_at_the_deadline(method: str) -> No
 def test_headers_dripped_a_byte_at_a_time_end_at_the_deadline() -> None:
     with misbehaving_server(drip_headers(0.5)) as url:
         error, elapsed = timed(lambda: HttpClient(timeout_s=TIMEOUT_S).get(f"{url}/health"))
+    assert isinstance(error, EngineTimeout), error
+    assert elapsed <= TIMEOUT_S + GRACE_S
+
+
+def test_a_tls_handshake_dripped_a_byte_at_a_time_ends_at_the_deadline() -> None:
+    with misbehaving_server(drip_tls_handshake(0.5), read_request=False) as url:
+        error, elapsed = timed(lambda: HttpClient(timeout_s=TIMEOUT_S).get(url.replace("http:", "https:") + "/health"))
     assert isinstance(error, EngineTimeout), error
     assert elapsed <= TIMEOUT_S + GRACE_S
 

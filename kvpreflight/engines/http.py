@@ -319,8 +319,9 @@ class _Deadline:
 
 
 class _DeadlineConnectionMixin:
-    """Keeps its socket: http.client forgets `sock` once the reply says the connection will close
-    (the response reads on from it), and the deadline must still be able to shut it."""
+    """Keeps its socket for the deadline to shut, even after http.client forgets `sock` (once a
+    reply says the connection will close, the response reads on from it). The connection itself,
+    TLS handshake included, is bounded by the connect timeout (Python bounds a handshake in total)."""
 
     kvpreflight_socket: socket.socket | None = None
 
