@@ -198,7 +198,7 @@ class HttpClient:
     def post_stream(self, url: str, body: Any, *, timeout_s: float, max_bytes: int = BodyLimit.EVENT_STREAM) -> StreamReply:
         """POST and read a server-sent-event stream to its end or the deadline (then `timed_out`,
         with the frames that came before it). No headers by the deadline is EngineTimeout; a
-        stream over `max_bytes` (or with more than one frame per 256 bytes of it) is BodyTooLarge."""
+        stream over `max_bytes` (or with more frames than one per _MIN_FRAME_BYTES of it) is BodyTooLarge."""
         start = time.monotonic()
         resp, deadline = self._send("POST", url, json_body=body, timeout_s=timeout_s)
         frames: list[str] = []
