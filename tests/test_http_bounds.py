@@ -32,7 +32,7 @@ from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from misbehaving_http import PeakRss, chunked, drip_body, drip_headers, drip_stream, drip_tls_handshake, fixed, misbehaving_server, sized
 
 from kvpreflight.engines.errors import EngineConfigError, EngineError
-from kvpreflight.engines.http import BodyTooLarge, EngineTimeout, HttpClient
+from kvpreflight.engines.http import BodyLimit, BodyTooLarge, EngineTimeout, HttpClient
 from kvpreflight.errors import ConfigError
 
 TIMEOUT_S = 2.0
@@ -115,7 +115,7 @@ def test_an_endless_slow_body_ends_at_the_deadline_before_its_cap() -> None:
 def test_an_endless_chunked_metrics_ends_at_its_cap_with_bounded_memory() -> None:
     with misbehaving_server(chunked(None)) as url:
         with PeakRss() as memory:
-            error, elapsed = timed(lambda: HttpClient(timeout_s=TIMEOUT_S).get(f"{url}/metrics"))
+            error, elapsed = timed(lambda: HttpClient(timeout_s=TIMEOUT_S).get(f"{url}/metrics", max_bytes=BodyLimit.METRICS))
     assert isinstance(error, BodyTooLarge), error
     assert "16.0 MiB limit for metrics text" in str(error)
     assert error.exit_code == 3  # nothing measured: inconclusive
@@ -127,7 +127,7 @@ def test_an_endless_chunked_metrics_ends_at_its_cap_with_bounded_memory() -> Non
 def test_a_60_mb_metrics_is_refused_naming_the_cap_with_bounded_memory(declare: bool) -> None:
     with misbehaving_server(sized(BIG, declare=declare)) as url:
         with PeakRss() as memory:
-            error, _ = timed(lambda: HttpClient(timeout_s=TIMEOUT_S).get(f"{url}/metrics"))
+            error, _ = timed(lambda: HttpClient(timeout_s=TIMEOUT_S).get(f"{url}/metrics", max_bytes=BodyLimit.METRICS))
     assert isinstance(error, BodyTooLarge), error
     message = str(error)
     assert "16.0 MiB limit for metrics text" in message
@@ -142,6 +142,12 @@ def test_a_60_mb_chunked_body_to_a_post_stops_at_the_completion_cap() -> None:
             error, _ = timed(lambda: HttpClient(timeout_s=TIMEOUT_S).post(f"{url}/v1/completions", {}))
     assert isinstance(error, BodyTooLarge) and "8.0 MiB limit for a completion" in str(error), error
     assert memory.growth_mb < MEMORY_BOUND_MB, memory.growth_mb
+
+
+def test_a_plain_get_is_capped_at_16_mib_naming_no_kind() -> None:
+    with misbehaving_server(chunked(None)) as url:
+        error, _ = timed(lambda: HttpClient(timeout_s=TIMEOUT_S).get(f"{url}/health"))
+    assert isinstance(error, BodyTooLarge) and "over the 16.0 MiB limit (stopped reading" in str(error), error
 
 
 def test_get_json_caps_json_info_at_4_mib() -> None:

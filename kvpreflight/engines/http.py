@@ -75,6 +75,9 @@ _BODY_KINDS = {
 # stream of tiny frames ("data:\n" is 6 bytes) would hold ten times its size: a stream may have
 # one frame per this many bytes of its cap (a real token frame is 150 bytes or more).
 _MIN_FRAME_BYTES = 128
+# A GET's default cap: the largest kind fetched by GET, as a plain number (a GET is not always
+# metrics, so its message names no kind).
+_GET_MAX_BYTES = int(BodyLimit.METRICS)
 _CHUNK_BYTES = 64 * 1024  # each read of a body; a fixed size, so no single read holds a whole body
 _CERT_FILE_MAX_BYTES = 1 * MiB  # a PEM certificate chain or key is a few KiB
 
@@ -181,9 +184,9 @@ class HttpClient:
         return HttpReply(url, resp.status_code, bytes(body), time.monotonic() - start, resp.headers.get("Content-Type", ""),
                          {k.lower(): v for k, v in resp.headers.items()})
 
-    def get(self, url: str, *, timeout_s: float | None = None, max_bytes: int = BodyLimit.METRICS) -> HttpReply:
-        """A GET; the default cap is the largest kind of body fetched by GET (/metrics). Pass
-        `max_bytes=BodyLimit.JSON_INFO` for an info endpoint."""
+    def get(self, url: str, *, timeout_s: float | None = None, max_bytes: int = _GET_MAX_BYTES) -> HttpReply:
+        """A GET; by default capped at the largest kind of body fetched by GET (metrics). Pass
+        `max_bytes=BodyLimit.METRICS` (or `.JSON_INFO`) to have the kind named when it is hit."""
         return self.request("GET", url, timeout_s=timeout_s, max_bytes=max_bytes)
 
     def post(self, url: str, body: Any, *, timeout_s: float | None = None, max_bytes: int = BodyLimit.COMPLETION) -> HttpReply:
