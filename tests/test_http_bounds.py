@@ -394,3 +394,14 @@ def test_a_certificate_file_that_is_not_a_certificate_is_refused_without_showing
     assert "does not belong to the --client-cert certificate" in message
     message = _config_error(pki, client_cert=str(pki["client_cert"]), client_key=str(pki["encrypted_key"]))
     assert "encrypted" in message
+
+
+def test_a_certificate_file_gone_after_the_client_was_built_is_one_line_without_its_path(
+        pki: dict[str, Path], mtls_url: str, tmp_path: Path) -> None:
+    cert = tmp_path / "short-lived-cert.pem"
+    cert.write_bytes(pki["client_cert"].read_bytes())
+    client = HttpClient(ca_bundle=str(pki["ca"]), client_cert=str(cert), client_key=str(pki["client_key"]))
+    cert.unlink()
+    with pytest.raises(EngineError) as caught:
+        client.get_json(f"{mtls_url}/v1/models")
+    assert "--client-cert" in str(caught.value) and str(tmp_path) not in str(caught.value)
