@@ -3,21 +3,91 @@
 Why a wrapper: redirects are never followed (a preflight that follows a redirect to another host
 checks the wrong engine), every transport failure becomes one EngineError line, and response
 bodies are read in full (never silently cut) with their length and sha256 kept for evidence.
+
+Everything an engine sends is untrusted, so every request is bounded twice:
+- in time: `timeout_s` is the whole request's deadline, body included. requests only bounds each
+  read, so a server that drips a byte a second would hold a read-by-read timeout forever; at the
+  deadline a watchdog shuts the request's socket, which ends a blocked read at once;
+- in size: each kind of body has a cap (`BodyLimit`), read incrementally, and a body over it is an
+  error saying which cap and how big, never a silently cut body.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import json
+import math
+import os
 import re
+import socket
+import ssl
+import stat
+import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import requests
+import requests.adapters
+import urllib3
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
-from kvpreflight.engines.errors import EngineError
+from kvpreflight.engines.errors import EngineConfigError, EngineError
+
+MiB = 1 << 20
+
+
+class BodyLimit(enum.IntEnum):
+    """The most bytes of each kind of reply body kvpreflight reads (bodies are held in memory,
+    then parsed). Each is far above what an honest engine sends and far below what would hurt
+    the CI runner kvpreflight runs on."""
+
+    # /v1/models, /version, /server_info, /props, /info: a few KiB from every engine we know;
+    # 4 MiB still holds a model list of thousands of entries.
+    JSON_INFO = 4 * MiB
+    # A non-streamed completion or a /tokenize of a seed text: probes ask for a few tokens, and
+    # even 32k tokens with their ids and top-5 logprobs (~200 bytes a token) is ~6.5 MiB.
+    COMPLETION = 8 * MiB
+    # Prometheus text from /metrics: vLLM, SGLang, TGI serve 20-200 KiB; per-model and per-LoRA
+    # labels multiply that, and 16 MiB leaves ~100x room.
+    METRICS = 16 * MiB
+    # A server-sent-event stream: one 150-400 byte JSON frame a token (~700 bytes with top-5
+    # logprobs); 24 MiB holds 32k tokens even so, and probes ask for 256 at most. A stream is
+    # held twice (its body, and its frames as text), ~2.3x this at the worst: under 100 MB.
+    EVENT_STREAM = 24 * MiB
+
+    @property
+    def kind(self) -> str:
+        return _BODY_KINDS[self]
+
+
+_BODY_KINDS = {
+    BodyLimit.JSON_INFO: "JSON info",
+    BodyLimit.COMPLETION: "a completion",
+    BodyLimit.METRICS: "metrics text",
+    BodyLimit.EVENT_STREAM: "an event stream",
+}
+
+# A stream's frames are kept as Python strings (~60 bytes of object each beyond their text), so a
+# stream of tiny frames ("data:\n" is 6 bytes) would hold ten times its size: a stream may have
+# one frame per this many bytes of its cap (a real token frame is 150 bytes or more).
+_MIN_FRAME_BYTES = 128
+# A GET's default cap: the largest kind fetched by GET, as a plain number (a GET is not always
+# metrics, so its message names no kind).
+_GET_MAX_BYTES = int(BodyLimit.METRICS)
+_CHUNK_BYTES = 64 * 1024  # each read of a body; a fixed size, so no single read holds a whole body
+_CERT_FILE_MAX_BYTES = 1 * MiB  # a PEM certificate chain or key is a few KiB
+
+
+class EngineTimeout(EngineError):
+    """The engine did not answer in time (a hang is a finding, not a crash of ours)."""
+
+
+class BodyTooLarge(EngineError):
+    """A reply body over its cap: nothing was measured from it (exit 3), and nothing was cut."""
 
 
 @dataclass(frozen=True)
@@ -51,92 +121,113 @@ class HttpClient:
         headers: Mapping[str, str] | None = None,
         ca_bundle: str | None = None,
         timeout_s: float = 30.0,
+        client_cert: str | None = None,
+        client_key: str | None = None,
     ) -> None:
+        """`client_cert` (PEM, with the key in it when `client_key` is None) and `client_key` are
+        the `--client-cert` / `--client-key` files for a gateway that requires mutual TLS; they
+        are checked here, before any request, and no message ever shows their path or content."""
+        cert = _client_certificate(client_cert, client_key)
         self.session = requests.Session()
         self.session.headers.update({"User-Agent": "kvpreflight"})
         self.session.headers.update(dict(headers or {}))
         self.session.trust_env = False  # no proxies from the environment: talk to the engine itself
         if ca_bundle:
             self.session.verify = ca_bundle
+        if cert is not None:
+            self.session.cert = cert
+        for scheme in ("http://", "https://"):
+            self.session.mount(scheme, _DeadlineAdapter())
         self.timeout_s = timeout_s
 
     def close(self) -> None:
         self.session.close()
 
-    def _send(self, method: str, url: str, *, json_body: Any = None, timeout_s: float | None = None, stream: bool = False) -> requests.Response:
-        timeout = timeout_s if timeout_s is not None else self.timeout_s
+    def _send(self, method: str, url: str, *, json_body: Any, timeout_s: float | None) -> tuple[requests.Response, _Deadline]:
+        """Send and read the headers; the returned deadline is running and the caller ends it."""
+        deadline = _Deadline(timeout_s if timeout_s is not None else self.timeout_s)
+        _current.deadline = deadline
         try:
-            resp = self.session.request(
-                method, url, json=json_body, timeout=(min(10.0, timeout), timeout), allow_redirects=False, stream=stream
-            )
-        except requests.exceptions.SSLError as exc:
-            raise EngineError(f"{url}: TLS error ({_reason(exc)}); pass --ca-bundle PATH if the engine uses a private CA") from None
-        except requests.exceptions.ConnectTimeout:
-            raise EngineError(f"{url}: connection timed out after {timeout:g}s") from None
-        except requests.exceptions.ReadTimeout:
-            raise EngineTimeout(f"{url}: no answer within {timeout:g}s") from None
-        except requests.exceptions.ConnectionError as exc:
-            raise EngineError(f"{url}: cannot connect ({_reason(exc)}); is the engine running and the URL right?") from None
-        except requests.exceptions.RequestException as exc:
-            raise EngineError(f"{url}: request failed ({_reason(exc)})") from None
+            resp = self.session.request(method, url, json=json_body, timeout=(deadline.connect_s, deadline.timeout_s),
+                                        allow_redirects=False, stream=True)
+        except Exception as exc:
+            deadline.end()
+            error = _transport_error(url, exc, deadline, client_cert=self.session.cert is not None)
+            if error is None:
+                raise
+            raise error from None
+        finally:
+            _current.deadline = None
         if 300 <= resp.status_code < 400:
+            deadline.end()
             location = resp.headers.get("Location", "?")
             resp.close()
             raise EngineError(f"{url}: redirected (HTTP {resp.status_code}) to {location}; not followed, point kvpreflight at the engine itself")
-        return resp
+        return resp, deadline
 
-    def request(self, method: str, url: str, *, json_body: Any = None, timeout_s: float | None = None) -> HttpReply:
+    def request(self, method: str, url: str, *, json_body: Any = None, timeout_s: float | None = None,
+                max_bytes: int = BodyLimit.COMPLETION) -> HttpReply:
+        """One request read in full within `timeout_s` (else EngineTimeout) and `max_bytes` (else
+        BodyTooLarge)."""
         start = time.monotonic()
-        resp = self._send(method, url, json_body=json_body, timeout_s=timeout_s)
+        resp, deadline = self._send(method, url, json_body=json_body, timeout_s=timeout_s)
         try:
-            body = resp.content
-        except requests.exceptions.RequestException as exc:
-            raise EngineError(f"{url}: response body cut off ({_reason(exc)})") from None
-        return HttpReply(url, resp.status_code, body, time.monotonic() - start, resp.headers.get("Content-Type", ""),
+            _refuse_declared_size(url, resp, max_bytes)
+            body = bytearray()
+            for chunk in _body_chunks(url, resp, deadline):
+                body += chunk
+                if len(body) > max_bytes:
+                    raise _too_large(url, max_bytes, f"stopped reading after {_size(len(body))}")
+        finally:
+            deadline.end()
+            resp.close()
+        return HttpReply(url, resp.status_code, bytes(body), time.monotonic() - start, resp.headers.get("Content-Type", ""),
                          {k.lower(): v for k, v in resp.headers.items()})
 
-    def get(self, url: str, *, timeout_s: float | None = None) -> HttpReply:
-        return self.request("GET", url, timeout_s=timeout_s)
+    def get(self, url: str, *, timeout_s: float | None = None, max_bytes: int = _GET_MAX_BYTES) -> HttpReply:
+        """A GET; by default capped at the largest kind of body fetched by GET (metrics). Pass
+        `max_bytes=BodyLimit.METRICS` (or `.JSON_INFO`) to have the kind named when it is hit."""
+        return self.request("GET", url, timeout_s=timeout_s, max_bytes=max_bytes)
 
-    def post(self, url: str, body: Any, *, timeout_s: float | None = None) -> HttpReply:
-        return self.request("POST", url, json_body=body, timeout_s=timeout_s)
+    def post(self, url: str, body: Any, *, timeout_s: float | None = None, max_bytes: int = BodyLimit.COMPLETION) -> HttpReply:
+        return self.request("POST", url, json_body=body, timeout_s=timeout_s, max_bytes=max_bytes)
 
-    def get_json(self, url: str, *, timeout_s: float | None = None) -> Any:
-        reply = self.get(url, timeout_s=timeout_s)
+    def get_json(self, url: str, *, timeout_s: float | None = None, max_bytes: int = BodyLimit.JSON_INFO) -> Any:
+        reply = self.get(url, timeout_s=timeout_s, max_bytes=max_bytes)
         if reply.status != 200:
             raise EngineError(f"{url}: HTTP {reply.status}")
         return reply.json()
 
-    def post_stream(self, url: str, body: Any, *, timeout_s: float) -> StreamReply:
-        """POST and read a server-sent-event stream to its end (or the deadline)."""
+    def post_stream(self, url: str, body: Any, *, timeout_s: float, max_bytes: int = BodyLimit.EVENT_STREAM) -> StreamReply:
+        """POST and read a server-sent-event stream to its end or the deadline (then `timed_out`,
+        with the frames that came before it). No headers by the deadline is EngineTimeout; a
+        stream over `max_bytes` (or with more frames than one per _MIN_FRAME_BYTES of it) is BodyTooLarge."""
         start = time.monotonic()
-        resp = self._send("POST", url, json_body=body, timeout_s=timeout_s, stream=True)
+        resp, deadline = self._send("POST", url, json_body=body, timeout_s=timeout_s)
         frames: list[str] = []
+        max_frames = max(1, max_bytes // _MIN_FRAME_BYTES)
         raw = bytearray()
         timed_out = False
         first_frame_s = None
         try:
-            for line in _iter_lines(resp, start + timeout_s):
-                raw.extend(line + b"\n")
+            _refuse_declared_size(url, resp, max_bytes)
+            for line in _lines(url, resp, deadline, max_bytes):
+                raw += line
+                raw += b"\n"
                 text = line.decode("utf-8", errors="replace").strip()
                 if text.startswith("data:"):
+                    if len(frames) >= max_frames:
+                        raise BodyTooLarge(f"{url}: event stream of more than {max_frames:,} frames (one per {_MIN_FRAME_BYTES} "
+                                           f"bytes of its {_size(max_bytes)} limit) in {_size(len(raw))}; nothing was measured from it")
                     frames.append(text[5:].strip())
                     if first_frame_s is None:
                         first_frame_s = time.monotonic() - start
         except EngineTimeout:
             timed_out = True
-        except requests.exceptions.RequestException as exc:
-            if "timed out" in str(exc).lower():  # requests wraps a mid-stream read timeout
-                timed_out = True
-            else:
-                raise EngineError(f"{url}: stream cut off ({_reason(exc)})") from None
         finally:
+            deadline.end()
             resp.close()
         return StreamReply(url, resp.status_code, tuple(frames), bytes(raw), time.monotonic() - start, timed_out, first_frame_s)
-
-
-class EngineTimeout(EngineError):
-    """The engine did not answer in time (a hang is a finding, not a crash of ours)."""
 
 
 @dataclass(frozen=True)
@@ -164,23 +255,268 @@ class StreamReply:
                 raise EngineError(f"{self.url}: stream frame is not JSON ({len(frame)} bytes)") from None
 
 
-def _iter_lines(resp: requests.Response, deadline: float) -> Iterator[bytes]:
-    pending = b""
-    for chunk in resp.iter_content(chunk_size=None):
+# -- the total deadline ---------------------------------------------------------------------------
+
+_current = threading.local()  # the deadline of the request this thread is sending, for _DeadlinePool
+_deadlines_lock = threading.Lock()  # guards which deadline owns a pooled connection
+_OWNER = "_kvpreflight_deadline"  # the attribute naming a connection's current deadline
+_RECHECK_S = 0.05  # at the deadline with no socket yet (still connecting): look again this soon
+
+
+class _Deadline:
+    """One request's total time. At the deadline a watchdog shuts the request's socket (never
+    another request's: a pooled connection is owned by the deadline that last took it), so a read
+    or write blocked on a server that drips bytes ends at once."""
+
+    def __init__(self, timeout_s: float) -> None:
+        if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
+            raise EngineConfigError(f"timeout {timeout_s!r}: not a finite number of seconds above 0")
+        self.timeout_s = timeout_s
+        self.connect_s = min(10.0, timeout_s)
+        self.at = time.monotonic() + timeout_s
+        self.fired = False
+        self._ended = False
+        self._conn: Any = None
+        self._timer = self._arm(timeout_s)
+
+    def _arm(self, delay_s: float) -> threading.Timer:
+        timer = threading.Timer(delay_s, self._fire)
+        timer.daemon = True
+        timer.start()
+        return timer
+
+    def own(self, conn: Any) -> None:
+        with _deadlines_lock:
+            self._conn = conn
+            setattr(conn, _OWNER, self)
+
+    def passed(self) -> bool:
+        return self.fired or time.monotonic() >= self.at
+
+    def timeout(self, url: str) -> EngineTimeout:
+        return EngineTimeout(f"{url}: no complete answer within {self.timeout_s:g}s (the total for the request, body included)")
+
+    def end(self) -> None:
+        with _deadlines_lock:
+            self._ended = True
+            self._timer.cancel()
+
+    def _fire(self) -> None:
+        with _deadlines_lock:
+            if self._ended:
+                return
+            self.fired = True
+            conn = self._conn
+            if conn is not None and getattr(conn, _OWNER, None) is not self:
+                return  # the connection went back to the pool: another request's now
+            sock = getattr(conn, "kvpreflight_socket", None)
+            if sock is None:  # not connected yet: the connect timeout ends that, then shut it
+                self._timer = self._arm(_RECHECK_S)
+                return
+            try:
+                # socket.socket's own shutdown: SSLSocket.shutdown would also drop its TLS state
+                # under the reading thread
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed: nothing left to end
+
+
+class _DeadlineConnectionMixin:
+    """Keeps its socket for the deadline to shut, even after http.client forgets `sock` (once a
+    reply says the connection will close, the response reads on from it). The connection itself,
+    TLS handshake included, is bounded by the connect timeout (Python bounds a handshake in total)."""
+
+    kvpreflight_socket: socket.socket | None = None
+
+    def connect(self) -> None:
+        super().connect()  # type: ignore[misc]
+        self.kvpreflight_socket = self.sock  # type: ignore[attr-defined]
+
+
+class _DeadlineHTTPConnection(_DeadlineConnectionMixin, HTTPConnection):
+    pass
+
+
+class _DeadlineHTTPSConnection(_DeadlineConnectionMixin, HTTPSConnection):
+    pass
+
+
+class _DeadlinePoolMixin:
+    """Hands each connection, as a request takes it, to that request's deadline."""
+
+    def _get_conn(self, timeout: float | None = None) -> Any:
+        conn = super()._get_conn(timeout)  # type: ignore[misc]
+        deadline = getattr(_current, "deadline", None)
+        if deadline is not None:
+            deadline.own(conn)
+        return conn
+
+
+class _DeadlineHTTPPool(_DeadlinePoolMixin, HTTPConnectionPool):
+    ConnectionCls = _DeadlineHTTPConnection
+
+
+class _DeadlineHTTPSPool(_DeadlinePoolMixin, HTTPSConnectionPool):
+    ConnectionCls = _DeadlineHTTPSConnection
+
+
+class _DeadlineAdapter(requests.adapters.HTTPAdapter):
+    """requests' adapter with connection pools that hand each connection to its request's deadline."""
+
+    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
+        super().init_poolmanager(*args, **kwargs)
+        self.poolmanager.pool_classes_by_scheme = {"http": _DeadlineHTTPPool, "https": _DeadlineHTTPSPool}
+
+
+# -- reading bodies -------------------------------------------------------------------------------
+
+def _body_chunks(url: str, resp: requests.Response, deadline: _Deadline) -> Iterator[bytes]:
+    """The body in reads of at most _CHUNK_BYTES; EngineTimeout at the deadline, EngineError if cut."""
+    try:
+        for chunk in resp.iter_content(chunk_size=_CHUNK_BYTES):
+            yield chunk  # it came by the deadline (a stream keeps what did)
+            if deadline.passed():
+                raise deadline.timeout(url)
+    except (requests.exceptions.RequestException, urllib3.exceptions.HTTPError, OSError) as exc:
+        if deadline.passed():
+            raise deadline.timeout(url) from None
+        raise EngineError(f"{url}: response body cut off ({_reason(exc)})") from None
+    if deadline.fired:  # the watchdog's shutdown reads as the end of a body without a length
+        raise deadline.timeout(url)
+
+
+def _lines(url: str, resp: requests.Response, deadline: _Deadline, max_bytes: int) -> Iterator[bytes]:
+    """The body's lines (without their line ends), up to `max_bytes` of body."""
+    pending = bytearray()
+    received = 0
+    for chunk in _body_chunks(url, resp, deadline):
+        received += len(chunk)
+        if received > max_bytes:
+            raise _too_large(url, max_bytes, f"stopped reading after {_size(received)}")
+        scanned = len(pending)  # the bytes before the new chunk hold no newline: search only the chunk
         pending += chunk
-        while b"\n" in pending:
-            line, pending = pending.split(b"\n", 1)
-            yield line.rstrip(b"\r")
-        if time.monotonic() > deadline:
-            raise EngineTimeout(f"{resp.url}: stream still open at the deadline")
+        start = 0
+        while (end := pending.find(b"\n", scanned)) >= 0:
+            yield bytes(pending[start:end]).rstrip(b"\r")
+            start = scanned = end + 1
+        del pending[:start]
     if pending:
-        yield pending
+        yield bytes(pending)
+
+
+def _refuse_declared_size(url: str, resp: requests.Response, max_bytes: int) -> None:
+    declared = resp.headers.get("Content-Length", "")
+    if declared.isdigit() and int(declared) > max_bytes:
+        raise _too_large(url, max_bytes, f"Content-Length {_size(int(declared))}; not read")
+
+
+def _too_large(url: str, max_bytes: int, how: str) -> BodyTooLarge:
+    limit = f"the {_size(max_bytes)} limit for {max_bytes.kind}" if isinstance(max_bytes, BodyLimit) else f"the {_size(max_bytes)} limit"
+    return BodyTooLarge(f"{url}: reply body over {limit} ({how}); nothing was measured from it")
+
+
+def _size(n: int) -> str:
+    return f"{n / MiB:.1f} MiB" if n >= MiB else f"{n:,} bytes"
+
+
+# -- client certificates --------------------------------------------------------------------------
+
+def _client_certificate(cert: str | None, key: str | None) -> str | tuple[str, str] | None:
+    """requests' `cert=` for these files, checked: each a readable regular file, together a PEM
+    certificate and its unencrypted private key. Messages name the flag, never the path."""
+    if cert is None and key is None:
+        return None
+    if cert is None:
+        raise EngineConfigError("--client-key needs --client-cert (the certificate the key belongs to)")
+    _check_cert_file("--client-cert", cert)
+    if key is not None:
+        _check_cert_file("--client-key", key)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    try:
+        context.load_cert_chain(cert, key, password=_refuse_passphrase)
+    except _EncryptedKey:
+        raise EngineConfigError("--client-key: the private key is encrypted; give an unencrypted PEM key") from None
+    except ssl.SSLError as exc:
+        if "KEY_VALUES_MISMATCH" in str(exc):
+            raise EngineConfigError("--client-key: the private key does not belong to the --client-cert certificate") from None
+        flags = "--client-cert" if key is None else "--client-cert/--client-key"
+        raise EngineConfigError(f"{flags}: not a PEM certificate and its PEM private key") from None
+    return cert if key is None else (cert, key)
+
+
+def _check_cert_file(flag: str, path: str) -> None:
+    try:
+        info = os.stat(path)
+    except OSError as exc:
+        raise EngineConfigError(f"{flag}: cannot read the file ({(exc.strerror or 'not found').lower()})") from None
+    if not stat.S_ISREG(info.st_mode):
+        raise EngineConfigError(f"{flag}: not a regular file; give a PEM file")
+    if info.st_size > _CERT_FILE_MAX_BYTES:
+        raise EngineConfigError(f"{flag}: {_size(info.st_size)}, too large for a PEM certificate or key")
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as exc:
+        raise EngineConfigError(f"{flag}: cannot read the file ({(exc.strerror or 'unreadable').lower()})") from None
+
+
+class _EncryptedKey(Exception):
+    pass
+
+
+def _refuse_passphrase() -> bytes:
+    """OpenSSL asks for a passphrase only for an encrypted key; without this it would prompt."""
+    raise _EncryptedKey
+
+
+# -- messages -------------------------------------------------------------------------------------
+
+def _transport_error(url: str, exc: Exception, deadline: _Deadline, *, client_cert: bool) -> EngineError | None:
+    """The one line for a request that failed before its headers arrived (None: not ours to say)."""
+    if isinstance(exc, requests.exceptions.ConnectTimeout):  # unreachable: a transport failure, not a hang
+        return EngineError(f"{url}: connection timed out after {deadline.connect_s:g}s")
+    if deadline.fired or isinstance(exc, requests.exceptions.ReadTimeout):
+        return deadline.timeout(url)
+    if isinstance(exc, requests.exceptions.SSLError) or (isinstance(exc, requests.exceptions.ConnectionError) and _tls_alert(exc)):
+        return EngineError(f"{url}: TLS error ({_reason(exc)}); {_tls_hint(exc, client_cert=client_cert)}")
+    if isinstance(exc, requests.exceptions.ConnectionError):
+        return EngineError(f"{url}: cannot connect ({_reason(exc)}); is the engine running and the URL right?")
+    if isinstance(exc, requests.exceptions.RequestException):
+        return EngineError(f"{url}: request failed ({_reason(exc)})")
+    if isinstance(exc, OSError):
+        # requests reads --ca-bundle / --client-cert / --client-key as it connects, and its
+        # message holds the path: not shown
+        return EngineError(f"{url}: a TLS file (--ca-bundle, --client-cert or --client-key) could not be read")
+    return None
+
+
+def _tls_alert(exc: Exception) -> bool:
+    return "alert" in str(exc).lower() and "ssl" in str(exc).lower()
+
+
+def _tls_hint(exc: Exception, *, client_cert: bool) -> str:
+    if "certificate verify failed" in str(exc).lower():  # the engine's certificate, not ours
+        return "pass --ca-bundle PATH if the engine uses a private CA"
+    # A gateway that wants a client certificate often just ends the handshake, without saying why.
+    if client_cert:
+        return "the engine's gateway may not accept the --client-cert certificate; if it uses a private CA, pass --ca-bundle PATH"
+    return "if the engine's gateway requires a client certificate, pass --client-cert PATH --client-key PATH; " \
+           "if it uses a private CA, --ca-bundle PATH"
 
 
 def _reason(exc: Exception) -> str:
-    text = str(exc)
-    errno = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", text)
+    """The cause in a few words: an errno's text, else the innermost exception's (requests and
+    urllib3 wrap it two or three deep, each adding the pool's repr)."""
+    errno = re.search(r"\[Errno -?\d+\] ([^'\")\]]+)", str(exc))
     if errno:
         return errno.group(1).strip()
+    inner: BaseException = exc
+    for _ in range(8):
+        nested = getattr(inner, "reason", None)
+        if not isinstance(nested, BaseException):
+            nested = inner.args[0] if inner.args and isinstance(inner.args[0], BaseException) else None
+        if nested is None:
+            break
+        inner = nested
+    text = re.sub(r"\s*\(_ssl\.c:\d+\)", "", str(inner))
     return " ".join(text.split())[:200]
-
