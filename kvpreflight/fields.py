@@ -102,7 +102,8 @@ class FieldParser:
         self.error_type = error_type
 
     def error(self, where: str | None, problem: str) -> ConfigError:
-        return self.error_type(f"{self.source}: {where}: {problem}" if where else f"{self.source}: {problem}")
+        message = f"{self.source}: {where}: {problem}" if where else f"{self.source}: {problem}"
+        return self.error_type(" ".join(message.split()))  # one line, whatever a key or value held
 
     def adopt(self, where: str, exc: KvpreflightError) -> ConfigError:
         """A library parser's error (which names no field), placed at `where`."""
@@ -118,7 +119,8 @@ class FieldParser:
     def unknown_keys(self, data: dict[Any, Any], allowed: Sequence[str], where: str | None) -> None:
         for key in data:
             if key not in allowed:
-                at = f"{where}.{key}" if where else str(key)
+                name = key if isinstance(key, str) and re.fullmatch(r"[\w.-]{1,60}", key) else describe(key)
+                at = f"{where}.{name}" if where else name
                 raise self.error(at, f"unknown key (expected one of: {', '.join(allowed)})")
 
     def positive_int(self, value: Any, where: str) -> int | None:

@@ -27,7 +27,8 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
     started = utc_now()
     thresholds = load_thresholds()
     advisories = load_advisories(options.advisory_dirs)
-    client = HttpClient(headers=options.headers, ca_bundle=options.ca_bundle, timeout_s=options.timeout_s)
+    client = HttpClient(headers=options.headers, ca_bundle=options.ca_bundle, timeout_s=options.timeout_s,
+                        client_cert=options.client_cert, client_key=options.client_key)
     try:
         adapters: dict[str, EngineAdapter] = {}
         snapshots: list[EngineSnapshot] = []
@@ -121,6 +122,7 @@ def _isolate(options: CheckPlan, entry: EngineAdapter | None, group: list[Engine
                                   "the demo and builtin engines)"),
         binding=options.tenant_binding or "a cache_salt per tenant",
         known_markers=frozenset(settings.known_markers | run.own_markers), ca_bundle=options.ca_bundle,
+        client_cert=options.client_cert, client_key=options.client_key,
     )
     engines = {s.url: adapters[s.url] for s in group if s.url in adapters}
     return run_isolation(entry, engines, group, run.limits, iso_settings, options.headers, options.tenant_headers,

@@ -46,6 +46,14 @@ class CheckPlan:
         return self.auth.ca_bundle
 
     @property
+    def client_cert(self) -> str | None:
+        return self.auth.client_cert
+
+    @property
+    def client_key(self) -> str | None:
+        return self.auth.client_key
+
+    @property
     def tenant_headers(self) -> tuple[Mapping[str, str], Mapping[str, str]]:
         return self.auth.tenant_headers
 

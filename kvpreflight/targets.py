@@ -33,6 +33,8 @@ class Auth:
 
     headers: Mapping[str, str]  # sent with every request (API key as Authorization, --header)
     ca_bundle: str | None = None
+    client_cert: str | None = None  # PEM for gateways that require mutual TLS (the key may be inside)
+    client_key: str | None = None
     # Two-tenant probes: headers for synthetic tenants a and b; when either is set the deployment
     # binds tenants itself and no cache_salt is added.
     tenant_headers: tuple[Mapping[str, str], Mapping[str, str]] = ({}, {})

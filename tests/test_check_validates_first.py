@@ -108,3 +108,15 @@ def test_a_secret_too_short_to_scrub_by_value_is_refused(args: list[str], env: d
         seen = list(static_server.seen)  # type: ignore[attr-defined]
     assert_refused_early(proc, *fragments)
     assert seen == [] and "abc" not in proc.stderr and "1234" not in proc.stderr
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--client-cert", "/nonexistent/client.pem"], ["--client-cert"]),
+    (["--client-key", "/nonexistent/client.key"], ["--client-key needs --client-cert"]),
+])
+def test_client_certificate_problems_are_found_before_any_request(args: list[str], fragments: list[str]) -> None:
+    with static_server({}) as url:
+        proc = run("check", "--endpoint", url, *args)
+        seen = list(static_server.seen)  # type: ignore[attr-defined]
+    assert_refused_early(proc, *fragments)
+    assert seen == [] and "/nonexistent/client.pem" not in proc.stderr

@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from io import BufferedIOBase
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import pytest
 from cryptography import x509
@@ -405,3 +405,24 @@ def test_a_certificate_file_gone_after_the_client_was_built_is_one_line_without_
     with pytest.raises(EngineError) as caught:
         client.get_json(f"{mtls_url}/v1/models")
     assert "--client-cert" in str(caught.value) and str(tmp_path) not in str(caught.value)
+
+
+def test_check_passes_the_client_certificate_to_every_request(pki: dict[str, Path], mtls_url: str) -> None:
+    """`check --client-cert/--client-key` end to end: without them the gateway refuses the TLS
+    handshake (inconclusive, saying what to pass); with them the engine is reached (what it then
+    answers is not an engine, so still inconclusive, but no longer for TLS)."""
+    import subprocess
+    import sys
+
+    def check(*extra: str) -> dict[str, Any]:
+        proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--endpoint", mtls_url, "--engine", "vllm",
+                               "--capacity-only", "--ca-bundle", str(pki["ca"]), "--format", "json", "--timeout", "5", *extra],
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 3, proc.stderr
+        assert str(pki["client_key"]) not in proc.stdout + proc.stderr  # paths never shown
+        return json.loads(proc.stdout)
+
+    refused = " ".join(c["message"] for c in check()["checks"])
+    assert "--client-cert" in refused
+    reached = " ".join(c["message"] for c in check("--client-cert", str(pki["client_cert"]), "--client-key", str(pki["client_key"]))["checks"])
+    assert "--client-cert" not in reached and "TLS" not in reached, reached

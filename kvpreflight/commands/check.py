@@ -42,6 +42,8 @@ def register(app: typer.Typer) -> None:
         header: list[str] | None = typer.Option(None, "--header", help="Extra request header 'Name: value'. Repeatable."),
         secret_header: list[str] | None = typer.Option(None, "--secret-header", help="NAME of a --header whose value is a secret (kept out of every output; Authorization, *token*, *key*, cookies are already). Repeatable."),
         ca_bundle: Path | None = typer.Option(None, "--ca-bundle", help="CA bundle for engines behind TLS with a private CA."),
+        client_cert: Path | None = typer.Option(None, "--client-cert", help="Client certificate (PEM) for gateways that require mutual TLS; the key may be inside it."),
+        client_key: Path | None = typer.Option(None, "--client-key", help="Private key (PEM, unencrypted) for --client-cert."),
         capacity_only: bool = typer.Option(False, "--capacity-only", help="Read-only: send no request (production endpoints under a change freeze)."),
         tenant_a_key_env: str | None = typer.Option(None, "--tenant-a-key-env", help="Environment variable holding synthetic tenant A's API key (isolation probes)."),
         tenant_b_key_env: str | None = typer.Option(None, "--tenant-b-key-env", help="Environment variable holding synthetic tenant B's API key (isolation probes)."),
@@ -70,7 +72,7 @@ def register(app: typer.Typer) -> None:
         args = CheckArgs(
             endpoints=tuple(endpoint or ()), entry=entry, engine=engine, model=model, context_length=context_length,
             logs=tuple(log or ()), api_key_env=api_key_env, api_key_file=api_key_file, headers=tuple(header or ()),
-            secret_headers=tuple(secret_header or ()), ca_bundle=ca_bundle, capacity_only=capacity_only, skips=tuple(skip or ()), reasons=tuple(reason or ()),
+            secret_headers=tuple(secret_header or ()), client_cert=client_cert, client_key=client_key, ca_bundle=ca_bundle, capacity_only=capacity_only, skips=tuple(skip or ()), reasons=tuple(reason or ()),
             timeout=timeout, concurrency=concurrency, accepted_tps=accepted_tps, advisories=tuple(advisories or ()),
             tenant_a_key_env=tenant_a_key_env, tenant_b_key_env=tenant_b_key_env, tenant_header=tenant_header,
             allow_disruptive=allow_disruptive,

@@ -28,6 +28,8 @@ class CheckArgs:
     headers: tuple[str, ...] = ()
     secret_headers: tuple[str, ...] = ()  # names of headers whose values are secrets
     ca_bundle: Path | None = None
+    client_cert: Path | None = None
+    client_key: Path | None = None
     capacity_only: bool = False
     skips: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
@@ -60,6 +62,13 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
             t.positive(value)
     if args.ca_bundle is not None and not args.ca_bundle.is_file():
         raise ConfigError(f"--ca-bundle {args.ca_bundle}: no such file")
+    if args.client_key is not None and args.client_cert is None:
+        raise ConfigError("--client-key needs --client-cert (the certificate it belongs to)")
+    if args.client_cert is not None:
+        from kvpreflight.engines.http import HttpClient
+
+        # Loads and matches the files now (exit 2 naming the flag, never the path or contents).
+        HttpClient(client_cert=str(args.client_cert), client_key=str(args.client_key) if args.client_key else None).close()
     for folder in args.advisories:
         if not folder.is_dir():
             raise ConfigError(f"--advisories {folder}: not a folder")
@@ -113,6 +122,8 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
     return CheckPlan(
         targets=endpoints, entry=entry, engine=args.engine, model=args.model, context_length=args.context_length,
         logs=logs, auth=Auth(headers=headers, ca_bundle=str(args.ca_bundle) if args.ca_bundle else None,
+                             client_cert=str(args.client_cert) if args.client_cert else None,
+                             client_key=str(args.client_key) if args.client_key else None,
                              tenant_headers=tenant_headers, tenant_binding=binding, secrets=all_secrets),
         capacity_only=args.capacity_only, timeout_s=args.timeout, concurrency=args.concurrency,
         accepted_tokens_per_second=args.accepted_tps, allow_disruptive=args.allow_disruptive, waivers=waivers,

@@ -11,7 +11,8 @@ Every problem is one line naming the file and the field, e.g.
         # node_ip: 10.0.0.3           #   or the node's IP (Ray's built-in node:IP resource)
         attach: {endpoints: [prefill=http://..., decode=http://...], entry: http://router:8000,
                  context_length: 131072, engine: auto, model: ..., logs: [URL=PATH],
-                 api_key_env: SERVING_KEY, capacity_only: false, timeout: 30}
+                 api_key_env: SERVING_KEY, capacity_only: false, timeout: 30,
+                 client_cert: certs/client.pem, client_key: certs/client.key}
         # or boot: specs/chat-8b.yaml   (a boot spec, relative to the inventory)
         # or builtin: {pool_ratio: 2.0, decode_pool_ratio: 2.0, context_length: 8192, faults: []}
         skip: [{id: engine-advisories, reason: ...}]
@@ -41,7 +42,8 @@ _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _TOP_KEYS = ("fleet", "defaults", "deployments")
 _DEFAULT_KEYS = ("timeout_s", "subjects")
 _DEPLOYMENT_KEYS = ("name", "node", "node_ip", "attach", "boot", "builtin", "skip", "subjects", "timeout_s")
-_ATTACH_KEYS = ("endpoints", "entry", "engine", "model", "context_length", "logs", "api_key_env", "capacity_only", "timeout")
+_ATTACH_KEYS = ("endpoints", "entry", "engine", "model", "context_length", "logs", "api_key_env", "capacity_only", "timeout",
+                "client_cert", "client_key")
 _BUILTIN_KEYS = ("pool_ratio", "decode_pool_ratio", "context_length", "faults")
 
 
@@ -58,6 +60,8 @@ class AttachTarget:
     api_key_env: str | None = None  # the variable's name; its value is read where the check runs
     capacity_only: bool = False
     timeout: float = 30.0
+    client_cert: str | None = None  # mutual TLS: PEM paths, read where the check runs
+    client_key: str | None = None
 
     def engine_urls(self) -> frozenset[str]:
         urls = {parse_endpoint(e).url for e in self.endpoints}
@@ -73,8 +77,13 @@ class AttachTarget:
         if self.api_key_env:
             headers = {"Authorization": f"Bearer {secret_from_env(self.api_key_env)}"}
         secrets = secrets_of(headers=headers, urls=[*(t.url for t in targets), self.entry])
+        if self.client_cert:
+            from kvpreflight.engines.http import HttpClient
+
+            HttpClient(client_cert=self.client_cert, client_key=self.client_key).close()  # the files load here
         return CheckPlan(targets=targets, entry=self.entry, engine=self.engine, model=self.model,
-                         context_length=self.context_length, logs=logs, auth=Auth(headers=headers, secrets=secrets),
+                         context_length=self.context_length, logs=logs,
+                         auth=Auth(headers=headers, secrets=secrets, client_cert=self.client_cert, client_key=self.client_key),
                          capacity_only=self.capacity_only, timeout_s=self.timeout, waivers=waivers)
 
 
@@ -246,7 +255,14 @@ class _Parser(FieldParser):
             api_key_env=self.env_name(raw.get("api_key_env"), f"{where}.api_key_env"),
             capacity_only=self.boolean(raw.get("capacity_only"), f"{where}.capacity_only"),
             timeout=self.positive_number(raw.get("timeout", 30.0), f"{where}.timeout"),
+            client_cert=self.path(raw.get("client_cert"), f"{where}.client_cert"),
+            client_key=self.path(raw.get("client_key"), f"{where}.client_key"),
         )
+
+    def path(self, value: Any, where: str) -> str | None:
+        """A file path, relative to the inventory; read where the check runs (it may be on a node)."""
+        text = self.optional_str(value, where)
+        return os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(text))) if text else None
 
     def boot(self, raw: Any, where: str) -> BootTarget:
         from kvpreflight.boot import parse_spec

@@ -40,6 +40,8 @@ class RawTarget:
     headers: Mapping[str, str]
     timeout_s: float
     ca_bundle: str | None = None
+    client_cert: str | None = None  # mutual TLS: PEM certificate (with the key when client_key is None)
+    client_key: str | None = None
 
 
 def leave_during_transfer(target: RawTarget, pages_reserved: Callable[[], bool | None], *, unified: bool) -> Departure:
@@ -96,6 +98,8 @@ def _connection(target: RawTarget) -> Iterator[http.client.HTTPConnection]:
     conn: http.client.HTTPConnection
     if parts.scheme == "https":
         context = ssl.create_default_context(cafile=target.ca_bundle) if target.ca_bundle else ssl.create_default_context()
+        if target.client_cert:
+            context.load_cert_chain(target.client_cert, target.client_key)
         conn = http.client.HTTPSConnection(parts.hostname or "", parts.port, timeout=target.timeout_s, context=context)
     else:
         conn = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=target.timeout_s)

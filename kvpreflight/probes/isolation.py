@@ -76,6 +76,8 @@ class IsolationSettings:
     binding: str = "cache_salt"
     known_markers: frozenset[str] = frozenset()  # other synthetic markers in play (capacity probes, demo)
     ca_bundle: str | None = None
+    client_cert: str | None = None  # mutual TLS (see HttpClient)
+    client_key: str | None = None
 
 
 class IsolationProber:
@@ -289,7 +291,8 @@ class IsolationProber:
         client = self.tenants[tenant]
         request = client.adapter.build_request(self._ids[tenant][:tokens], max_tokens=max_tokens or self.gen,
                                                stream=True, extra=client.extra)
-        target = RawTarget(client.adapter, request, client.headers, self.settings.timeout_s, self.settings.ca_bundle)
+        target = RawTarget(client.adapter, request, client.headers, self.settings.timeout_s, self.settings.ca_bundle,
+                           self.settings.client_cert, self.settings.client_key)
         departure: Departure
         if during_transfer:
             decoders = [s.url for s in self.snapshots if s.role is Role.DECODE and s.url in self.engines]
@@ -324,7 +327,8 @@ def run_isolation(entry: EngineAdapter, engines: Mapping[str, EngineAdapter], sn
         tenants = []
         for tenant, extra in zip(Tenant, tenant_headers, strict=True):
             headers = {**base_headers, **extra}
-            http = HttpClient(headers=headers, ca_bundle=settings.ca_bundle, timeout_s=settings.timeout_s)
+            http = HttpClient(headers=headers, ca_bundle=settings.ca_bundle, timeout_s=settings.timeout_s,
+                              client_cert=settings.client_cert, client_key=settings.client_key)
             clients.append(http)
             salt = f"kvpreflight-tenant-{tenant.value}-{secrets.token_hex(8)}" if salted else None
             tenants.append(TenantClient(tenant=tenant, adapter=entry.with_client(http), headers=headers, salt=salt))
