@@ -14,7 +14,7 @@ import json
 import re
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Self
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -177,8 +177,8 @@ class EngineAdapter(abc.ABC):
         events: list[Any] = []
         try:
             for event in reply.events():
-                if (message := error_in_event(event)) is not None:  # a refusal inside the 200 stream
-                    return self._refused(request, reply, message)
+                if (message := error_in_event(event)) is not None:  # an error inside the 200 stream
+                    return self._error_after(request, reply, message, events)
                 events.append(event)
         except EngineError as exc:  # a frame that is not JSON
             return Completion(sent_tokens=request.sent_tokens, max_tokens=request.max_tokens, streamed=True,
@@ -202,6 +202,20 @@ class EngineAdapter(abc.ABC):
             status=reply.status, elapsed_s=reply.elapsed_s, error_message=message, error_kind=self.classify_error(message),
             body_bytes=len(reply.body), body_sha256=reply.sha256,
         )
+
+    def _error_after(self, request: EngineRequest, reply: StreamReply, message: str, events: list[Any]) -> Completion:
+        """An error frame, and the frames before it. With none, a refusal. With tokens before it,
+        the engine processed and answered the request: the tokens are counted, never dropped (a
+        length error after generating is not a rejection)."""
+        refused = self._refused(request, reply, message)
+        if not events:
+            return refused
+        facts = self.parse_events(request, events)
+        generated = facts.completion_tokens
+        if generated is None:  # no usage in the frames: count the frames that carried text
+            generated = sum(1 for e in events if isinstance(e, dict) and self.parse_events(request, [e]).text) or None
+        return replace(refused, completion_tokens=generated, prompt_tokens=facts.prompt_tokens,
+                       finish_reason=facts.finish_reason, ttft_s=reply.first_frame_s)
 
     def _answered(self, request: EngineRequest, reply: HttpReply | StreamReply, facts: ReplyFacts, *,
                   ttft_s: float | None, timed_out: bool) -> Completion:

@@ -73,6 +73,24 @@ def test_an_error_frame_inside_a_200_stream_is_a_refusal():
     assert c.status == 200 and c.rejected and c.error_kind is ErrorKind.LENGTH and c.streamed
 
 
+@pytest.mark.parametrize("before", [
+    ({"text": "he", "meta_info": {"completion_tokens": 2}}, {"text": "hello", "meta_info": {"completion_tokens": 3}}),
+    ({"text": "he"}, {"text": "hello"}),  # no usage in the frames: the frames that carried text count
+])
+def test_tokens_then_an_error_frame_are_counted_and_fail_the_rejection(before):
+    """Issue 12, defect 1: an over-context request answered with tokens and *then* an error frame was
+    taken for a clean refusal ("zero tokens generated"). Any token means the engine served it."""
+    from kvpreflight.checks.probe_common import refusal_verdict
+    from kvpreflight.model import Status
+
+    c, _ = sglang(frames(*before, {"error": {"message": LENGTH_MESSAGE}}), stream=True)
+    assert c.error_kind is ErrorKind.LENGTH and c.completion_tokens in (2, 3)
+    status, message = refusal_verdict(c)
+    assert status is Status.FAIL and "tokens were generated" in message
+    clean, _ = sglang(frames({"error": {"message": LENGTH_MESSAGE}}), stream=True)
+    assert refusal_verdict(clean)[0] is Status.PASS and clean.completion_tokens is None
+
+
 def test_a_frame_that_is_not_json_is_a_transport_error():
     c, _ = sglang(frames("{not json"), stream=True)
     assert c.transport_error and "not JSON" in c.transport_error and not c.served
