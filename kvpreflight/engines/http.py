@@ -329,6 +329,7 @@ class _DeadlineConnectionMixin:
     kvpreflight_socket: socket.socket | None = None
 
     def connect(self) -> None:
+        # A mixin: super() and `sock` are HTTPConnection's, which mypy cannot see from here.
         super().connect()  # type: ignore[misc]
         self.kvpreflight_socket = self.sock  # type: ignore[attr-defined]
 
@@ -345,7 +346,7 @@ class _DeadlinePoolMixin:
     """Hands each connection, as a request takes it, to that request's deadline."""
 
     def _get_conn(self, timeout: float | None = None) -> Any:
-        conn = super()._get_conn(timeout)  # type: ignore[misc]
+        conn = super()._get_conn(timeout)  # type: ignore[misc]  # a mixin over urllib3's pool (see above)
         deadline = getattr(_current, "deadline", None)
         if deadline is not None:
             deadline.own(conn)

@@ -37,6 +37,8 @@ def write_report(report: Report, fmt: str | ReportFormat, output: Path | None = 
     """
     formatter = get_format(fmt) if isinstance(fmt, str) else fmt
     if output is not None and getattr(formatter, "color", False) is None:
+        # Only colour-aware formats (color is None: decide at render) take color=; ReportFormat's
+        # own constructor does not declare it.
         formatter = type(formatter)(color=False)  # type: ignore[call-arg]
     return write_text(formatter.render(redact_report(report, secrets)), output)
 

@@ -174,6 +174,8 @@ def load_signing_key(path: str | os.PathLike[str]) -> SigningKey:
         if password and b"ENCRYPTED" in data:
             raise RecordError(f"signing key {path}: wrong password in {PASSWORD_ENV}") from None
         raise RecordError(f"signing key {path} is not a readable PEM private key; create one with `kvpreflight keygen --out DIR`") from None
+    # load_pem_private_key is typed to return any key type; from_crypto refuses all but P-256 and
+    # Ed25519 with a one-line RecordError.
     return SigningKey.from_crypto(key, str(path))  # type: ignore[arg-type]
 
 
@@ -186,4 +188,5 @@ def load_public_key(path: str | os.PathLike[str]) -> PublicKey:
         key = serialization.load_pem_public_key(data)
     except (ValueError, UnsupportedAlgorithm):
         raise RecordError(f"public key {path} is not a PEM public key; pass the kvpreflight.pub written by `kvpreflight keygen`") from None
+    # As above: from_crypto refuses every key type but P-256 and Ed25519.
     return PublicKey.from_crypto(key, str(path))  # type: ignore[arg-type]
