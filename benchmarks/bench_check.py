@@ -114,6 +114,8 @@ def bench_whole_check() -> dict:
     seen, probe_sum = set(), 0.0
     for check in report["checks"]:
         for p in check["evidence"].get("probes", []):
+            if "probe" not in p or "elapsed_s" not in p:  # isolation evidence lists scenarios, not probes
+                continue
             key = (p["probe"], p.get("response_sha256"), p["elapsed_s"])
             if key not in seen:
                 seen.add(key)

@@ -6,11 +6,12 @@ import importlib
 import sys
 from collections.abc import Iterable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kvpreflight.files import write_atomic
 from kvpreflight.formats.interface import FormatError, ReportFormat
-from kvpreflight.model import Report
-from kvpreflight.redact import redact_report
+
+if TYPE_CHECKING:
+    from kvpreflight.model import Report
 
 FORMATS = {
     "table": "kvpreflight.formats.table:TableFormat",
@@ -35,6 +36,8 @@ def write_report(report: Report, fmt: str | ReportFormat, output: Path | None = 
     """Render `report`, redacted of `secrets` (and of URL credentials), and write it to `output`, or
     to stdout when output is None; returns the text. A table written to a file carries no colour.
     """
+    from kvpreflight.redact import redact_report  # here: `--help` reads FORMATS and nothing more
+
     formatter = get_format(fmt) if isinstance(fmt, str) else fmt
     if output is not None and getattr(formatter, "color", False) is None:
         # Only colour-aware formats (color is None: decide at render) take color=; ReportFormat's
@@ -46,6 +49,8 @@ def write_report(report: Report, fmt: str | ReportFormat, output: Path | None = 
 def write_text(text: str, output: Path | None = None) -> str:
     """`text` to stdout (output None) or to the file `output`, written atomically (parent folders
     created; a reader never sees half a report)."""
+    from kvpreflight.files import write_atomic
+
     if output is None:
         sys.stdout.write(text)
         sys.stdout.flush()
