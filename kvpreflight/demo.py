@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -44,18 +44,18 @@ class BuiltinDeployment:
     faults: tuple[str, ...] = ()
     incident: bool = False  # the 2026 incident: ratio 0.65, its faults, another tenant's data planted
 
-    def validate(self) -> None:
-        """Raises ConfigError naming the field (`pool_ratio`, ...); callers add where it came from."""
+    def validate(self, name_of: Callable[[str], str] = str) -> None:
+        """Raises ConfigError naming the field as `name_of(field)` says (a CLI flag, a YAML path)."""
         for name, value in (("pool_ratio", self.pool_ratio), ("decode_pool_ratio", self.decode_pool_ratio)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 64:
-                raise ConfigError(f"must be a ratio between 0 and 64 (got {value})").under(name)
+                raise ConfigError(f"must be a ratio between 0 and 64 (got {value})").under(name_of(name))
         if isinstance(self.context_length, bool) or not isinstance(self.context_length, int) \
                 or not 256 <= self.context_length <= 262144:
             raise ConfigError(f"must be an integer between 256 and 262144 for the builtin engine "
-                              f"(got {self.context_length})").under("context_length")
+                              f"(got {self.context_length})").under(name_of("context_length"))
         for i, fault in enumerate(self.faults):
             if fault not in FAULTS:
-                raise ConfigError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}").under(f"faults[{i}]")
+                raise ConfigError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}").under(name_of(f"faults[{i}]"))
 
     @property
     def prefill_pool_ratio(self) -> float:

@@ -129,7 +129,7 @@ def publish(report: Report, output: OutputPlan, *, files_read: Iterable[Path] = 
     from kvpreflight.formats import write_report
     from kvpreflight.formats.ci import github_actions_side_effects
 
-    write_report(report, output.format, output.path, secrets=secrets)
+    write_report(report, output.format, output.path)  # already redacted above (URL credentials too)
     github_actions_side_effects(report, format_name=output.format if output.path is None else None)
     if output.record is None:
         return None

@@ -31,7 +31,6 @@ def register(app: typer.Typer) -> None:
 
         from kvpreflight.commands.plan_options import build_output
         from kvpreflight.demo import BuiltinDeployment, run_demo
-        from kvpreflight.errors import ConfigError
 
         deployment = BuiltinDeployment(
             pool_ratio=pool_ratio, decode_pool_ratio=decode_pool_ratio, context_length=context_length,
@@ -39,11 +38,7 @@ def register(app: typer.Typer) -> None:
         )
         flags = {"pool_ratio": "--pool-ratio", "decode_pool_ratio": "--decode-pool-ratio",
                  "context_length": "--context-length", "faults": "--fault"}
-        try:
-            deployment.validate()
-        except ConfigError as exc:
-            field, _, rest = str(exc).partition(": ")
-            raise ConfigError(f"{flags.get(field.split('[')[0], field)}: {rest}") from None
+        deployment.validate(name_of=lambda field: flags[field.split("[")[0]])  # faults[0] -> --fault
         # The record's key and subjects are the demo's own (a fresh key, its logs); only the format,
         # the report file and the record's path come from here.
         out = build_output(fmt=fmt, output=output, record=None, sign_key=None, subjects=(), unsigned=False,

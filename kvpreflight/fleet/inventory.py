@@ -296,7 +296,7 @@ class _Parser(FieldParser):
         deployment = BuiltinDeployment(pool_ratio=raw.get("pool_ratio", 2.0), decode_pool_ratio=raw.get("decode_pool_ratio", 2.0),
                                        context_length=raw.get("context_length", 8192), faults=faults)
         try:
-            deployment.validate()
-        except KvpreflightError as exc:  # "pool_ratio: must be ..." -> "deployments[1].builtin.pool_ratio: must be ..."
-            raise self.error_type(f"{self.source}: {where}.{exc}") from None
+            deployment.validate(name_of=lambda field: f"{self.source}: {where}.{field}")
+        except KvpreflightError as exc:
+            raise self.error_type(str(exc)) from None
         return deployment
