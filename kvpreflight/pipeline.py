@@ -18,14 +18,17 @@ from kvpreflight.engines import EngineConfigError, EngineError, HttpClient, adap
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import CheckResult, EngineSnapshot, Report, Role, Status
 from kvpreflight.plan import CheckPlan
-from kvpreflight.probes.capacity import CapacityProber, ProbeSettings
-from kvpreflight.probes.isolation import IsolationSettings, run_isolation
+from kvpreflight.probes.budget import Budget, calibrate
+from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, capacity_plan, deployment_limits
+from kvpreflight.probes.isolation import IsolationSettings, IsolationSizes, run_isolation
 from kvpreflight.probes.results import IsolationRun, ProbeRun
 
 
 def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: None) -> Report:
     started = utc_now()
     thresholds = load_thresholds()
+    budget = Budget(timeout_s=options.timeout_s, deadline_s=options.deadline_s,
+                    fallback_tokens_per_second=options.accepted_tokens_per_second or thresholds.accepted_tokens_per_second)
     advisories = load_advisories(options.advisory_dirs)
     client = HttpClient(headers=options.headers, ca_bundle=options.ca_bundle, timeout_s=options.timeout_s,
                         client_cert=options.client_cert, client_key=options.client_key)
@@ -46,7 +49,6 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
 
         settings = ProbeSettings(
             timeout_s=options.timeout_s,
-            accepted_tokens_per_second=options.accepted_tokens_per_second or thresholds.accepted_tokens_per_second,
             concurrency=options.concurrency or thresholds.concurrency,
             known_markers=options.known_markers,
         )
@@ -54,8 +56,8 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
         per_group_ids = [c for c in CHECK_IDS if c != "pd-consistency"]
         for entry_url, group in _groups(options, snapshots):
             entry = _entry_adapter(entry_url, group, client)
-            run = _probe(options, entry, group, adapters, settings, progress)
-            isolation = _isolate(options, entry, group, adapters, settings, progress, run)
+            run = _probe(options, entry, group, adapters, settings, budget, progress)
+            isolation = _isolate(options, entry, group, adapters, settings, budget, progress, run)
             ctx = CheckContext(tuple(group), thresholds, options.context_length, run, entry_url, advisories,
                                isolation=isolation)
             results.extend(run_checks(ctx, per_group_ids, options.waivers))
@@ -88,7 +90,7 @@ def _entry_adapter(entry_url: str | None, group: list[EngineSnapshot], client: H
 
 
 def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
-           settings: ProbeSettings, progress: Callable[[str], None]) -> ProbeRun | None:
+           settings: ProbeSettings, budget: Budget, progress: Callable[[str], None]) -> ProbeRun | None:
     if options.capacity_only:
         return None
     if not group:
@@ -101,13 +103,38 @@ def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSn
         return ProbeRun(limits=None, not_run=f"the engines behind the entry are of different kinds ({', '.join(sorted(kinds))})")
     engines = {s.url: adapters[s.url] for s in group}
     try:
-        return CapacityProber(entry, engines, group, settings, progress).run()
+        limits = deployment_limits(entry, group)
+        if limits is None:
+            return ProbeRun(limits=None, not_run="the engines state no served context or request limit, so no probe size can be derived")
+        if not budget.may_send():
+            return ProbeRun(limits=limits, not_run=f"no probe was sent: {budget.stopped}")
+
+        def measure() -> None:
+            budget.enter("calibration")
+            progress("calibrating: two short requests through the entry measure its speed")
+            calibration = calibrate(entry, engines.values(), max_accepted=limits.max_accepted,
+                                    timeout_s=min(options.timeout_s, budget.remaining_s()))
+            if calibration.speed is None:
+                budget.stop(f"the engine's speed could not be measured, so it was probed no further: {calibration.failure}")
+                return
+            planned = [*capacity_plan(limits, settings.concurrency),
+                       *IsolationSizes.of(limits, group).plan(churn=_churn_allowed(options, group))]
+            estimate = budget.calibrated(calibration.speed, planned)
+            deadline = f"; deadline {budget.deadline_s:.0f} s" if budget.deadline_s is not None else ""
+            progress(f"measured {calibration.speed.describe()}: {len(planned)} probe requests, expected to take about "
+                     f"{estimate:.0f} s{deadline}")
+
+        return CapacityProber(entry, engines, limits, settings, budget, progress).run(calibrate=measure)
     except EngineError as exc:
         return ProbeRun(limits=None, not_run=f"probes could not run: {exc}")
 
 
+def _churn_allowed(options: CheckPlan, group: Sequence[EngineSnapshot]) -> bool:
+    return options.allow_disruptive or options.booted or sorted({s.engine for s in group}) == ["builtin"]
+
+
 def _isolate(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
-             settings: ProbeSettings, progress: Callable[[str], None], run: ProbeRun | None) -> IsolationRun | None:
+             settings: ProbeSettings, budget: Budget, progress: Callable[[str], None], run: ProbeRun | None) -> IsolationRun | None:
     """The two-tenant probes, after the capacity probes and through the same entry."""
     if run is None:
         return None  # --capacity-only: the checks say so
@@ -115,8 +142,8 @@ def _isolate(options: CheckPlan, entry: EngineAdapter | None, group: list[Engine
         return IsolationRun(not_run=run.not_run or "the capacity limits are unknown, so no isolation probe size can be derived")
     kinds = sorted({s.engine for s in group})
     iso_settings = IsolationSettings(
-        timeout_s=options.timeout_s, accepted_tokens_per_second=settings.accepted_tokens_per_second,
-        churn_allowed=options.allow_disruptive or options.booted or kinds == ["builtin"],
+        timeout_s=options.timeout_s,
+        churn_allowed=_churn_allowed(options, group),
         churn_not_allowed_reason=(f"disruptive (client disconnects, load near the pool) against a live {', '.join(kinds)} "
                                   "deployment; pass --allow-disruptive to run it (it runs by default with --boot, "
                                   "the demo and builtin engines)"),
@@ -125,7 +152,7 @@ def _isolate(options: CheckPlan, entry: EngineAdapter | None, group: list[Engine
         client_cert=options.client_cert, client_key=options.client_key,
     )
     engines = {s.url: adapters[s.url] for s in group if s.url in adapters}
-    return run_isolation(entry, engines, group, run.limits, iso_settings, options.headers, options.tenant_headers,
+    return run_isolation(entry, engines, group, run.limits, iso_settings, budget, options.headers, options.tenant_headers,
                          salted=options.tenant_binding is None, progress=progress)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import enum
+import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -102,6 +103,7 @@ class EngineConfig:
     launch_command: str = ""
     bootstrap_port: int = 0  # decode: where prefills send pages; 0 picks a free port
     disable_radix_cache: bool = False
+    prefill_tokens_per_second: float = 0.0  # test: prefill no faster than this (0: as fast as it runs)
 
     def validate(self) -> None:
         if not (0 <= self.port <= 65535):
@@ -126,6 +128,8 @@ class EngineConfig:
             raise EngineConfigError(f"--device {self.device!r} is not one of cpu, cuda, auto")
         if self.transfer_delay_ms < 0 or self.transfer_fail_every < 0:
             raise EngineConfigError("--transfer-delay-ms and --transfer-fail-every must not be negative")
+        if not (self.prefill_tokens_per_second >= 0 and math.isfinite(self.prefill_tokens_per_second)):
+            raise EngineConfigError(f"--prefill-tokens-per-second {self.prefill_tokens_per_second} must be a finite number, 0 or more")
 
 
 def faults_from_env(environ: Mapping[str, str] | None = None) -> frozenset[Fault]:

@@ -150,6 +150,9 @@ class Engine:
         slots = self.pool.slots(pages, len(ids))[start:]
         with self.compute_lock:
             self.pool.flat()[slots] = self.model.kv_for(ids[start:])
+            if rate := self.config.prefill_tokens_per_second:
+                # A slow accelerator: held under the compute lock, so concurrent prompts queue as on one GPU.
+                time.sleep((len(ids) - start) / rate)
 
     # ---- prefill (unified and prefill roles) ----------------------------------------------------
 

@@ -13,6 +13,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     run = probe_run(ctx, ID)
     if isinstance(run, CheckResult):
         return [run]
+    if run.stopped:
+        return [CheckResult(ID, Status.INCONCLUSIVE, f"not checked after the probes: {run.stopped}", s.url) for s in ctx.snapshots]
     results = []
     small_ok = run.small_request_after is not None and run.small_request_after.served and bool(run.small_request_after.completion_tokens)
     for snap in ctx.snapshots:

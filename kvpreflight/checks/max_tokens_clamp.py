@@ -15,7 +15,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         return [run]
     p = run.get("clamp")
     if p is None or run.limits is None:
-        return [CheckResult(ID, Status.INCONCLUSIVE, "the clamp probe was not sent", ctx.entry)]
+        return [CheckResult(ID, Status.INCONCLUSIVE, run.missing("the clamp probe"), ctx.entry)]
     c, ev = p.completion, probe_evidence(p)
     served = run.limits.served_context
     if c.timed_out or c.transport_error:

@@ -46,11 +46,14 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             message += f"; the response carried another request's synthetic marker(s): {', '.join(p.foreign_markers)}"
         verdicts.append((status, f"{p.name} ({p.completion.sent_tokens:,} tokens): {message}", probe_evidence(p)))
     if not verdicts:
-        return [CheckResult(ID, Status.INCONCLUSIVE, "no over-capacity probe was sent", ctx.entry)]
-    if twin is None or not twin.completion.served:
+        return [CheckResult(ID, Status.INCONCLUSIVE, run.missing("the over-capacity probe"), ctx.entry)]
+    if twin is None:
+        verdicts.append((Status.INCONCLUSIVE, run.missing("the shorter twin (boundary-accept)")
+                         + ", so a refusal cannot be shown to be about length", {}))
+    elif not twin.completion.served:
         verdicts.append((Status.INCONCLUSIVE,
                          "the shorter twin (boundary-accept) was not accepted, so a refusal cannot be shown to be about length",
-                         probe_evidence(twin) if twin else {}))
+                         probe_evidence(twin)))
     worst = worst_status(v[0] for v in verdicts)
     lines = [m for s, m, _ in verdicts if s is worst] if worst is not Status.PASS else [m for _, m, _ in verdicts]
     gap = ""

@@ -16,8 +16,14 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         return [run]
     p = run.get("boundary-accept")
     if p is None:
-        return [CheckResult(ID, Status.INCONCLUSIVE, "no near-limit request was sent", ctx.entry)]
+        return [CheckResult(ID, Status.INCONCLUSIVE, run.missing("the near-limit request"), ctx.entry)]
     c, ev = p.completion, probe_evidence(p)
+    if c.timed_out:
+        # Slow is not wrong: without an error, a 5xx or a truncation there is no evidence against the engine.
+        return [CheckResult(ID, Status.INCONCLUSIVE,
+                            f"a {c.sent_tokens:,}-token prompt within the stated limits was still running when its "
+                            f"{c.elapsed_s:.0f}-s budget ran out (stalled, or slower than measured; {run.speed_note})",
+                            ctx.entry, ev)]
     if not c.served:
         why = "timed out" if c.timed_out else (c.transport_error or f"HTTP {c.status}: {c.error_message}")
         return [CheckResult(ID, Status.FAIL, f"a {c.sent_tokens:,}-token prompt within the stated limits was not served ({why})", ctx.entry, ev)]

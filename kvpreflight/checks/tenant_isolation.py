@@ -33,6 +33,8 @@ def scenario_verdict(s: Scenario) -> tuple[Status, str]:
     """One scenario's status and a one-line reason (crossings are judged by the caller)."""
     if s.skipped:
         return Status.SKIP, f"{s.name}: not run ({s.skipped})"
+    if s.stopped:
+        return Status.INCONCLUSIVE, f"{s.name}: {'ran only in part' if s.requests else 'not run'} ({s.stopped})"
     answered = [r for r in s.requests if r.completion is not None]
     if not answered:
         return Status.INCONCLUSIVE, f"{s.name}: no request was answered"
@@ -66,7 +68,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             {"scenario": s.name, "purpose": s.purpose, **({"skipped": s.skipped} if s.skipped else {
                 "occurrence": s.occurrence, "idle_after": dict(s.idle_after),
                 "counter_deltas": {u: dict(d) for u, d in s.counter_deltas.items()},
-                "requests": [request_evidence(r) for r in s.requests]})}
+                "requests": [request_evidence(r) for r in s.requests]}), **({"stopped": s.stopped} if s.stopped else {})}
             for s in run.scenarios
         ],
     }

@@ -56,6 +56,7 @@ def serve(
     enable_metrics: bool = typer.Option(False, "--enable-metrics"),
     disable_radix_cache: bool = typer.Option(False, "--disable-radix-cache", help="Turn the prefix cache off."),
     device: str = typer.Option("auto", "--device", help="cpu | cuda | auto"),
+    prefill_tokens_per_second: float = typer.Option(0.0, "--prefill-tokens-per-second", help="Test only: prefill no faster than this many tokens per second, like a slow accelerator (0: unthrottled)."),
 ) -> None:
     """Serve one role of the builtin engine until killed."""
     from kvpreflight.builtin_engine.config import FAULTS_ENV, EngineConfig, faults_from_env, parse_faults, parse_role
@@ -90,6 +91,7 @@ def serve(
         launch_command=shlex.join(["kvpreflight", *sys.argv[1:]]),
         bootstrap_port=bootstrap_port,
         disable_radix_cache=disable_radix_cache,
+        prefill_tokens_per_second=prefill_tokens_per_second,
     )
     from kvpreflight.builtin_engine.startup import serve as serve_engine
 

@@ -5,5 +5,6 @@
   isolation.py     two synthetic tenants in interleaved scenarios
   prefix_cache.py  the cold / same-tenant warm / cross-tenant cache controls
   disconnect.py    a client that leaves mid-request
-  engine_state.py  counters and their deltas, the wait for idle pools, request time budgets
+  engine_state.py  counters and their deltas, the wait for idle pools
+  budget.py        calibration on the engine's measured speed, request budgets, --deadline, stopping
 """

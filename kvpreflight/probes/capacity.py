@@ -13,7 +13,8 @@ from dataclasses import dataclass, replace
 
 from kvpreflight.engines.interface import Counters, EngineAdapter
 from kvpreflight.model import Completion, EngineSnapshot
-from kvpreflight.probes.engine_state import EngineState, counter_deltas, request_budget
+from kvpreflight.probes.budget import Budget, PlannedRequest, still_answering
+from kvpreflight.probes.engine_state import EngineState, counter_deltas
 from kvpreflight.probes.markers import foreign_markers, new_marker
 from kvpreflight.probes.results import Expect, Limits, ProbeResult, ProbeRun
 from kvpreflight.probes.tokens import valid_token_ids
@@ -23,12 +24,22 @@ from kvpreflight.probes.tokens import valid_token_ids
 OVER_MAX_TOKENS = 96
 CONCURRENT_MAX_TOKENS = 4
 IDLE_WAIT_S = 10.0
+HEALTH_PROMPT = 16
+
+PURPOSES = {
+    "over-pool": "longer than the KV pool but within the served context (the incident's danger zone)",
+    "over-context": "one token over the served context",
+    "boundary-accept": "the longest prompt the stated limits accept; must succeed with every token processed",
+    "boundary-reject": "one token more than the stated limits accept; must be refused",
+    "clamp": "prompt plus max_tokens 8 tokens over the served context: refuse, or say it cut max_tokens",
+    "concurrent": "{k} near-limit requests at once: each must succeed or be refused with a capacity error",
+    "health": "a small request after the probes",
+}
 
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    timeout_s: float = 30.0  # bound on the wait for a rejection
-    accepted_tokens_per_second: float = 20000.0  # budget for an honest, accepted long prompt
+    timeout_s: float = 30.0  # bound on the wait for a rejection (see probes/budget.py)
     concurrency: int = 2
     known_markers: frozenset[str] = frozenset()  # other tenants' markers planted before the probes (demo)
 
@@ -51,71 +62,108 @@ def deployment_limits(entry: EngineAdapter, snapshots: Sequence[EngineSnapshot])
     return Limits(served_context=min(served), pool_tokens=min(pools) if pools else None, max_accepted=max_ok)
 
 
+def capacity_plan(limits: Limits, concurrency: int) -> list[PlannedRequest]:
+    """The capacity probes in the order they are sent. Over-capacity first: if the engine wrongly
+    serves one from stale pages, those pages still hold what ran before the preflight (not our own
+    boundary probes), as in the incident."""
+    m = limits.max_accepted
+    out: list[PlannedRequest] = []
+    if limits.pool_bound and limits.pool_tokens is not None:
+        over_pool = limits.pool_tokens + max(1, (limits.served_context - limits.pool_tokens) // 2)
+        over_pool = min(max(over_pool, m + 1), limits.served_context - 1)
+        out += [PlannedRequest(name, over_pool, OVER_MAX_TOKENS, Expect.REJECT) for name in ("over-pool", "over-pool-stream")]
+    out += [PlannedRequest(name, limits.served_context + 1, OVER_MAX_TOKENS, Expect.REJECT)
+            for name in ("over-context", "over-context-stream")]
+    out.append(PlannedRequest("boundary-accept", m, 1, Expect.ACCEPT))
+    out.append(PlannedRequest("boundary-reject", m + 1, 1, Expect.REJECT))
+    clamp_prompt = max(1, m - 8)
+    out.append(PlannedRequest("clamp", clamp_prompt, limits.served_context - clamp_prompt + 8, Expect.REJECT))
+    # Near the limit, but leaving room for the 4 generated tokens so no engine has to cut them.
+    k = max(1, concurrency)
+    out.append(PlannedRequest("concurrent", max(1, m - CONCURRENT_MAX_TOKENS), CONCURRENT_MAX_TOKENS, Expect.ACCEPT, k))
+    out.append(PlannedRequest("health", HEALTH_PROMPT, 4, Expect.ACCEPT))
+    return out
+
+
 class CapacityProber:
-    def __init__(self, entry: EngineAdapter, engines: Mapping[str, EngineAdapter],
-                 snapshots: Sequence[EngineSnapshot], settings: ProbeSettings,
-                 progress: Callable[[str], None] = lambda _: None) -> None:
+    def __init__(self, entry: EngineAdapter, engines: Mapping[str, EngineAdapter], limits: Limits,
+                 settings: ProbeSettings, budget: Budget, progress: Callable[[str], None] = lambda _: None) -> None:
         self.entry = entry
         self.engines = engines  # url -> adapter, for counters
         self.state = EngineState(engines)
-        self.snapshots = list(snapshots)
+        self.limits = limits
         self.settings = settings
+        self.budget = budget
         self.progress = progress
         self.marker = new_marker("PROBE")
         self._latest: dict[str, Counters | None] | None = None  # counters after the last probe
 
-    def run(self) -> ProbeRun:
-        limits = deployment_limits(self.entry, self.snapshots)
-        if limits is None:
-            return ProbeRun(limits=None, not_run="the engines state no served context or request limit, so no probe size can be derived")
+    def run(self, calibrate: Callable[[], None] = lambda: None) -> ProbeRun:
+        """Send the plan. `calibrate` runs right after the over-capacity probes: those go first so
+        that pages an engine wrongly serves still hold what ran before the preflight, not our own
+        calibration prompts (they get --timeout, enough for a clear rejection)."""
+        limits = self.limits
+        plan = capacity_plan(limits, self.settings.concurrency)
         longest = max(limits.served_context + 1, limits.max_accepted + 1)
         seed = f"kvpreflight capacity probe {self.marker}. Repeat this marker: {self.marker}.\n"
         ids = self._token_ids(longest, seed)
+        self.budget.enter("the capacity probes")
         probes: list[ProbeResult] = []
-        m = limits.max_accepted
-
-        # Over-capacity first: if the engine wrongly serves one from stale pages, those pages still
-        # hold what ran before the preflight (not our own boundary probes), as in the incident.
-        if limits.pool_bound and limits.pool_tokens is not None:
-            over_pool = limits.pool_tokens + max(1, (limits.served_context - limits.pool_tokens) // 2)
-            over_pool = min(max(over_pool, m + 1), limits.served_context - 1)
-            for stream in (False, True):
-                probes.append(self._one(f"over-pool{'-stream' if stream else ''}", Expect.REJECT, ids[:over_pool], OVER_MAX_TOKENS,
-                                        "longer than the KV pool but within the served context (the incident's danger zone)",
-                                        stream=stream))
-        for stream in (False, True):
-            probes.append(self._one(f"over-context{'-stream' if stream else ''}", Expect.REJECT,
-                                    ids[: limits.served_context + 1], OVER_MAX_TOKENS, "one token over the served context", stream=stream))
-        probes.append(self._one("boundary-accept", Expect.ACCEPT, ids[:m], 1,
-                                "the longest prompt the stated limits accept; must succeed with every token processed"))
-        probes.append(self._one("boundary-reject", Expect.REJECT, ids[: m + 1], 1,
-                                "one token more than the stated limits accept; must be refused"))
-        clamp_prompt = max(1, m - 8)
-        clamp_max = limits.served_context - clamp_prompt + 8
-        probes.append(self._one("clamp", Expect.REJECT, ids[:clamp_prompt], clamp_max,
-                                "prompt plus max_tokens 8 tokens over the served context: refuse, or say it cut max_tokens"))
-        # Near the limit, but leaving room for the 4 generated tokens so no engine has to cut them.
-        probes.extend(self._concurrent(ids[: max(1, m - CONCURRENT_MAX_TOKENS)]))
-        healthy = {url: adapter.healthy() for url, adapter in self.engines.items()}
-        small_ids = self._token_ids(16, f"kvpreflight health check {self.marker}")
-        small = self.entry.complete(small_ids, max_tokens=4, stream=False, timeout_s=self.settings.timeout_s)
-        idle = self.state.wait_idle(IDLE_WAIT_S)
+        small: Completion | None = None
+        calibrated = False
+        for planned in plan:
+            if planned.expect is Expect.ACCEPT and not calibrated:
+                calibrated = True
+                if self.budget.may_send():
+                    calibrate()
+            if planned.name == "concurrent":
+                probes.extend(self._concurrent(ids[: planned.prompt_tokens], planned.concurrent))
+            elif planned.name == "health":
+                if self.budget.may_send():
+                    small_ids = self._token_ids(planned.prompt_tokens, f"kvpreflight health check {self.marker}")
+                    small = self.entry.complete(small_ids, max_tokens=planned.max_tokens, stream=False,
+                                                timeout_s=self.budget.request_s(planned.prompt_tokens, Expect.ACCEPT,
+                                                                                max_tokens=planned.max_tokens))
+            elif (result := self._one(planned, ids[: planned.prompt_tokens])) is not None:
+                probes.append(result)
+        stopped = self.budget.stopped
+        healthy = {} if stopped else {url: adapter.healthy() for url, adapter in self.engines.items()}
+        idle = self.state.wait_idle(self.budget.wait_s(IDLE_WAIT_S))
         return ProbeRun(limits=limits, probes=tuple(probes), healthy_after=healthy, idle_after=idle,
-                        small_request_after=small, own_markers=frozenset({self.marker}))
+                        small_request_after=small, own_markers=frozenset({self.marker}), stopped=stopped,
+                        speed_note=self.budget.rate_note())
 
     def _token_ids(self, count: int, seed: str) -> list[int]:
         return valid_token_ids(self.entry, self.engines.values(), count, seed)
 
     # -- one request ----------------------------------------------------------------------
-    def _one(self, name: str, expect: Expect, ids: list[int], max_tokens: int, purpose: str, *, stream: bool = False) -> ProbeResult:
+    def _one(self, planned: PlannedRequest, ids: list[int]) -> ProbeResult | None:
+        """Send one probe; None when it was not sent, or the deadline cut it short (it proves nothing)."""
+        name, expect, max_tokens = planned.name, planned.expect, planned.max_tokens
+        stream = name.endswith("-stream")
+        if not self.budget.may_send():
+            return None
+        self.budget.enter(f"the capacity probe {name}")
         self.progress(f"probe {name}: {len(ids)} tokens, max_tokens {max_tokens}{' (stream)' if stream else ''}")
         # Probes run one after another, so one probe's "after" is the next one's "before":
         # each probe costs one metrics scrape per engine, not two.
         before = self._latest or self.state.counters()
-        budget = request_budget(self.settings.timeout_s, self.settings.accepted_tokens_per_second, len(ids), expect)
-        completion = self.entry.complete(ids, max_tokens=max_tokens, stream=stream, timeout_s=budget)
+        natural = self.budget.natural_s(len(ids), expect, max_tokens=max_tokens)
+        completion = self.entry.complete(ids, max_tokens=max_tokens, stream=stream,
+                                         timeout_s=self.budget.request_s(len(ids), expect, max_tokens=max_tokens))
         after = self._latest = self.state.counters()
-        return self._result(name, expect, completion, purpose, before, after)
+        if self.budget.cut_short(completion, natural):
+            return None
+        if completion.timed_out:
+            self._after_a_stall(name, expect, natural)
+        return self._result(name, expect, completion, PURPOSES[name.removesuffix("-stream")], before, after)
+
+    def _after_a_stall(self, name: str, expect: Expect, natural_s: float) -> None:
+        if expect is Expect.REJECT:
+            self.budget.stop(f"the engine gave {name} no answer within its {natural_s:.0f}-s rejection budget (a hang, "
+                             "not a rejection), so it was probed no further")
+        else:
+            still_answering(self.entry, self.engines.values(), self.budget, after=name)
 
     def _result(self, name: str, expect: Expect, completion: Completion, purpose: str,
                 before: Mapping[str, Counters | None], after: Mapping[str, Counters | None]) -> ProbeResult:
@@ -125,16 +173,23 @@ class CapacityProber:
         return ProbeResult(name=name, expect=expect, completion=completion, purpose=purpose, reached=reached,
                            counter_deltas=counter_deltas(before, after), foreign_markers=tuple(foreign))
 
-    def _concurrent(self, ids: list[int]) -> list[ProbeResult]:
-        k = max(1, self.settings.concurrency)
+    def _concurrent(self, ids: list[int], k: int) -> list[ProbeResult]:
+        if not self.budget.may_send():
+            return []
+        self.budget.enter("the concurrent capacity probe")
         self.progress(f"probe concurrent: {k} x {len(ids)} tokens at once")
         before = self._latest or self.state.counters()
-        budget = request_budget(self.settings.timeout_s, self.settings.accepted_tokens_per_second, k * len(ids), Expect.ACCEPT)
+        natural = self.budget.natural_s(len(ids), Expect.ACCEPT, max_tokens=CONCURRENT_MAX_TOKENS, concurrent=k)
+        budget = self.budget.request_s(len(ids), Expect.ACCEPT, max_tokens=CONCURRENT_MAX_TOKENS, concurrent=k)
         with ThreadPoolExecutor(max_workers=k) as pool:
             futures = [pool.submit(self.entry.complete, ids, max_tokens=CONCURRENT_MAX_TOKENS, stream=False, timeout_s=budget)
                        for _ in range(k)]
             completions = [f.result() for f in futures]
         after = self._latest = self.state.counters()
-        return [self._result(f"concurrent-{i + 1}", Expect.ACCEPT, c,
-                             f"{k} near-limit requests at once: each must succeed or be refused with a capacity error",
-                             before, after) for i, c in enumerate(completions)]
+        if any(self.budget.cut_short(c, natural) for c in completions):
+            return []
+        if any(c.timed_out for c in completions):
+            self._after_a_stall("concurrent", Expect.ACCEPT, natural)
+        purpose = PURPOSES["concurrent"].format(k=k)
+        return [self._result(f"concurrent-{i + 1}", Expect.ACCEPT, c, purpose, before, after)
+                for i, c in enumerate(completions)]

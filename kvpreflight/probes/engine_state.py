@@ -1,6 +1,5 @@
 """The engines' state around the probes, shared by the capacity and isolation probes: counters
-read before and after requests, how far they moved, the bounded wait until the pools are idle,
-and the time one request may take."""
+read before and after requests, how far they moved, and the bounded wait until the pools are idle."""
 
 from __future__ import annotations
 
@@ -9,16 +8,8 @@ from collections.abc import Callable, Mapping
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.interface import Counters, EngineAdapter
-from kvpreflight.probes.results import Expect
 
 IDLE_POLL_S = 0.1
-
-
-def request_budget(timeout_s: float, accepted_tokens_per_second: float, tokens: int, expect: Expect) -> float:
-    """--timeout bounds the wait for a refusal; an honest accepted prompt gets time for its size."""
-    if expect is Expect.REJECT:
-        return timeout_s
-    return timeout_s + tokens / accepted_tokens_per_second
 
 
 def counter_deltas(before: Mapping[str, Counters | None], after: Mapping[str, Counters | None]) -> dict[str, dict[str, float]]:

@@ -29,6 +29,7 @@ from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import Completion, EngineSnapshot, Role
+from kvpreflight.probes.budget import Budget, PlannedRequest, still_answering
 from kvpreflight.probes.disconnect import (
     AFTER_FIRST_TOKEN,
     Departure,
@@ -36,9 +37,9 @@ from kvpreflight.probes.disconnect import (
     leave_after_first_token,
     leave_during_transfer,
 )
-from kvpreflight.probes.engine_state import EngineState, counter_deltas, request_budget
+from kvpreflight.probes.engine_state import EngineState, counter_deltas
 from kvpreflight.probes.markers import contains_marker, foreign_markers, new_marker
-from kvpreflight.probes.prefix_cache import caching_off, probe_prefix_cache
+from kvpreflight.probes.prefix_cache import CACHE_PREFIXES, ORDER, cache_prompt_tokens, caching_off, probe_prefix_cache
 from kvpreflight.probes.results import (
     Expect,
     IsolationRun,
@@ -68,9 +69,68 @@ PURPOSES = {
 
 
 @dataclass(frozen=True)
+class IsolationSizes:
+    """Every scenario's request sizes, from the limits and the smallest pool: what is sent, and
+    what the estimate before the run counts."""
+
+    gen: int  # tokens generated per scanned answer
+    longest: int  # the longest scanned prompt: within the stated limits, with room for the answer
+    min_pool: int | None
+    over: int  # the over-capacity request
+    over_where: str
+    transfer_size: int  # cancel-transfer: the abandoned request
+    transfer_victim: int  # cancel-transfer: the other tenant's requests after it
+    decode_prompt: int  # cancel-decode
+    decode_max_tokens: int
+    load_count: int
+    load_per: int
+
+    @classmethod
+    def of(cls, limits: Limits, snapshots: Sequence[EngineSnapshot]) -> IsolationSizes:
+        ctx = limits.served_context
+        gen = max(16, min(SCAN_MAX_TOKENS, ctx // 4))
+        longest = max(1, min(limits.max_accepted, ctx - gen - 1))
+        pools = [p for s in snapshots if (p := s.pool_tokens()) is not None]
+        min_pool = min(pools) if pools else None
+        if limits.pool_bound and limits.pool_tokens is not None:
+            over = limits.pool_tokens + max(1, (ctx - limits.pool_tokens) // 2)
+            over = max(limits.max_accepted + 1, min(over, ctx - gen))
+            where = f"over the {limits.pool_tokens:,}-token pool, within the served context"
+        else:
+            over, where = ctx + 1, "over the served context"
+        size = max(1, min(longest, min_pool // 2)) if min_pool else longest
+        decode_prompt = max(1, min(longest, ctx - CANCEL_DECODE_MAX_TOKENS - 1) // 2)
+        per, count = longest, 4
+        if min_pool:
+            target = int(min_pool * 0.9)
+            count = min(MAX_LOAD_REQUESTS, max(4, -(-target // per)))
+            per = max(1, min(per, target // count))
+        return cls(gen=gen, longest=longest, min_pool=min_pool, over=over, over_where=where, transfer_size=size,
+                   transfer_victim=max(1, min(longest, int(size * 0.45))), decode_prompt=decode_prompt,
+                   decode_max_tokens=max(gen, min(CANCEL_DECODE_MAX_TOKENS, ctx - decode_prompt - 1)),
+                   load_count=count, load_per=per)
+
+    def plan(self, *, churn: bool) -> list[PlannedRequest]:
+        """What the scenarios send, for the estimate (the scenarios below send exactly these sizes)."""
+        accept, reject = Expect.ACCEPT, Expect.REJECT
+        out = [PlannedRequest("normal", max(1, self.longest // 2), self.gen, accept) for _ in range(6)]
+        out += [PlannedRequest("boundary", self.longest, self.gen, accept) for _ in range(4)]
+        out += [PlannedRequest("over-capacity", self.longest, self.gen, accept) for _ in range(2)]
+        out += [PlannedRequest("over-capacity", self.over, self.gen, reject) for _ in range(2)]
+        if churn:
+            out += [PlannedRequest("cancel-transfer", self.transfer_size, 1, accept) for _ in range(2)]
+            out += [PlannedRequest("cancel-transfer", self.transfer_victim, self.gen, accept, 2) for _ in range(2)]
+            out += [PlannedRequest("cancel-decode", self.decode_prompt, 2, accept) for _ in range(2)]
+            out += [PlannedRequest("cancel-decode", self.decode_prompt, self.gen, accept) for _ in range(2)]
+            out.append(PlannedRequest("load", self.load_per, self.gen, accept, self.load_count))
+        cache = cache_prompt_tokens(self.longest)
+        out += [PlannedRequest("prefix-cache", cache, 1, accept) for _ in range(1 + CACHE_PREFIXES * len(ORDER))]
+        return out
+
+
+@dataclass(frozen=True)
 class IsolationSettings:
-    timeout_s: float = 30.0
-    accepted_tokens_per_second: float = 20000.0
+    timeout_s: float = 30.0  # the socket timeout of the disconnect probes (budgets: probes/budget.py)
     churn_allowed: bool = False
     churn_not_allowed_reason: str = ""
     binding: str = "cache_salt"
@@ -82,7 +142,7 @@ class IsolationSettings:
 
 class IsolationProber:
     def __init__(self, tenants: Sequence[TenantClient], engines: Mapping[str, EngineAdapter],
-                 snapshots: Sequence[EngineSnapshot], limits: Limits, settings: IsolationSettings,
+                 snapshots: Sequence[EngineSnapshot], limits: Limits, settings: IsolationSettings, budget: Budget,
                  progress: Callable[[str], None] = lambda _: None) -> None:
         self.tenants = {t.tenant: t for t in tenants}
         self.engines = engines
@@ -90,15 +150,14 @@ class IsolationProber:
         self.snapshots = list(snapshots)
         self.limits = limits
         self.settings = settings
+        self.budget = budget
         self.progress = progress
         self.canaries = {tenant: new_marker(f"TENANT{tenant.label}") for tenant in Tenant}
         self._ids: dict[Tenant, list[int]] = {}
-        ctx = limits.served_context
-        self.gen = max(16, min(SCAN_MAX_TOKENS, ctx // 4))
-        # The longest scanned prompt: within the stated limits, with room for the answer.
-        self.longest = max(1, min(limits.max_accepted, ctx - self.gen - 1))
-        pools = [p for s in self.snapshots if (p := s.pool_tokens()) is not None]
-        self.min_pool = min(pools) if pools else None
+        self.sizes = IsolationSizes.of(limits, snapshots)
+        self.gen = self.sizes.gen
+        self.longest = self.sizes.longest
+        self.min_pool = self.sizes.min_pool
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> IsolationRun:
@@ -117,12 +176,12 @@ class IsolationProber:
                 scenarios.append(Scenario(name=name, purpose=PURPOSES[name], skipped=self.settings.churn_not_allowed_reason,
                                           churn=True))
         self.progress("isolation: prefix cache (cold, same-tenant warm, cross-tenant)")
-        cache = probe_prefix_cache(self.tenants, self.state, self._token_ids, longest=self.longest,
-                                   budget_s=lambda tokens: self._budget(tokens, Expect.ACCEPT),
+        self.budget.enter("the prefix-cache probes")
+        cache = probe_prefix_cache(self.tenants, self.state, self._token_ids, longest=self.longest, budget=self.budget,
                                    binding=self.settings.binding, off=caching_off(self.snapshots))
-        self.state.wait_idle(IDLE_WAIT_S)
-        healthy = {url: adapter.healthy() for url, adapter in self.engines.items()}
-        idle = self.state.wait_idle(IDLE_WAIT_S)
+        self.state.wait_idle(self.budget.wait_s(IDLE_WAIT_S))
+        healthy = {} if self.budget.stopped else {url: adapter.healthy() for url, adapter in self.engines.items()}
+        idle = self.state.wait_idle(self.budget.wait_s(IDLE_WAIT_S))
         return IsolationRun(scenarios=tuple(scenarios), cache=cache, canaries=dict(self.canaries),
                             binding=self.settings.binding, healthy_after=healthy, idle_after=idle)
 
@@ -142,17 +201,10 @@ class IsolationProber:
                               "both tenants ran at the longest accepted prompt")
 
     def _over_capacity(self) -> Scenario:
-        lim = self.limits
-        if lim.pool_bound and lim.pool_tokens is not None:
-            over = lim.pool_tokens + max(1, (lim.served_context - lim.pool_tokens) // 2)
-            over = max(lim.max_accepted + 1, min(over, lim.served_context - self.gen))
-            where = f"over the {lim.pool_tokens:,}-token pool, within the served context"
-        else:
-            over = lim.served_context + 1
-            where = "over the served context"
+        over, where = self.sizes.over, self.sizes.over_where
 
-        def steps() -> list[TenantRequest]:
-            out = []
+        def steps() -> list[TenantRequest | None]:
+            out: list[TenantRequest | None] = []
             for first in (A, B):
                 second = first.other
                 out.append(self._send(first, f"over-capacity-{first.value}-long", self.longest))
@@ -162,16 +214,13 @@ class IsolationProber:
         return self._scenario("over-capacity", steps, f"refusal path exercised right after the other tenant's pages were freed ({where})")
 
     def _cancel_transfer(self) -> Scenario:
-        size = self.longest
-        if self.min_pool:
-            size = max(1, min(size, self.min_pool // 2))
-        victim = max(1, min(self.longest, int(size * 0.45)))
+        size, victim = self.sizes.transfer_size, self.sizes.transfer_victim
         deferred_before = self.state.total(lambda c: c.deferred_releases)
         pd = any(s.role is not Role.UNIFIED for s in self.snapshots)
         notes: list[str] = []
 
-        def steps() -> list[TenantRequest]:
-            out = []
+        def steps() -> list[TenantRequest | None]:
+            out: list[TenantRequest | None] = []
             for leaver in (A, B):
                 other = leaver.other
                 out.append(self._abandon(leaver, f"cancel-transfer-{leaver.value}-left", size, notes, during_transfer=True))
@@ -179,7 +228,7 @@ class IsolationProber:
                 with ThreadPoolExecutor(max_workers=2) as pool:
                     futures = [pool.submit(self._send, other, f"cancel-transfer-{other.value}{i + 1}", victim) for i in range(2)]
                     out.extend(f.result() for f in futures)
-                self.state.wait_idle(IDLE_WAIT_S)
+                self.state.wait_idle(self.budget.wait_s(IDLE_WAIT_S))
             return out
 
         scenario = self._scenario("cancel-transfer", steps, "", churn=True)
@@ -201,12 +250,11 @@ class IsolationProber:
         return replace(scenario, occurred=occurred, occurrence=how)
 
     def _cancel_decode(self) -> Scenario:
-        n = max(1, min(self.longest, self.limits.served_context - CANCEL_DECODE_MAX_TOKENS - 1) // 2)
-        max_tokens = max(self.gen, min(CANCEL_DECODE_MAX_TOKENS, self.limits.served_context - n - 1))
+        n, max_tokens = self.sizes.decode_prompt, self.sizes.decode_max_tokens
         notes: list[str] = []
 
-        def steps() -> list[TenantRequest]:
-            out = []
+        def steps() -> list[TenantRequest | None]:
+            out: list[TenantRequest | None] = []
             for leaver in (A, B):
                 out.append(self._abandon(leaver, f"cancel-decode-{leaver.value}-left", n, notes, max_tokens=max_tokens))
                 out.append(self._send(leaver.other, f"cancel-decode-{leaver.other.value}", n))
@@ -222,17 +270,11 @@ class IsolationProber:
         return replace(scenario, occurred=occurred, occurrence=how)
 
     def _load(self) -> Scenario:
-        per = self.longest
-        count = 4
-        reach = ""
-        if self.min_pool:
-            target = int(self.min_pool * 0.9)
-            count = min(MAX_LOAD_REQUESTS, max(4, -(-target // per)))
-            per = max(1, min(per, target // count))
-            reach = f"{count} x {per:,} = {count * per:,} tokens against a {self.min_pool:,}-token pool"
+        count, per = self.sizes.load_count, self.sizes.load_per
+        reach = f"{count} x {per:,} = {count * per:,} tokens against a {self.min_pool:,}-token pool" if self.min_pool else ""
         order = [(A, B)[i % 2] for i in range(count)]
 
-        def steps() -> list[TenantRequest]:
+        def steps() -> list[TenantRequest | None]:
             with ThreadPoolExecutor(max_workers=count) as pool:
                 futures = [pool.submit(self._send, t, f"load-{t.value}{i // 2 + 1}", per) for i, t in enumerate(order)]
                 return [f.result() for f in futures]
@@ -247,26 +289,41 @@ class IsolationProber:
             occurred = None
         return replace(scenario, occurred=occurred, occurrence=how)
 
-    def _scenario(self, name: str, steps: Callable[[], list[TenantRequest]], shown: str, churn: bool = False) -> Scenario:
+    def _scenario(self, name: str, steps: Callable[[], list[TenantRequest | None]], shown: str, churn: bool = False) -> Scenario:
+        if not self.budget.may_send():
+            return Scenario(name=name, purpose=PURPOSES[name], stopped=self.budget.stopped, churn=churn)
         self.progress(f"isolation: {name}")
+        self.budget.enter(f"the isolation scenario {name}")
         before = self.state.counters()
-        requests = steps()
-        idle = self.state.wait_idle(IDLE_WAIT_S)
+        sent = steps()
+        requests = [r for r in sent if r is not None]
+        idle = self.state.wait_idle(self.budget.wait_s(IDLE_WAIT_S))
         after = self.state.counters()
         ran = any(r.completion is not None for r in requests)
         return Scenario(name=name, purpose=PURPOSES[name], requests=tuple(requests), occurred=True if ran else None,
                         occurrence=shown if ran else "unconfirmed: no request was answered",
-                        idle_after=idle, counter_deltas=counter_deltas(before, after), churn=churn)
+                        idle_after=idle, counter_deltas=counter_deltas(before, after), churn=churn,
+                        stopped=self.budget.stopped if len(requests) < len(sent) else None)
 
     # -- one request ---------------------------------------------------------------------------
-    def _budget(self, tokens: int, expect: Expect) -> float:
-        return request_budget(self.settings.timeout_s, self.settings.accepted_tokens_per_second, tokens, expect)
-
     def _send(self, tenant: Tenant, name: str, tokens: int, *, expect: Expect = Expect.ACCEPT,
-              max_tokens: int | None = None) -> TenantRequest:
+              max_tokens: int | None = None) -> TenantRequest | None:
+        """One scanned request; None when it was not sent or the deadline cut it short."""
+        if not self.budget.may_send():
+            return None
         client = self.tenants[tenant]
-        completion = client.adapter.complete(self._ids[tenant][:tokens], max_tokens=max_tokens or self.gen, stream=False,
-                                             timeout_s=self._budget(tokens, expect), extra=client.extra)
+        max_tokens = max_tokens or self.gen
+        natural = self.budget.natural_s(tokens, expect, max_tokens=max_tokens)
+        completion = client.adapter.complete(self._ids[tenant][:tokens], max_tokens=max_tokens, stream=False,
+                                             timeout_s=self.budget.request_s(tokens, expect, max_tokens=max_tokens),
+                                             extra=client.extra)
+        if self.budget.cut_short(completion, natural):
+            return None
+        if completion.timed_out and expect is Expect.REJECT:
+            self.budget.stop(f"the engine gave {name} no answer within its {natural:.0f}-s rejection budget (a hang, "
+                             "not a rejection), so it was probed no further")
+        elif completion.timed_out:
+            still_answering(client.adapter, self.engines.values(), self.budget, after=name)
         return self._scan(tenant, name, completion, completion.text, expect=expect)
 
     def _scan(self, tenant: Tenant, name: str, completion: Completion | None, text: str, *,
@@ -284,10 +341,12 @@ class IsolationProber:
                              own_seen=contains_marker(text, own), crossings=tuple(crossings))
 
     def _abandon(self, tenant: Tenant, name: str, tokens: int, notes: list[str], *, during_transfer: bool = False,
-                 max_tokens: int | None = None) -> TenantRequest:
+                 max_tokens: int | None = None) -> TenantRequest | None:
         """Send the adapter's own streamed request over a raw connection and close it mid-flight,
         as a client that goes away: during the KV transfer, or after the first streamed token.
         What arrived before the close is scanned too."""
+        if not self.budget.may_send():
+            return None
         client = self.tenants[tenant]
         request = client.adapter.build_request(self._ids[tenant][:tokens], max_tokens=max_tokens or self.gen,
                                                stream=True, extra=client.extra)
@@ -306,7 +365,7 @@ class IsolationProber:
 
             departure = leave_during_transfer(target, pages_reserved, unified=not decoders)
         else:
-            departure = leave_after_first_token(target, self._budget(tokens, Expect.ACCEPT))
+            departure = leave_after_first_token(target, self.budget.request_s(tokens, Expect.ACCEPT, max_tokens=2))
         if departure.note:
             notes.append(f"{name}: {departure.note}")
         return self._scan(tenant, name, None, departure.received.decode("utf-8", errors="replace"),
@@ -317,7 +376,7 @@ class IsolationProber:
 
 
 def run_isolation(entry: EngineAdapter, engines: Mapping[str, EngineAdapter], snapshots: Sequence[EngineSnapshot],
-                  limits: Limits, settings: IsolationSettings, base_headers: Mapping[str, str],
+                  limits: Limits, settings: IsolationSettings, budget: Budget, base_headers: Mapping[str, str],
                   tenant_headers: Sequence[Mapping[str, str]], *, salted: bool,
                   progress: Callable[[str], None] = lambda _: None) -> IsolationRun:
     """Build tenants A and B (each its own connection and credentials, the entry's request shape,
@@ -332,7 +391,7 @@ def run_isolation(entry: EngineAdapter, engines: Mapping[str, EngineAdapter], sn
             clients.append(http)
             salt = f"kvpreflight-tenant-{tenant.value}-{secrets.token_hex(8)}" if salted else None
             tenants.append(TenantClient(tenant=tenant, adapter=entry.with_client(http), headers=headers, salt=salt))
-        return IsolationProber(tenants, engines, snapshots, limits, settings, progress).run()
+        return IsolationProber(tenants, engines, snapshots, limits, settings, budget, progress).run()
     except EngineError as exc:
         return IsolationRun(not_run=f"isolation probes could not run: {exc}")
     finally:

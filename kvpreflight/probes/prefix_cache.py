@@ -8,11 +8,13 @@ from collections.abc import Callable, Mapping, Sequence
 
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import EngineSnapshot, Role
+from kvpreflight.probes.budget import Budget
 from kvpreflight.probes.engine_state import EngineState
 from kvpreflight.probes.markers import new_marker
 from kvpreflight.probes.results import (
     CacheProbe,
     CacheProbeKind,
+    Expect,
     PrefixCacheRun,
     Tenant,
 )
@@ -31,22 +33,35 @@ def caching_off(snapshots: Sequence[EngineSnapshot]) -> str | None:
     return "; ".join(f"{url} reports it off" for url in off) or None
 
 
+def cache_prompt_tokens(longest: int) -> int:
+    return max(1, min(longest, MAX_PROMPT_TOKENS))
+
+
 def probe_prefix_cache(tenants: Mapping[Tenant, TenantClient], state: EngineState,
                        token_ids: Callable[[EngineAdapter, int, str], list[int]], *, longest: int,
-                       budget_s: Callable[[int], float], binding: str, off: str | None) -> PrefixCacheRun:
-    tokens = max(1, min(longest, MAX_PROMPT_TOKENS))
+                       budget: Budget, binding: str, off: str | None) -> PrefixCacheRun:
+    tokens = cache_prompt_tokens(longest)
     a = tenants[Tenant.A]
-    timeout_s = budget_s(tokens)
+    if not budget.may_send():
+        return PrefixCacheRun(binding=binding, caching_off=off, not_run=f"the prefix-cache probes were not sent: {budget.stopped}")
     # One throw-away request first, so the cold probe does not also pay for a cold engine.
     warmup = token_ids(a.adapter, tokens, f"{new_marker('WARMUP')} ")
-    a.adapter.complete(warmup, max_tokens=1, stream=True, timeout_s=timeout_s, extra=a.extra)
+    a.adapter.complete(warmup, max_tokens=1, stream=True, timeout_s=budget.request_s(tokens, Expect.ACCEPT), extra=a.extra)
     probes: list[CacheProbe] = []
     for prefix in range(CACHE_PREFIXES):
         ids = token_ids(a.adapter, tokens, f"{new_marker('SHARED')} ")  # fresh: nobody has it cached
         for kind, tenant in ORDER:
+            if not budget.may_send():
+                return PrefixCacheRun(binding=binding, caching_off=off,
+                                      not_run=f"the prefix-cache probes ran only in part: {budget.stopped}")
             client = tenants[tenant]
             hits_before = state.total(lambda c: c.prefix_cache_hits)
-            completion = client.adapter.complete(ids, max_tokens=1, stream=True, timeout_s=timeout_s, extra=client.extra)
+            natural = budget.natural_s(tokens, Expect.ACCEPT)
+            completion = client.adapter.complete(ids, max_tokens=1, stream=True, timeout_s=budget.request_s(tokens, Expect.ACCEPT),
+                                                 extra=client.extra)
+            if budget.cut_short(completion, natural):
+                return PrefixCacheRun(binding=binding, caching_off=off,
+                                      not_run=f"the prefix-cache probes ran only in part: {budget.stopped}")
             hits_after = state.total(lambda c: c.prefix_cache_hits)
             delta = None if hits_before is None or hits_after is None else round(hits_after - hits_before, 3)
             probes.append(CacheProbe(kind=kind, tenant=tenant, prefix=prefix, completion=completion, hit_metric_delta=delta))

@@ -76,6 +76,12 @@ class ProbeRun:
     idle_after: Mapping[str, bool | None] = field(default_factory=dict)
     small_request_after: Completion | None = None
     own_markers: frozenset[str] = frozenset()  # this run's probe marker: not foreign to the isolation probes
+    stopped: str | None = None  # why later probes were not sent (an engine stopped answering, the deadline)
+    speed_note: str = ""  # how the request budgets were set (the measured speed, or the assumed one)
+
+    def missing(self, what: str) -> str:
+        """Why a probe a check needs is absent."""
+        return f"{what} was not sent: {self.stopped}" if self.stopped else f"{what} was not sent"
 
     def get(self, name: str) -> ProbeResult | None:
         return next((p for p in self.probes if p.name == name), None)
@@ -108,7 +114,8 @@ class Scenario:
     name: str
     purpose: str
     requests: tuple[TenantRequest, ...] = ()
-    skipped: str | None = None  # why it did not run
+    skipped: str | None = None  # why it did not run (by choice: churn not allowed)
+    stopped: str | None = None  # why it ran only in part or not at all (an engine stopped answering, the deadline)
     occurred: bool | None = None  # True: shown to have happened; None: unconfirmed
     occurrence: str = ""  # how it was shown, or why it could not be
     idle_after: Mapping[str, bool | None] = field(default_factory=dict)

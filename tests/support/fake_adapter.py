@@ -48,6 +48,7 @@ class Sent:
     extra: Mapping[str, Any]
     model: str | None
     seed: str  # the text the prompt's ids were made from
+    timeout_s: float = 0.0  # the budget kvpreflight gave the request
 
 
 def snapshot(url: str, *, pool: int | None = 4096, context: int | None = 8192, role: Role = Role.UNIFIED,
@@ -161,7 +162,7 @@ class FakeAdapter(EngineAdapter):
         request = self.build_request(ids, max_tokens=max_tokens, stream=stream, extra=extra)
         seed = self.seeds[ids[0] // ID_BASE] if ids else ""
         return self.engine.answer(Sent(self.url, request.sent_tokens, max_tokens, stream, dict(extra or {}),
-                                       self.model, seed))
+                                       self.model, seed, timeout_s))
 
     def parse_reply(self, request: EngineRequest, reply: HttpReply) -> ReplyFacts:
         raise AssertionError("the fake engine answers in complete(); nothing is parsed")

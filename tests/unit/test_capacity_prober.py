@@ -9,7 +9,8 @@ from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CheckContext, run_checks
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.model import Completion, Role, Status
-from kvpreflight.probes.capacity import CapacityProber, ProbeSettings
+from kvpreflight.probes.budget import Budget
+from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, deployment_limits
 from kvpreflight.probes.results import Expect, Limits
 
 URL = "http://engine:1"
@@ -18,7 +19,10 @@ URL = "http://engine:1"
 def probe(engine: FakeEngine, *, concurrency: int = 2):
     adapter = FakeAdapter(engine.snap.url, HttpClient())
     settings = ProbeSettings(timeout_s=5, concurrency=concurrency)
-    return CapacityProber(adapter, {engine.snap.url: adapter}, [engine.snap], settings).run()
+    limits = deployment_limits(adapter, [engine.snap])
+    assert limits is not None
+    budget = Budget(timeout_s=5, fallback_tokens_per_second=20000)
+    return CapacityProber(adapter, {engine.snap.url: adapter}, limits, settings, budget).run()
 
 
 def shape(sent: list[Sent]) -> list[tuple[int, int, bool]]:
@@ -88,8 +92,7 @@ def test_an_engine_that_serves_over_the_pool_fails_overcapacity_rejected():
     assert result.status is Status.FAIL and "over-pool (6,144 tokens)" in result.message
 
 
-def test_no_stated_context_sends_nothing():
+def test_no_stated_context_derives_no_probe_size():
     engine = FakeEngine(snapshot(URL, pool=4096, context=None))
-    run = probe(engine)
-    assert run.limits is None and run.not_run and "no served context" in run.not_run
+    assert deployment_limits(FakeAdapter(engine.snap.url, HttpClient()), [engine.snap]) is None
     assert engine.sent == []

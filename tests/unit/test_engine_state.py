@@ -11,8 +11,7 @@ from support.fake_adapter import FakeAdapter, FakeEngine, snapshot
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.engines.interface import Counters
 from kvpreflight.probes import engine_state
-from kvpreflight.probes.engine_state import EngineState, counter_deltas, request_budget
-from kvpreflight.probes.results import Expect
+from kvpreflight.probes.engine_state import EngineState, counter_deltas
 
 
 def test_deltas_cover_counters_known_at_both_moments_only():
@@ -34,7 +33,3 @@ def test_a_stuck_engine_is_waited_for_once(monkeypatch):
     assert state.wait_idle(5.0) == {"http://idle:1": True, "http://stuck:2": False}
     assert time.monotonic() - start < 1.0  # still holding no more than before: not waited for again
 
-
-def test_a_refusal_gets_the_timeout_and_an_accepted_prompt_time_for_its_size():
-    assert request_budget(30, 20000, 40000, Expect.REJECT) == 30
-    assert request_budget(30, 20000, 40000, Expect.ACCEPT) == 32

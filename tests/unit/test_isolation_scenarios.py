@@ -14,6 +14,7 @@ from kvpreflight.checks import CheckContext, run_checks
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.model import Completion, EngineSnapshot, Role, Status
 from kvpreflight.probes import isolation
+from kvpreflight.probes.budget import Budget
 from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN, Departure, RawTarget
 from kvpreflight.probes.isolation import IsolationSettings, run_isolation
 from kvpreflight.probes.results import (
@@ -43,8 +44,9 @@ def isolate(*engines: FakeEngine, entry: FakeEngine | None = None, churn: bool =
     adapters = {e.snap.url: FakeAdapter(e.snap.url, client) for e in engines}
     settings = IsolationSettings(timeout_s=5, churn_allowed=churn, churn_not_allowed_reason="not in this test",
                                  binding="a cache_salt per tenant" if salted else "API keys")
+    budget = Budget(timeout_s=5, fallback_tokens_per_second=20000)
     return run_isolation(FakeAdapter(entry.snap.url, client), adapters, [e.snap for e in engines], limits, settings,
-                         {}, ({}, {}), salted=salted)
+                         budget, {}, ({}, {}), salted=salted)
 
 
 def scenario(run: IsolationRun, name: str) -> Scenario:

@@ -1,0 +1,233 @@
+"""How long each probe request, each stage and the whole check may take: from the engine's
+measured speed, not from an assumed one.
+
+Before the probes, `calibrate` sends two short accepted prompts through the entry: a tiny one
+(the fixed cost of one request: routing, queueing, a PD handoff) and a streamed short one (its
+time to first token less the tiny one's time is prefill; its later tokens are decode). Then:
+
+  must be accepted   --timeout + SLACK x (what the measured speed predicts for its size).
+                     Past it the request is stalled, not slow: inconclusive, never a fail by itself.
+  must be rejected   --timeout + SLACK x the fixed cost + the time to upload its body. A clear
+                     rejection needs no prefill; past it a hang is not a rejection (the incident).
+  the whole check    --deadline (default SLACK x the estimate printed before the probes start, plus
+                     room for the waits); every request's budget is cut to what is left of it, and a
+                     request cut short by the deadline proves nothing: it is dropped and the checks
+                     that needed it say where the run stopped.
+
+An engine that stops answering is probed no further: `stop()` records why, and every later
+request is not sent.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from kvpreflight.engines.errors import EngineError
+from kvpreflight.engines.interface import EngineAdapter
+from kvpreflight.model import Completion
+from kvpreflight.probes.results import Expect
+from kvpreflight.probes.tokens import valid_token_ids
+
+SLACK = 3.0  # an honest engine slower than 3x its own measured speed is stalled, not slow
+TINY_TOKENS = 8
+SHORT_MAX_TOKENS = 8  # streamed: the tokens after the first measure decode
+SHORT_MAX_PROMPT = 1024
+UPLOAD_TOKENS_PER_S = 1_000_000.0  # token ids travel as JSON text: about 8 MB/s for a body of ids
+DEADLINE_WAITS_S = 120.0  # room in the default deadline for idle waits and counter reads
+MIN_MEASURABLE_S = 0.001
+
+
+@dataclass(frozen=True)
+class PlannedRequest:
+    """One request a prober will send: enough to predict its cost before it is sent."""
+
+    name: str
+    prompt_tokens: int
+    max_tokens: int
+    expect: Expect
+    concurrent: int = 1  # sent at once with this many of the same size (prefill serialises)
+
+
+@dataclass(frozen=True)
+class Speed:
+    """What the calibration requests measured through the entry."""
+
+    overhead_s: float  # the tiny request's whole time: the fixed cost of any request
+    prefill_tokens_per_second: float
+    decode_s_per_token: float
+    measured_on: str
+
+    def expected_s(self, prompt_tokens: int, max_tokens: int = 1, concurrent: int = 1) -> float:
+        return (self.overhead_s + concurrent * prompt_tokens / self.prefill_tokens_per_second
+                + max(0, max_tokens - 1) * self.decode_s_per_token)
+
+    def describe(self) -> str:
+        return (f"{self.prefill_tokens_per_second:,.0f} prompt tokens/s, {self.decode_s_per_token * 1000:.2f} ms per "
+                f"generated token, {self.overhead_s:.2f} s per request ({self.measured_on})")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    speed: Speed | None
+    completions: tuple[Completion, ...] = ()
+    failure: str | None = None  # why no speed was measured
+
+
+def calibrate(entry: EngineAdapter, engines: Iterable[EngineAdapter], *, max_accepted: int, timeout_s: float) -> Calibration:
+    """Two short accepted prompts through the entry (see the module docstring). Each must be
+    served within --timeout: an engine that cannot answer eight tokens in that time is probed no
+    further."""
+    engines = list(engines)
+    short = max(TINY_TOKENS * 2, min(SHORT_MAX_PROMPT, max_accepted // 16))
+    try:
+        tiny_ids = valid_token_ids(entry, engines, TINY_TOKENS, _fresh("calibration"))
+        short_ids = valid_token_ids(entry, engines, short, _fresh("calibration"))
+    except EngineError as exc:
+        return Calibration(None, failure=f"no calibration prompt could be tokenized: {exc}")
+    tiny = entry.complete(tiny_ids, max_tokens=1, stream=False, timeout_s=timeout_s)
+    if not tiny.served:
+        return Calibration(None, (tiny,), _unserved(tiny, "an 8-token calibration request"))
+    second = entry.complete(short_ids, max_tokens=SHORT_MAX_TOKENS, stream=True, timeout_s=timeout_s)
+    if not second.served:
+        return Calibration(None, (tiny, second), _unserved(second, f"a {short}-token calibration request"))
+    first_token = second.ttft_s if second.ttft_s is not None else second.elapsed_s
+    prefill_s = max(first_token - tiny.elapsed_s, first_token * 0.05, MIN_MEASURABLE_S)
+    generated = second.completion_tokens or 1
+    decode = max(0.0, second.elapsed_s - first_token) / max(1, generated - 1)
+    speed = Speed(overhead_s=tiny.elapsed_s, prefill_tokens_per_second=short / prefill_s, decode_s_per_token=decode,
+                  measured_on=f"{TINY_TOKENS}- and {short}-token requests through the entry")
+    return Calibration(speed, (tiny, second))
+
+
+def _fresh(purpose: str) -> str:
+    """A prompt no cache holds. Not marker-shaped: stale pages that still hold it later are not
+    mistaken for another tenant's data (the probes' markers are what is scanned for)."""
+    return f"kvpreflight {purpose} {secrets.token_hex(6)} "
+
+
+def _unserved(c: Completion, what: str) -> str:
+    if c.timed_out:
+        return f"{what} got no answer within --timeout ({c.elapsed_s:.1f} s): the engine is not answering"
+    why = c.transport_error or f"HTTP {c.status}: {c.error_message or 'no error message'}"
+    return f"{what} was not served ({why})"
+
+
+class Budget:
+    """The time budgets of one check run; shared by every prober of the run (thread-safe)."""
+
+    def __init__(self, *, timeout_s: float, fallback_tokens_per_second: float, deadline_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.timeout_s = timeout_s
+        self.fallback_tokens_per_second = fallback_tokens_per_second
+        self.deadline_s = deadline_s
+        self.deadline_given = deadline_s is not None
+        self._clock = clock
+        self._started = clock()
+        self._lock = threading.Lock()
+        self.speed: Speed | None = None
+        self.stage = "reading the engines"
+        self.stopped: str | None = None  # why no further request is sent
+
+    # -- what is measured --------------------------------------------------------------------------
+    def calibrated(self, speed: Speed | None, planned: Iterable[PlannedRequest]) -> float | None:
+        """Adopt the measured speed; returns the estimate of the planned requests (None without a
+        speed). Without --deadline the deadline becomes SLACK x that estimate plus room for waits."""
+        self.speed = speed
+        if speed is None:
+            return None
+        estimate = self.estimate_s(planned)
+        if not self.deadline_given:
+            self.deadline_s = self.elapsed_s() + SLACK * estimate + DEADLINE_WAITS_S + self.timeout_s
+        return estimate
+
+    def estimate_s(self, planned: Iterable[PlannedRequest]) -> float:
+        assert self.speed is not None
+        total = 0.0
+        for p in planned:
+            if p.expect is Expect.REJECT:
+                total += self.speed.overhead_s + p.prompt_tokens / UPLOAD_TOKENS_PER_S
+            else:
+                total += self.speed.expected_s(p.prompt_tokens, p.max_tokens, p.concurrent)
+        return total
+
+    # -- per request ---------------------------------------------------------------------------------
+    def natural_s(self, prompt_tokens: int, expect: Expect, *, max_tokens: int = 1, concurrent: int = 1) -> float:
+        """The request's own budget, before the deadline cuts it."""
+        speed = self.speed
+        if expect is Expect.REJECT:
+            fixed = SLACK * speed.overhead_s if speed else 0.0
+            return self.timeout_s + fixed + concurrent * prompt_tokens / UPLOAD_TOKENS_PER_S
+        if speed is None:
+            return self.timeout_s + concurrent * prompt_tokens / self.fallback_tokens_per_second
+        return self.timeout_s + SLACK * speed.expected_s(prompt_tokens, max_tokens, concurrent)
+
+    def request_s(self, prompt_tokens: int, expect: Expect, *, max_tokens: int = 1, concurrent: int = 1) -> float:
+        return max(0.0, min(self.natural_s(prompt_tokens, expect, max_tokens=max_tokens, concurrent=concurrent),
+                            self.remaining_s()))
+
+    def rate_note(self) -> str:
+        if self.speed is None:
+            return f"no speed was measured; the budget assumed {self.fallback_tokens_per_second:,.0f} prompt tokens/s"
+        return f"budgeted from the measured speed: {self.speed.describe()}"
+
+    # -- the whole run -----------------------------------------------------------------------------
+    def elapsed_s(self) -> float:
+        return self._clock() - self._started
+
+    def remaining_s(self) -> float:
+        return math.inf if self.deadline_s is None else self.deadline_s - self.elapsed_s()
+
+    def wait_s(self, wanted_s: float) -> float:
+        """A bounded wait (idle pools), cut to what is left of the deadline."""
+        return max(0.0, min(wanted_s, self.remaining_s()))
+
+    def enter(self, stage: str) -> None:
+        self.stage = stage
+
+    def may_send(self) -> bool:
+        """False once the run stopped (an engine stopped answering, or the deadline passed)."""
+        with self._lock:
+            if self.stopped is None and self.remaining_s() <= 0:
+                self.stopped = self._deadline_note()
+            return self.stopped is None
+
+    def cut_short(self, completion: Completion, natural_s: float) -> bool:
+        """The request timed out only because the deadline cut its budget: it proves nothing.
+        Stops the run, naming the stage."""
+        if not completion.timed_out or natural_s <= completion.elapsed_s + 0.05 or self.remaining_s() > 0.05:
+            return False
+        self.stop(self._deadline_note())
+        return True
+
+    def stop(self, reason: str) -> None:
+        with self._lock:
+            if self.stopped is None:
+                self.stopped = reason
+
+    def _deadline_note(self) -> str:
+        limit = f"{self.deadline_s:.0f} s" if self.deadline_s is not None else "the deadline"
+        origin = "--deadline" if self.deadline_given else "the default deadline (3x the estimate)"
+        return f"stopped at {origin} of {limit}, during {self.stage}"
+
+
+def still_answering(entry: EngineAdapter, engines: Iterable[EngineAdapter], budget: Budget, *, after: str) -> bool:
+    """After a request stalled: does the engine still answer a tiny one within --timeout? If not,
+    it is probed no further (one clear inconclusive, not a timeout for every later probe)."""
+    if not budget.may_send():
+        return False
+    try:
+        ids = valid_token_ids(entry, engines, TINY_TOKENS, _fresh("liveness"))
+    except EngineError as exc:
+        budget.stop(f"after {after} stalled, no liveness request could be built ({exc}), so the engine was probed no further")
+        return False
+    reply = entry.complete(ids, max_tokens=1, stream=False, timeout_s=min(budget.timeout_s, budget.remaining_s()))
+    if reply.served:
+        return True
+    budget.stop(f"after {after} stalled, {_unserved(reply, 'an 8-token request')}; the engine stopped answering, "
+                "so it was probed no further")
+    return False
