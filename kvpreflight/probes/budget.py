@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import Completion
+from kvpreflight.probes.engine_state import EngineState
 from kvpreflight.probes.results import Expect
 from kvpreflight.probes.tokens import valid_token_ids
 
@@ -182,9 +183,13 @@ class Budget:
     def remaining_s(self) -> float:
         return math.inf if self.deadline_s is None else self.deadline_s - self.elapsed_s()
 
-    def wait_s(self, wanted_s: float) -> float:
-        """A bounded wait (idle pools), cut to what is left of the deadline."""
-        return max(0.0, min(wanted_s, self.remaining_s()))
+    def wait_idle(self, state: EngineState, wanted_s: float) -> dict[str, bool | None]:
+        """The bounded wait for idle pools, cut to what is left of the deadline. A run that stopped,
+        or a wait the deadline cut short, proves nothing about idleness: {} (unknown), never "stuck"."""
+        if not self.may_send():
+            return {}
+        idle = state.wait_idle(max(0.0, min(wanted_s, self.remaining_s())))
+        return idle if self.may_send() else {}
 
     def enter(self, stage: str) -> None:
         self.stage = stage

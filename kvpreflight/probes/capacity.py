@@ -128,7 +128,7 @@ class CapacityProber:
                 probes.append(result)
         stopped = self.budget.stopped
         healthy = {} if stopped else {url: adapter.healthy() for url, adapter in self.engines.items()}
-        idle = self.state.wait_idle(self.budget.wait_s(IDLE_WAIT_S))
+        idle = self.budget.wait_idle(self.state, IDLE_WAIT_S)
         return ProbeRun(limits=limits, probes=tuple(probes), healthy_after=healthy, idle_after=idle,
                         small_request_after=small, own_markers=frozenset({self.marker}), stopped=stopped,
                         speed_note=self.budget.rate_note())

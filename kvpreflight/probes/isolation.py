@@ -179,9 +179,9 @@ class IsolationProber:
         self.budget.enter("the prefix-cache probes")
         cache = probe_prefix_cache(self.tenants, self.state, self._token_ids, longest=self.longest, budget=self.budget,
                                    binding=self.settings.binding, off=caching_off(self.snapshots))
-        self.state.wait_idle(self.budget.wait_s(IDLE_WAIT_S))
+        self.budget.wait_idle(self.state, IDLE_WAIT_S)
         healthy = {} if self.budget.stopped else {url: adapter.healthy() for url, adapter in self.engines.items()}
-        idle = self.state.wait_idle(self.budget.wait_s(IDLE_WAIT_S))
+        idle = self.budget.wait_idle(self.state, IDLE_WAIT_S)
         return IsolationRun(scenarios=tuple(scenarios), cache=cache, canaries=dict(self.canaries),
                             binding=self.settings.binding, healthy_after=healthy, idle_after=idle)
 
@@ -228,7 +228,7 @@ class IsolationProber:
                 with ThreadPoolExecutor(max_workers=2) as pool:
                     futures = [pool.submit(self._send, other, f"cancel-transfer-{other.value}{i + 1}", victim) for i in range(2)]
                     out.extend(f.result() for f in futures)
-                self.state.wait_idle(self.budget.wait_s(IDLE_WAIT_S))
+                self.budget.wait_idle(self.state, IDLE_WAIT_S)
             return out
 
         scenario = self._scenario("cancel-transfer", steps, "", churn=True)
@@ -297,7 +297,7 @@ class IsolationProber:
         before = self.state.counters()
         sent = steps()
         requests = [r for r in sent if r is not None]
-        idle = self.state.wait_idle(self.budget.wait_s(IDLE_WAIT_S))
+        idle = self.budget.wait_idle(self.state, IDLE_WAIT_S)
         after = self.state.counters()
         ran = any(r.completion is not None for r in requests)
         return Scenario(name=name, purpose=PURPOSES[name], requests=tuple(requests), occurred=True if ran else None,
