@@ -185,6 +185,44 @@ class CheckResult:
     evidence: Mapping[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, kw_only=True)
+class EngineCost:
+    """One engine's work during the check, from its own counters (None: it has no such counter)."""
+
+    url: str
+    role: Role
+    context_length: int | None
+    prompt_tokens: int | None  # prompt tokens it was asked to process
+    prefilled_tokens: int | None  # of those, really computed (prefix-cache hits excluded)
+    generated_tokens: int | None
+
+    @property
+    def context_equivalents(self) -> float | None:
+        if self.prefilled_tokens is None or not self.context_length:
+            return None
+        return self.prefilled_tokens / self.context_length
+
+
+@dataclass(frozen=True, kw_only=True)
+class Cost:
+    """What the check cost the engines. The requests and prompt tokens are counted by kvpreflight;
+    "prefilled" comes from the engines' counters where every engine has one (`measured`), else it
+    is estimated as submitted minus the cached tokens the answers reported."""
+
+    requests: int
+    prompt_tokens_submitted: int
+    generated_tokens: int  # as the answers reported
+    wall_s: float  # from the first probe request to the last
+    checked_context: int | None  # the context the equivalents are counted in (the smallest served)
+    prefilled_tokens: int
+    measured: bool
+    basis: str  # how prefilled_tokens was found
+    engines: tuple[EngineCost, ...] = ()
+
+    def equivalents(self, tokens: int) -> float | None:
+        return tokens / self.checked_context if self.checked_context else None
+
+
 @dataclass(frozen=True)
 class Report:
     tool_version: str
@@ -197,6 +235,7 @@ class Report:
     finished_at: str | None = None
     gpus: tuple[Mapping[str, Any], ...] = ()
     schema_version: int = REPORT_SCHEMA_VERSION
+    cost: Cost | None = None  # None: no request was sent (--capacity-only) or an old report
 
     @property
     def verdict(self) -> Status:

@@ -6,6 +6,7 @@ Called through `kvpreflight.preflight` by `check`, `demo`, boot mode and the fle
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -15,11 +16,13 @@ from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
 from kvpreflight.checks.advisory_data import load_advisories
 from kvpreflight.clock import utc_now
 from kvpreflight.engines import EngineConfigError, EngineError, HttpClient, adapter_class, open_adapter
-from kvpreflight.engines.interface import EngineAdapter
-from kvpreflight.model import CheckResult, EngineSnapshot, Report, Role, Status
+from kvpreflight.engines.interface import Counters, EngineAdapter
+from kvpreflight.model import CheckResult, Cost, EngineCost, EngineSnapshot, Report, Role, Status
 from kvpreflight.plan import CheckPlan
 from kvpreflight.probes.budget import Budget, calibrate
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, capacity_plan, deployment_limits
+from kvpreflight.probes.cost import CostMeter
+from kvpreflight.probes.engine_state import EngineState
 from kvpreflight.probes.isolation import IsolationSettings, IsolationSizes, run_isolation
 from kvpreflight.probes.results import IsolationRun, ProbeRun
 
@@ -53,6 +56,9 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
             known_markers=options.known_markers,
         )
         results: list[CheckResult] = list(unreadable)
+        state = EngineState(adapters)
+        counters_before = state.counters() if not options.capacity_only else {}
+        probes_started = time.monotonic()
         per_group_ids = [c for c in CHECK_IDS if c != "pd-consistency"]
         for entry_url, group in _groups(options, snapshots):
             entry = _entry_adapter(entry_url, group, client)
@@ -61,6 +67,9 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
             ctx = CheckContext(tuple(group), thresholds, options.context_length, run, entry_url, advisories,
                                isolation=isolation)
             results.extend(run_checks(ctx, per_group_ids, options.waivers))
+        cost = None
+        if budget.cost.requests:
+            cost = engine_cost(snapshots, counters_before, state.counters(), budget.cost, time.monotonic() - probes_started)
         if snapshots:
             ctx = CheckContext(tuple(snapshots), thresholds, options.context_length, None, options.entry, advisories,
                                expected_model=options.model)
@@ -68,10 +77,41 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
         return Report(
             tool_version=__version__, engines=tuple(snapshots), checks=tuple(results), waivers=options.waivers,
             context_length_promised=options.context_length, entry=options.entry, started_at=started,
-            finished_at=utc_now(), gpus=tuple(options.gpus),
+            finished_at=utc_now(), gpus=tuple(options.gpus), cost=cost,
         )
     finally:
         client.close()
+
+
+def engine_cost(snapshots: Sequence[EngineSnapshot], before: Mapping[str, Counters | None],
+                after: Mapping[str, Counters | None], meter: CostMeter, wall_s: float) -> Cost:
+    """The report's cost block: kvpreflight's own count of what it sent, and each engine's counters
+    over the whole check. "Prefilled" is measured only when every engine counts it."""
+    def moved(url: str, name: str) -> int | None:
+        a, b = after.get(url), before.get(url)
+        if a is None or b is None or getattr(a, name) is None or getattr(b, name) is None:
+            return None
+        return round(getattr(a, name) - getattr(b, name))
+
+    engines = tuple(EngineCost(url=s.url, role=s.role, context_length=s.served_context,
+                               prompt_tokens=moved(s.url, "prompt_tokens"), prefilled_tokens=moved(s.url, "prefilled_tokens"),
+                               generated_tokens=moved(s.url, "generation_tokens")) for s in snapshots)
+    counted = [e.prefilled_tokens for e in engines if e.prefilled_tokens is not None]
+    measured = bool(engines) and len(counted) == len(engines)
+    if measured:
+        prefilled, basis = sum(counted), ("measured: each engine's prompt-token counter less its prefix-cache hits, "
+                                          "other traffic it served meanwhile included")
+    else:
+        silent = [e.url for e in engines if e.prefilled_tokens is None]
+        prefilled = max(0, meter.prompt_tokens - meter.cached_tokens)
+        basis = ("estimated: prompt tokens submitted less the cached tokens the answers reported "
+                 f"({', '.join(silent)} count no prefilled tokens")
+        basis += f"; {meter.answers_without_cache_count} served answers did not say what was cached)" \
+            if meter.answers_without_cache_count else ")"
+    contexts = [s.served_context for s in snapshots if s.served_context]
+    return Cost(requests=meter.requests, prompt_tokens_submitted=meter.prompt_tokens, generated_tokens=meter.generated_tokens,
+                wall_s=round(wall_s, 3), checked_context=min(contexts) if contexts else None, prefilled_tokens=prefilled,
+                measured=measured, basis=basis, engines=engines)
 
 
 def _groups(options: CheckPlan, snapshots: Sequence[EngineSnapshot]) -> list[tuple[str | None, list[EngineSnapshot]]]:
@@ -112,7 +152,7 @@ def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSn
         def measure() -> None:
             budget.enter("calibration")
             progress("calibrating: two short requests through the entry measure its speed")
-            calibration = calibrate(entry, engines.values(), max_accepted=limits.max_accepted,
+            calibration = calibrate(entry, engines.values(), budget, max_accepted=limits.max_accepted,
                                     timeout_s=min(options.timeout_s, budget.remaining_s()))
             if calibration.speed is None:
                 budget.stop(f"the engine's speed could not be measured, so it was probed no further: {calibration.failure}")

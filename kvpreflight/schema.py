@@ -15,6 +15,8 @@ from kvpreflight.errors import ConfigError
 from kvpreflight.model import (
     REPORT_SCHEMA_VERSION,
     CheckResult,
+    Cost,
+    EngineCost,
     EngineSnapshot,
     Origin,
     PoolReading,
@@ -87,7 +89,53 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "checks": [check_to_dict(c) for c in report.checks],
         "waivers": [waiver_to_dict(w) for w in report.waivers],
         "gpus": [dict(g) for g in report.gpus],
+        "cost": cost_to_dict(report.cost) if report.cost else None,
     }
+
+
+def cost_to_dict(cost: Cost) -> dict[str, Any]:
+    return {
+        "requests": cost.requests,
+        "prompt_tokens_submitted": cost.prompt_tokens_submitted,
+        "prefilled_tokens": cost.prefilled_tokens,
+        "prefilled_measured": cost.measured,
+        "prefilled_basis": cost.basis,
+        "generated_tokens": cost.generated_tokens,
+        "wall_s": round(cost.wall_s, 3),
+        "checked_context": cost.checked_context,
+        "context_equivalents_submitted": _rounded(cost.equivalents(cost.prompt_tokens_submitted)),
+        "context_equivalents_prefilled": _rounded(cost.equivalents(cost.prefilled_tokens)),
+        "engines": [{"url": e.url, "role": e.role.value, "context_length": e.context_length, "prompt_tokens": e.prompt_tokens,
+                     "prefilled_tokens": e.prefilled_tokens, "generated_tokens": e.generated_tokens,
+                     "context_equivalents_prefilled": _rounded(e.context_equivalents)} for e in cost.engines],
+    }
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
+
+
+def cost_from_dict(data: Any, where: str = "cost") -> Cost:
+    d = _mapping(data, where)
+    at = f"{where}."
+    engines = []
+    for i, e in enumerate(_items(d, "engines", at)):
+        e = _mapping(e, f"{at}engines[{i}]")
+        eat = f"{at}engines[{i}]."
+        engines.append(EngineCost(url=_get(e, "url", str, eat, required=True), role=_enum(Role, e.get("role"), f"{eat}role"),
+                                  context_length=_get(e, "context_length", int, eat),
+                                  prompt_tokens=_get(e, "prompt_tokens", int, eat),
+                                  prefilled_tokens=_get(e, "prefilled_tokens", int, eat),
+                                  generated_tokens=_get(e, "generated_tokens", int, eat)))
+    return Cost(requests=_get(d, "requests", int, at, required=True),
+                prompt_tokens_submitted=_get(d, "prompt_tokens_submitted", int, at, required=True),
+                generated_tokens=_get(d, "generated_tokens", int, at) or 0,
+                wall_s=float(_get(d, "wall_s", (int, float), at) or 0.0),
+                checked_context=_get(d, "checked_context", int, at),
+                prefilled_tokens=_get(d, "prefilled_tokens", int, at, required=True),
+                measured=bool(_get(d, "prefilled_measured", bool, at)),
+                basis=_get(d, "prefilled_basis", str, at) or "",
+                engines=tuple(engines))
 
 
 def _get(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, *, required: bool = False) -> Any:
@@ -179,4 +227,5 @@ def report_from_dict(data: Any) -> Report:
         finished_at=_get(d, "finished_at", str, ""),
         gpus=tuple(dict(_mapping(g, f"gpus[{i}]")) for i, g in enumerate(_items(d, "gpus", ""))),
         schema_version=version or SCHEMA_VERSION,
+        cost=cost_from_dict(d["cost"]) if d.get("cost") is not None else None,
     )

@@ -65,6 +65,7 @@ class Counters:
     kv_transfers: float | None = None  # KV transfers completed
     kv_transfer_tokens: float | None = None  # tokens moved by KV transfers
     prefix_cache_hits: float | None = None  # prefix-cache hits (lookups or tokens, as the engine counts)
+    prefilled_tokens: float | None = None  # prompt tokens really computed (cache hits excluded); None: cannot tell
     used_tokens: float | None = None  # gauge: tokens held in the pool right now
     extra: Mapping[str, float] = field(default_factory=dict)  # other engine counters, for evidence only
 
@@ -90,7 +91,7 @@ class Counters:
 
 
 COUNTER_FIELDS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "bootstrap_failures",
-                  "deferred_releases", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits")
+                  "deferred_releases", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens")
 
 
 class EngineAdapter(abc.ABC):

@@ -91,6 +91,8 @@ class LlamaCppAdapter(EngineAdapter):
         return Counters(
             requests=metric_sum(metrics, "llamacpp:n_decode_total"),
             prompt_tokens=metric_sum(metrics, "llamacpp:prompt_tokens_total"),
+            # tokens evaluated: a reused cache prefix is not evaluated again, so this is what was prefilled
+            prefilled_tokens=metric_sum(metrics, "llamacpp:prompt_tokens_total"),
             generation_tokens=metric_sum(metrics, "llamacpp:tokens_predicted_total"),
             used_tokens=metric_sum(metrics, "llamacpp:requests_processing"),
         )

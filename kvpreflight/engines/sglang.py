@@ -128,9 +128,12 @@ class SglangAdapter(EngineAdapter):
 
     def counters(self) -> Counters:
         metrics = self.metrics()
+        prompt = metric_sum(metrics, "sglang:prompt_tokens_total")
+        cached = metric_sum(metrics, "sglang:cached_tokens_total")  # tokens; prompt_tokens_total includes them
         return Counters(
             requests=metric_sum(metrics, "sglang:num_requests_total"),
-            prompt_tokens=metric_sum(metrics, "sglang:prompt_tokens_total"),
+            prompt_tokens=prompt,
+            prefilled_tokens=prompt - cached if prompt is not None and cached is not None else None,
             generation_tokens=metric_sum(metrics, "sglang:generation_tokens_total"),
             transfer_failures=metric_sum(metrics, "sglang:num_transfer_failed_reqs_total"),
             bootstrap_failures=metric_sum(metrics, "sglang:num_bootstrap_failed_reqs_total"),

@@ -93,9 +93,12 @@ class VllmAdapter(OpenAICompletionsMixin):
     def counters(self) -> Counters:
         metrics = self.metrics()
         usage = metric_sum(metrics, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+        prompt = metric_sum(metrics, "vllm:prompt_tokens_total")
+        hits = metric_sum(metrics, "vllm:prefix_cache_hits_total")  # v1: tokens served from the prefix cache
         return Counters(
             requests=metric_sum(metrics, "vllm:request_success_total"),
-            prompt_tokens=metric_sum(metrics, "vllm:prompt_tokens_total"),
+            prompt_tokens=prompt,
+            prefilled_tokens=prompt - hits if prompt is not None and hits is not None else None,
             generation_tokens=metric_sum(metrics, "vllm:generation_tokens_total"),
             prefix_cache_hits=metric_sum(metrics, "vllm:prefix_cache_hits_total"),
             used_tokens=usage,  # a fraction for vLLM: 0 means idle

@@ -55,6 +55,29 @@ def pool_sources(engine: EngineSnapshot) -> list[str]:
     return [f"{r.label} = {tokens(r.tokens)} ({r.origin.value})" for r in engine.pool_readings]
 
 
+def cost_lines(report: Report) -> list[str]:
+    """What the check cost the engines, one line each (none when no request was sent)."""
+    cost = report.cost
+    if cost is None:
+        return []
+
+    def equiv(value: float | None) -> str:
+        return "" if value is None else f" = {value:.1f} context-equivalents"
+
+    lines = [
+        f"{cost.requests} requests, {cost.prompt_tokens_submitted:,} prompt tokens submitted"
+        f"{equiv(cost.equivalents(cost.prompt_tokens_submitted))}, {cost.generated_tokens:,} generated, {cost.wall_s:.1f} s",
+        f"prefilled: {cost.prefilled_tokens:,} tokens{equiv(cost.equivalents(cost.prefilled_tokens))} ({cost.basis})",
+    ]
+    for e in cost.engines:
+        if e.prefilled_tokens is not None:
+            ctx = f" = {e.context_equivalents:.1f} of its context" if e.context_equivalents is not None else ""
+            lines.append(f"{e.role.value} {e.url}: prefilled {e.prefilled_tokens:,} of {tokens(e.prompt_tokens)} prompt tokens{ctx}")
+        else:
+            lines.append(f"{e.role.value} {e.url}: no prefilled-token counter")
+    return lines
+
+
 def engine_facts(report: Report, engine: EngineSnapshot) -> list[tuple[str, str]]:
     """The per-engine facts a reader needs, as (label, value) pairs, in reading order."""
     facts = [

@@ -67,6 +67,8 @@ class MarkdownFormat(ReportFormat):
             out += _table(["status", "check", "endpoint", "message"], rows)
         else:
             out.append("No check ran.")
+        if cost := _common.cost_lines(report):
+            out += ["", "### Cost to the engines", ""] + [f"- {escape(line)}" for line in cost]
         if report.waivers:
             out += ["", "### Waivers", ""]
             out += _table(["check", "reason"], [[w.check_id, w.reason] for w in report.waivers])

@@ -52,6 +52,8 @@ class TableFormat(ReportFormat):
         if not report.engines and any(c.endpoint and "://" in c.endpoint for c in report.checks):
             parts.append("Engines: none could be read (see the checks below)")
         parts.append(self._checks(report, color, width))
+        if cost := _common.cost_lines(report):
+            parts.append("Cost to the engines:\n" + _common.visible("\n".join(f"  {line}" for line in cost)))
         if report.waivers:
             waivers = _common.visible("\n".join(f"  - {line}" for line in _common.waiver_lines(report)))
             parts.append("Waivers:\n" + waivers)

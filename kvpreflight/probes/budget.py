@@ -24,12 +24,14 @@ import math
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import Completion
+from kvpreflight.probes.cost import CostMeter
 from kvpreflight.probes.engine_state import EngineState
 from kvpreflight.probes.results import Expect
 from kvpreflight.probes.tokens import valid_token_ids
@@ -79,7 +81,8 @@ class Calibration:
     failure: str | None = None  # why no speed was measured
 
 
-def calibrate(entry: EngineAdapter, engines: Iterable[EngineAdapter], *, max_accepted: int, timeout_s: float) -> Calibration:
+def calibrate(entry: EngineAdapter, engines: Iterable[EngineAdapter], budget: Budget, *, max_accepted: int,
+              timeout_s: float) -> Calibration:
     """Two short accepted prompts through the entry (see the module docstring). Each must be
     served within --timeout: an engine that cannot answer eight tokens in that time is probed no
     further."""
@@ -90,10 +93,10 @@ def calibrate(entry: EngineAdapter, engines: Iterable[EngineAdapter], *, max_acc
         short_ids = valid_token_ids(entry, engines, short, _fresh("calibration"))
     except EngineError as exc:
         return Calibration(None, failure=f"no calibration prompt could be tokenized: {exc}")
-    tiny = entry.complete(tiny_ids, max_tokens=1, stream=False, timeout_s=timeout_s)
+    tiny = budget.send(entry, tiny_ids, max_tokens=1, stream=False, timeout_s=timeout_s)
     if not tiny.served:
         return Calibration(None, (tiny,), _unserved(tiny, "an 8-token calibration request"))
-    second = entry.complete(short_ids, max_tokens=SHORT_MAX_TOKENS, stream=True, timeout_s=timeout_s)
+    second = budget.send(entry, short_ids, max_tokens=SHORT_MAX_TOKENS, stream=True, timeout_s=timeout_s)
     if not second.served:
         return Calibration(None, (tiny, second), _unserved(second, f"a {short}-token calibration request"))
     first_token = second.ttft_s if second.ttft_s is not None else second.elapsed_s
@@ -133,6 +136,7 @@ class Budget:
         self.speed: Speed | None = None
         self.stage = "reading the engines"
         self.stopped: str | None = None  # why no further request is sent
+        self.cost = CostMeter()  # every request sent under this budget
 
     # -- what is measured --------------------------------------------------------------------------
     def calibrated(self, speed: Speed | None, planned: Iterable[PlannedRequest]) -> float | None:
@@ -157,6 +161,13 @@ class Budget:
         return total
 
     # -- per request ---------------------------------------------------------------------------------
+    def send(self, adapter: EngineAdapter, ids: list[int], *, max_tokens: int, stream: bool, timeout_s: float,
+             extra: Mapping[str, Any] | None = None) -> Completion:
+        """One request through `adapter`, counted in `cost`."""
+        completion = adapter.complete(ids, max_tokens=max_tokens, stream=stream, timeout_s=timeout_s, extra=extra)
+        self.cost.add(completion)
+        return completion
+
     def natural_s(self, prompt_tokens: int, expect: Expect, *, max_tokens: int = 1, concurrent: int = 1) -> float:
         """The request's own budget, before the deadline cuts it."""
         speed = self.speed
@@ -230,7 +241,7 @@ def still_answering(entry: EngineAdapter, engines: Iterable[EngineAdapter], budg
     except EngineError as exc:
         budget.stop(f"after {after} stalled, no liveness request could be built ({exc}), so the engine was probed no further")
         return False
-    reply = entry.complete(ids, max_tokens=1, stream=False, timeout_s=min(budget.timeout_s, budget.remaining_s()))
+    reply = budget.send(entry, ids, max_tokens=1, stream=False, timeout_s=min(budget.timeout_s, budget.remaining_s()))
     if reply.served:
         return True
     budget.stop(f"after {after} stalled, {_unserved(reply, 'an 8-token request')}; the engine stopped answering, "

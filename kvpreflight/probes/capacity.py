@@ -121,7 +121,7 @@ class CapacityProber:
             elif planned.name == "health":
                 if self.budget.may_send():
                     small_ids = self._token_ids(planned.prompt_tokens, f"kvpreflight health check {self.marker}")
-                    small = self.entry.complete(small_ids, max_tokens=planned.max_tokens, stream=False,
+                    small = self.budget.send(self.entry, small_ids, max_tokens=planned.max_tokens, stream=False,
                                                 timeout_s=self.budget.request_s(planned.prompt_tokens, Expect.ACCEPT,
                                                                                 max_tokens=planned.max_tokens))
             elif (result := self._one(planned, ids[: planned.prompt_tokens])) is not None:
@@ -149,7 +149,7 @@ class CapacityProber:
         # each probe costs one metrics scrape per engine, not two.
         before = self._latest or self.state.counters()
         natural = self.budget.natural_s(len(ids), expect, max_tokens=max_tokens)
-        completion = self.entry.complete(ids, max_tokens=max_tokens, stream=stream,
+        completion = self.budget.send(self.entry, ids, max_tokens=max_tokens, stream=stream,
                                          timeout_s=self.budget.request_s(len(ids), expect, max_tokens=max_tokens))
         after = self._latest = self.state.counters()
         if self.budget.cut_short(completion, natural):
@@ -182,7 +182,8 @@ class CapacityProber:
         natural = self.budget.natural_s(len(ids), Expect.ACCEPT, max_tokens=CONCURRENT_MAX_TOKENS, concurrent=k)
         budget = self.budget.request_s(len(ids), Expect.ACCEPT, max_tokens=CONCURRENT_MAX_TOKENS, concurrent=k)
         with ThreadPoolExecutor(max_workers=k) as pool:
-            futures = [pool.submit(self.entry.complete, ids, max_tokens=CONCURRENT_MAX_TOKENS, stream=False, timeout_s=budget)
+            futures = [pool.submit(self.budget.send, self.entry, ids, max_tokens=CONCURRENT_MAX_TOKENS, stream=False,
+                                   timeout_s=budget)
                        for _ in range(k)]
             completions = [f.result() for f in futures]
         after = self._latest = self.state.counters()

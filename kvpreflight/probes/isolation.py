@@ -314,7 +314,7 @@ class IsolationProber:
         client = self.tenants[tenant]
         max_tokens = max_tokens or self.gen
         natural = self.budget.natural_s(tokens, expect, max_tokens=max_tokens)
-        completion = client.adapter.complete(self._ids[tenant][:tokens], max_tokens=max_tokens, stream=False,
+        completion = self.budget.send(client.adapter, self._ids[tenant][:tokens], max_tokens=max_tokens, stream=False,
                                              timeout_s=self.budget.request_s(tokens, expect, max_tokens=max_tokens),
                                              extra=client.extra)
         if self.budget.cut_short(completion, natural):
@@ -366,6 +366,7 @@ class IsolationProber:
             departure = leave_during_transfer(target, pages_reserved, unified=not decoders)
         else:
             departure = leave_after_first_token(target, self.budget.request_s(tokens, Expect.ACCEPT, max_tokens=2))
+        self.budget.cost.add_abandoned(tokens)
         if departure.note:
             notes.append(f"{name}: {departure.note}")
         return self._scan(tenant, name, None, departure.received.decode("utf-8", errors="replace"),

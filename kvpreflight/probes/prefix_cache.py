@@ -46,7 +46,7 @@ def probe_prefix_cache(tenants: Mapping[Tenant, TenantClient], state: EngineStat
         return PrefixCacheRun(binding=binding, caching_off=off, not_run=f"the prefix-cache probes were not sent: {budget.stopped}")
     # One throw-away request first, so the cold probe does not also pay for a cold engine.
     warmup = token_ids(a.adapter, tokens, f"{new_marker('WARMUP')} ")
-    a.adapter.complete(warmup, max_tokens=1, stream=True, timeout_s=budget.request_s(tokens, Expect.ACCEPT), extra=a.extra)
+    budget.send(a.adapter, warmup, max_tokens=1, stream=True, timeout_s=budget.request_s(tokens, Expect.ACCEPT), extra=a.extra)
     probes: list[CacheProbe] = []
     for prefix in range(CACHE_PREFIXES):
         ids = token_ids(a.adapter, tokens, f"{new_marker('SHARED')} ")  # fresh: nobody has it cached
@@ -57,7 +57,7 @@ def probe_prefix_cache(tenants: Mapping[Tenant, TenantClient], state: EngineStat
             client = tenants[tenant]
             hits_before = state.total(lambda c: c.prefix_cache_hits)
             natural = budget.natural_s(tokens, Expect.ACCEPT)
-            completion = client.adapter.complete(ids, max_tokens=1, stream=True, timeout_s=budget.request_s(tokens, Expect.ACCEPT),
+            completion = budget.send(client.adapter, ids, max_tokens=1, stream=True, timeout_s=budget.request_s(tokens, Expect.ACCEPT),
                                                  extra=client.extra)
             if budget.cut_short(completion, natural):
                 return PrefixCacheRun(binding=binding, caching_off=off,
