@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from kvpreflight import __version__
-from kvpreflight.checkdata import load_thresholds
+from kvpreflight.checkdata import Thresholds, load_thresholds
 from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
 from kvpreflight.checks.advisory_data import load_advisories
 from kvpreflight.clock import utc_now
@@ -19,12 +19,13 @@ from kvpreflight.engines import EngineConfigError, EngineError, HttpClient, adap
 from kvpreflight.engines.interface import Counters, EngineAdapter
 from kvpreflight.model import CheckResult, Cost, EngineCost, EngineSnapshot, Report, Role, Status
 from kvpreflight.plan import CheckPlan
+from kvpreflight.probeplan import GroupPlan, GroupPreview
 from kvpreflight.probes.budget import Budget, calibrate
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, capacity_plan, deployment_limits
 from kvpreflight.probes.cost import CostMeter
 from kvpreflight.probes.engine_state import EngineState
 from kvpreflight.probes.isolation import IsolationSettings, IsolationSizes, run_isolation
-from kvpreflight.probes.results import IsolationRun, ProbeRun
+from kvpreflight.probes.results import IsolationRun, Limits, ProbeRun
 
 
 def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: None) -> Report:
@@ -33,28 +34,10 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
     budget = Budget(timeout_s=options.timeout_s, deadline_s=options.deadline_s,
                     fallback_tokens_per_second=options.accepted_tokens_per_second or thresholds.accepted_tokens_per_second)
     advisories = load_advisories(options.advisory_dirs)
-    client = HttpClient(headers=options.headers, ca_bundle=options.ca_bundle, timeout_s=options.timeout_s,
-                        client_cert=options.client_cert, client_key=options.client_key)
+    client = _client(options)
     try:
-        adapters: dict[str, EngineAdapter] = {}
-        snapshots: list[EngineSnapshot] = []
-        unreadable: list[CheckResult] = []
-        for target in options.targets:
-            url = target.url.rstrip("/")
-            progress(f"reading {url}")
-            try:
-                adapter = open_adapter(url, client, options.engine)
-                log_text = _read_log(options.logs.get(url))
-                snapshots.append(adapter.snapshot(role=target.role, log_text=log_text))
-                adapters[url] = adapter
-            except EngineError as exc:
-                unreadable.append(CheckResult("kv-capacity", Status.INCONCLUSIVE, f"could not read the engine: {exc}", url))
-
-        settings = ProbeSettings(
-            timeout_s=options.timeout_s,
-            concurrency=options.concurrency or thresholds.concurrency,
-            known_markers=options.known_markers,
-        )
+        adapters, snapshots, unreadable = _read_engines(options, client, progress)
+        settings = _settings(options, thresholds)
         results: list[CheckResult] = list(unreadable)
         state = EngineState(adapters)
         counters_before = state.counters() if not options.capacity_only else {}
@@ -114,6 +97,95 @@ def engine_cost(snapshots: Sequence[EngineSnapshot], before: Mapping[str, Counte
                 measured=measured, basis=basis, engines=engines)
 
 
+def preview(options: CheckPlan, *, measure: bool, progress: Callable[[str], None] = lambda _: None) -> list[GroupPreview]:
+    """`check --plan`: read the engines (as --capacity-only does), derive every probe run's
+    requests and, with `measure`, send the two short calibration requests per entry to estimate
+    the duration. No other request is sent."""
+    thresholds = load_thresholds()
+    client = _client(options)
+    try:
+        adapters, snapshots, _ = _read_engines(options, client, progress)
+        settings = _settings(options, thresholds)
+        out = []
+        for entry_url, group in _groups(options, snapshots):
+            entry = _entry_adapter(entry_url, group, client)
+            plan = group_plan(options, entry_url, entry, group, settings)
+            plan.refuse_above(options.max_context_equivalents)  # before the calibration requests
+            if plan.not_probed or plan.limits is None or entry is None or not measure:
+                why = "not sent (--no-calibrate)" if not measure else "none: no probe request is planned"
+                out.append(GroupPreview(plan=plan, calibration=why))
+                continue
+            budget = Budget(timeout_s=options.timeout_s, fallback_tokens_per_second=thresholds.accepted_tokens_per_second)
+            engines = [adapters[s.url] for s in group if s.url in adapters]
+            try:
+                calibration = calibrate(entry, engines, budget, max_accepted=plan.limits.max_accepted, timeout_s=options.timeout_s)
+            except EngineError as exc:
+                out.append(GroupPreview(plan=plan, calibration=f"failed: {exc}"))
+                continue
+            sent = "; ".join(f"{c.sent_tokens}-token request, max_tokens {c.max_tokens}{' (streamed)' if c.streamed else ''}"
+                             for c in calibration.completions)
+            if calibration.speed is None:
+                out.append(GroupPreview(plan=plan, calibration=f"sent {sent}; no speed measured: {calibration.failure}"))
+                continue
+            out.append(GroupPreview(plan=plan, speed=calibration.speed, calibration=f"sent {sent}",
+                                    estimate_s=budget.calibrated(calibration.speed, plan.requests)))
+        return out
+    finally:
+        client.close()
+
+
+def group_plan(options: CheckPlan, entry_url: str | None, entry: EngineAdapter | None, group: Sequence[EngineSnapshot],
+               settings: ProbeSettings) -> GroupPlan:
+    """Every request one probe run will send, or why it sends none."""
+    def none(why: str, limits: Limits | None = None) -> GroupPlan:
+        return GroupPlan(entry=entry_url, engines=tuple(s.url for s in group), limits=limits, not_probed=why)
+
+    if options.capacity_only:
+        return none("--capacity-only: no request is sent (read-only mode)")
+    if not group:
+        return none("no engine could be read")
+    if entry is None:
+        return none("prefill/decode deployment without --entry: probes must go through the client-facing "
+                    "router, so capacity was checked but no request was sent; pass --entry URL")
+    kinds = {s.engine for s in group}
+    if len(kinds) > 1:
+        return none(f"the engines behind the entry are of different kinds ({', '.join(sorted(kinds))})")
+    limits = deployment_limits(entry, group)
+    if limits is None:
+        return none("the engines state no served context or request limit, so no probe size can be derived")
+    requests = (*capacity_plan(limits, settings.concurrency),
+                *IsolationSizes.of(limits, group).plan(churn=_churn_allowed(options, group)))
+    return GroupPlan(entry=entry_url, engines=tuple(s.url for s in group), limits=limits, requests=requests)
+
+
+def _client(options: CheckPlan) -> HttpClient:
+    return HttpClient(headers=options.headers, ca_bundle=options.ca_bundle, timeout_s=options.timeout_s,
+                      client_cert=options.client_cert, client_key=options.client_key)
+
+
+def _settings(options: CheckPlan, thresholds: Thresholds) -> ProbeSettings:
+    return ProbeSettings(timeout_s=options.timeout_s, concurrency=options.concurrency or thresholds.concurrency,
+                         known_markers=options.known_markers)
+
+
+def _read_engines(options: CheckPlan, client: HttpClient, progress: Callable[[str], None],
+                  ) -> tuple[dict[str, EngineAdapter], list[EngineSnapshot], list[CheckResult]]:
+    adapters: dict[str, EngineAdapter] = {}
+    snapshots: list[EngineSnapshot] = []
+    unreadable: list[CheckResult] = []
+    for target in options.targets:
+        url = target.url.rstrip("/")
+        progress(f"reading {url}")
+        try:
+            adapter = open_adapter(url, client, options.engine)
+            log_text = _read_log(options.logs.get(url))
+            snapshots.append(adapter.snapshot(role=target.role, log_text=log_text))
+            adapters[url] = adapter
+        except EngineError as exc:
+            unreadable.append(CheckResult("kv-capacity", Status.INCONCLUSIVE, f"could not read the engine: {exc}", url))
+    return adapters, snapshots, unreadable
+
+
 def _groups(options: CheckPlan, snapshots: Sequence[EngineSnapshot]) -> list[tuple[str | None, list[EngineSnapshot]]]:
     """Which engines each probe run covers: all of them behind --entry, else each unified engine."""
     if options.entry or any(s.role is not Role.UNIFIED for s in snapshots):
@@ -133,37 +205,34 @@ def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSn
            settings: ProbeSettings, budget: Budget, progress: Callable[[str], None]) -> ProbeRun | None:
     if options.capacity_only:
         return None
-    if not group:
-        return ProbeRun(limits=None, not_run="no engine could be read")
-    if entry is None:
-        return ProbeRun(limits=None, not_run="prefill/decode deployment without --entry: probes must go through the client-facing "
-                                             "router, so capacity was checked but no request was sent; pass --entry URL")
-    kinds = {s.engine for s in group}
-    if len(kinds) > 1:
-        return ProbeRun(limits=None, not_run=f"the engines behind the entry are of different kinds ({', '.join(sorted(kinds))})")
-    engines = {s.url: adapters[s.url] for s in group}
     try:
-        limits = deployment_limits(entry, group)
-        if limits is None:
-            return ProbeRun(limits=None, not_run="the engines state no served context or request limit, so no probe size can be derived")
-        if not budget.may_send():
-            return ProbeRun(limits=limits, not_run=f"no probe was sent: {budget.stopped}")
+        plan = group_plan(options, entry.url if entry else None, entry, group, settings)
+    except EngineError as exc:
+        return ProbeRun(limits=None, not_run=f"probes could not run: {exc}")
+    limits = plan.limits
+    if plan.not_probed or limits is None or entry is None:
+        return ProbeRun(limits=limits, not_run=plan.not_probed)
+    plan.refuse_above(options.max_context_equivalents)  # before any request
+    if not budget.may_send():
+        return ProbeRun(limits=limits, not_run=f"no probe was sent: {budget.stopped}")
+    engines = {s.url: adapters[s.url] for s in group}
 
-        def measure() -> None:
-            budget.enter("calibration")
-            progress("calibrating: two short requests through the entry measure its speed")
-            calibration = calibrate(entry, engines.values(), budget, max_accepted=limits.max_accepted,
-                                    timeout_s=min(options.timeout_s, budget.remaining_s()))
-            if calibration.speed is None:
-                budget.stop(f"the engine's speed could not be measured, so it was probed no further: {calibration.failure}")
-                return
-            planned = [*capacity_plan(limits, settings.concurrency),
-                       *IsolationSizes.of(limits, group).plan(churn=_churn_allowed(options, group))]
-            estimate = budget.calibrated(calibration.speed, planned)
-            deadline = f"; deadline {budget.deadline_s:.0f} s" if budget.deadline_s is not None else ""
-            progress(f"measured {calibration.speed.describe()}: {len(planned)} probe requests, expected to take about "
-                     f"{estimate:.0f} s{deadline}")
+    def measure() -> None:
+        budget.enter("calibration")
+        progress("calibrating: two short requests through the entry measure its speed")
+        calibration = calibrate(entry, engines.values(), budget, max_accepted=limits.max_accepted,
+                                timeout_s=min(options.timeout_s, budget.remaining_s()))
+        if calibration.speed is None:
+            budget.stop(f"the engine's speed could not be measured, so it was probed no further: {calibration.failure}")
+            return
+        estimate = budget.calibrated(calibration.speed, plan.requests)
+        deadline = f"; deadline {budget.deadline_s:.0f} s" if budget.deadline_s is not None else ""
+        count = sum(p.concurrent for p in plan.requests)
+        progress(f"measured {calibration.speed.describe()}: {count} probe requests, "
+                 f"{plan.equivalents(plan.submitted_tokens):.1f} context-equivalents submitted, expected to take about "
+                 f"{estimate:.0f} s{deadline}")
 
+    try:
         return CapacityProber(entry, engines, limits, settings, budget, progress).run(calibrate=measure)
     except EngineError as exc:
         return ProbeRun(limits=None, not_run=f"probes could not run: {exc}")

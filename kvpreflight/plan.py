@@ -27,7 +27,8 @@ class CheckPlan:
     auth: Auth = field(default_factory=lambda: Auth(headers={}))
     capacity_only: bool = False
     timeout_s: float = 30.0
-    deadline_s: float | None = None  # the whole check; None: derived from the measured speed (probes/budget.py)
+    deadline_s: float | None = None
+    max_context_equivalents: float | None = None  # refuse (exit 2) a probe plan that submits more  # the whole check; None: derived from the measured speed (probes/budget.py)
     concurrency: int | None = None
     accepted_tokens_per_second: float | None = None
     allow_disruptive: bool = False

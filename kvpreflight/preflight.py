@@ -31,6 +31,7 @@ from kvpreflight.targets import Target
 if TYPE_CHECKING:
     from kvpreflight.boot.deployment import BootedDeployment
     from kvpreflight.boot.spec import DeploymentSpec
+    from kvpreflight.probeplan import GroupPreview
 
 Progress = Callable[[str], None]
 
@@ -54,6 +55,16 @@ def run(plan: CheckPlan, progress: Progress = _quiet) -> Report:
     from kvpreflight.pipeline import run_check
 
     return run_check(plan, progress)
+
+
+def preview(plan: CheckPlan, *, measure: bool = True, progress: Progress = _quiet) -> list[GroupPreview]:
+    """`check --plan`: what `run(plan)` would send and how long it should take; sends nothing but
+    the calibration requests (none without `measure`). A plan above the plan's
+    `max_context_equivalents` raises PlanTooCostly (exit 2) before anything is sent."""
+    from kvpreflight.pipeline import preview as preview_groups
+
+    validate(plan)
+    return preview_groups(plan, measure=measure, progress=progress)
 
 
 @dataclass(frozen=True)

@@ -55,3 +55,37 @@ def test_the_cost_block_matches_the_engines_own_counters_in_every_output(engine:
     assert cost["requests"] > 20 and cost["prompt_tokens_submitted"] > prompt
     statement = json.loads(base64.b64decode(json.loads(record.read_text())["payload"]))
     assert statement["predicate"]["cost"] == cost
+
+
+def requests_served(url: str) -> float:
+    return sum(float(line.split()[-1]) for line in requests.get(url + "/metrics", timeout=10).text.splitlines()
+               if line.startswith("sglang:num_requests_total"))
+
+
+@pytest.mark.parametrize(("flags", "sent"), [((), 2), (("--no-calibrate",), 0)])
+def test_plan_prints_the_probes_and_sends_only_the_calibration(engine: RunningEngine, flags: tuple[str, ...],
+                                                               sent: int) -> None:
+    before = requests_served(engine.url)
+    proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--endpoint", engine.url, "--plan", "--format", "json",
+                           *flags], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert requests_served(engine.url) - before == sent
+    (group,) = json.loads(proc.stdout)["plan"]
+    assert {"boundary-accept", "over-context", "concurrent", "normal", "prefix-cache"} <= {r["probe"] for r in group["requests"]}
+    assert group["prompt_tokens_submitted"] == sum(r["prompt_tokens"] * r["count"] for r in group["requests"])
+    assert group["context_equivalents_submitted"] == round(group["prompt_tokens_submitted"] / 2048, 2)
+    if sent:
+        assert group["expected_duration_s"] > 0 and "8-token request" in group["calibration"]
+    else:
+        assert group["expected_duration_s"] is None and group["calibration"] == "not sent (--no-calibrate)"
+
+
+@pytest.mark.parametrize("plan_only", [True, False])
+def test_a_plan_above_max_context_equivalents_is_refused_before_any_request(engine: RunningEngine, plan_only: bool) -> None:
+    before = requests_served(engine.url)
+    proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--endpoint", engine.url,
+                           "--max-context-equivalents", "3", *(["--plan"] if plan_only else [])],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "above --max-context-equivalents 3; nothing was sent" in proc.stderr and "Traceback" not in proc.stderr
+    assert requests_served(engine.url) == before

@@ -54,6 +54,9 @@ def register(app: typer.Typer) -> None:
         fmt: str | None = typer.Option(None, "--format", help=f"{FORMAT_HELP} (default: table)."),
         output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
         timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for a rejection or a short request; accepted long prompts get more, from the engine's measured speed."),
+        plan_only: bool = typer.Option(False, "--plan", help="Print the probes it would send, their sizes, context-equivalents and expected duration; sends only two short calibration requests per entry."),
+        no_calibrate: bool = typer.Option(False, "--no-calibrate", help="With --plan: send no request at all (the duration is then unknown)."),
+        max_context_equivalents: float | None = typer.Option(None, "--max-context-equivalents", help="Refuse (exit 2, before any request) a plan that submits more prompt tokens than N times the context."),
         deadline: float | None = typer.Option(None, "--deadline", help="Seconds the whole check may take (default: 3x the estimate printed after calibration, plus room for waits); past it, exit 3 naming the stage."),
         concurrency: int | None = typer.Option(None, "--concurrency", help="Near-limit requests sent at once by concurrent-capacity (default from checks/thresholds.yaml)."),
         accepted_tps: float | None = typer.Option(None, "--accepted-tokens-per-second", help="Assumed prompt speed for budgets only when the engine's speed could not be measured."),
@@ -74,7 +77,7 @@ def register(app: typer.Typer) -> None:
             endpoints=tuple(endpoint or ()), entry=entry, engine=engine, model=model, context_length=context_length,
             logs=tuple(log or ()), api_key_env=api_key_env, api_key_file=api_key_file, headers=tuple(header or ()),
             secret_headers=tuple(secret_header or ()), client_cert=client_cert, client_key=client_key, ca_bundle=ca_bundle, capacity_only=capacity_only, skips=tuple(skip or ()), reasons=tuple(reason or ()),
-            timeout=timeout, deadline=deadline, concurrency=concurrency, accepted_tps=accepted_tps, advisories=tuple(advisories or ()),
+            timeout=timeout, deadline=deadline, max_context_equivalents=max_context_equivalents, concurrency=concurrency, accepted_tps=accepted_tps, advisories=tuple(advisories or ()),
             tenant_a_key_env=tenant_a_key_env, tenant_b_key_env=tenant_b_key_env, tenant_header=tenant_header,
             allow_disruptive=allow_disruptive,
         )
@@ -91,6 +94,11 @@ def register(app: typer.Typer) -> None:
         elif not endpoint:
             raise ConfigError("no --endpoint given; pass the URL of every prefill, decode or unified engine, or --boot SPEC.yaml")
         plan = build_plan(args, booted=spec is not None)
+        if no_calibrate and not plan_only:
+            raise ConfigError("--no-calibrate only makes sense with --plan")
+        if plan_only:
+            _print_plan(plan, spec, measure=not no_calibrate, fmt=fmt, output=output, unwanted=(record, subject, unsigned))
+            return
         out = build_output(fmt=fmt, output=output, record=record, sign_key=sign_key, subjects=tuple(subject or ()),
                            unsigned=unsigned, command_line=tuple(sys.argv), reads_files=bool(plan.logs) or spec is not None)
         preflight.validate(plan)
@@ -121,3 +129,26 @@ def _run(plan: CheckPlan, spec: DeploymentSpec | None, log_dir: Path | None,
     folder = log_dir or Path(tempfile.mkdtemp(prefix=f"kvpreflight-{spec.deployment}-"))
     booted = preflight.run_booted(spec, plan, log_dir=folder, progress=say)
     return booted.report, booted.files_read
+
+
+def _print_plan(plan: CheckPlan, spec: DeploymentSpec | None, *, measure: bool, fmt: str | None, output: Path | None,
+                unwanted: tuple[object, ...]) -> None:
+    """`check --plan`: print what the check would send; exit 0, or 2 for a plan over its limit."""
+    import json
+
+    from kvpreflight import preflight
+    from kvpreflight.errors import ConfigError
+    from kvpreflight.formats import write_text
+    from kvpreflight.probeplan import render, to_dict
+    from kvpreflight.redact import Redactor
+
+    if spec is not None:
+        raise ConfigError("--plan reads running engines; drop --boot (boot the deployment, then --plan its endpoints)")
+    if any(unwanted):
+        raise ConfigError("--plan writes no record; drop --record, --subject and --unsigned")
+    if fmt not in (None, "table", "json"):
+        raise ConfigError(f"--plan prints a table or JSON, not --format {fmt}")
+    scrub = Redactor(plan.auth.secrets).text
+    previews = preflight.preview(plan, measure=measure, progress=lambda message: progress(scrub(message)))
+    text = json.dumps(to_dict(previews), indent=2) + "\n" if fmt == "json" else render(previews)
+    write_text(scrub(text), output)

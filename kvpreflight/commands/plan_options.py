@@ -35,6 +35,7 @@ class CheckArgs:
     reasons: tuple[str, ...] = ()
     timeout: float = 30.0
     deadline: float | None = None
+    max_context_equivalents: float | None = None
     concurrency: int | None = None
     accepted_tps: float | None = None
     advisories: tuple[Path, ...] = ()
@@ -58,6 +59,7 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
     if args.engine != "auto" and args.engine not in ENGINES:
         raise ConfigError(f"--engine {args.engine!r}: choose auto or one of {', '.join(ENGINES)}")
     for flag, value in (("--context-length", args.context_length), ("--timeout", args.timeout), ("--deadline", args.deadline),
+                        ("--max-context-equivalents", args.max_context_equivalents),
                         ("--concurrency", args.concurrency), ("--accepted-tokens-per-second", args.accepted_tps)):
         with naming(flag):
             t.positive(value)
@@ -126,7 +128,7 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
                              client_cert=str(args.client_cert) if args.client_cert else None,
                              client_key=str(args.client_key) if args.client_key else None,
                              tenant_headers=tenant_headers, tenant_binding=binding, secrets=all_secrets),
-        capacity_only=args.capacity_only, timeout_s=args.timeout, deadline_s=args.deadline, concurrency=args.concurrency,
+        capacity_only=args.capacity_only, timeout_s=args.timeout, deadline_s=args.deadline, max_context_equivalents=args.max_context_equivalents, concurrency=args.concurrency,
         accepted_tokens_per_second=args.accepted_tps, allow_disruptive=args.allow_disruptive, waivers=waivers,
         advisory_dirs=args.advisories, booted=booted,
     )

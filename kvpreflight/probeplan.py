@@ -1,0 +1,118 @@
+"""What a check will send, before it sends it: per probe run (one entry and the engines behind it)
+the requests with their sizes, what they cost in context-equivalents, and how long they should
+take at the engine's measured speed. `check --plan` prints it; `--max-context-equivalents` refuses
+a plan above a limit before any request (exit 2)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from kvpreflight.errors import ConfigError
+from kvpreflight.probes.budget import PlannedRequest, Speed
+from kvpreflight.probes.results import Expect, Limits
+
+
+class PlanTooCostly(ConfigError):
+    """The plan asks more of the engines than --max-context-equivalents allows."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupPlan:
+    entry: str | None
+    engines: tuple[str, ...]
+    limits: Limits | None = None
+    requests: tuple[PlannedRequest, ...] = ()
+    not_probed: str | None = None  # why this group gets no probe request
+
+    @property
+    def submitted_tokens(self) -> int:
+        return sum(p.prompt_tokens * p.concurrent for p in self.requests)
+
+    @property
+    def accepted_tokens(self) -> int:
+        """Prompt tokens of the requests that must be served: what an honest engine that refuses
+        before prefill computes at most (less what its prefix cache holds)."""
+        return sum(p.prompt_tokens * p.concurrent for p in self.requests if p.expect is Expect.ACCEPT)
+
+    def equivalents(self, tokens: int) -> float:
+        return tokens / self.limits.served_context if self.limits else 0.0
+
+    def refuse_above(self, limit: float | None) -> None:
+        if limit is not None and self.equivalents(self.submitted_tokens) > limit:
+            raise PlanTooCostly(
+                f"the probes for {self.entry} would submit {self.submitted_tokens:,} prompt tokens = "
+                f"{self.equivalents(self.submitted_tokens):.1f} context-equivalents, above --max-context-equivalents "
+                f"{limit:g}; nothing was sent (raise the limit, or use --capacity-only)")
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupPreview:
+    plan: GroupPlan
+    speed: Speed | None = None
+    estimate_s: float | None = None
+    calibration: str = ""  # what was sent to measure the speed, or why nothing was
+
+
+def to_dict(previews: list[GroupPreview]) -> dict[str, Any]:
+    """`check --plan --format json`."""
+    groups = []
+    for preview in previews:
+        plan = preview.plan
+        groups.append({
+            "entry": plan.entry, "engines": list(plan.engines), "not_probed": plan.not_probed,
+            "limits": None if plan.limits is None else {"served_context": plan.limits.served_context,
+                                                        "pool_tokens": plan.limits.pool_tokens,
+                                                        "max_accepted": plan.limits.max_accepted},
+            "requests": [{"probe": p.name, "prompt_tokens": p.prompt_tokens, "max_tokens": p.max_tokens,
+                          "count": p.concurrent, "expect": p.expect.value} for p in _grouped(plan.requests)],
+            "prompt_tokens_submitted": plan.submitted_tokens,
+            "context_equivalents_submitted": round(plan.equivalents(plan.submitted_tokens), 2),
+            "accepted_prompt_tokens": plan.accepted_tokens,
+            "context_equivalents_accepted": round(plan.equivalents(plan.accepted_tokens), 2),
+            "calibration": preview.calibration,
+            "speed": None if preview.speed is None else preview.speed.describe(),
+            "expected_duration_s": None if preview.estimate_s is None else round(preview.estimate_s, 1),
+        })
+    return {"plan": groups}
+
+
+def render(previews: list[GroupPreview]) -> str:
+    """The plan as text: one block per probe run."""
+    from tabulate import tabulate
+
+    out = []
+    for preview in previews:
+        plan = preview.plan
+        out.append(f"Probe run through {plan.entry or '(no entry)'} ({', '.join(plan.engines)})")
+        if plan.not_probed or plan.limits is None:
+            out.append(f"  no probe request: {plan.not_probed}")
+            continue
+        lim = plan.limits
+        pool = f", pool {lim.pool_tokens:,}" if lim.pool_tokens is not None else ""
+        out.append(f"  limits: context {lim.served_context:,}{pool}, longest accepted prompt {lim.max_accepted:,}")
+        rows = [[p.name, f"{p.prompt_tokens:,}", p.max_tokens, p.concurrent, p.expect.value] for p in _grouped(plan.requests)]
+        table = tabulate(rows, headers=["probe", "prompt tokens", "max_tokens", "x", "must be"], tablefmt="simple")
+        out.append("\n".join("  " + line for line in table.splitlines()))
+        count = sum(p.concurrent for p in plan.requests)
+        out.append(f"  {count} requests; {plan.submitted_tokens:,} prompt tokens submitted = "
+                   f"{plan.equivalents(plan.submitted_tokens):.1f} context-equivalents; at most {plan.accepted_tokens:,} "
+                   f"prefilled by an engine that refuses before prefill = {plan.equivalents(plan.accepted_tokens):.1f}")
+        out.append(f"  calibration: {preview.calibration}")
+        if preview.estimate_s is None or preview.speed is None:
+            out.append("  expected duration: unknown (no speed measured)")
+        else:
+            out.append(f"  expected duration: about {preview.estimate_s:.0f} s at {preview.speed.describe()}")
+    return "\n".join(out) + "\n"
+
+
+def _grouped(requests: tuple[PlannedRequest, ...]) -> list[PlannedRequest]:
+    """Consecutive identical requests as one row with their count."""
+    rows: list[PlannedRequest] = []
+    for p in requests:
+        last = rows[-1] if rows else None
+        if last and (last.name, last.prompt_tokens, last.max_tokens, last.expect) == (p.name, p.prompt_tokens, p.max_tokens, p.expect):
+            rows[-1] = PlannedRequest(p.name, p.prompt_tokens, p.max_tokens, p.expect, last.concurrent + p.concurrent)
+        else:
+            rows.append(p)
+    return rows
