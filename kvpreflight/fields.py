@@ -17,6 +17,7 @@ from yaml.nodes import MappingNode, Node, SequenceNode
 
 from kvpreflight.errors import ConfigError, KvpreflightError
 from kvpreflight.model import Waiver
+from kvpreflight.targets import waiver_expiry
 
 ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # Nodes a YAML file may expand to, aliases counted each time they are used. Real specs,
@@ -162,7 +163,7 @@ class FieldParser:
         return name
 
     def waivers(self, raw: Any, where: str) -> tuple[Waiver, ...]:
-        """`[{id, reason}]`: each id a known check, each with a reason."""
+        """`[{id, reason, until?}]`: each id a known check, each with a reason, `until` its last day."""
         from kvpreflight.checks import CHECK_IDS
 
         if raw is None:
@@ -172,13 +173,20 @@ class FieldParser:
         out = []
         for i, item in enumerate(raw):
             at = f"{where}[{i}]"
-            self.mapping(item, ("id", "reason"), at, "a mapping with id and reason")
+            self.mapping(item, ("id", "reason", "until"), at, "a mapping with id, reason and optionally until")
             if item.get("id") not in CHECK_IDS:
                 raise self.error(f"{at}.id", f"expected one of {', '.join(CHECK_IDS)}, got {describe(item.get('id'))}")
             reason = item.get("reason")
             if not isinstance(reason, str) or not reason.strip():
                 raise self.error(f"{at}.reason", "a skipped check needs a reason (it goes into the record)")
-            out.append(Waiver(item["id"], reason.strip()))
+            until = item.get("until")
+            if until is not None:
+                until = str(until)  # YAML reads 2026-12-31 as a date
+                try:
+                    until = waiver_expiry(until)
+                except ConfigError:
+                    raise self.error(f"{at}.until", f"expected the waiver's last day as YYYY-MM-DD, got {describe(until)}") from None
+            out.append(Waiver(item["id"], reason.strip(), until))
         return tuple(out)
 
     def subjects(self, value: Any, where: str) -> tuple[str, ...]:

@@ -174,6 +174,7 @@ class Completion:
 class Waiver:
     check_id: str
     reason: str
+    until: str | None = None  # YYYY-MM-DD: after this day `verify` refuses a record that carries it
 
 
 @dataclass(frozen=True)

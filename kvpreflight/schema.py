@@ -72,7 +72,7 @@ def check_to_dict(c: CheckResult) -> dict[str, Any]:
 
 
 def waiver_to_dict(w: Waiver) -> dict[str, str]:
-    return {"check_id": w.check_id, "reason": w.reason}
+    return {"check_id": w.check_id, "reason": w.reason, **({"until": w.until} if w.until else {})}
 
 
 def report_to_dict(report: Report) -> dict[str, Any]:
@@ -215,7 +215,7 @@ def report_from_dict(data: Any) -> Report:
     for i, w in enumerate(_items(d, "waivers", "")):
         w = _mapping(w, f"waivers[{i}]")
         waivers.append(Waiver(_get(w, "check_id", str, f"waivers[{i}].", required=True),
-                              _get(w, "reason", str, f"waivers[{i}].") or ""))
+                              _get(w, "reason", str, f"waivers[{i}].") or "", _get(w, "until", str, f"waivers[{i}].")))
     return Report(
         tool_version=str(tool_info.get("version") or ""),
         engines=tuple(engine_from_dict(e, f"engines[{i}]") for i, e in enumerate(_items(d, "engines", ""))),

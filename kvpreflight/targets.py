@@ -147,12 +147,26 @@ def tenant_auth(a_key: str | None, b_key: str | None, header_name: str | None,
     return (a, b), (" and ".join(binding) or None)
 
 
-def parse_waiver(check_id: str, reason: str, known_ids: Sequence[str]) -> Waiver:
+def parse_waiver(check_id: str, reason: str, known_ids: Sequence[str], until: str | None = None) -> Waiver:
     if check_id not in known_ids:
         raise ConfigError(f"{check_id!r}: no such check; ids are {', '.join(known_ids)}")
     if not reason.strip():
         raise ConfigError(f"{check_id}: a waived check needs a reason (it goes into the report and record)")
-    return Waiver(check_id, reason.strip())
+    return Waiver(check_id, reason.strip(), waiver_expiry(until) if until is not None else None)
+
+
+def waiver_expiry(text: str) -> str:
+    """YYYY-MM-DD, a real day (the waiver holds through it)."""
+    import datetime
+
+    try:
+        return datetime.date.fromisoformat(text.strip()).isoformat() if len(text.strip()) == 10 else _bad_day(text)
+    except ValueError:
+        return _bad_day(text)
+
+
+def _bad_day(text: str) -> str:
+    raise ConfigError(f"{text[:40]!r} is not a day; give the waiver's last day as YYYY-MM-DD")
 
 
 def positive(value: float | int | None) -> None:

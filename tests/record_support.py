@@ -42,17 +42,18 @@ def sample_report(*, failing: bool = False) -> Report:
         pool_readings=(PoolReading("log:KV Cache is allocated", Origin.ALLOCATOR, 150000, rank="dp0"),),
     )
     checks = (
-        CheckResult("kv.pool_holds_context", Status.PASS, "pool 139264 tokens >= context 131072",
+        CheckResult("kv-capacity", Status.PASS, "pool 139264 tokens >= context 131072",
                     endpoint=prefill.url, evidence={"pool_tokens": 139264, "context": 131072}),
-        CheckResult("reject.over_capacity", Status.FAIL if failing else Status.PASS,
+        CheckResult("overcapacity-rejected", Status.FAIL if failing else Status.PASS,
                     "over-capacity request got HTTP 200" if failing else "over-capacity request got HTTP 400",
                     endpoint=decode.url, evidence={"http_status": 200 if failing else 400,
                                                    "response_text": "fluent text from another tenant"}),
-        CheckResult("throughput.note", Status.WARN, "no throughput baseline"),
+        CheckResult("tenant-isolation", Status.PASS, "no canary crossed"),
+        CheckResult("engine-advisories", Status.WARN, "no throughput baseline"),
     )
     return Report(
         tool_version="0.1.0", engines=(prefill, decode), checks=checks,
-        waivers=(Waiver("throughput.note", "baseline lands next sprint"),),
+        waivers=(Waiver("engine-advisories", "baseline lands next sprint"),),
         context_length_promised=131072, entry="http://router:8000",
         started_at="2026-01-01T00:00:00Z", finished_at="2026-01-01T00:01:00Z",
     )
@@ -65,8 +66,8 @@ def make_keys(directory: Path, algorithm: str = "ecdsa-p256"):
 
 
 def write_signed(path: Path, key, *, failing: bool = False, now: datetime | None = None,
-                 subjects=(APP,), command_line=("kvpreflight", "check")) -> dict:
-    statement = build_statement(sample_report(failing=failing), command_line=list(command_line),
+                 subjects=(APP,), command_line=("kvpreflight", "check"), report: Report | None = None) -> dict:
+    statement = build_statement(report or sample_report(failing=failing), command_line=list(command_line),
                                 subjects=list(subjects), now=now)
     envelope = sign_statement(statement, key)
     write_record(path, envelope)

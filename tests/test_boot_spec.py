@@ -133,6 +133,8 @@ def test_entry_may_be_a_url():
     (spec(checks={"skip": [{"id": "isolation.cancel", "reason": "r"}]}), "d.yaml: checks.skip[0].id: expected one of kv-capacity"),
     (spec(checks={"boundary": {"n": 3}}), "d.yaml: checks.boundary: unknown key (expected one of: skip)"),
     (spec(checks={"skip": "all"}), "d.yaml: checks.skip: expected a list of {id, reason}, got 'all'"),
+    (spec(checks={"skip": [{"id": "kv-capacity", "reason": "r", "until": "soon"}]}),
+     "d.yaml: checks.skip[0].until: expected the waiver's last day as YYYY-MM-DD, got 'soon'"),
 ])
 def test_bad_spec_is_one_line_naming_the_field(data, message):
     with pytest.raises(BootError) as caught:
@@ -167,3 +169,11 @@ def test_file_errors(tmp_path):
     with pytest.raises(BootError, match=r"bad.yaml: not valid YAML \(line 4, column \d+\): ") as caught:
         load_spec(bad)
     assert "\n" not in str(caught.value)
+
+
+def test_a_waiver_expiry_in_a_spec_is_kept_as_a_day():
+    import datetime
+
+    parsed = parse_spec(spec(checks={"skip": [{"id": "kv-capacity", "reason": "r", "until": datetime.date(2026, 12, 31)}]}),
+                        source="d.yaml")
+    assert [(w.check_id, w.until) for w in parsed.checks.skip] == [("kv-capacity", "2026-12-31")]

@@ -65,9 +65,9 @@ def test_statement_shape_and_predicate_content(tmp_path):
     assert prefill["kv_pool_sources"] == {"log:KV Cache is allocated": 140000, "/server_info max_total_num_tokens": 139264}
     assert p["engines"][1]["kv_pool_sources"] == {"log:KV Cache is allocated [dp0]": 150000}
     assert [(c["id"], c["status"]) for c in p["checks"]] == [
-        ("kv.pool_holds_context", "pass"), ("reject.over_capacity", "pass"), ("throughput.note", "warn")]
+        ("kv-capacity", "pass"), ("overcapacity-rejected", "pass"), ("tenant-isolation", "pass"), ("engine-advisories", "warn")]
     assert p["checks"][0]["evidence"] == {"pool_tokens": 139264, "context": 131072}
-    assert p["waivers"] == [{"check_id": "throughput.note", "reason": "baseline lands next sprint"}]
+    assert p["waivers"] == [{"check_id": "engine-advisories", "reason": "baseline lands next sprint"}]
     assert p["verdict"] == "pass" and p["exit_code"] == 0
     assert p["gpus"] == [] and p["gpu_summary"] == "no NVIDIA GPU/driver visible"
 

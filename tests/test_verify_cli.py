@@ -6,12 +6,14 @@ import base64
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
 from record_support import APP, APP_DIGEST, load, make_keys, run_cli, sample_report, write_signed
 
+from kvpreflight.model import CheckResult, Report, Status, Waiver
 from kvpreflight.record import build_statement, load_signing_key, sign_statement, unsigned_envelope, write_record
 
 SUBJECT = f"app=sha256:{APP_DIGEST}"
@@ -137,7 +139,7 @@ def test_wrong_digest_is_refused(record, keys):
 def test_failed_verdict_is_refused_unless_allow_fail(tmp_path, keys):
     path = tmp_path / "fail.json"
     write_signed(path, keys[0], failing=True)
-    assert_refused(verify(path, keys[1], "--subject", SUBJECT), "verdict is 'fail'", "reject.over_capacity")
+    assert_refused(verify(path, keys[1], "--subject", SUBJECT), "verdict is 'fail'", "overcapacity-rejected")
     ok = verify(path, keys[1], "--subject", SUBJECT, "--allow-fail")
     assert ok.returncode == 0 and "verdict    fail" in ok.stdout
 
@@ -210,3 +212,67 @@ def test_verify_never_imports_torch_or_an_engine(tmp_path, record, keys):
                                 env={"PYTHONPATH": str(poison), "PATH": "/usr/bin:/bin"})
         assert "EXIT 0 HEAVY []" in result.stdout, (argv, result.stdout, result.stderr)
     assert not (tmp_path / "imported").exists()
+
+
+# -- the gate must not accept a record that proved nothing (verify --require, waiver expiry) --------
+
+def _with(check_id: str, status: Status, message: str, *, waiver: Waiver | None = None) -> Report:
+    base = sample_report()
+    checks = tuple(
+        CheckResult(c.id, status, message, c.endpoint,
+                    {"waiver": waiver.reason} if waiver else {}) if c.id == check_id else c
+        for c in base.checks)
+    return replace(base, checks=checks, waivers=(*base.waivers, *((waiver,) if waiver else ())))
+
+
+@pytest.mark.parametrize(("status", "message", "waived", "expected"), [
+    (Status.SKIP, "--capacity-only: no request was sent (read-only mode)", False, "required check tenant-isolation is skip"),
+    (Status.INCONCLUSIVE, "model does not echo", False, "required check tenant-isolation is inconclusive"),
+    (Status.SKIP, "waived: canaries next sprint (found: fail: canary crossed)", True,
+     "required check tenant-isolation was waived (canaries next sprint)"),
+])
+def test_a_record_whose_required_check_proved_nothing_is_refused_naming_it(tmp_path, keys, status, message, waived, expected):
+    path = tmp_path / "record.dsse.json"
+    waiver = Waiver("tenant-isolation", "canaries next sprint") if waived else None
+    write_signed(path, keys[0], report=_with("tenant-isolation", status, message, waiver=waiver))
+    assert_refused(verify(path, keys[1], "--subject", SUBJECT), expected)
+    # the pipeline that knowingly accepts it says so (an inconclusive check still fails the verdict)
+    for opt_out in ("none", "kv-capacity,overcapacity-rejected"):
+        result = verify(path, keys[1], "--subject", SUBJECT, "--require", opt_out)
+        if status is Status.SKIP:
+            assert result.returncode == 0, result.stderr
+        else:
+            assert_refused(result, "verdict is 'inconclusive'")
+
+
+def test_a_required_check_absent_from_the_record_is_refused(record, keys):
+    assert_refused(verify(record, keys[1], "--subject", SUBJECT, "--require", "prompt-integrity"),
+                   "required check prompt-integrity is not in the record")
+
+
+def test_an_unknown_required_check_is_bad_input(record, keys):
+    assert_bad_input(verify(record, keys[1], "--subject", SUBJECT, "--require", "tenant-isolaton"),
+                     "--require tenant-isolaton: not a check id")
+
+
+@pytest.mark.parametrize(("days", "accepted"), [(-1, False), (0, True), (30, True)])
+def test_a_record_with_an_expired_waiver_is_refused(tmp_path, keys, days, accepted):
+    until = (datetime.now(UTC).date() + timedelta(days=days)).isoformat()
+    report = replace(sample_report(), waivers=(Waiver("engine-advisories", "baseline lands next sprint", until),))
+    path = tmp_path / "record.dsse.json"
+    write_signed(path, keys[0], report=report)
+    result = verify(path, keys[1], "--subject", SUBJECT)
+    if accepted:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert_refused(result, f"waiver of engine-advisories expired on {until}")
+
+
+@pytest.mark.parametrize(("until", "expected"), [
+    ("2026-02-30", "'2026-02-30' is not a day"),
+    ("next week", "'next week' is not a day"),
+])
+def test_check_refuses_a_waiver_expiry_that_is_not_a_day(until, expected):
+    result = run_cli("check", "--endpoint", "http://127.0.0.1:9", "--skip", "tenant-isolation", "--reason", "r",
+                     "--until", until)
+    assert_bad_input(result, expected)

@@ -51,6 +51,7 @@ def register(app: typer.Typer) -> None:
         allow_disruptive: bool = typer.Option(False, "--allow-disruptive", help="Also run the isolation scenarios that churn the engine (client disconnects, load near the pool) against a live deployment."),
         skip: list[str] | None = typer.Option(None, "--skip", help="Waive a check id; needs a matching --reason. Repeatable."),
         reason: list[str] | None = typer.Option(None, "--reason", help="Why the matching --skip is waived (kept in the report and record)."),
+        until: list[str] | None = typer.Option(None, "--until", help="YYYY-MM-DD: the matching --skip's last day; `verify` refuses a record whose waiver expired."),
         fmt: str | None = typer.Option(None, "--format", help=f"{FORMAT_HELP} (default: table)."),
         output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
         timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for a rejection or a short request; accepted long prompts get more, from the engine's measured speed."),
@@ -76,7 +77,7 @@ def register(app: typer.Typer) -> None:
         args = CheckArgs(
             endpoints=tuple(endpoint or ()), entry=entry, engine=engine, model=model, context_length=context_length,
             logs=tuple(log or ()), api_key_env=api_key_env, api_key_file=api_key_file, headers=tuple(header or ()),
-            secret_headers=tuple(secret_header or ()), client_cert=client_cert, client_key=client_key, ca_bundle=ca_bundle, capacity_only=capacity_only, skips=tuple(skip or ()), reasons=tuple(reason or ()),
+            secret_headers=tuple(secret_header or ()), client_cert=client_cert, client_key=client_key, ca_bundle=ca_bundle, capacity_only=capacity_only, skips=tuple(skip or ()), reasons=tuple(reason or ()), untils=tuple(until or ()),
             timeout=timeout, deadline=deadline, max_context_equivalents=max_context_equivalents, concurrency=concurrency, accepted_tps=accepted_tps, advisories=tuple(advisories or ()),
             tenant_a_key_env=tenant_a_key_env, tenant_b_key_env=tenant_b_key_env, tenant_header=tenant_header,
             allow_disruptive=allow_disruptive,

@@ -33,6 +33,7 @@ class CheckArgs:
     capacity_only: bool = False
     skips: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
+    untils: tuple[str, ...] = ()
     timeout: float = 30.0
     deadline: float | None = None
     max_context_equivalents: float | None = None
@@ -116,8 +117,11 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
             key_names=(f"${args.tenant_a_key_env}", f"${args.tenant_b_key_env}"))
     if len(args.skips) != len(args.reasons):
         raise ConfigError("every --skip CHECK_ID needs its own --reason TEXT (no reason, no skip)")
+    if args.untils and len(args.untils) != len(args.skips):
+        raise ConfigError("--until DATE goes with each --skip (one per --skip, in the same order), or with none")
+    untils: tuple[str | None, ...] = args.untils or (None,) * len(args.skips)
     with naming("--skip"):
-        waivers = tuple(t.parse_waiver(c, r, CHECK_IDS) for c, r in zip(args.skips, args.reasons, strict=True))
+        waivers = tuple(t.parse_waiver(c, r, CHECK_IDS, u) for c, r, u in zip(args.skips, args.reasons, untils, strict=True))
     from kvpreflight.redact import secrets_of
 
     all_secrets = secrets_of(values=secrets, headers=[*headers.items(), *tenant_headers[0].items(), *tenant_headers[1].items()],

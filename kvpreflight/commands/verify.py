@@ -17,6 +17,7 @@ def register(app: typer.Typer) -> None:
         allow_fail: bool = typer.Option(False, "--allow-fail", help="Check authenticity, subjects and age only; accept any verdict."),
         require_pass: bool = typer.Option(False, "--require-pass", help="Require the verdict pass (the default; for explicit pipelines)."),
         any_subject: bool = typer.Option(False, "--any-subject", help="Accept a record without naming a --subject."),
+        require: list[str] | None = typer.Option(None, "--require", help="A check id that must have run and decided (not skip, waived or inconclusive). Repeatable; default kv-capacity, overcapacity-rejected, tenant-isolation; 'none' requires nothing."),
         deep: Path | None = typer.Option(None, "--deep", help="RECORD is a fleet record: also verify every deployment record it names, found in this folder, by digest, key and the same policy."),
     ) -> None:
         """Exit 0 only if RECORD is signed by --key, names every --subject with its digest, is younger than --max-age and passed.
@@ -28,6 +29,7 @@ def register(app: typer.Typer) -> None:
             RecordError,
             load_public_key,
             parse_duration,
+            parse_required,
             parse_subjects,
             read_record,
             summary,
@@ -41,6 +43,7 @@ def register(app: typer.Typer) -> None:
             any_subject=any_subject,
             max_age=parse_duration(max_age),
             allow_fail=allow_fail,
+            required=parse_required(require),
         )
         public = load_public_key(key)
         envelope = read_record(record)

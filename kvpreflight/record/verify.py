@@ -25,6 +25,8 @@ from kvpreflight.record.predicate import FLEET_PREDICATE_TYPE, PREDICATE_TYPE
 from kvpreflight.record.statement import STATEMENT_TYPE, Subject
 
 DEFAULT_MAX_AGE = "24h"
+# A release must have proved these, not skipped, waived or failed to measure them (verify --require).
+DEFAULT_REQUIRED = ("kv-capacity", "overcapacity-rejected", "tenant-isolation")
 # A fleet record's subjects name each deployment's record file with this prefix.
 RECORD_SUBJECT_PREFIX = "record:"
 FUTURE_SKEW = timedelta(minutes=5)
@@ -37,6 +39,21 @@ def parse_duration(text: str) -> timedelta:
     if match is None or int(match.group(1)) == 0:
         raise RecordError(f"--max-age {text!r} is not a duration; use a positive number with a unit s, m, h or d, e.g. --max-age 24h")
     return timedelta(seconds=int(match.group(1)) * _UNITS[match.group(2)])
+
+
+def parse_required(values: list[str] | None) -> tuple[str, ...]:
+    """--require values: check ids (repeatable or comma-separated), or `none`; none given: the default."""
+    from kvpreflight.checks import CHECK_IDS
+
+    if not values:
+        return DEFAULT_REQUIRED
+    ids = [part.strip() for value in values for part in value.split(",") if part.strip()]
+    if ids == ["none"]:
+        return ()
+    unknown = [i for i in ids if i not in CHECK_IDS]
+    if unknown or not ids:
+        raise RecordError(f"--require {', '.join(unknown) or values}: not a check id; use one of {', '.join(CHECK_IDS)}, or none")
+    return tuple(dict.fromkeys(ids))
 
 
 def format_duration(delta: timedelta) -> str:
@@ -60,6 +77,7 @@ class Policy:
     any_subject: bool = False
     max_age: timedelta = timedelta(hours=24)
     allow_fail: bool = False
+    required: tuple[str, ...] = DEFAULT_REQUIRED  # check ids that must have run and decided (none under allow_fail)
 
     def __post_init__(self) -> None:
         if not self.subjects and not self.any_subject:
@@ -173,10 +191,49 @@ def verify_envelope(envelope: Envelope, key: PublicKey, policy: Policy, *, now: 
             detail = f" (deployments: {', '.join(map(str, failed))})" if failed else ""
         problems.append(f"verdict is {verdict.value!r}, not 'pass'{detail}; pass --allow-fail to check authenticity only")
 
+    if statement["predicateType"] == PREDICATE_TYPE and not policy.allow_fail:
+        problems += _unproved(predicate, policy.required)
+    problems += _expired_waivers(predicate, now)
+
     if problems or moment is None or verdict is None:
         raise refusal("; ".join(problems))
     return VerifiedRecord(keyid=keyid, time=moment, verdict=verdict, subjects=recorded, predicate=predicate,
                           predicate_type=statement["predicateType"])
+
+
+def _unproved(predicate: Mapping[str, Any], required: tuple[str, ...]) -> list[str]:
+    """A required check that is absent, skipped, waived or inconclusive proved nothing: a record
+    of a --capacity-only run or a waived isolation check must not pass the gate."""
+    checks = [c for c in predicate.get("checks") or [] if isinstance(c, dict)]
+    out = []
+    for check_id in required:
+        found = [c for c in checks if c.get("id") == check_id]
+        if not found:
+            out.append(f"required check {check_id} is not in the record")
+            continue
+        for c in found:
+            status = c.get("status")
+            raw = c.get("evidence")
+            evidence: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
+            if evidence.get("waiver") is not None:
+                out.append(f"required check {check_id} was waived ({evidence.get('waiver')})")
+            elif status in (Status.SKIP.value, Status.INCONCLUSIVE.value):
+                where = f" at {c.get('endpoint')}" if c.get("endpoint") else ""
+                out.append(f"required check {check_id} is {status}{where}: {c.get('message')}")
+    return out
+
+
+def _expired_waivers(predicate: Mapping[str, Any], now: datetime) -> list[str]:
+    out = []
+    for w in predicate.get("waivers") or []:
+        if not isinstance(w, dict) or w.get("until") is None:
+            continue
+        until = _parse_time(f"{w['until']}T23:59:59Z") if isinstance(w["until"], str) else None
+        if until is None:
+            out.append(f"waiver of {w.get('check_id')} has an unreadable expiry {w['until']!r}")
+        elif until < now:
+            out.append(f"waiver of {w.get('check_id')} expired on {w['until']} ({w.get('reason')}); fix the check or renew the waiver")
+    return out
 
 
 def summary(record: VerifiedRecord, *, path: str, now: datetime | None = None) -> str:
