@@ -39,6 +39,21 @@ def test_parse_subject_rejects_anything_else_with_usage(text, fragment):
     assert info.value.exit_code == 2
 
 
+def identity_digest(engine: dict) -> str:
+    """What an engine subject digests, recomputed here: kind, version, model, launch settings."""
+    identity = {k: engine.get(k) for k in ("engine", "version", "model", "settings")}
+    return hashlib.sha256(json.dumps(identity, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def test_an_engine_subject_changes_with_what_ran():
+    base = sample_report()
+    other = replace(base, engines=(replace(base.engines[0], version="0.5.20"), base.engines[1]))
+    first, second = (build_statement(r, command_line=["kvpreflight"], subjects=[APP]) for r in (base, other))
+    digests = [{s["name"]: s["digest"]["sha256"] for s in st["subject"]} for st in (first, second)]
+    assert digests[0]["engine:http://prefill-0:30000"] != digests[1]["engine:http://prefill-0:30000"]
+    assert digests[0]["engine:http://decode-0:30001"] == digests[1]["engine:http://decode-0:30001"]
+
+
 def test_statement_shape_and_predicate_content(tmp_path):
     config = tmp_path / "boot.yaml"
     config.write_text("engines: []\n")
@@ -52,6 +67,7 @@ def test_statement_shape_and_predicate_content(tmp_path):
         {"name": "app", "digest": {"sha256": APP_DIGEST}},
         {"name": f"file:{config}", "digest": {"sha256": hashlib.sha256(b"engines: []\n").hexdigest()}},
         {"name": f"file:{log}", "digest": {"sha256": hashlib.sha256(log.read_bytes()).hexdigest()}},
+        *({"name": f"engine:{e['url']}", "digest": {"sha256": identity_digest(e)}} for e in st["predicate"]["engines"]),
     ]
     p = st["predicate"]
     assert p["schema_version"] == 2 and p["tool"] == {"name": "kvpreflight", "version": "0.1.0"}

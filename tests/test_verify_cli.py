@@ -128,7 +128,7 @@ def test_record_from_the_future_is_refused(tmp_path, keys):
 
 def test_missing_subject_is_refused(record, keys):
     assert_refused(verify(record, keys[1], "--subject", SUBJECT, "--subject", "other=sha256:" + "0" * 64),
-                   "subject other is not in the record (it names: app)")
+                   "subject other is not in the record (it names: app, engine:http://decode-0:30001, engine:http://prefill-0:30000)")
 
 
 def test_wrong_digest_is_refused(record, keys):
@@ -276,3 +276,17 @@ def test_check_refuses_a_waiver_expiry_that_is_not_a_day(until, expected):
     result = run_cli("check", "--endpoint", "http://127.0.0.1:9", "--skip", "tenant-isolation", "--reason", "r",
                      "--until", until)
     assert_bad_input(result, expected)
+
+
+@pytest.mark.parametrize(("flags", "refusal"), [
+    (("--expect-model", "tiny-llama"), None),
+    (("--expect-engine-version", "0.4.9"), None),
+    (("--expect-model", "llama-70b"), "engine http://prefill-0:30000 reported model 'tiny-llama', not 'llama-70b' (--expect-model)"),
+    (("--expect-engine-version", "0.5.20"), "engine http://decode-0:30001 reported version '0.4.9', not '0.5.20' (--expect-engine-version)"),
+])
+def test_a_record_from_another_model_or_engine_version_is_refused(record, keys, flags, refusal):
+    result = verify(record, keys[1], "--subject", SUBJECT, *flags)
+    if refusal is None:
+        assert result.returncode == 0, result.stderr
+    else:
+        assert_refused(result, refusal)

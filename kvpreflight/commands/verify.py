@@ -18,6 +18,8 @@ def register(app: typer.Typer) -> None:
         require_pass: bool = typer.Option(False, "--require-pass", help="Require the verdict pass (the default; for explicit pipelines)."),
         any_subject: bool = typer.Option(False, "--any-subject", help="Accept a record without naming a --subject."),
         require: list[str] | None = typer.Option(None, "--require", help="A check id that must have run and decided (not skip, waived or inconclusive). Repeatable; default kv-capacity, overcapacity-rejected, tenant-isolation; 'none' requires nothing."),
+        expect_model: str | None = typer.Option(None, "--expect-model", help="Refuse the record unless every engine in it reported serving this model."),
+        expect_engine_version: str | None = typer.Option(None, "--expect-engine-version", help="Refuse the record unless every engine in it reported this version."),
         deep: Path | None = typer.Option(None, "--deep", help="RECORD is a fleet record: also verify every deployment record it names, found in this folder, by digest, key and the same policy."),
     ) -> None:
         """Exit 0 only if RECORD is signed by --key, names every --subject with its digest, is younger than --max-age and passed.
@@ -44,6 +46,8 @@ def register(app: typer.Typer) -> None:
             max_age=parse_duration(max_age),
             allow_fail=allow_fail,
             required=parse_required(require),
+            expect_model=expect_model,
+            expect_engine_version=expect_engine_version,
         )
         public = load_public_key(key)
         envelope = read_record(record)

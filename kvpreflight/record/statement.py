@@ -9,6 +9,7 @@ whole predicate. The predicate never holds response text (see `ReleasePredicate.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 from collections.abc import Iterable, Sequence
@@ -90,18 +91,30 @@ def statement(predicate: Predicate, *, subjects: Sequence[Subject], command_line
     dropped. Then every secret (`secrets`, the dropped values, the values of secret-named
     environment variables) and every URL credential is removed from the whole predicate.
     """
-    all_subjects = _merge_subjects(subjects)
-    if not all_subjects:
+    if not subjects:
         raise RecordError("a record needs at least one subject; pass --subject NAME=sha256:HEX for the artifact being released")
     argv, dropped = redact_command_line(command_line)
     guessed = [s for s in [*dropped, *env_secrets()] if len(s) >= MIN_INFERRED_SECRET_CHARS]
-    body = replace(predicate, command_line=tuple(argv)).to_dict()
+    body = Redactor([*secrets, *guessed]).value(replace(predicate, command_line=tuple(argv)).to_dict())
+    engines = [e for e in body.get("engines") or [] if isinstance(e, dict) and isinstance(e.get("url"), str)]
+    all_subjects = _merge_subjects([*subjects, *(engine_subject(e) for e in engines)])
     return {
         "_type": STATEMENT_TYPE,
         "subject": [s.to_dict() for s in all_subjects],
         "predicateType": predicate.predicate_type,
-        "predicate": Redactor([*secrets, *guessed]).value(body),
+        "predicate": body,
     }
+
+
+ENGINE_IDENTITY = ("engine", "version", "model", "settings")
+
+
+def engine_subject(engine: dict[str, Any]) -> Subject:
+    """``engine:<url>``: the digest of what the engine said it is (kind, version, model and its
+    launch settings, secrets already removed), so a record binds to what really ran."""
+    identity = {key: engine.get(key) for key in ENGINE_IDENTITY}
+    canonical = json.dumps(identity, sort_keys=True, separators=(",", ":"), default=str)
+    return Subject(name=f"engine:{engine['url']}", sha256=hashlib.sha256(canonical.encode()).hexdigest())
 
 
 def build_statement(

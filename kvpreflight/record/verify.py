@@ -78,6 +78,8 @@ class Policy:
     max_age: timedelta = timedelta(hours=24)
     allow_fail: bool = False
     required: tuple[str, ...] = DEFAULT_REQUIRED  # check ids that must have run and decided (none under allow_fail)
+    expect_model: str | None = None  # every engine must report serving this model
+    expect_engine_version: str | None = None  # every engine must report this version
 
     def __post_init__(self) -> None:
         if not self.subjects and not self.any_subject:
@@ -194,6 +196,8 @@ def verify_envelope(envelope: Envelope, key: PublicKey, policy: Policy, *, now: 
     if statement["predicateType"] == PREDICATE_TYPE and not policy.allow_fail:
         problems += _unproved(predicate, policy.required)
     problems += _expired_waivers(predicate, now)
+    if statement["predicateType"] == PREDICATE_TYPE:
+        problems += _engines_mismatch(predicate, policy)
 
     if problems or moment is None or verdict is None:
         raise refusal("; ".join(problems))
@@ -220,6 +224,21 @@ def _unproved(predicate: Mapping[str, Any], required: tuple[str, ...]) -> list[s
             elif status in (Status.SKIP.value, Status.INCONCLUSIVE.value):
                 where = f" at {c.get('endpoint')}" if c.get("endpoint") else ""
                 out.append(f"required check {check_id} is {status}{where}: {c.get('message')}")
+    return out
+
+
+def _engines_mismatch(predicate: Mapping[str, Any], policy: Policy) -> list[str]:
+    engines = [e for e in predicate.get("engines") or [] if isinstance(e, dict)]
+    out = []
+    for flag, key, want in (("--expect-model", "model", policy.expect_model),
+                            ("--expect-engine-version", "version", policy.expect_engine_version)):
+        if want is None:
+            continue
+        if not engines:
+            out.append(f"{flag} {want}: the record names no engine")
+        for e in engines:
+            if e.get(key) != want:
+                out.append(f"engine {e.get('url')} reported {key} {e.get(key)!r}, not {want!r} ({flag})")
     return out
 
 
