@@ -20,6 +20,7 @@ FORMATS = {
     "sarif": "kvpreflight.formats.sarif:SarifFormat",
     "github": "kvpreflight.formats.github:GithubFormat",
     "markdown": "kvpreflight.formats.markdown:MarkdownFormat",
+    "prometheus": "kvpreflight.formats.prometheus:PrometheusFormat",
 }
 
 
