@@ -1,6 +1,7 @@
 """HTTP servers that misbehave on purpose (drip bytes, never end a body, send huge bodies, stall,
 reset the connection), for the tests that bound kvpreflight's HTTP client in time and memory and
-for the misbehaving-engine suite (`fake_sglang`: an engine that is honest except where told).
+for the misbehaving-engine suite (`fake_engine`: an SGLang- or vLLM-shaped engine that is honest
+except where told).
 
 Each reads the request, then hands the socket to a behaviour, a function of (socket file, stop
 event): the same one for every request (`misbehaving_server`), or one chosen per request
@@ -10,6 +11,7 @@ behaviour ends when the client goes away or the server stops.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import json
 import socket
@@ -183,68 +185,183 @@ def fixed(body: bytes, content_type: str = "application/json", *, status: str = 
     return behave
 
 
-# -- a fake SGLang engine, honest except where a scenario says ----------------------------------
+# -- fake engines, honest except where a scenario says -------------------------------------------
 
-# What the fake engine states: a 256-token context and a pool that holds it, so SGLang's own rule
-# (max_req_input_len = min(context - 1, pool - 1) - 5) makes every prompt of 250 tokens or more
-# over the limit, and 249 the longest one accepted.
-FAKE_CONTEXT = 256
-FAKE_POOL = 1024
-FAKE_MAX_INPUT = min(FAKE_CONTEXT - 1, FAKE_POOL - 1) - 5
+FAKE_CONTEXT = 256  # the served context both fake engines state
 # kvpreflight's near-limit prompts that must be served (boundary-accept, concurrent-capacity) are
 # this close under the limit; the isolation probes' prompts leave room for a longer answer.
 AT_LIMIT_BAND = 5
-FAKE_MODEL = "fake-sglang"
+FAKE_MODEL = "fake-model"
 FAKE_TOKEN_IDS = [5, 6, 7, 8]
 RESET_AFTER_S = 0.3
 
 
+class Dialect(abc.ABC):
+    """One engine's API as the fake speaks it: discovery routes, its limit, the shapes of an
+    answer, a stream frame, an error frame and a refusal."""
+
+    name = ""
+    generate_path = ""
+    over_limit_from = 0  # the shortest prompt the engine refuses as too long
+
+    @abc.abstractmethod
+    def routes(self) -> dict[tuple[str, str], Behaviour]:
+        """The discovery routes the engine's adapter reads."""
+
+    @abc.abstractmethod
+    def read(self, body: Mapping[str, Any]) -> tuple[int, int, bool]:
+        """(prompt tokens, max new tokens, stream) of a generation request."""
+
+    @abc.abstractmethod
+    def answer(self, g: Generate, tokens: int, finish: str | None, *, error: str | None = None) -> dict[str, Any]:
+        """A whole answer with `tokens` generated; `error`: an error inside it, where the API has one (else None)."""
+
+    @abc.abstractmethod
+    def frames(self, g: Generate, tokens: int, finish: str | None) -> list[dict[str, Any]]:
+        """The stream frames of `tokens` generated tokens; `finish` ends the stream (None: it goes on)."""
+
+    def error_frame(self, message: str) -> dict[str, Any]:
+        return {"error": {"message": message, "type": "BadRequestError", "code": 400}}
+
+    @abc.abstractmethod
+    def refusal(self, g: Generate) -> dict[str, Any]:
+        """The engine's HTTP 400 body for a prompt over its limit."""
+
+    @abc.abstractmethod
+    def clamp_refusal(self, g: Generate) -> dict[str, Any]:
+        """The engine's HTTP 400 body for a prompt plus max_new_tokens over the context."""
+
+
+class Sglang(Dialect):
+    """SGLang 0.5: /server_info, /generate, cumulative frames, an abort finish inside a 200."""
+
+    name = "sglang"
+    generate_path = "/generate"
+    pool = 1024
+    # SGLang's own rule: max_req_input_len = min(context - 1, pool - 1) - 5, refused from there on.
+    over_limit_from = min(FAKE_CONTEXT - 1, pool - 1) - 5
+
+    def routes(self) -> dict[tuple[str, str], Behaviour]:
+        info = {"model_path": FAKE_MODEL, "served_model_name": FAKE_MODEL, "context_length": FAKE_CONTEXT,
+                "max_total_num_tokens": self.pool, "max_req_input_len": self.over_limit_from, "page_size": 1,
+                "allow_auto_truncate": False, "disaggregation_mode": None, "internal_states": [], "version": "0.5.23"}
+        return {("GET", "/server_info"): _json(info), ("GET", "/get_server_info"): _json(info),
+                ("GET", "/v1/models"): _json(_models("sglang"))}
+
+    def read(self, body: Mapping[str, Any]) -> tuple[int, int, bool]:
+        return len(body["input_ids"]), body["sampling_params"]["max_new_tokens"], bool(body.get("stream"))
+
+    def _meta(self, g: Generate, tokens: int, finish: Mapping[str, Any] | None) -> dict[str, Any]:
+        return {"id": "fake", "prompt_tokens": g.prompt_tokens, "completion_tokens": tokens, "cached_tokens": 0,
+                "finish_reason": None if finish is None else dict(finish)}
+
+    def answer(self, g: Generate, tokens: int, finish: str | None, *, error: str | None = None) -> dict[str, Any]:
+        reason = {"type": "abort", "message": error} if error is not None else {"type": finish, "length": tokens}
+        return {"text": "ok " * tokens, "meta_info": self._meta(g, tokens, reason)}
+
+    def frames(self, g: Generate, tokens: int, finish: str | None) -> list[dict[str, Any]]:
+        frames = [{"text": "ok " * k, "meta_info": self._meta(g, k, None)} for k in range(1, tokens + 1)]
+        if finish is not None:  # the frames are cumulative: the last one carries the finish
+            frames[-1:] = [self.answer(g, tokens, finish)]
+        return frames
+
+    def refusal(self, g: Generate) -> dict[str, Any]:
+        return {"object": "error", "message": f"The input ({g.prompt_tokens} tokens) is longer than the model's context "
+                f"length ({FAKE_CONTEXT} tokens).", "type": "BadRequestError", "code": 400}
+
+    def clamp_refusal(self, g: Generate) -> dict[str, Any]:
+        return {"object": "error", "message": f"Requested token count exceeds the model's maximum context length of "
+                f"{FAKE_CONTEXT} tokens. You requested a total of {g.prompt_tokens + g.max_new_tokens} tokens.",
+                "type": "BadRequestError", "code": 400}
+
+
+class Vllm(Dialect):
+    """vLLM 0.32: /version, /v1/completions with token-id prompts, one frame a token and a usage
+    frame last; no error inside a whole 200 answer."""
+
+    name = "vllm"
+    generate_path = "/v1/completions"
+    over_limit_from = FAKE_CONTEXT  # vLLM refuses prompt_len >= max_model_len
+
+    def routes(self) -> dict[tuple[str, str], Behaviour]:
+        return {("GET", "/version"): _json({"version": "0.32.0"}), ("GET", "/v1/models"): _json(_models("vllm"))}
+
+    def read(self, body: Mapping[str, Any]) -> tuple[int, int, bool]:
+        return len(body["prompt"]), body["max_tokens"], bool(body.get("stream"))
+
+    def _usage(self, g: Generate, tokens: int) -> dict[str, Any]:
+        return {"prompt_tokens": g.prompt_tokens, "completion_tokens": tokens, "total_tokens": g.prompt_tokens + tokens}
+
+    def answer(self, g: Generate, tokens: int, finish: str | None, *, error: str | None = None) -> dict[str, Any]:
+        return {"id": "cmpl-fake", "object": "text_completion", "model": FAKE_MODEL,
+                "choices": [{"index": 0, "text": "ok " * tokens, "finish_reason": finish}], "usage": self._usage(g, tokens)}
+
+    def frames(self, g: Generate, tokens: int, finish: str | None) -> list[dict[str, Any]]:
+        frames: list[dict[str, Any]] = [{"id": "cmpl-fake", "object": "text_completion",
+                                          "choices": [{"index": 0, "text": "ok ", "finish_reason": None}]} for _ in range(tokens)]
+        if finish is not None:
+            frames.append({"id": "cmpl-fake", "object": "text_completion",
+                           "choices": [{"index": 0, "text": "", "finish_reason": finish}]})
+            frames.append({"id": "cmpl-fake", "object": "text_completion", "choices": [], "usage": self._usage(g, tokens)})
+        return frames
+
+    def refusal(self, g: Generate) -> dict[str, Any]:
+        return {"error": {"message": f"This model's maximum context length is {FAKE_CONTEXT} tokens. However, your prompt "
+                          f"contains {g.prompt_tokens} input tokens, which exceeds this limit even without any output tokens.",
+                          "type": "BadRequestError", "param": "input_tokens", "code": 400}}
+
+    def clamp_refusal(self, g: Generate) -> dict[str, Any]:
+        return {"error": {"message": f"This model's maximum context length is {FAKE_CONTEXT} tokens. However, you requested "
+                          f"{g.max_new_tokens} output tokens and your prompt contains {g.prompt_tokens} input tokens.",
+                          "type": "BadRequestError", "param": "max_tokens", "code": 400}}
+
+
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (Sglang(), Vllm())}
+
+
 @dataclass(frozen=True)
 class Generate:
-    """One POST /generate as the fake engine read it."""
+    """One generation request as the fake engine read it."""
 
+    dialect: Dialect
     prompt_tokens: int
     max_new_tokens: int
     stream: bool
 
     @property
     def over_limit(self) -> bool:
-        return self.prompt_tokens >= FAKE_MAX_INPUT
+        return self.prompt_tokens >= self.dialect.over_limit_from
 
     @property
     def at_limit(self) -> bool:
-        return FAKE_MAX_INPUT - AT_LIMIT_BAND <= self.prompt_tokens < FAKE_MAX_INPUT
+        return self.dialect.over_limit_from - AT_LIMIT_BAND <= self.prompt_tokens < self.dialect.over_limit_from
 
 
 Answer = Callable[[Generate], Behaviour]
+
+
+def _models(owner: str) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": FAKE_MODEL, "object": "model", "owned_by": owner, "max_model_len": FAKE_CONTEXT}]}
 
 
 def _json(data: Any, status: str = "200 OK") -> Behaviour:
     return fixed(json.dumps(data).encode(), status=status)
 
 
-def _meta(g: Generate, generated: int, finish: Mapping[str, Any] | None) -> dict[str, Any]:
-    return {"id": "fake", "prompt_tokens": g.prompt_tokens, "completion_tokens": generated, "cached_tokens": 0,
-            "finish_reason": dict(finish) if finish is not None else None}
-
-
 def _frame(data: Any) -> bytes:
     return b"data: " + (data if isinstance(data, bytes) else json.dumps(data).encode()) + b"\n\n"
 
 
-def _token_frames(g: Generate, count: int) -> list[bytes]:
-    """SGLang's frames are cumulative: each carries the text and counts so far."""
-    return [_frame({"text": "ok " * k, "meta_info": _meta(g, k, None)}) for k in range(1, count + 1)]
-
-
-def _event_stream(frames: list[bytes], *, ended: bool = True) -> bytes:
+def _event_stream(frames: list[Any], *, ended: bool = True) -> bytes:
     """A 200 event stream as engines send one (uvicorn): chunked, a chunk a frame, so each frame
-    reaches the client as it is sent; unless `ended`, without the last chunk."""
-    body = b"".join(b"%x\r\n%s\r\n" % (len(frame), frame) for frame in frames)
+    reaches the client as it is sent; when `ended`, with [DONE] and the last chunk."""
+    if ended:
+        frames = [*frames, b"[DONE]"]
+    body = b"".join(b"%x\r\n%s\r\n" % (len(f), f) for f in map(_frame, frames))
     return head("text/event-stream", Transfer_Encoding="chunked") + body + (b"0\r\n\r\n" if ended else b"")
 
 
-def _streamed(frames: list[bytes]) -> Behaviour:
+def _streamed(frames: list[Any]) -> Behaviour:
     def behave(out: BufferedIOBase, stop: threading.Event) -> None:
         out.write(_event_stream(frames))
         out.flush()
@@ -252,29 +369,27 @@ def _streamed(frames: list[bytes]) -> Behaviour:
 
 
 def honest(g: Generate) -> Behaviour:
-    """What SGLang 0.5 answers: a length refusal (HTTP 400) for a prompt over its limit or a
+    """What the engine answers: a length refusal (HTTP 400) for a prompt over its limit or a
     prompt plus max_new_tokens over the context, else every token asked for."""
     if g.over_limit:
-        return _json({"object": "error", "message": f"The input ({g.prompt_tokens} tokens) is longer than the model's "
-                      f"context length ({FAKE_CONTEXT} tokens).", "type": "BadRequestError", "code": 400}, "400 Bad Request")
+        return _json(g.dialect.refusal(g), "400 Bad Request")
     if g.prompt_tokens + g.max_new_tokens > FAKE_CONTEXT:
-        return _json({"object": "error", "message": f"Requested token count exceeds the model's maximum context length of "
-                      f"{FAKE_CONTEXT} tokens. You requested a total of {g.prompt_tokens + g.max_new_tokens} tokens.",
-                      "type": "BadRequestError", "code": 400}, "400 Bad Request")
-    done = {"type": "length", "length": g.max_new_tokens}
-    if not g.stream:
-        return _json({"text": "ok " * g.max_new_tokens, "meta_info": _meta(g, g.max_new_tokens, done)})
-    last = {"text": "ok " * g.max_new_tokens, "meta_info": _meta(g, g.max_new_tokens, done)}
-    return _streamed([*_token_frames(g, g.max_new_tokens - 1), _frame(last), _frame(b"[DONE]")])
+        return _json(g.dialect.clamp_refusal(g), "400 Bad Request")
+    if g.stream:
+        return _streamed(g.dialect.frames(g, g.max_new_tokens, "length"))
+    return _json(g.dialect.answer(g, g.max_new_tokens, "length"))
 
 
 def tokens_then_error(count: int, message: str) -> Answer:
-    """`count` tokens, then an error: frames and then an error frame when streamed; a 200 whose
-    finish is an abort carrying `message` (SGLang's in-answer error) when not."""
+    """`count` tokens, then an error: token frames and an error frame when streamed; when not, a
+    200 whose finish is an abort carrying `message` (SGLang), or the honest answer where the API
+    has no error inside a whole answer (vLLM)."""
     def answer(g: Generate) -> Behaviour:
         if g.stream:
-            return _streamed([*_token_frames(g, count), _frame({"error": {"message": message}})])
-        return _json({"text": "ok " * count, "meta_info": _meta(g, count, {"type": "abort", "message": message})})
+            return _streamed([*g.dialect.frames(g, count, None), g.dialect.error_frame(message)])
+        if isinstance(g.dialect, Sglang):
+            return _json(g.dialect.answer(g, count, None, error=message))
+        return honest(g)
     return answer
 
 
@@ -283,13 +398,12 @@ def empty_ok(g: Generate) -> Behaviour:
     return fixed(b"", "text/event-stream" if g.stream else "application/json")
 
 
-def finished_without_tokens(finish: Mapping[str, Any]) -> Answer:
-    """HTTP 200, `finish` as the finish reason, zero tokens generated."""
+def finished_without_tokens(finish: str) -> Answer:
+    """HTTP 200 that finishes with `finish` (abort, length) and zero tokens generated."""
     def answer(g: Generate) -> Behaviour:
-        data = {"text": "", "meta_info": _meta(g, 0, finish)}
         if g.stream:
-            return _streamed([_frame(data), _frame(b"[DONE]")])
-        return _json(data)
+            return _streamed(g.dialect.frames(g, 0, finish))
+        return _json(g.dialect.answer(g, 0, finish))
     return answer
 
 
@@ -300,9 +414,9 @@ def cut_off(after_tokens: int, *, reset: bool) -> Answer:
     def answer(g: Generate) -> Behaviour:
         def behave(out: BufferedIOBase, stop: threading.Event) -> None:
             if g.stream:
-                out.write(_event_stream(_token_frames(g, after_tokens), ended=False))
+                out.write(_event_stream(g.dialect.frames(g, after_tokens, None), ended=False))
             else:
-                body = json.dumps({"text": "ok " * after_tokens, "meta_info": _meta(g, after_tokens, None)}).encode()
+                body = json.dumps(g.dialect.answer(g, after_tokens, None)).encode()
                 out.write(head("application/json", Content_Length=str(len(body))) + body[:len(body) // 2])
             out.flush()
             if reset:
@@ -315,26 +429,16 @@ def cut_off(after_tokens: int, *, reset: bool) -> Answer:
 
 
 @contextlib.contextmanager
-def fake_sglang(*, over: Answer = honest, at: Answer = honest) -> Iterator[str]:
-    """The URL of a fake SGLang engine (discovery, /tokenize, /generate) that answers generation
-    requests over its limit with `over`, those just under it with `at`, and every other one
-    honestly. It serves no /metrics (SGLang without --enable-metrics)."""
-    info = {"model_path": FAKE_MODEL, "served_model_name": FAKE_MODEL, "context_length": FAKE_CONTEXT,
-            "max_total_num_tokens": FAKE_POOL, "max_req_input_len": FAKE_MAX_INPUT, "page_size": 1,
-            "allow_auto_truncate": False, "disaggregation_mode": None, "internal_states": [], "version": "0.5.23"}
-    models = {"object": "list", "data": [{"id": FAKE_MODEL, "object": "model", "owned_by": "sglang", "max_model_len": FAKE_CONTEXT}]}
-    routes: dict[tuple[str, str], Behaviour] = {
-        ("GET", "/health"): fixed(b""),
-        ("GET", "/server_info"): _json(info),
-        ("GET", "/get_server_info"): _json(info),
-        ("GET", "/v1/models"): _json(models),
-        ("POST", "/tokenize"): _json({"tokens": FAKE_TOKEN_IDS, "count": len(FAKE_TOKEN_IDS), "max_model_len": FAKE_CONTEXT}),
-    }
+def fake_engine(dialect: Dialect, *, over: Answer = honest, at: Answer = honest) -> Iterator[str]:
+    """The URL of a fake engine speaking `dialect` (discovery, /tokenize, generation) that answers
+    generation requests over its limit with `over`, those just under it with `at`, and every other
+    one honestly. It serves no /metrics (as engines started without metrics)."""
+    routes = {**dialect.routes(), ("GET", "/health"): fixed(b""),
+              ("POST", "/tokenize"): _json({"tokens": FAKE_TOKEN_IDS, "count": len(FAKE_TOKEN_IDS), "max_model_len": FAKE_CONTEXT})}
 
     def script(request: Request) -> Behaviour:
-        if (request.method, request.path) == ("POST", "/generate"):
-            body = request.json()
-            g = Generate(len(body["input_ids"]), body["sampling_params"]["max_new_tokens"], bool(body.get("stream")))
+        if (request.method, request.path) == ("POST", dialect.generate_path):
+            g = Generate(dialect, *dialect.read(request.json()))
             return (over if g.over_limit else at if g.at_limit else honest)(g)
         return routes.get((request.method, request.path), _json({"detail": "Not Found"}, "404 Not Found"))
 

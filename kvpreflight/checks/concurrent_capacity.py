@@ -35,7 +35,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         elif c.served and c.completion_tokens:
             verdicts.append((Status.PASS, f"{p.name}: served"))
         else:
-            verdicts.append((Status.FAIL, f"{p.name}: HTTP {c.status} without generated tokens"))
+            verdicts.append((Status.FAIL, f"{p.name}: not served ({not_served(c)})"))
     worst = worst_status(s for s, _ in verdicts)
     size = probes[0].completion.sent_tokens
     message = f"{len(probes)} x {size:,}-token requests at once: " + "; ".join(m for _, m in verdicts)

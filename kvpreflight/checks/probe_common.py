@@ -68,6 +68,8 @@ def not_served(c: Completion) -> str:
         return f"HTTP {c.status} with an empty body"
     if c.error_message is not None and c.completion_tokens:
         return f"HTTP {c.status}: an error after {c.completion_tokens} generated tokens: {c.error_message}"
+    if c.error_message is None:  # an answer without a token
+        return f"HTTP {c.status} without a generated token" + (f", finish_reason {c.finish_reason}" if c.finish_reason else "")
     return f"HTTP {c.status}: {c.error_message}"
 
 

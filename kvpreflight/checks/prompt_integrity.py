@@ -29,5 +29,5 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if c.prompt_tokens != c.sent_tokens:
         return [CheckResult(ID, Status.FAIL, f"sent {c.sent_tokens:,} tokens, the engine processed {c.prompt_tokens:,}", ctx.entry, ev)]
     if not c.completion_tokens:
-        return [CheckResult(ID, Status.FAIL, f"HTTP 200 but no token was generated for a {c.sent_tokens:,}-token prompt", ctx.entry, ev)]
+        return [CheckResult(ID, Status.FAIL, f"a {c.sent_tokens:,}-token prompt within the stated limits was not served ({not_served(c)})", ctx.entry, ev)]
     return [CheckResult(ID, Status.PASS, f"a {c.sent_tokens:,}-token prompt (the stated maximum) was served with every token processed", ctx.entry, ev)]
