@@ -528,7 +528,7 @@ def _reason(exc: Exception) -> str:
         if nested is None:
             break
         inner = nested
-    if isinstance(inner, OSError) and inner.strerror:
+    if isinstance(inner, ConnectionError) and inner.strerror:  # "Connection reset by peer", not its repr
         return inner.strerror
     text = re.sub(r"\s*\(_ssl\.c:\d+\)", "", str(inner))
     return " ".join(text.split())[:200]
