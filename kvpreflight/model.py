@@ -139,6 +139,7 @@ class Completion:
     body_bytes: int = 0
     body_sha256: str = ""
     ttft_s: float | None = None
+    empty_body: bool = False  # an HTTP 200 with nothing in its body: neither an answer nor a refusal
     text: str = field(default="", repr=False)
 
     @property
@@ -148,7 +149,8 @@ class Completion:
     @property
     def served(self) -> bool:
         """Answered with HTTP 200, no error, in time: the one meaning of "served cleanly"."""
-        return self.status == 200 and self.error_message is None and not self.timed_out and not self.transport_error
+        return (self.status == 200 and self.error_message is None and not self.timed_out and not self.transport_error
+                and not self.empty_body)
 
     def evidence(self) -> dict[str, Any]:
         """Numbers only, plus the engine's error message; never the generated text."""
@@ -160,7 +162,7 @@ class Completion:
             "elapsed_s": round(self.elapsed_s, 3),
         }
         for key in ("timed_out", "transport_error", "error_message", "error_kind", "completion_tokens",
-                    "prompt_tokens", "cached_tokens", "finish_reason", "truncated"):
+                    "prompt_tokens", "cached_tokens", "finish_reason", "truncated", "empty_body"):
             value = getattr(self, key)
             if value not in (None, False):
                 out[key] = value.value if isinstance(value, enum.Enum) else value

@@ -1,20 +1,48 @@
-"""HTTP servers that misbehave on purpose (drip bytes, never end a body, send huge bodies), for
-the tests that bound kvpreflight's HTTP client in time and memory.
+"""HTTP servers that misbehave on purpose (drip bytes, never end a body, send huge bodies, stall,
+reset the connection), for the tests that bound kvpreflight's HTTP client in time and memory and
+for the misbehaving-engine suite (`fake_engine`: an SGLang- or vLLM-shaped engine that is honest
+except where told).
 
-Each answers every request the same way: it reads the request, then hands the socket to a
-behaviour, a function of (socket file, stop event). Listens on 127.0.0.1 only; always shut down
-by the context manager, and every behaviour ends when the client goes away or the server stops.
+Each reads the request, then hands the socket to a behaviour, a function of (socket file, stop
+event): the same one for every request (`misbehaving_server`), or one chosen per request
+(`scripted_server`). Listens on 127.0.0.1 only; always shut down by the context manager, and every
+behaviour ends when the client goes away or the server stops.
 """
 
 from __future__ import annotations
 
+import abc
 import contextlib
+import json
+import socket
 import socketserver
+import struct
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
 from io import BufferedIOBase
+from typing import Any
 
 Behaviour = Callable[[BufferedIOBase, threading.Event], None]
+
+
+@dataclass(frozen=True)
+class Request:
+    """What a scripted server read: `POST /generate` and its body."""
+
+    method: str
+    path: str
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else {}
+
+
+Script = Callable[[Request], Behaviour]
+
+
+class ResetConnection(Exception):
+    """Raised by a behaviour: the server resets the connection (TCP RST), as a crashed engine does."""
 
 BLOCK = b"x" * 65536  # written over and over: a server of endless bodies holds no more than this
 
@@ -23,18 +51,32 @@ BLOCK = b"x" * 65536  # written over and over: a server of endless bodies holds 
 def misbehaving_server(behaviour: Behaviour, *, read_request: bool = True) -> Iterator[str]:
     """The URL of a server on 127.0.0.1 that answers every request with `behaviour`, after reading
     the HTTP request (unless `read_request` is False: a TLS client's hello is not one)."""
+    with scripted_server(lambda _request: behaviour, read_request=read_request) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def scripted_server(script: Script, *, read_request: bool = True) -> Iterator[str]:
+    """The URL of a server on 127.0.0.1 that answers each request with the behaviour `script`
+    picks for it."""
     stop = threading.Event()
 
     class Handler(socketserver.StreamRequestHandler):
         def handle(self) -> None:
             length = 0
+            request_line = self.rfile.readline(65537).decode("latin-1").split() if read_request else []
             while read_request and (line := self.rfile.readline(65537)) not in (b"\r\n", b"\n", b""):
                 name, _, value = line.decode("latin-1").partition(":")
                 if name.strip().lower() == "content-length":
                     length = int(value.strip())
-            self.rfile.read(length)
+            body = self.rfile.read(length)
+            method, path = (request_line + ["", ""])[:2]
             try:
-                behaviour(self.wfile, stop)
+                script(Request(method, path, body))(self.wfile, stop)
+            except ResetConnection:
+                # Linger on, for 0 s: close() then sends RST instead of FIN.
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.connection.close()
             except (BrokenPipeError, ConnectionResetError):
                 pass  # the client gave up: the point of most of these servers
 
@@ -51,9 +93,10 @@ def misbehaving_server(behaviour: Behaviour, *, read_request: bool = True) -> It
         thread.join(timeout=5)
 
 
-def head(content_type: str = "text/plain", **headers: str) -> bytes:
-    """A 200's head that closes the connection after the body; `headers` spelt with _ for -."""
-    lines = ["HTTP/1.1 200 OK", f"Content-Type: {content_type}", "Connection: close"]
+def head(content_type: str = "text/plain", *, status: str = "200 OK", **headers: str) -> bytes:
+    """A head (a 200's by default) that closes the connection after the body; `headers` spelt
+    with _ for -."""
+    lines = [f"HTTP/1.1 {status}", f"Content-Type: {content_type}", "Connection: close"]
     lines += [f"{name.replace('_', '-')}: {value}" for name, value in headers.items()]
     return ("\r\n".join(lines) + "\r\n\r\n").encode()
 
@@ -134,12 +177,273 @@ def sized(total: int, content_type: str = "text/plain", declare: bool = True) ->
     return behave
 
 
-def fixed(body: bytes, content_type: str = "application/json") -> Behaviour:
+def fixed(body: bytes, content_type: str = "application/json", *, status: str = "200 OK") -> Behaviour:
     """An honest reply: `body` with its length."""
     def behave(out: BufferedIOBase, stop: threading.Event) -> None:
-        out.write(head(content_type=content_type, Content_Length=str(len(body))) + body)
+        out.write(head(content_type, status=status, Content_Length=str(len(body))) + body)
         out.flush()
     return behave
+
+
+# -- fake engines, honest except where a scenario says -------------------------------------------
+
+FAKE_CONTEXT = 256  # the served context both fake engines state
+# kvpreflight's near-limit prompts that must be served (boundary-accept, concurrent-capacity) are
+# this close under the limit; the isolation probes' prompts leave room for a longer answer.
+AT_LIMIT_BAND = 5
+FAKE_MODEL = "fake-model"
+FAKE_TOKEN_IDS = [5, 6, 7, 8]
+RESET_AFTER_S = 0.3
+
+
+class Dialect(abc.ABC):
+    """One engine's API as the fake speaks it: discovery routes, its limit, the shapes of an
+    answer, a stream frame, an error frame and a refusal."""
+
+    name = ""
+    generate_path = ""
+    over_limit_from = 0  # the shortest prompt the engine refuses as too long
+
+    @abc.abstractmethod
+    def routes(self) -> dict[tuple[str, str], Behaviour]:
+        """The discovery routes the engine's adapter reads."""
+
+    @abc.abstractmethod
+    def read(self, body: Mapping[str, Any]) -> tuple[int, int, bool]:
+        """(prompt tokens, max new tokens, stream) of a generation request."""
+
+    @abc.abstractmethod
+    def answer(self, g: Generate, tokens: int, finish: str | None, *, error: str | None = None) -> dict[str, Any]:
+        """A whole answer with `tokens` generated; `error`: an error inside it, where the API has one (else None)."""
+
+    @abc.abstractmethod
+    def frames(self, g: Generate, tokens: int, finish: str | None) -> list[dict[str, Any]]:
+        """The stream frames of `tokens` generated tokens; `finish` ends the stream (None: it goes on)."""
+
+    def error_frame(self, message: str) -> dict[str, Any]:
+        return {"error": {"message": message, "type": "BadRequestError", "code": 400}}
+
+    @abc.abstractmethod
+    def refusal(self, g: Generate) -> dict[str, Any]:
+        """The engine's HTTP 400 body for a prompt over its limit."""
+
+    @abc.abstractmethod
+    def clamp_refusal(self, g: Generate) -> dict[str, Any]:
+        """The engine's HTTP 400 body for a prompt plus max_new_tokens over the context."""
+
+
+class Sglang(Dialect):
+    """SGLang 0.5: /server_info, /generate, cumulative frames, an abort finish inside a 200."""
+
+    name = "sglang"
+    generate_path = "/generate"
+    pool = 1024
+    # SGLang's own rule: max_req_input_len = min(context - 1, pool - 1) - 5, refused from there on.
+    over_limit_from = min(FAKE_CONTEXT - 1, pool - 1) - 5
+
+    def routes(self) -> dict[tuple[str, str], Behaviour]:
+        info = {"model_path": FAKE_MODEL, "served_model_name": FAKE_MODEL, "context_length": FAKE_CONTEXT,
+                "max_total_num_tokens": self.pool, "max_req_input_len": self.over_limit_from, "page_size": 1,
+                "allow_auto_truncate": False, "disaggregation_mode": None, "internal_states": [], "version": "0.5.23"}
+        return {("GET", "/server_info"): _json(info), ("GET", "/get_server_info"): _json(info),
+                ("GET", "/v1/models"): _json(_models("sglang"))}
+
+    def read(self, body: Mapping[str, Any]) -> tuple[int, int, bool]:
+        return len(body["input_ids"]), body["sampling_params"]["max_new_tokens"], bool(body.get("stream"))
+
+    def _meta(self, g: Generate, tokens: int, finish: Mapping[str, Any] | None) -> dict[str, Any]:
+        return {"id": "fake", "prompt_tokens": g.prompt_tokens, "completion_tokens": tokens, "cached_tokens": 0,
+                "finish_reason": None if finish is None else dict(finish)}
+
+    def answer(self, g: Generate, tokens: int, finish: str | None, *, error: str | None = None) -> dict[str, Any]:
+        reason = {"type": "abort", "message": error} if error is not None else {"type": finish, "length": tokens}
+        return {"text": "ok " * tokens, "meta_info": self._meta(g, tokens, reason)}
+
+    def frames(self, g: Generate, tokens: int, finish: str | None) -> list[dict[str, Any]]:
+        frames = [{"text": "ok " * k, "meta_info": self._meta(g, k, None)} for k in range(1, tokens + 1)]
+        if finish is not None:  # the frames are cumulative: the last one carries the finish
+            frames[-1:] = [self.answer(g, tokens, finish)]
+        return frames
+
+    def refusal(self, g: Generate) -> dict[str, Any]:
+        return {"object": "error", "message": f"The input ({g.prompt_tokens} tokens) is longer than the model's context "
+                f"length ({FAKE_CONTEXT} tokens).", "type": "BadRequestError", "code": 400}
+
+    def clamp_refusal(self, g: Generate) -> dict[str, Any]:
+        return {"object": "error", "message": f"Requested token count exceeds the model's maximum context length of "
+                f"{FAKE_CONTEXT} tokens. You requested a total of {g.prompt_tokens + g.max_new_tokens} tokens.",
+                "type": "BadRequestError", "code": 400}
+
+
+class Vllm(Dialect):
+    """vLLM 0.32: /version, /v1/completions with token-id prompts, one frame a token and a usage
+    frame last; no error inside a whole 200 answer."""
+
+    name = "vllm"
+    generate_path = "/v1/completions"
+    over_limit_from = FAKE_CONTEXT  # vLLM refuses prompt_len >= max_model_len
+
+    def routes(self) -> dict[tuple[str, str], Behaviour]:
+        return {("GET", "/version"): _json({"version": "0.32.0"}), ("GET", "/v1/models"): _json(_models("vllm"))}
+
+    def read(self, body: Mapping[str, Any]) -> tuple[int, int, bool]:
+        return len(body["prompt"]), body["max_tokens"], bool(body.get("stream"))
+
+    def _usage(self, g: Generate, tokens: int) -> dict[str, Any]:
+        return {"prompt_tokens": g.prompt_tokens, "completion_tokens": tokens, "total_tokens": g.prompt_tokens + tokens}
+
+    def answer(self, g: Generate, tokens: int, finish: str | None, *, error: str | None = None) -> dict[str, Any]:
+        return {"id": "cmpl-fake", "object": "text_completion", "model": FAKE_MODEL,
+                "choices": [{"index": 0, "text": "ok " * tokens, "finish_reason": finish}], "usage": self._usage(g, tokens)}
+
+    def frames(self, g: Generate, tokens: int, finish: str | None) -> list[dict[str, Any]]:
+        frames: list[dict[str, Any]] = [{"id": "cmpl-fake", "object": "text_completion",
+                                          "choices": [{"index": 0, "text": "ok ", "finish_reason": None}]} for _ in range(tokens)]
+        if finish is not None:
+            frames.append({"id": "cmpl-fake", "object": "text_completion",
+                           "choices": [{"index": 0, "text": "", "finish_reason": finish}]})
+            frames.append({"id": "cmpl-fake", "object": "text_completion", "choices": [], "usage": self._usage(g, tokens)})
+        return frames
+
+    def refusal(self, g: Generate) -> dict[str, Any]:
+        return {"error": {"message": f"This model's maximum context length is {FAKE_CONTEXT} tokens. However, your prompt "
+                          f"contains {g.prompt_tokens} input tokens, which exceeds this limit even without any output tokens.",
+                          "type": "BadRequestError", "param": "input_tokens", "code": 400}}
+
+    def clamp_refusal(self, g: Generate) -> dict[str, Any]:
+        return {"error": {"message": f"This model's maximum context length is {FAKE_CONTEXT} tokens. However, you requested "
+                          f"{g.max_new_tokens} output tokens and your prompt contains {g.prompt_tokens} input tokens.",
+                          "type": "BadRequestError", "param": "max_tokens", "code": 400}}
+
+
+DIALECTS: dict[str, Dialect] = {d.name: d for d in (Sglang(), Vllm())}
+
+
+@dataclass(frozen=True)
+class Generate:
+    """One generation request as the fake engine read it."""
+
+    dialect: Dialect
+    prompt_tokens: int
+    max_new_tokens: int
+    stream: bool
+
+    @property
+    def over_limit(self) -> bool:
+        return self.prompt_tokens >= self.dialect.over_limit_from
+
+    @property
+    def at_limit(self) -> bool:
+        return self.dialect.over_limit_from - AT_LIMIT_BAND <= self.prompt_tokens < self.dialect.over_limit_from
+
+
+Answer = Callable[[Generate], Behaviour]
+
+
+def _models(owner: str) -> dict[str, Any]:
+    return {"object": "list", "data": [{"id": FAKE_MODEL, "object": "model", "owned_by": owner, "max_model_len": FAKE_CONTEXT}]}
+
+
+def _json(data: Any, status: str = "200 OK") -> Behaviour:
+    return fixed(json.dumps(data).encode(), status=status)
+
+
+def _frame(data: Any) -> bytes:
+    return b"data: " + (data if isinstance(data, bytes) else json.dumps(data).encode()) + b"\n\n"
+
+
+def _event_stream(frames: list[Any], *, ended: bool = True) -> bytes:
+    """A 200 event stream as engines send one (uvicorn): chunked, a chunk a frame, so each frame
+    reaches the client as it is sent; when `ended`, with [DONE] and the last chunk."""
+    if ended:
+        frames = [*frames, b"[DONE]"]
+    body = b"".join(b"%x\r\n%s\r\n" % (len(f), f) for f in map(_frame, frames))
+    return head("text/event-stream", Transfer_Encoding="chunked") + body + (b"0\r\n\r\n" if ended else b"")
+
+
+def _streamed(frames: list[Any]) -> Behaviour:
+    def behave(out: BufferedIOBase, stop: threading.Event) -> None:
+        out.write(_event_stream(frames))
+        out.flush()
+    return behave
+
+
+def honest(g: Generate) -> Behaviour:
+    """What the engine answers: a length refusal (HTTP 400) for a prompt over its limit or a
+    prompt plus max_new_tokens over the context, else every token asked for."""
+    if g.over_limit:
+        return _json(g.dialect.refusal(g), "400 Bad Request")
+    if g.prompt_tokens + g.max_new_tokens > FAKE_CONTEXT:
+        return _json(g.dialect.clamp_refusal(g), "400 Bad Request")
+    if g.stream:
+        return _streamed(g.dialect.frames(g, g.max_new_tokens, "length"))
+    return _json(g.dialect.answer(g, g.max_new_tokens, "length"))
+
+
+def tokens_then_error(count: int, message: str) -> Answer:
+    """`count` tokens, then an error: token frames and an error frame when streamed; when not, a
+    200 whose finish is an abort carrying `message` (SGLang), or the honest answer where the API
+    has no error inside a whole answer (vLLM)."""
+    def answer(g: Generate) -> Behaviour:
+        if g.stream:
+            return _streamed([*g.dialect.frames(g, count, None), g.dialect.error_frame(message)])
+        if isinstance(g.dialect, Sglang):
+            return _json(g.dialect.answer(g, count, None, error=message))
+        return honest(g)
+    return answer
+
+
+def empty_ok(g: Generate) -> Behaviour:
+    """HTTP 200 with an empty body."""
+    return fixed(b"", "text/event-stream" if g.stream else "application/json")
+
+
+def finished_without_tokens(finish: str) -> Answer:
+    """HTTP 200 that finishes with `finish` (abort, length) and zero tokens generated."""
+    def answer(g: Generate) -> Behaviour:
+        if g.stream:
+            return _streamed(g.dialect.frames(g, 0, finish))
+        return _json(g.dialect.answer(g, 0, finish))
+    return answer
+
+
+def cut_off(after_tokens: int, *, reset: bool) -> Answer:
+    """A 200 whose body stops part-way, after `after_tokens` token frames when streamed (half a
+    JSON body when not): then the connection is reset (`reset`), or held open with nothing more
+    sent until the server stops (a stall)."""
+    def answer(g: Generate) -> Behaviour:
+        def behave(out: BufferedIOBase, stop: threading.Event) -> None:
+            if g.stream:
+                out.write(_event_stream(g.dialect.frames(g, after_tokens, None), ended=False))
+            else:
+                body = json.dumps(g.dialect.answer(g, after_tokens, None)).encode()
+                out.write(head("application/json", Content_Length=str(len(body))) + body[:len(body) // 2])
+            out.flush()
+            if reset:
+                # A moment first: a reset throws away what the client has not read yet.
+                stop.wait(RESET_AFTER_S)
+                raise ResetConnection
+            stop.wait()
+        return behave
+    return answer
+
+
+@contextlib.contextmanager
+def fake_engine(dialect: Dialect, *, over: Answer = honest, at: Answer = honest) -> Iterator[str]:
+    """The URL of a fake engine speaking `dialect` (discovery, /tokenize, generation) that answers
+    generation requests over its limit with `over`, those just under it with `at`, and every other
+    one honestly. It serves no /metrics (as engines started without metrics)."""
+    routes = {**dialect.routes(), ("GET", "/health"): fixed(b""),
+              ("POST", "/tokenize"): _json({"tokens": FAKE_TOKEN_IDS, "count": len(FAKE_TOKEN_IDS), "max_model_len": FAKE_CONTEXT})}
+
+    def script(request: Request) -> Behaviour:
+        if (request.method, request.path) == ("POST", dialect.generate_path):
+            g = Generate(dialect, *dialect.read(request.json()))
+            return (over if g.over_limit else at if g.at_limit else honest)(g)
+        return routes.get((request.method, request.path), _json({"detail": "Not Found"}, "404 Not Found"))
+
+    with scripted_server(script) as url:
+        yield url
 
 
 def rss_kib(field: str = "VmRSS") -> int:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from kvpreflight.checks.interface import CheckContext, probe_run
-from kvpreflight.checks.probe_common import probe_evidence, worst_status
+from kvpreflight.checks.probe_common import not_served, probe_evidence, stalled_or_broken, worst_status
 from kvpreflight.model import CheckResult, ErrorKind, Status
 
 ID = "concurrent-capacity"
@@ -19,15 +19,15 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     verdicts = []
     for p in probes:
         c = p.completion
-        if c.timed_out:
-            verdicts.append((Status.INCONCLUSIVE, f"{p.name}: still running when its {c.elapsed_s:.0f}-s budget ran out "
-                                                  f"(stalled, or slower than measured; {run.speed_note})"))
-        elif c.transport_error:
-            verdicts.append((Status.INCONCLUSIVE, f"{p.name}: {c.transport_error}"))
+        capacity = c.status == 429 or c.error_kind is ErrorKind.LENGTH
+        if (unanswered := stalled_or_broken(c, run.speed_note)) is not None:
+            verdicts.append((Status.INCONCLUSIVE, f"{p.name}: {unanswered}"))
         elif (c.status or 0) >= 500:
             verdicts.append((Status.FAIL, f"{p.name}: HTTP {c.status} {c.error_message or ''}".rstrip()))
+        elif c.empty_body or (c.error_message is not None and (c.completion_tokens or (c.status == 200 and not capacity))):
+            # an answer that came back empty, or ended in an error that is no capacity refusal: not served
+            verdicts.append((Status.FAIL, f"{p.name}: not served ({not_served(c)})"))
         elif c.error_message is not None:
-            capacity = c.status == 429 or c.error_kind is ErrorKind.LENGTH
             verdicts.append((Status.PASS if capacity else Status.INCONCLUSIVE,
                              f"{p.name}: refused (HTTP {c.status}){'' if capacity else ' for a reason other than capacity'}: {c.error_message}"))
         elif c.truncated or (c.prompt_tokens is not None and c.prompt_tokens < c.sent_tokens):
@@ -35,7 +35,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         elif c.served and c.completion_tokens:
             verdicts.append((Status.PASS, f"{p.name}: served"))
         else:
-            verdicts.append((Status.FAIL, f"{p.name}: HTTP {c.status} without generated tokens"))
+            verdicts.append((Status.FAIL, f"{p.name}: not served ({not_served(c)})"))
     worst = worst_status(s for s, _ in verdicts)
     size = probes[0].completion.sent_tokens
     message = f"{len(probes)} x {size:,}-token requests at once: " + "; ".join(m for _, m in verdicts)

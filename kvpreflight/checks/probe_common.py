@@ -34,9 +34,14 @@ def refusal_verdict(c: Completion) -> tuple[Status, str]:
     if c.timed_out:
         return Status.FAIL, f"no answer within the timeout ({c.elapsed_s:.1f}s): a hang, not a rejection"
     if c.transport_error:
+        if c.completion_tokens:  # tokens before the break: the engine was answering it
+            return Status.FAIL, (f"HTTP {c.status}: {c.completion_tokens} tokens were generated before the connection broke "
+                                 f"({c.transport_error}): the over-capacity request was served, not rejected")
         return Status.INCONCLUSIVE, f"transport failure, nothing measured: {c.transport_error}"
     if c.status is not None and c.status >= 500:
         return Status.FAIL, f"HTTP {c.status} (server error, not a clean rejection): {c.error_message or ''}".rstrip(": ")
+    if c.empty_body:
+        return Status.FAIL, f"HTTP {c.status} with an empty body: the over-capacity request was served, not rejected"
     if c.error_message is not None:
         if c.completion_tokens:
             return Status.FAIL, f"error reported but {c.completion_tokens} tokens were generated"
@@ -45,12 +50,39 @@ def refusal_verdict(c: Completion) -> tuple[Status, str]:
             return Status.PASS, f"refused for length ({where}), zero tokens generated"
         if c.error_kind is ErrorKind.VOCAB:
             return Status.INCONCLUSIVE, f"refused as out-of-vocabulary, not for length (HTTP {c.status}): not a capacity verdict"
+        if c.status == 200:  # an answer that ended without a length error is never a rejection
+            return Status.FAIL, (f"HTTP 200 ending in {c.finish_reason or 'an error'} ({c.error_message}), not a length error: "
+                                 "the over-capacity request was served, not rejected")
         return Status.INCONCLUSIVE, f"refused, but not for length (HTTP {c.status}): {c.error_message}"
     if c.truncated or (c.prompt_tokens is not None and c.prompt_tokens < c.sent_tokens):
         return Status.FAIL, (f"HTTP {c.status}: the prompt was silently truncated "
                              f"(engine processed {c.prompt_tokens} of {c.sent_tokens} tokens)")
+    finish = f" (finish_reason {c.finish_reason})" if c.finish_reason else ""
     return Status.FAIL, (f"HTTP {c.status} with {c.completion_tokens if c.completion_tokens is not None else 'an unknown number of'} "
-                         "generated tokens: the over-capacity request was served, not rejected")
+                         f"generated tokens{finish}: the over-capacity request was served, not rejected")
+
+
+def not_served(c: Completion) -> str:
+    """Why a request that had to be served was not, in a few words."""
+    if c.empty_body:
+        return f"HTTP {c.status} with an empty body"
+    if c.error_message is not None and c.completion_tokens:
+        return f"HTTP {c.status}: an error after {c.completion_tokens} generated tokens: {c.error_message}"
+    if c.error_message is None:  # an answer without a token
+        return f"HTTP {c.status} without a generated token" + (f", finish_reason {c.finish_reason}" if c.finish_reason else "")
+    return f"HTTP {c.status}: {c.error_message}"
+
+
+def stalled_or_broken(c: Completion, speed_note: str = "") -> str | None:
+    """What left a request that had to be served without an answer (a stall, a broken connection),
+    or None when it was answered. Nothing is measured from it: inconclusive, never a failure (slow
+    is not wrong). `speed_note` says how the budget was set (the engine's measured speed)."""
+    if c.timed_out:
+        how = f"; {speed_note}" if speed_note else ""
+        return f"stalled: no complete answer within its {c.elapsed_s:.1f}s budget{how}, nothing measured"
+    if c.transport_error:
+        return f"the connection broke, nothing measured: {c.transport_error}"
+    return None
 
 
 def probe_evidence(p: ProbeResult) -> dict[str, Any]:

@@ -4,7 +4,7 @@ the tokens sent (no silent truncation, no placeholder)."""
 from __future__ import annotations
 
 from kvpreflight.checks.interface import CheckContext, probe_run
-from kvpreflight.checks.probe_common import probe_evidence
+from kvpreflight.checks.probe_common import not_served, probe_evidence, stalled_or_broken
 from kvpreflight.model import CheckResult, Status
 
 ID = "prompt-integrity"
@@ -18,15 +18,10 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if p is None:
         return [CheckResult(ID, Status.INCONCLUSIVE, run.missing("the near-limit request"), ctx.entry)]
     c, ev = p.completion, probe_evidence(p)
-    if c.timed_out:
-        # Slow is not wrong: without an error, a 5xx or a truncation there is no evidence against the engine.
-        return [CheckResult(ID, Status.INCONCLUSIVE,
-                            f"a {c.sent_tokens:,}-token prompt within the stated limits was still running when its "
-                            f"{c.elapsed_s:.0f}-s budget ran out (stalled, or slower than measured; {run.speed_note})",
-                            ctx.entry, ev)]
+    if (unanswered := stalled_or_broken(c, run.speed_note)) is not None:
+        return [CheckResult(ID, Status.INCONCLUSIVE, f"a {c.sent_tokens:,}-token prompt within the stated limits: {unanswered}", ctx.entry, ev)]
     if not c.served:
-        why = "timed out" if c.timed_out else (c.transport_error or f"HTTP {c.status}: {c.error_message}")
-        return [CheckResult(ID, Status.FAIL, f"a {c.sent_tokens:,}-token prompt within the stated limits was not served ({why})", ctx.entry, ev)]
+        return [CheckResult(ID, Status.FAIL, f"a {c.sent_tokens:,}-token prompt within the stated limits was not served ({not_served(c)})", ctx.entry, ev)]
     if c.truncated:
         return [CheckResult(ID, Status.FAIL, f"the engine says it truncated a {c.sent_tokens:,}-token prompt within its limits", ctx.entry, ev)]
     if c.prompt_tokens is None:
@@ -34,5 +29,5 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if c.prompt_tokens != c.sent_tokens:
         return [CheckResult(ID, Status.FAIL, f"sent {c.sent_tokens:,} tokens, the engine processed {c.prompt_tokens:,}", ctx.entry, ev)]
     if not c.completion_tokens:
-        return [CheckResult(ID, Status.FAIL, f"HTTP 200 but no token was generated for a {c.sent_tokens:,}-token prompt", ctx.entry, ev)]
+        return [CheckResult(ID, Status.FAIL, f"a {c.sent_tokens:,}-token prompt within the stated limits was not served ({not_served(c)})", ctx.entry, ev)]
     return [CheckResult(ID, Status.PASS, f"a {c.sent_tokens:,}-token prompt (the stated maximum) was served with every token processed", ctx.entry, ev)]

@@ -199,15 +199,17 @@ class HttpClient:
         return reply.json()
 
     def post_stream(self, url: str, body: Any, *, timeout_s: float, max_bytes: int = BodyLimit.EVENT_STREAM) -> StreamReply:
-        """POST and read a server-sent-event stream to its end or the deadline (then `timed_out`,
-        with the frames that came before it). No headers by the deadline is EngineTimeout; a
-        stream over `max_bytes` (or with more frames than one per _MIN_FRAME_BYTES of it) is BodyTooLarge."""
+        """POST and read a server-sent-event stream to its end, the deadline (then `timed_out`) or
+        a broken connection (then `cut_off` says how), with the frames that came before. No
+        headers by the deadline is EngineTimeout; a stream over `max_bytes` (or with more frames
+        than one per _MIN_FRAME_BYTES of it) is BodyTooLarge."""
         start = time.monotonic()
         resp, deadline = self._send("POST", url, json_body=body, timeout_s=timeout_s)
         frames: list[str] = []
         max_frames = max(1, max_bytes // _MIN_FRAME_BYTES)
         raw = bytearray()
         timed_out = False
+        cut_off = None
         first_frame_s = None
         try:
             _refuse_declared_size(url, resp, max_bytes)
@@ -224,10 +226,15 @@ class HttpClient:
                         first_frame_s = time.monotonic() - start
         except EngineTimeout:
             timed_out = True
+        except BodyTooLarge:
+            raise
+        except EngineError as exc:  # the frames before the break were sent: a finding, kept
+            cut_off = str(exc)
         finally:
             deadline.end()
             resp.close()
-        return StreamReply(url, resp.status_code, tuple(frames), bytes(raw), time.monotonic() - start, timed_out, first_frame_s)
+        return StreamReply(url, resp.status_code, tuple(frames), bytes(raw), time.monotonic() - start, timed_out, first_frame_s,
+                           cut_off)
 
 
 @dataclass(frozen=True)
@@ -239,6 +246,7 @@ class StreamReply:
     elapsed_s: float = 0.0
     timed_out: bool = False
     first_frame_s: float | None = None
+    cut_off: str | None = None  # the connection broke before the stream ended: how
 
     @property
     def sha256(self) -> str:
@@ -515,9 +523,12 @@ def _reason(exc: Exception) -> str:
     for _ in range(8):
         nested = getattr(inner, "reason", None)
         if not isinstance(nested, BaseException):
-            nested = inner.args[0] if inner.args and isinstance(inner.args[0], BaseException) else None
+            # urllib3's ProtocolError("Connection broken: ...", ConnectionResetError(...)) holds its cause second
+            nested = next((a for a in inner.args if isinstance(a, BaseException)), None)
         if nested is None:
             break
         inner = nested
+    if isinstance(inner, ConnectionError) and inner.strerror:  # "Connection reset by peer", not its repr
+        return inner.strerror
     text = re.sub(r"\s*\(_ssl\.c:\d+\)", "", str(inner))
     return " ".join(text.split())[:200]

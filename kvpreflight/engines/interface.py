@@ -174,7 +174,11 @@ class EngineAdapter(abc.ABC):
         if reply.status != 200:
             return self._refused(request, reply, error_message_of(reply.body) or f"HTTP {reply.status} without an error message")
         if isinstance(reply, HttpReply):
+            if not reply.body:
+                return self._empty(request, reply)
             return self._answered(request, reply, self.parse_reply(request, reply), ttft_s=None, timed_out=False)
+        if not reply.body and not reply.timed_out and reply.cut_off is None:
+            return self._empty(request, reply)
         events: list[Any] = []
         try:
             for event in reply.events():
@@ -185,8 +189,11 @@ class EngineAdapter(abc.ABC):
             return Completion(sent_tokens=request.sent_tokens, max_tokens=request.max_tokens, streamed=True,
                               status=reply.status, elapsed_s=reply.elapsed_s, transport_error=str(exc),
                               body_bytes=len(reply.body), body_sha256=reply.sha256)
-        return self._answered(request, reply, self.parse_events(request, events), ttft_s=reply.first_frame_s,
-                              timed_out=reply.timed_out)
+        answered = self._answered(request, reply, self.parse_events(request, events), ttft_s=reply.first_frame_s,
+                                  timed_out=reply.timed_out)
+        if reply.cut_off is not None:  # what came before the break counts (tokens mean it was served)
+            return replace(answered, transport_error=reply.cut_off, completion_tokens=self._generated(request, events))
+        return answered
 
     def classify_error(self, message: str) -> ErrorKind:
         for pattern in self.length_error_patterns:
@@ -212,11 +219,21 @@ class EngineAdapter(abc.ABC):
         if not events:
             return refused
         facts = self.parse_events(request, events)
-        generated = facts.completion_tokens
-        if generated is None:  # no usage in the frames: count the frames that carried text
-            generated = sum(1 for e in events if isinstance(e, dict) and self.parse_events(request, [e]).text) or None
-        return replace(refused, completion_tokens=generated, prompt_tokens=facts.prompt_tokens,
+        return replace(refused, completion_tokens=self._generated(request, events), prompt_tokens=facts.prompt_tokens,
                        finish_reason=facts.finish_reason, ttft_s=reply.first_frame_s)
+
+    def _generated(self, request: EngineRequest, events: list[Any]) -> int | None:
+        """Tokens generated in these frames: as the engine counts them, else the frames that carried text."""
+        if not events:
+            return None
+        generated = self.parse_events(request, events).completion_tokens
+        if generated is None:
+            generated = sum(1 for e in events if isinstance(e, dict) and self.parse_events(request, [e]).text) or None
+        return generated
+
+    def _empty(self, request: EngineRequest, reply: HttpReply | StreamReply) -> Completion:
+        return Completion(sent_tokens=request.sent_tokens, max_tokens=request.max_tokens, streamed=request.stream,
+                          status=reply.status, elapsed_s=reply.elapsed_s, empty_body=True, body_sha256=reply.sha256)
 
     def _answered(self, request: EngineRequest, reply: HttpReply | StreamReply, facts: ReplyFacts, *,
                   ttft_s: float | None, timed_out: bool) -> Completion:

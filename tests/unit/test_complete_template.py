@@ -45,10 +45,10 @@ def sglang(answer: HttpReply | StreamReply | Exception, *, stream: bool = False,
     return adapter.complete(list(range(sent)), max_tokens=4, stream=stream, timeout_s=1), client
 
 
-def frames(*events: Any, timed_out: bool = False, status: int = 200) -> StreamReply:
+def frames(*events: Any, timed_out: bool = False, status: int = 200, cut_off: str | None = None) -> StreamReply:
     texts = tuple(e if isinstance(e, str) else json.dumps(e) for e in events)
     body = "".join(f"data: {t}\n\n" for t in texts).encode()
-    return StreamReply("http://e:1/generate", status, texts, body, 0.5, timed_out, 0.01)
+    return StreamReply("http://e:1/generate", status, texts, body, 0.5, timed_out, 0.01, cut_off)
 
 
 def test_a_hang_is_timed_out_and_a_transport_failure_says_why():
@@ -120,3 +120,20 @@ def test_the_openai_route_merges_usage_and_finish_from_their_own_frames():
         list(range(10)), max_tokens=2, stream=True, timeout_s=1)
     assert (c.text, c.finish_reason, c.prompt_tokens, c.completion_tokens, c.cached_tokens) == ("ab", "length", 10, 2, 8)
     assert client.posted[0][1]["model"] == "tiny"
+
+
+@pytest.mark.parametrize("answer", [HttpReply("http://e:1/generate", 200, b"", 0.01), frames()],
+                         ids=["answer", "stream"])
+def test_an_empty_200_is_neither_served_nor_a_refusal(answer):
+    """An HTTP 200 with nothing in it used to stop every probe ("expected JSON, got empty body")."""
+    c, _ = sglang(answer, stream=isinstance(answer, StreamReply))
+    assert c.empty_body and c.status == 200 and not c.served and not c.rejected
+    assert c.evidence()["empty_body"] is True
+
+
+def test_a_stream_cut_off_keeps_the_tokens_that_came_before_the_break():
+    cut = "http://e:1/generate: response body cut off (Connection reset by peer)"
+    c, _ = sglang(frames({"text": "he", "meta_info": {"completion_tokens": 2}}, cut_off=cut), stream=True)
+    assert (c.transport_error, c.completion_tokens, c.status) == (cut, 2, 200) and not c.served
+    c, _ = sglang(frames(cut_off=cut), stream=True)  # broken before any frame: no token is known
+    assert c.transport_error == cut and c.completion_tokens is None and not c.empty_body
