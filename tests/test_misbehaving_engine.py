@@ -8,9 +8,11 @@ isolation probes' over-capacity requests), judged by overcapacity-rejected; "mus
 the near-limit prompts of prompt-integrity (boundary-accept) and concurrent-capacity. Every other
 request is answered honestly, so each row shows only its own verdict moving.
 
-Rows that depend on request budgets (a stall past the rejection budget; a slow but progressing
-answer past a constant budget) belong beside these: `cut_off(n, reset=False)` is a stall, and a
-new `Answer` in misbehaving_http.py can drip tokens.
+A stall on a request that must be rejected fails once and ends the probing (the checks that
+needed later probes say so). The last row of the table, a slow but progressing honest engine past
+a constant budget and within the measured one, needs an engine slow on every prompt in proportion
+to its size: tests/test_budgets_slow_engine.py runs it on the builtin engine throttled to 1,500
+prompt tokens/s (and tests/unit/test_budgets.py on fake engines).
 """
 
 from __future__ import annotations
@@ -93,6 +95,12 @@ ROWS = {
         verdicts={REJECT: ("fail", (OVER + "HTTP 200: 2 tokens were generated before the connection broke",
                                     "Connection reset by peer", "served, not rejected")),
                   **served_honestly(*ACCEPT)}),
+    "reject: stall mid-body, past the rejection budget": Row(
+        over=cut_off(1, reset=False),
+        verdicts={REJECT: ("fail", ("over-context (", "a hang, not a rejection")),
+                  "prompt-integrity": ("inconclusive", ("was not sent", "probed no further")),
+                  "concurrent-capacity": ("inconclusive", ("was not sent", "probed no further")),
+                  "tenant-isolation": ("inconclusive", ("probed no further",))}),
     "reject: connection reset before any token": Row(
         over=cut_off(0, reset=True), exit_code=3,
         verdicts={REJECT: ("inconclusive", (OVER + "transport failure, nothing measured", "Connection reset by peer")),
