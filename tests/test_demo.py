@@ -133,6 +133,14 @@ def test_incident_leaks_another_tenants_marker_and_fails(tmp_path):
     assert all(m.startswith("KVPF-TENANT-") for p in leaked for m in p["foreign_markers"])
     assert leaked[0]["http_status"] == 200 and leaked[0]["completion_tokens"] > 0
     assert "placeholder" in over["message"]
+    # The Markdown report (and the GitHub step summary) charts every engine's pool against its context.
+    from kvpreflight.formats.markdown import MarkdownFormat
+    from kvpreflight.model import Report
+
+    markdown = MarkdownFormat().render(Report.from_dict(report))
+    chart = markdown.split("```mermaid\n", 1)[1].split("```", 1)[0]
+    pools = [str(e["kv_pool_tokens"]) for e in report["engines"]]
+    assert f"    bar [{', '.join(pools)}]" in chart and "    line [8192, 8192]" in chart, chart
     # Neither report nor record carries response text. The echoing engine repeated the probe's own
     # marker (KVPF-PROBE-...) in every served answer; it must appear nowhere, while the other
     # tenant's marker (quoted evidence) does.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import xml.etree.ElementTree as ET
+from dataclasses import replace
 
 import pytest
 
@@ -384,3 +385,18 @@ def test_write_report_unwritable_target_is_a_clear_error(tmp_path):
     with pytest.raises(FormatError) as info:
         write_report(MIXED, "json", blocker / "report.json")
     assert str(blocker / "report.json") in str(info.value)
+
+
+def test_markdown_charts_each_known_pool_against_its_context_and_names_the_unknown():
+    from record_support import sample_report
+
+    from kvpreflight.formats.markdown import MarkdownFormat
+
+    base = sample_report()
+    unknown = replace(base.engines[1], url="http://decode-1:30001", pool_readings=())
+    text = MarkdownFormat().render(replace(base, engines=(*base.engines, unknown)))
+    chart = text.split("```mermaid\n", 1)[1].split("```", 1)[0]
+    assert chart.splitlines()[0] == "xychart-beta"
+    assert '    x-axis ["prefill prefill-0:30000", "decode decode-0:30001"]' in chart
+    assert "    bar [139264, 150000]" in chart and "    line [131072, 131072]" in chart
+    assert "Pool unknown, not charted: http://decode-1:30001." in text

@@ -44,6 +44,37 @@ def _table(headers: list[str], rows: list[list[str]]) -> list[str]:
     return lines
 
 
+def pool_chart(report: Report) -> list[str]:
+    """Each engine's KV pool (bars) against the context it must hold (line), as a Mermaid
+    xychart GitHub renders. Engines whose pool is unknown are named under the chart."""
+    known = [(e, pool) for e in report.engines if (pool := e.pool_tokens()) is not None]
+    contexts = [_common.checked_context(report, e) or 0 for e, _ in known]
+    if not known:
+        return []
+    labels = ", ".join(_chart_label(f"{e.role.value} {_host(e.url)}") for e, _ in known)
+    top = max([pool for _, pool in known] + contexts)
+    lines = ["", "```mermaid", "xychart-beta", '    title "KV pool vs checked context (tokens)"',
+             f"    x-axis [{labels}]", f'    y-axis "tokens" 0 --> {int(top * 1.1) or 1}',
+             f"    bar [{', '.join(str(pool) for _, pool in known)}]",
+             f"    line [{', '.join(str(c) for c in contexts)}]", "```",
+             "",
+             "Bars: each engine's KV pool; line: the context it must hold (below the line, one full-context "
+             "request does not fit)."]
+    unknown = [e.url for e in report.engines if e.pool_tokens() is None]
+    if unknown:
+        lines.append(f"Pool unknown, not charted: {escape(', '.join(unknown))}.")
+    return lines
+
+
+def _host(url: str) -> str:
+    return url.split("://", 1)[-1].split("/", 1)[0].split("@")[-1]
+
+
+def _chart_label(text: str) -> str:
+    """A quoted xychart label: no quotes, brackets or line breaks can end it early."""
+    return '"' + "".join(ch for ch in text if ch not in '"[]\n\r`') + '"'
+
+
 class MarkdownFormat(ReportFormat):
     name = "markdown"
 
@@ -57,6 +88,7 @@ class MarkdownFormat(ReportFormat):
             labels = list(dict.fromkeys(label for f in facts for label, _ in f))
             rows = [[dict(f).get(label, "") for label in labels] for f in facts]
             out += _table(labels, rows)
+            out += pool_chart(report)
         else:
             out.append("No engine was reached.")
         out += ["", "### Checks", ""]
