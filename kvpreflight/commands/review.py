@@ -13,7 +13,7 @@ def register(app: typer.Typer) -> None:
     @app.command("review")
     def review_command(
         files: list[Path] = typer.Argument(..., help="Kubernetes manifests, docker-compose files, shell scripts or kvpreflight boot specs."),
-        model_dir: Path | None = typer.Option(None, "--model-dir", help="The model's folder (Hugging Face config.json, optional model.safetensors.index.json), or a folder holding model folders named like the command's model path."),
+        model_dir: Path | None = typer.Option(None, "--model-dir", envvar="KVPREFLIGHT_MODEL_DIR", help="(or KVPREFLIGHT_MODEL_DIR) The model's folder (Hugging Face config.json, optional model.safetensors.index.json), or a folder holding model folders named like the command's model path."),
         gpu: str | None = typer.Option(None, "--gpu", help="GPU product (e.g. 'H100 80GB', H200, B200, 'A100 80GB', L40S, MI300X); default: the manifest's nvidia.com/gpu.product label."),
         context_length: int | None = typer.Option(None, "--context-length", min=1, help="The context promised to users; the larger of this and each engine's own flag is checked."),
         format: str = typer.Option("table", "--format", help=f"One of: {FORMAT_HELP.replace('|', ', ')}."),
