@@ -67,7 +67,9 @@ class BuiltinDeployment:
 
 
 def say(message: str) -> None:
-    sys.stderr.write(f"kvpreflight demo: {message}\n")
+    from kvpreflight.formats._common import fit, output_width
+
+    sys.stderr.write(fit(f"kvpreflight demo: {message}", output_width(sys.stderr)) + "\n")
     sys.stderr.flush()
 
 

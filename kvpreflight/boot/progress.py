@@ -17,7 +17,9 @@ class Progress:
 
     def say(self, message: str) -> None:
         try:
-            self.stream.write(f"kvpreflight: boot: {message}\n")
+            from kvpreflight.formats._common import fit, output_width
+
+            self.stream.write(fit(f"kvpreflight: boot: {message}", output_width(self.stream)) + "\n")
             self.stream.flush()
         except (OSError, ValueError):
             pass  # a closed stderr must not stop the boot or the clean-up

@@ -24,7 +24,9 @@ FORMAT_HELP = "|".join(FORMATS)
 
 
 def progress(message: str) -> None:
-    sys.stderr.write(f"kvpreflight: {message}\n")
+    from kvpreflight.formats._common import fit, output_width
+
+    sys.stderr.write(fit(f"kvpreflight: {message}", output_width(sys.stderr)) + "\n")
     sys.stderr.flush()
 
 
@@ -105,16 +107,18 @@ def register(app: typer.Typer) -> None:
         preflight.validate(plan)
         from kvpreflight.errors import KvpreflightError
         from kvpreflight.redact import Redactor
+        from kvpreflight.terminal import progress_to_stderr
 
         scrub = Redactor(plan.auth.secrets).text
 
         def say(message: str) -> None:
             progress(scrub(message))
 
-        try:
-            report, files = _run(plan, spec, log_dir, say)
-        except KvpreflightError as exc:  # an engine may echo a key into an error message
-            raise type(exc)(scrub(str(exc))) from None
+        with progress_to_stderr("kvpreflight") as show:  # a live line on a terminal, plain lines in CI
+            try:
+                report, files = _run(plan, spec, log_dir, lambda message: show(scrub(message)))
+            except KvpreflightError as exc:  # an engine may echo a key into an error message
+                raise type(exc)(scrub(str(exc))) from None
         preflight.publish(report, out, files_read=files, secrets=plan.auth.secrets, progress=say)
         raise typer.Exit(report.exit_code)
 

@@ -155,6 +155,38 @@ def waiver_lines(report: Report) -> list[str]:
     return [f"{w.check_id}: {w.reason}" for w in report.waivers]
 
 
+def output_width(stream: IO[str], environ: Mapping[str, str] = os.environ) -> int | None:
+    """The width to fit: COLUMNS when set (a terminal, or a caller that says so), else the
+    terminal's own width; None (never cut or wrapped) for a pipe or a file."""
+    columns = environ.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) >= 40:
+        return int(columns)
+    isatty = getattr(stream, "isatty", None)
+    if isatty and isatty():
+        import shutil
+
+        return shutil.get_terminal_size().columns
+    return None
+
+
+def fit(text: str, width: int | None) -> str:
+    """Every line no wider than `width`: long lines wrap under their own indentation (nothing is
+    cut; the full text stays in JSON and Markdown)."""
+    if not width:
+        return text
+    import textwrap
+
+    out = []
+    for line in text.split("\n"):
+        if len(line) <= width:
+            out.append(line)
+            continue
+        indent = " " * (len(line) - len(line.lstrip(" ")))
+        out += textwrap.wrap(line, width, initial_indent="", subsequent_indent=indent + "  ",
+                             break_long_words=True, break_on_hyphens=False, drop_whitespace=True) or [""]
+    return "\n".join(out)
+
+
 def colour_wanted(stream: IO[str], environ: Mapping[str, str] = os.environ) -> bool:
     """Colour only on a terminal, and never when NO_COLOR is set or TERM=dumb."""
     if "NO_COLOR" in environ or environ.get("TERM") == "dumb":

@@ -7,7 +7,6 @@ characters in any value are written out as \\xNN, so a value cannot drive the te
 
 from __future__ import annotations
 
-import shutil
 import sys
 
 from tabulate import tabulate
@@ -40,9 +39,7 @@ class TableFormat(ReportFormat):
 
     def render(self, report: Report) -> str:
         color = _common.colour_wanted(sys.stdout) if self.color is None else self.color
-        width = self.width
-        if width is None and sys.stdout.isatty():
-            width = shutil.get_terminal_size().columns
+        width = self.width if self.width is not None else _common.output_width(sys.stdout)
         parts = [f"kvpreflight {_common.visible(report.tool_version)}"]
         if report.entry:
             parts[0] += f" via {_common.visible(report.entry)}"
@@ -58,7 +55,7 @@ class TableFormat(ReportFormat):
             waivers = _common.visible("\n".join(f"  - {line}" for line in _common.waiver_lines(report)))
             parts.append("Waivers:\n" + waivers)
         parts.append(self._paint(report.verdict, _common.visible(_common.verdict_line(report)), color))
-        return "\n\n".join(parts) + "\n"
+        return _common.fit("\n\n".join(parts), width) + "\n"
 
     def _checks(self, report: Report, color: bool, width: int | None) -> str:
         if not report.checks:

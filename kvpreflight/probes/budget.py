@@ -182,6 +182,16 @@ class Budget:
         return max(0.0, min(self.natural_s(prompt_tokens, expect, max_tokens=max_tokens, concurrent=concurrent),
                             self.remaining_s()))
 
+    def expected_note(self, prompt_tokens: int, expect: Expect, *, max_tokens: int = 1, concurrent: int = 1) -> str:
+        """', expected about N s' from the measured speed (for the progress line), or ''."""
+        if self.speed is None:
+            return ""
+        if expect is Expect.REJECT:
+            seconds = self.speed.overhead_s
+        else:
+            seconds = self.speed.expected_s(prompt_tokens, max_tokens, concurrent)
+        return f", expected about {seconds:.1f} s"
+
     def rate_note(self) -> str:
         if self.speed is None:
             return f"no speed was measured; the budget assumed {self.fallback_tokens_per_second:,.0f} prompt tokens/s"

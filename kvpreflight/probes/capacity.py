@@ -144,7 +144,8 @@ class CapacityProber:
         if not self.budget.may_send():
             return None
         self.budget.enter(f"the capacity probe {name}")
-        self.progress(f"probe {name}: {len(ids)} tokens, max_tokens {max_tokens}{' (stream)' if stream else ''}")
+        self.progress(f"probe {name}: {len(ids)} tokens, max_tokens {max_tokens}{' (stream)' if stream else ''}"
+                      f"{self.budget.expected_note(len(ids), expect, max_tokens=max_tokens)}")
         # Probes run one after another, so one probe's "after" is the next one's "before":
         # each probe costs one metrics scrape per engine, not two.
         before = self._latest or self.state.counters()
@@ -177,7 +178,8 @@ class CapacityProber:
         if not self.budget.may_send():
             return []
         self.budget.enter("the concurrent capacity probe")
-        self.progress(f"probe concurrent: {k} x {len(ids)} tokens at once")
+        self.progress(f"probe concurrent: {k} x {len(ids)} tokens at once"
+                      f"{self.budget.expected_note(len(ids), Expect.ACCEPT, max_tokens=CONCURRENT_MAX_TOKENS, concurrent=k)}")
         before = self._latest or self.state.counters()
         natural = self.budget.natural_s(len(ids), Expect.ACCEPT, max_tokens=CONCURRENT_MAX_TOKENS, concurrent=k)
         budget = self.budget.request_s(len(ids), Expect.ACCEPT, max_tokens=CONCURRENT_MAX_TOKENS, concurrent=k)
