@@ -8,6 +8,7 @@ and unknown check ids are errors: a typo must not silently drop a setting or a w
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -153,6 +154,12 @@ class FieldParser:
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise self.error(where, f"expected a non-empty string, got {describe(value)}")
         return value
+
+    def path(self, value: Any, where: str) -> str | None:
+        """A file path, relative to the file being parsed; not opened here (it is read where the
+        check runs, which may be another node)."""
+        text = self.optional_str(value, where)
+        return os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(text))) if text else None
 
     def env_name(self, value: Any, where: str) -> str | None:
         """The NAME of an environment variable (secrets are read from it where the check runs)."""
