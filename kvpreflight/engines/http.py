@@ -106,7 +106,7 @@ class HttpReply:
     def json(self) -> Any:
         try:
             return json.loads(self.body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python reads
             snippet = "empty body" if not self.body else f"{len(self.body)} bytes, not JSON"
             raise EngineError(f"{self.url}: expected JSON, got {snippet} (HTTP {self.status})") from None
 
@@ -251,7 +251,7 @@ class StreamReply:
                 return
             try:
                 yield json.loads(frame)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise EngineError(f"{self.url}: stream frame is not JSON ({len(frame)} bytes)") from None
 
 

@@ -340,6 +340,15 @@ def token_count(value: Any, what: str, url: str) -> int | None:
     return value
 
 
+def log_count(digits: str, what: str) -> int:
+    """A count an engine's log line states (the digits a pattern matched): plausible, else EngineError.
+    Checked before converting: Python refuses to convert thousands of digits."""
+    if not digits.isdigit() or len(digits) > len(str(_MAX_TOKENS)) or int(digits) > _MAX_TOKENS:
+        raise EngineError(f"engine log: {what} = {digits[:20]}{'...' if len(digits) > 20 else ''} "
+                          f"({len(digits):,} digits) is not a plausible token count")
+    return int(digits)
+
+
 def positive_int(value: Any, what: str, url: str) -> int | None:
     """A sane token count, or None when absent; negative or absurd values are an error."""
     if value is None:
@@ -360,7 +369,7 @@ def error_message_of(body: bytes) -> str | None:
     """The error message in an engine's JSON error body, in any of the engines' shapes."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python reads
         return None
     return _message_in(data)
 

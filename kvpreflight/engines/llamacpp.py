@@ -22,6 +22,7 @@ from kvpreflight.engines.interface import (
     excerpt,
     json_list,
     json_object,
+    log_count,
     metric_sum,
     optional_object,
     optional_text,
@@ -80,7 +81,7 @@ class LlamaCppAdapter(EngineAdapter):
         if log_text is not None:
             for line in log_text.splitlines():
                 if m := ALLOCATOR_LINE.search(line):
-                    readings.append(PoolReading("log: llama_kv_cache cells", Origin.ALLOCATOR, int(m["cells"])))
+                    readings.append(PoolReading("log: llama_kv_cache cells", Origin.ALLOCATOR, log_count(m["cells"], "llama_kv_cache cells")))
                 if m := SLOTS_LINE.search(line):
                     kv_unified = settings["kv_unified"] = m["unified"] == "true"
         if kv_unified is None:

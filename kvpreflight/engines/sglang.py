@@ -22,6 +22,7 @@ from kvpreflight.engines.interface import (
     cycle_to,
     json_list,
     json_object,
+    log_count,
     metric_sum,
     optional_object,
     optional_text,
@@ -216,11 +217,11 @@ def parse_sglang_log(text: str) -> tuple[list[PoolReading], list[str]]:
     for line in text.splitlines():
         rank = _rank_in_line(line)
         if m := ALLOCATOR_LINE.search(line):
-            readings.append(PoolReading("log: KV Cache is allocated #tokens", Origin.ALLOCATOR, int(m["tokens"]), rank))
+            readings.append(PoolReading("log: KV Cache is allocated #tokens", Origin.ALLOCATOR, log_count(m["tokens"], "KV Cache #tokens"), rank))
         elif m := VA_BOUND_LINE.search(line):
-            notes.append(f"log reports a KV VA upper bound of {int(m['tokens'])} tokens (a reservation, not an allocation; not counted)")
+            notes.append(f"log reports a KV VA upper bound of {log_count(m['tokens'], 'KV VA upper bound #tokens')} tokens (a reservation, not an allocation; not counted)")
         if m := SCHEDULER_LINE.search(line):
-            readings.append(PoolReading("log: scheduler max_total_num_tokens", Origin.SCHEDULER, int(m["tokens"]), rank))
+            readings.append(PoolReading("log: scheduler max_total_num_tokens", Origin.SCHEDULER, log_count(m["tokens"], "max_total_num_tokens"), rank))
         if m := SMALL_POOL_WARNING.search(line):
             notes.append(f"engine log warns: KV pool holds {m[1]} tokens, fewer than --context-length {m[2]}")
     return readings, notes

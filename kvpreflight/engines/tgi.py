@@ -30,6 +30,7 @@ from kvpreflight.engines.interface import (
     ReplyFacts,
     error_message_of,
     json_object,
+    log_count,
     metric_sum,
     optional_object,
     optional_text,
@@ -282,7 +283,7 @@ def parse_tgi_log(text: str) -> tuple[list[PoolReading], list[str]]:
     notes: list[str] = []
     for line in text.splitlines():
         if m := ALLOCATOR_LINE.search(line):
-            readings.append(PoolReading("log: Setting max batch total tokens", Origin.ALLOCATOR, int(m["tokens"])))
+            readings.append(PoolReading("log: Setting max batch total tokens", Origin.ALLOCATOR, log_count(m["tokens"], "max batch total tokens")))
         if m := NOT_ENOUGH_MEMORY.search(line):
             notes.append(f"engine log: not enough memory to handle max_total_tokens={m[1] or m[2]} (the warm-up refused it)")
         if NOT_MEASURED in line:

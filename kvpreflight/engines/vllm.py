@@ -9,7 +9,7 @@ import re
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
-from kvpreflight.engines.interface import Counters, cycle_to, json_object, metric_sum, positive_int, served_model
+from kvpreflight.engines.interface import Counters, cycle_to, json_object, log_count, metric_sum, positive_int, served_model
 from kvpreflight.engines.openai_completions import OpenAICompletionsMixin
 from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
 
@@ -78,7 +78,7 @@ class VllmAdapter(OpenAICompletionsMixin):
         if log_text is not None:
             for line in log_text.splitlines():
                 if m := ALLOCATOR_LINE.search(line):
-                    readings.append(PoolReading("log: KV cache size tokens", Origin.ALLOCATOR, int(m["tokens"].replace(",", ""))))
+                    readings.append(PoolReading("log: KV cache size tokens", Origin.ALLOCATOR, log_count(m["tokens"].replace(",", ""), "KV cache size tokens")))
                 if m := REFUSAL_LINE.search(line):
                     notes.append(f"engine log: estimated maximum model length is {m[1]}")
         return EngineSnapshot(
