@@ -33,24 +33,26 @@ from kvpreflight.errors import KvpreflightError
 from kvpreflight.model import Completion, EngineSnapshot
 from kvpreflight.record.predicate import FLEET_PREDICATE_TYPE
 
-BOUND_S = 5.0  # any one input, parsed or refused: an honest body takes milliseconds
+# Any one input, parsed or refused, in CPU seconds of this process (not wall time, which other
+# processes on a shared CI runner stretch): an honest body takes milliseconds, a hang forever.
+BOUND_S = 5.0
 URL = "http://engine:8000"
 MODELS = FIXTURES / "review" / "models"
 SCRATCH = Path(tempfile.mkdtemp(prefix="kvpreflight-properties-"))
 
 
 def bounded(call: Any, *args: Any, **kwargs: Any) -> Any:
-    """call(*args) or None when it raised one of kvpreflight's own errors, within BOUND_S either way."""
-    start = time.monotonic()
+    """call(*args), or None when it raised one of kvpreflight's own errors; within BOUND_S either way."""
+    start = time.process_time()
     name = getattr(call, "__name__", "call")
     try:
         result = call(*args, **kwargs)
     except KvpreflightError as exc:
-        assert "\n" not in str(exc) and len(str(exc)) < 2000, str(exc)[:300]
+        assert len(str(exc)) < 2000, str(exc)[:300]  # a line, not the input (the CLI prints it on one line)
         event(f"{name}: {type(exc).__name__}")  # --hypothesis-show-statistics: how deep the inputs got
         return None
     finally:
-        assert time.monotonic() - start < BOUND_S
+        assert time.process_time() - start < BOUND_S
     event(f"{name}: read")
     return result
 
@@ -334,6 +336,10 @@ def manifests(draw: st.DrawFn) -> tuple[str, str]:
 
 
 @given(manifests())
+@example((".yaml", "context_length: '-1'\ndeployment: d\nengines:\n- name: p\n  role: unified\n"
+                   "  command: vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len 4096\n"))
+@example((".sh", "vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len -1 --gpu-memory-utilization nan"))
+@example((".sh", "vllm serve meta-llama/Llama-3.1-8B-Instruct --max-model-len -1"))
 @example((".yaml", "[" * 3000 + "]" * 3000))
 @example((".yaml", "a: &a [1, 2]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a]\nc: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b]\n"
                    "d: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c]\ne: &e [*d, *d, *d, *d, *d, *d, *d, *d, *d]\n"
