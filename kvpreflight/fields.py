@@ -8,6 +8,7 @@ and unknown check ids are errors: a typo must not silently drop a setting or a w
 from __future__ import annotations
 
 import math
+import os
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -24,13 +25,33 @@ ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # inventories and manifests have hundreds to thousands; an alias bomb ("billion laughs") has
 # billions, which would hang whoever walks it.
 MAX_EXPANDED_NODES = 200_000
+# Lists and mappings nested deeper than this are refused: PyYAML composes them recursively (a few
+# hundred levels exhaust Python's stack) and its scanner slows down with every open level. Real
+# specs, inventories and manifests nest fifteen or twenty levels.
+MAX_DEPTH = 100
+
+
+class BoundedLoader(yaml.SafeLoader):
+    """yaml.SafeLoader that refuses values nested past MAX_DEPTH with a YAMLError (one line, its place)."""
+
+    _depth = 0
+
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                raise yaml.composer.ComposerError(None, None, f"values nested more than {MAX_DEPTH} levels deep; write them flatter",
+                                                  self.peek_event().start_mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 def compose_documents(text: str, source: str, error_type: Callable[[str], ConfigError] = ConfigError) -> list[Node]:
     """Every document of `text` as YAML nodes (with their lines), refused if it is not YAML or if
-    aliases would expand it past MAX_EXPANDED_NODES."""
+    aliases would expand it past MAX_EXPANDED_NODES, or if it nests past MAX_DEPTH."""
     try:
-        documents = [d for d in yaml.compose_all(text, Loader=yaml.SafeLoader) if d is not None]
+        documents = [d for d in yaml.compose_all(text, Loader=BoundedLoader) if d is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
@@ -154,6 +175,12 @@ class FieldParser:
         if value is not None and (not isinstance(value, str) or not value.strip()):
             raise self.error(where, f"expected a non-empty string, got {describe(value)}")
         return value
+
+    def path(self, value: Any, where: str) -> str | None:
+        """A file path, relative to the file being parsed; not opened here (it is read where the
+        check runs, which may be another node)."""
+        text = self.optional_str(value, where)
+        return os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(text))) if text else None
 
     def env_name(self, value: Any, where: str) -> str | None:
         """The NAME of an environment variable (secrets are read from it where the check runs)."""

@@ -79,13 +79,17 @@ def run_booted(spec: DeploymentSpec, plan: CheckPlan, *, log_dir: Path,
     """Boot every engine of `spec`, check them with `plan` (its targets are ignored: the booted
     engines are the targets), stop everything, whatever happens.
 
-    The spec's context length and waivers join the plan; the logs kvpreflight captured become an
-    independent capacity source. `before_check(deployment)` runs once all engines are ready.
+    The spec's context length, waivers and client certificate join the plan; the logs kvpreflight
+    captured become an independent capacity source. `before_check(deployment)` runs once all
+    engines are ready.
     """
     from kvpreflight.boot import boot_deployment
 
     validate(plan)
-    with boot_deployment(spec, log_dir) as deployment:
+    if spec.client_cert is not None and plan.client_cert is not None:
+        raise ConfigError(f"{spec.source}: sets client_cert, and --client-cert is given too; keep one")
+    spec.check_client_certificate()
+    with boot_deployment(spec, log_dir, secrets=plan.auth.secrets) as deployment:
         if before_check is not None:
             before_check(deployment)
         booted = booted_plan(plan, spec, deployment)
@@ -95,7 +99,8 @@ def run_booted(spec: DeploymentSpec, plan: CheckPlan, *, log_dir: Path,
 
 
 def booted_plan(plan: CheckPlan, spec: DeploymentSpec, deployment: BootedDeployment) -> CheckPlan:
-    """The plan for a booted deployment: its engines, entry, logs, GPUs, the spec's waivers."""
+    """The plan for a booted deployment: its engines, entry, logs, GPUs, the spec's waivers and
+    client certificate."""
     workers = deployment.workers
     kinds = {e.engine for e in workers}
     engine = plan.engine
@@ -111,6 +116,8 @@ def booted_plan(plan: CheckPlan, spec: DeploymentSpec, deployment: BootedDeploym
         logs={e.url.rstrip("/"): Path(e.log_path) for e in workers},
         gpus=deployment.gpu_records(),
         booted=True,
+        auth=plan.auth if spec.client_cert is None else replace(plan.auth, client_cert=spec.client_cert,
+                                                                 client_key=spec.client_key),
     )
 
 

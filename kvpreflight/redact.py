@@ -2,9 +2,9 @@
 
 One `Redactor` is built from the secret VALUES a run knows (API keys, tenant keys, the values of
 secret-named headers, URL credentials: `secrets_of` collects them) and removes each one in every
-form a report or a log could carry it: raw, JSON-escaped, URL-encoded and base64 (also inside a
-longer base64 text, e.g. `Authorization: Basic ...`). Credentials in URLs (`user:pass@`, a
-`?api_key=` parameter) are removed whether or not their value is known.
+form a report or a log could carry it: raw, JSON-escaped, URL-encoded, HTML-escaped and base64
+(also inside a longer base64 text, e.g. `Authorization: Basic ...`). Credentials in URLs
+(`user:pass@`, a `?api_key=` parameter) are removed whether or not their value is known.
 
 `redact(text, secrets)` does one string, `redact_report(report, secrets)` a whole Report (every
 string in it, keys of mappings included). The command line is redacted by option NAME
@@ -17,6 +17,7 @@ from __future__ import annotations
 import base64
 import dataclasses
 import enum
+import html
 import json
 import os
 import re
@@ -63,6 +64,8 @@ def _base64_forms(raw: bytes) -> set[str]:
 def secret_forms(secret: str) -> set[str]:
     """Every spelling of `secret` a report, record or log could hold."""
     forms = {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
+    # HTML-escaped: a gateway's HTML error page quoting the request ("Invalid token: sk-&quot;...")
+    forms |= {html.escape(secret), html.escape(secret).replace("&#x27;", "&#39;"), html.escape(secret, quote=False)}
     for encoded in (quote(secret), quote(secret, safe=""), quote_plus(secret, safe="")):
         forms |= {encoded, _PERCENT.sub(lambda m: m.group().lower(), encoded)}
     return {f for f in forms | _base64_forms(secret.encode("utf-8")) if f}

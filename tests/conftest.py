@@ -8,14 +8,23 @@ them with ``-m "not real_engine"``. ``$KVPREFLIGHT_CACHE/engines.env`` (written 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import realengines
+from hypothesis import HealthCheck, settings
 from realengines import EngineNotSetUp, EngineProcess
 
 realengines.load_engines_env()
+
+# Property-based tests (tests/test_properties_*.py): `ci`, the default, is derandomized with a fixed
+# number of examples, so CI is repeatable and fast; HYPOTHESIS_PROFILE=long (benchmarks/) explores more.
+settings.register_profile("ci", derandomize=True, max_examples=300, deadline=None,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("long", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Fixtures that boot or need a real engine; a test using one is a real_engine test.
 ENGINE_FIXTURES = {

@@ -96,12 +96,12 @@ def test_entry_may_be_a_url():
 
 
 @pytest.mark.parametrize("data, message", [
-    ([1], "d.yaml: expected a mapping with deployment, context_length, entry, engines, checks, got a list"),
+    ([1], "d.yaml: expected a mapping with deployment, context_length, entry, engines, checks, client_cert, client_key, got a list"),
     (spec(deployment=""), "d.yaml: deployment: expected a non-empty string, got ''"),
     (spec(context_length="1M"), "d.yaml: context_length: expected a positive integer, got '1M'"),
     (spec(context_length=0), "d.yaml: context_length: expected a positive integer, got a number (0)"),
     (spec(engines=[]), "d.yaml: engines: expected a non-empty list of engines, got a list"),
-    (spec(enignes=[]), "d.yaml: enignes: unknown key (expected one of: deployment, context_length, entry, engines, checks)"),
+    (spec(enignes=[]), "d.yaml: enignes: unknown key (expected one of: deployment, context_length, entry, engines, checks, client_cert, client_key)"),
     (with_engine(port="x"), 'd.yaml: engines[0].port: expected an integer or "auto", got \'x\''),
     (with_engine(port=True), 'd.yaml: engines[0].port: expected an integer or "auto", got a boolean (true)'),
     (with_engine(port=70000), "d.yaml: engines[0].port: expected a port between 1 and 65535, got 70000"),

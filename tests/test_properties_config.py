@@ -1,31 +1,19 @@
 """Property-based: whatever text or YAML a user or a pull request hands the configuration parsers,
 they answer with a value or a one-line ConfigError, never a traceback.
 
-Profile `ci` (the default here): derandomized with a fixed number of examples, so CI is repeatable
-and fast; `HYPOTHESIS_PROFILE=long` (benchmarks/) explores more.
+Profile `ci` (the default, tests/conftest.py): derandomized with a fixed number of examples, so CI
+is repeatable and fast; `HYPOTHESIS_PROFILE=long` (benchmarks/) explores more.
 """
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from hypothesis import HealthCheck, given, settings
+from hypothesis import example, given
 from hypothesis import strategies as st
+from support.properties import mutations, yaml_values
 
 from kvpreflight.errors import ConfigError
-
-settings.register_profile("ci", derandomize=True, max_examples=300, deadline=None,
-                          suppress_health_check=[HealthCheck.too_slow])
-settings.register_profile("long", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
-
-# YAML-shaped values: what safe_load can return.
-yaml_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=30),
-    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=12), children, max_size=5),
-    max_leaves=30,
-)
 
 KEYS = ["deployment", "context_length", "entry", "engines", "checks", "name", "role", "command", "port", "url",
         "env", "gpus", "engine", "skip", "id", "reason", "deployments", "attach", "boot", "builtin", "endpoints",
@@ -62,34 +50,6 @@ BASE_INVENTORY: dict[str, Any] = {
 }
 
 
-def paths(value: Any, prefix: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
-    """Every place in a nested value (dict keys, list indices)."""
-    out = [prefix] if prefix else []
-    if isinstance(value, dict):
-        for key, item in value.items():
-            out += paths(item, (*prefix, key))
-    elif isinstance(value, list):
-        for i, item in enumerate(value):
-            out += paths(item, (*prefix, i))
-    return out
-
-
-def replaced(base: Any, path: tuple[Any, ...], new: Any) -> Any:
-    import copy
-
-    data = copy.deepcopy(base)
-    target = data
-    for step in path[:-1]:
-        target = target[step]
-    target[path[-1]] = new
-    return data
-
-
-def mutations(base: dict[str, Any]) -> st.SearchStrategy[Any]:
-    """The valid base with one value anywhere replaced by anything (so every field is reached)."""
-    return st.tuples(st.sampled_from(paths(base)), st.one_of(yaml_values, keyed)).map(lambda pv: replaced(base, *pv))
-
-
 def one_line(exc: ConfigError) -> None:
     assert "\n" not in str(exc) and len(str(exc)) < 2000
 
@@ -105,7 +65,7 @@ def test_endpoint_log_and_header_text_never_raise_anything_but_config_errors(tex
             one_line(exc)
 
 
-@given(st.one_of(yaml_values, keyed, mutations(BASE_SPEC)))
+@given(st.one_of(yaml_values, keyed, mutations(BASE_SPEC, keyed)))
 def test_boot_specs_from_any_yaml_value(data: Any) -> None:
     from kvpreflight.boot import parse_spec
 
@@ -115,7 +75,7 @@ def test_boot_specs_from_any_yaml_value(data: Any) -> None:
         one_line(exc)
 
 
-@given(st.one_of(yaml_values, keyed, mutations(BASE_INVENTORY)))
+@given(st.one_of(yaml_values, keyed, mutations(BASE_INVENTORY, keyed)))
 def test_fleet_inventories_from_any_yaml_value(data: Any) -> None:
     from kvpreflight.fleet.inventory import parse_inventory
 
@@ -126,6 +86,8 @@ def test_fleet_inventories_from_any_yaml_value(data: Any) -> None:
 
 
 @given(st.binary(max_size=300) | st.text(max_size=300).map(str.encode))
+@example(b"[" * 5000)  # PyYAML composes recursively: deep nesting was a RecursionError
+@example(b"- " * 5000 + b"x")
 def test_yaml_bytes_load_or_fail_in_one_line(raw: bytes) -> None:
     from kvpreflight.fields import load_yaml
 

@@ -1,5 +1,6 @@
-"""YAML from pull requests and inventories is loaded with alias expansion bounded, everywhere: an
-alias bomb is one line and exit 2 within seconds, in `review`, `check --boot` and `fleet`."""
+"""YAML from pull requests and inventories is loaded with alias expansion and nesting bounded,
+everywhere: an alias bomb or a value nested hundreds deep is one line and exit 2 within seconds, in
+`review`, `check --boot` and `fleet`."""
 
 from __future__ import annotations
 
@@ -30,6 +31,23 @@ def test_an_alias_bomb_is_refused_in_one_line_within_seconds(tmp_path: Path, com
     lines = proc.stderr.strip().splitlines()
     assert len(lines) == 1 and "alias" in lines[0] and "bomb.yaml" in lines[0], proc.stderr
     assert elapsed < 20, elapsed  # a walk of the expanded tree would take hours
+
+
+@pytest.mark.parametrize("command", [["review"], ["check", "--boot"], ["fleet"]])
+def test_yaml_nested_hundreds_deep_is_refused_in_one_line(tmp_path: Path, command: list[str]) -> None:
+    """PyYAML composes nested values recursively: 3,000 levels was a RecursionError traceback (exit 1)."""
+    deep = tmp_path / "deep.yaml"
+    deep.write_text("a: " + "[" * 3000 + "]" * 3000 + "\n")
+    proc = subprocess.run([sys.executable, "-m", "kvpreflight", *command, str(deep)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-500:]
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and "nested more than 100 levels deep" in lines[0] and "deep.yaml" in lines[0], proc.stderr
+
+
+def test_yaml_nested_as_deep_as_real_files_loads() -> None:
+    from kvpreflight.fields import load_yaml
+
+    assert load_yaml("a: " + "[" * 60 + "1" + "]" * 60, "ok.yaml") is not None
 
 
 def test_a_boot_spec_that_is_not_text_is_one_line_exit_2(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import os
 import signal
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TextIO
 
 from kvpreflight.boot.deployment import BootedDeployment, BootedEngine
@@ -32,6 +32,7 @@ from kvpreflight.boot.progress import Progress, clip
 from kvpreflight.boot.readiness import probe
 from kvpreflight.boot.signals import signals_held, sigterm_raises
 from kvpreflight.boot.spec import DeploymentSpec
+from kvpreflight.redact import Redactor
 
 POLL_S = 0.25
 
@@ -44,13 +45,15 @@ def boot_deployment(
     stderr: TextIO | None = None,
     progress_interval_s: float = 5.0,
     stop_grace_s: float = 10.0,
+    secrets: Iterable[str] = (),
 ) -> Iterator[BootedDeployment]:
-    """Start every engine of `spec`, yield once all are ready, stop them all on exit.
+    """Start every engine of `spec`, yield once all are ready, stop them all on exit. The values of
+    `secrets` are removed from every line shown (engines' log lines are quoted in progress and errors).
 
     Raises BootConfigError (exit 2) for a problem found before anything started (port in use, program
     not found), exit 3 when an engine exits or is not ready in time.
     """
-    progress = Progress(stderr, progress_interval_s)
+    progress = Progress(stderr, progress_interval_s, Redactor(secrets).text)
     plan = plan_deployment(spec)
     log_dir = os.fspath(log_dir)
     try:
@@ -108,13 +111,13 @@ def _wait_ready(batch: list[EngineProcess], progress: Progress) -> None:
             code = proc.poll()
             if code is not None:
                 raise BootError(f"engine {proc.name} ({proc.plan.spec.role}) {_describe_exit(code)} "
-                                f"{proc.elapsed():.1f}s after start, before it was ready; {_last_words(proc)}")
+                                f"{proc.elapsed():.1f}s after start, before it was ready; {_last_words(proc, progress.scrub)}")
             remaining = proc.plan.spec.ready_timeout_s - proc.elapsed()
             if remaining <= 0:
                 raise BootError(f"engine {proc.name} ({proc.plan.spec.role}) was not ready within "
                                 f"{proc.plan.spec.ready_timeout_s:g}s ({proc.plan.ready_url}: "
                                 f"{last_status[proc.name]}); raise ready_timeout_s if it is only slow; "
-                                f"{_last_words(proc)}")
+                                f"{_last_words(proc, progress.scrub)}")
             ready, last_status[proc.name] = probe(proc.plan.ready_url, min(2.0, remaining))
             if ready:
                 progress.say(f"{proc.name} ready after {proc.elapsed():.1f}s at {proc.plan.url}")
@@ -122,7 +125,7 @@ def _wait_ready(batch: list[EngineProcess], progress: Progress) -> None:
         if pending:
             progress.tick(lambda: "waiting for " + "; ".join(
                 f"{p.name} {p.elapsed():.0f}s ({last_status[p.name]}): "
-                + clip((p.last_lines(1) or ["no output yet"])[0], 100)
+                + clip(progress.scrub((p.last_lines(1) or ["no output yet"])[0]), 100)
                 for p in pending))
             time.sleep(POLL_S)
 
@@ -137,10 +140,10 @@ def _describe_exit(code: int) -> str:
     return f"exited with status {code}"
 
 
-def _last_words(proc: EngineProcess) -> str:
+def _last_words(proc: EngineProcess, scrub: Callable[[str], str]) -> str:
     if proc.poll() is not None:
         proc.finish(timeout=1.0)  # let the copier catch the final lines of a dead engine
-    lines = [clip(line, 200) for line in proc.last_lines(3)]
+    lines = [clip(scrub(line), 200) for line in proc.last_lines(3)]
     said = "last log lines: " + " | ".join(lines) if lines else "it wrote no output"
     return f"{said}; full log: {proc.log_path}"
 

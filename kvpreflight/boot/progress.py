@@ -10,16 +10,20 @@ from typing import TextIO
 
 
 class Progress:
-    def __init__(self, stream: TextIO | None = None, interval_s: float = 5.0) -> None:
+    """`scrub` removes the run's secrets from every line shown (an engine's log lines are quoted)."""
+
+    def __init__(self, stream: TextIO | None = None, interval_s: float = 5.0,
+                 scrub: Callable[[str], str] = lambda text: text) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.interval_s = interval_s
+        self.scrub = scrub
         self._last_tick = time.monotonic()
 
     def say(self, message: str) -> None:
         try:
             from kvpreflight.formats._common import fit, output_width
 
-            self.stream.write(fit(f"kvpreflight: boot: {message}", output_width(self.stream)) + "\n")
+            self.stream.write(fit(f"kvpreflight: boot: {self.scrub(message)}", output_width(self.stream)) + "\n")
             self.stream.flush()
         except (OSError, ValueError):
             pass  # a closed stderr must not stop the boot or the clean-up
@@ -46,6 +50,7 @@ def redact(text: str) -> str:
 
 
 def clip(text: str, width: int = 120) -> str:
-    """One line of an engine's output, secrets masked, at most `width` characters."""
+    """One line of an engine's output, secrets masked, at most `width` characters. Remove known
+    secrets before (a cut through one would leave the part before the cut)."""
     text = redact(" ".join(text.split()))
     return text if len(text) <= width else text[: width - 3] + "..."

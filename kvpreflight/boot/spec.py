@@ -9,6 +9,17 @@ Every problem is one line that names the file and the field, e.g.
 - ``{NAME.port}``, ``{NAME.url}``, ``{NAME.host}``: another engine's (a router needs its workers');
 - ``{python}``: the Python running kvpreflight (so a spec can start ``{python} -m ...`` in the
   same environment).
+
+Top-level keys: ``deployment``, ``context_length``, ``entry``, ``engines``, ``checks`` and, for an
+entry behind a gateway that requires mutual TLS, ``client_cert`` (a PEM certificate; the key may be
+in the same file) and ``client_key`` (its unencrypted PEM private key). Both are file paths,
+relative to the spec's folder, used like ``check --client-cert/--client-key`` for every request
+kvpreflight sends; they are checked before anything boots, and no output shows their paths or
+contents::
+
+    entry: https://gateway.internal:8443
+    client_cert: certs/kvpreflight-client.pem
+    client_key: certs/kvpreflight-client.key
 """
 
 from __future__ import annotations
@@ -37,7 +48,7 @@ PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_-]*(?:\.[A-Za-z_][A-Za-z0-9_-]
 _SELF_KEYS = ("port", "url", "host")
 _GLOBAL_KEYS = ("python",)
 
-_TOP_KEYS = ("deployment", "context_length", "entry", "engines", "checks")
+_TOP_KEYS = ("deployment", "context_length", "entry", "engines", "checks", "client_cert", "client_key")
 _ENGINE_KEYS = (
     "name", "role", "command", "env", "gpus", "port", "url", "ready_url", "ready_timeout_s",
     "engine", "cwd",
@@ -79,6 +90,20 @@ class DeploymentSpec:
     context_length: int | None = None  # the context length promised to users
     checks: ChecksSpec = field(default_factory=ChecksSpec)
     source: str = "<spec>"  # the file it came from, for messages
+    # Mutual TLS: absolute PEM paths (the key may be inside client_cert), checked by
+    # check_client_certificate before anything boots
+    client_cert: str | None = None
+    client_key: str | None = None
+
+    def check_client_certificate(self) -> None:
+        """Load and match client_cert and client_key (BootConfigError naming the key, never the path)."""
+        from kvpreflight.engines.errors import EngineConfigError
+        from kvpreflight.engines.http import client_certificate
+
+        try:
+            client_certificate(self.client_cert, self.client_key, names=("client_cert", "client_key"))
+        except EngineConfigError as exc:
+            raise _error(self.source, None, str(exc)) from None
 
     def engine(self, name: str) -> EngineSpec:
         for engine in self.engines:
@@ -138,6 +163,10 @@ def parse_spec(data: Any, *, source: str = "<spec>", base_dir: str | None = None
             raise p.error(f"engines[{i}].name", f"duplicate engine name {name!r}; names must be unique")
     entry = p.entry(data.get("entry"), engines)
     checks = p.checks(data.get("checks"))
+    client_cert = p.path(data.get("client_cert"), "client_cert")
+    client_key = p.path(data.get("client_key"), "client_key")
+    if client_key is not None and client_cert is None:
+        raise p.error("client_key", "needs client_cert (the certificate the key belongs to)")
     for i, engine in enumerate(engines):
         p.check_placeholders(engine, f"engines[{i}]", names)
     if entry not in names:
@@ -149,6 +178,8 @@ def parse_spec(data: Any, *, source: str = "<spec>", base_dir: str | None = None
         context_length=context_length,
         checks=checks,
         source=source,
+        client_cert=client_cert,
+        client_key=client_key,
     )
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 
 from kvpreflight.engines.errors import EngineConfigError, EngineError
-from kvpreflight.engines.http import HttpClient
+from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
 from kvpreflight.engines.interface import EngineAdapter
 
 ENGINES: dict[str, str] = {
@@ -34,10 +34,14 @@ def open_adapter(url: str, client: HttpClient, kind: str = "auto") -> EngineAdap
     if kind != "auto":
         return adapter_class(kind)(url, client)
     # Reachability first, so an unreachable URL says so instead of "unknown engine".
-    client.get(url.rstrip("/") + "/health", timeout_s=client.timeout_s)
+    client.get(url.rstrip("/") + "/health", max_bytes=BodyLimit.JSON_INFO)
     for name in ENGINES:
         cls = adapter_class(name)
-        if cls.detect(url, client):
+        try:
+            detected = cls.detect(url, client)
+        except EngineTimeout as exc:  # a server that hangs is asked no more: each kind would wait as long
+            raise EngineTimeout(f"{exc}; asked while detecting the engine kind (--engine KIND skips that)") from None
+        if detected:
             return cls(url, client)
     raise EngineError(
         f"{url}: not recognised as any of {', '.join(ENGINES)} (no SGLang /server_info, vLLM /version, "

@@ -106,7 +106,7 @@ class HttpReply:
     def json(self) -> Any:
         try:
             return json.loads(self.body)
-        except ValueError:
+        except (ValueError, RecursionError):  # RecursionError: nested deeper than Python reads
             snippet = "empty body" if not self.body else f"{len(self.body)} bytes, not JSON"
             raise EngineError(f"{self.url}: expected JSON, got {snippet} (HTTP {self.status})") from None
 
@@ -127,7 +127,7 @@ class HttpClient:
         """`client_cert` (PEM, with the key in it when `client_key` is None) and `client_key` are
         the `--client-cert` / `--client-key` files for a gateway that requires mutual TLS; they
         are checked here, before any request, and no message ever shows their path or content."""
-        cert = _client_certificate(client_cert, client_key)
+        cert = client_certificate(client_cert, client_key)
         self.session = requests.Session()
         self.session.headers.update({"User-Agent": "kvpreflight"})
         self.session.headers.update(dict(headers or {}))
@@ -259,7 +259,7 @@ class StreamReply:
                 return
             try:
                 yield json.loads(frame)
-            except ValueError:
+            except (ValueError, RecursionError):
                 raise EngineError(f"{self.url}: stream frame is not JSON ({len(frame)} bytes)") from None
 
 
@@ -430,26 +430,29 @@ def _size(n: int) -> str:
 
 # -- client certificates --------------------------------------------------------------------------
 
-def _client_certificate(cert: str | None, key: str | None) -> str | tuple[str, str] | None:
+def client_certificate(cert: str | None, key: str | None, *, names: tuple[str, str] = ("--client-cert", "--client-key"),
+                       ) -> str | tuple[str, str] | None:
     """requests' `cert=` for these files, checked: each a readable regular file, together a PEM
-    certificate and its unencrypted private key. Messages name the flag, never the path."""
+    certificate and its unencrypted private key. Messages name the setting (`names`: the
+    certificate's and the key's, the flags by default), never the path."""
+    cert_name, key_name = names
     if cert is None and key is None:
         return None
     if cert is None:
-        raise EngineConfigError("--client-key needs --client-cert (the certificate the key belongs to)")
-    _check_cert_file("--client-cert", cert)
+        raise EngineConfigError(f"{key_name} needs {cert_name} (the certificate the key belongs to)")
+    _check_cert_file(cert_name, cert)
     if key is not None:
-        _check_cert_file("--client-key", key)
+        _check_cert_file(key_name, key)
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
     try:
         context.load_cert_chain(cert, key, password=_refuse_passphrase)
     except _EncryptedKey:
-        raise EngineConfigError("--client-key: the private key is encrypted; give an unencrypted PEM key") from None
+        raise EngineConfigError(f"{key_name}: the private key is encrypted; give an unencrypted PEM key") from None
     except ssl.SSLError as exc:
         if "KEY_VALUES_MISMATCH" in str(exc):
-            raise EngineConfigError("--client-key: the private key does not belong to the --client-cert certificate") from None
-        flags = "--client-cert" if key is None else "--client-cert/--client-key"
-        raise EngineConfigError(f"{flags}: not a PEM certificate and its PEM private key") from None
+            raise EngineConfigError(f"{key_name}: the private key does not belong to the {cert_name} certificate") from None
+        which = cert_name if key is None else f"{cert_name}/{key_name}"
+        raise EngineConfigError(f"{which}: not a PEM certificate and its PEM private key") from None
     return cert if key is None else (cert, key)
 
 

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, Self
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.http import EngineTimeout, HttpClient, HttpReply, StreamReply
+from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply, StreamReply
 from kvpreflight.model import Completion, EngineSnapshot, ErrorKind, Role
 
 
@@ -117,7 +117,8 @@ class EngineAdapter(abc.ABC):
     @classmethod
     @abc.abstractmethod
     def detect(cls, url: str, client: HttpClient) -> bool:
-        """Whether the server at url is this kind (by what it answers, never by its URL)."""
+        """Whether the server at url is this kind (by what it answers, never by its URL). An
+        EngineTimeout goes through: a server that hangs is not asked again as another kind."""
 
     @abc.abstractmethod
     def snapshot(self, *, role: Role | None = None, log_text: str | None = None) -> EngineSnapshot:
@@ -132,7 +133,7 @@ class EngineAdapter(abc.ABC):
 
     def healthy(self) -> bool:
         try:
-            return self.client.get(f"{self.url}/health", timeout_s=10).status == 200
+            return self.client.get(f"{self.url}/health", max_bytes=BodyLimit.JSON_INFO).status == 200
         except EngineError:
             return False
 
@@ -252,7 +253,7 @@ class EngineAdapter(abc.ABC):
 
         None when the engine serves no metrics (404); malformed text is an EngineError.
         """
-        reply = self.client.get(f"{self.url}/metrics", timeout_s=15)
+        reply = self.client.get(f"{self.url}/metrics", max_bytes=BodyLimit.METRICS)
         if reply.status == 404:
             return None
         if reply.status != 200:
@@ -277,6 +278,16 @@ def parse_metrics(url: str, text: str) -> dict[str, list[tuple[dict[str, str], f
     return out
 
 
+def served_model(models: Any, url: str) -> tuple[str | None, int | None]:
+    """The first model /v1/models lists: its id and served context (the OpenAI list shape)."""
+    listed = json_list(json_object(models, "/v1/models answer", url).get("data"), "/v1/models data", url)
+    if not listed:
+        raise EngineError(f"{url}/v1/models: no model listed")
+    first = json_object(listed[0], "/v1/models data[0]", url)
+    return (optional_text(first.get("id"), "/v1/models data[0].id", url),
+            positive_int(first.get("max_model_len"), "/v1/models data[0].max_model_len", url))
+
+
 def metric_sum(metrics: Mapping[str, list[tuple[dict[str, str], float]]] | None, *names: str) -> float | None:
     """Sum of every sample of the first name present (counters are split by labels)."""
     if not metrics:
@@ -294,16 +305,81 @@ def cycle_to(ids: Iterable[int], count: int) -> list[int]:
     return (base * (count // len(base) + 1))[:count]
 
 
+_MAX_TOKENS = 1 << 40  # no engine counts this many tokens: a larger number is not a count
+_EXCERPT_CHARS = 60  # what of an engine's value a message quotes
+
+
+def excerpt(value: Any) -> str:
+    """An engine's value as a message quotes it: its repr, cut short (a body may be megabytes)."""
+    text = repr(value)
+    return text if len(text) <= _EXCERPT_CHARS else f"{text[:_EXCERPT_CHARS]}... ({len(text):,} chars)"
+
+
+def _json_kind(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true/false"
+    return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+def json_object(value: Any, what: str, url: str) -> dict[str, Any]:
+    """`value` when it is a JSON object; else the EngineError naming the field (a 200 of the wrong
+    shape measured nothing)."""
+    if isinstance(value, dict):
+        return value
+    raise EngineError(f"{url}: {what} is {_json_kind(value)}, not a JSON object")
+
+
+def optional_object(value: Any, what: str, url: str) -> dict[str, Any]:
+    """A JSON object that may be absent (null): {} then."""
+    return {} if value is None else json_object(value, what, url)
+
+
+def json_list(value: Any, what: str, url: str) -> list[Any]:
+    if isinstance(value, list):
+        return value
+    raise EngineError(f"{url}: {what} is {_json_kind(value)}, not a JSON list")
+
+
+def optional_text(value: Any, what: str, url: str) -> str | None:
+    """A name or label the engine gives (a model id, a finish reason); None when absent."""
+    if value is None or isinstance(value, str):
+        return value
+    raise EngineError(f"{url}: {what} is {_json_kind(value)}, not a string")
+
+
+def token_count(value: Any, what: str, url: str) -> int | None:
+    """A count of tokens in a reply (zero allowed), or None when absent."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_TOKENS:
+        raise EngineError(f"{url}: {what} = {excerpt(value)} is not a token count")
+    return value
+
+
+def log_count(digits: str, what: str) -> int:
+    """A count an engine's log line states (the digits a pattern matched): plausible, else EngineError.
+    Checked before converting: Python refuses to convert thousands of digits."""
+    if not digits.isdigit() or len(digits) > len(str(_MAX_TOKENS)) or int(digits) > _MAX_TOKENS:
+        raise EngineError(f"engine log: {what} = {digits[:20]}{'...' if len(digits) > 20 else ''} "
+                          f"({len(digits):,} digits) is not a plausible token count")
+    return int(digits)
+
+
 def positive_int(value: Any, what: str, url: str) -> int | None:
     """A sane token count, or None when absent; negative or absurd values are an error."""
     if value is None:
         return None
+    if isinstance(value, bool):  # JSON true is not the number 1
+        raise EngineError(f"{url}: {what} is true/false, not a number")
     try:
         number = int(value)
-    except (TypeError, ValueError):
-        raise EngineError(f"{url}: {what} is not a number ({value!r})") from None
-    if number != float(value) or number <= 0 or number > 1 << 40:
-        raise EngineError(f"{url}: {what} = {value!r} is not a plausible token count")
+        whole = number == float(value)
+    except (TypeError, ValueError, OverflowError):  # not a number, NaN, infinite, or past any float
+        raise EngineError(f"{url}: {what} is not a number ({excerpt(value)})") from None
+    if not whole or number <= 0 or number > _MAX_TOKENS:
+        raise EngineError(f"{url}: {what} = {excerpt(value)} is not a plausible token count")
     return number
 
 
@@ -311,7 +387,7 @@ def error_message_of(body: bytes) -> str | None:
     """The error message in an engine's JSON error body, in any of the engines' shapes."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python reads
         return None
     return _message_in(data)
 

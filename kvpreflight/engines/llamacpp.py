@@ -12,15 +12,23 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.http import HttpClient, HttpReply
+from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
 from kvpreflight.engines.interface import (
     Counters,
     EngineAdapter,
     EngineRequest,
     ReplyFacts,
     cycle_to,
+    excerpt,
+    json_list,
+    json_object,
+    log_count,
     metric_sum,
+    optional_object,
+    optional_text,
     positive_int,
+    served_model,
+    token_count,
 )
 from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
 
@@ -40,15 +48,17 @@ class LlamaCppAdapter(EngineAdapter):
     @classmethod
     def detect(cls, url: str, client: HttpClient) -> bool:
         try:
-            reply = client.get(f"{url.rstrip('/')}/props", timeout_s=10)
+            reply = client.get(f"{url.rstrip('/')}/props", max_bytes=BodyLimit.JSON_INFO)
             props = reply.json() if reply.status == 200 else None
+        except EngineTimeout:
+            raise
         except EngineError:
             return False
         return isinstance(props, dict) and "default_generation_settings" in props
 
     def snapshot(self, *, role: Role | None = None, log_text: str | None = None) -> EngineSnapshot:
-        props = self.client.get_json(f"{self.url}/props")
-        settings_block = props.get("default_generation_settings") or {}
+        props = json_object(self.client.get_json(f"{self.url}/props", max_bytes=BodyLimit.JSON_INFO), "/props answer", self.url)
+        settings_block = optional_object(props.get("default_generation_settings"), "/props default_generation_settings", self.url)
         per_slot = positive_int(settings_block.get("n_ctx"), "/props default_generation_settings.n_ctx", self.url)
         readings: list[PoolReading] = []
         notes: list[str] = []
@@ -56,28 +66,32 @@ class LlamaCppAdapter(EngineAdapter):
         kv_unified: bool | None = None  # the start-up log says; the API does not
         if per_slot:
             readings.append(PoolReading("/props n_ctx (per slot)", Origin.SCHEDULER, per_slot))
-        slots_reply = self.client.get(f"{self.url}/slots", timeout_s=10)
+        slots_reply = self.client.get(f"{self.url}/slots", max_bytes=BodyLimit.JSON_INFO)
         if slots_reply.status == 200:
-            slots = slots_reply.json()
-            for slot in slots if isinstance(slots, list) else []:
-                n_ctx = positive_int(slot.get("n_ctx"), "/slots n_ctx", self.url)
+            for i, slot in enumerate(json_list(slots_reply.json(), "/slots answer", self.url)):
+                slot = json_object(slot, f"/slots[{i}]", self.url)
+                n_ctx = positive_int(slot.get("n_ctx"), f"/slots[{i}].n_ctx", self.url)
+                slot_id = slot.get("id", i)
+                if isinstance(slot_id, bool) or not isinstance(slot_id, int):
+                    raise EngineError(f"{self.url}: /slots[{i}].id = {excerpt(slot_id)} is not a slot number")
                 if n_ctx:
-                    readings.append(PoolReading("/slots n_ctx", Origin.SCHEDULER, n_ctx, f"slot{slot.get('id')}"))
+                    readings.append(PoolReading("/slots n_ctx", Origin.SCHEDULER, n_ctx, f"slot{slot_id}"))
         else:
             notes.append(f"/slots not served (HTTP {slots_reply.status}; started with --no-slots?)")
         if log_text is not None:
             for line in log_text.splitlines():
                 if m := ALLOCATOR_LINE.search(line):
-                    readings.append(PoolReading("log: llama_kv_cache cells", Origin.ALLOCATOR, int(m["cells"])))
+                    readings.append(PoolReading("log: llama_kv_cache cells", Origin.ALLOCATOR, log_count(m["cells"], "llama_kv_cache cells")))
                 if m := SLOTS_LINE.search(line):
                     kv_unified = settings["kv_unified"] = m["unified"] == "true"
         if kv_unified is None:
             notes.append("whether slots share one KV pool (--kv-unified) is not exposed by the API; pass --log to read it")
         model_name = None
         try:
-            models = self.client.get_json(f"{self.url}/v1/models")
-            model_name = models["data"][0].get("id")
-        except (EngineError, KeyError, IndexError, TypeError):
+            model_name, _ = served_model(self.client.get_json(f"{self.url}/v1/models", max_bytes=BodyLimit.JSON_INFO), self.url)
+        except EngineTimeout:
+            raise
+        except EngineError:
             notes.append("/v1/models unreadable")
         build = props.get("build_info")
         return EngineSnapshot(
@@ -105,8 +119,8 @@ class LlamaCppAdapter(EngineAdapter):
         reply = self.client.post(f"{self.url}/tokenize", {"content": seed_text, "add_special": False})
         if reply.status != 200:
             raise EngineError(f"{self.url}/tokenize: HTTP {reply.status}")
-        tokens = reply.json().get("tokens")
-        if not isinstance(tokens, list):
+        tokens = json_object(reply.json(), "/tokenize answer", self.url).get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise EngineError(f"{self.url}/tokenize: no token list in the answer")
         return cycle_to(tokens, count)
 
@@ -119,28 +133,24 @@ class LlamaCppAdapter(EngineAdapter):
         return EngineRequest(path="/completion", body=body, sent_tokens=len(ids), max_tokens=max_tokens, stream=stream)
 
     def parse_reply(self, request: EngineRequest, reply: HttpReply) -> ReplyFacts:
-        data = reply.json()
-        return _facts(data, str(data.get("content") or ""), request.sent_tokens)
+        data = json_object(reply.json(), "answer", reply.url)
+        return _facts(data, str(data.get("content") or ""), request.sent_tokens, reply.url, "answer")
 
     def parse_events(self, request: EngineRequest, events: list[Any]) -> ReplyFacts:
-        final: dict[str, Any] = next((e for e in reversed(events) if e.get("stop")), {})
-        return _facts(final, "".join(str(e.get("content") or "") for e in events), request.sent_tokens)
+        url = f"{self.url}{request.path}"
+        frames = [json_object(e, f"stream frame {i}", url) for i, e in enumerate(events)]
+        final: dict[str, Any] = next((e for e in reversed(frames) if e.get("stop")), {})
+        return _facts(final, "".join(str(e.get("content") or "") for e in frames), request.sent_tokens, url, "final stream frame")
 
 
-def _facts(data: Mapping[str, Any], text: str, sent: int) -> ReplyFacts:
-    stop_type = data.get("stop_type")
-    finish = {"limit": "length", "eos": "stop", "word": "stop"}.get(stop_type, stop_type) if isinstance(stop_type, str) else None
+def _facts(data: Mapping[str, Any], text: str, sent: int, url: str, what: str) -> ReplyFacts:
+    stop_type = optional_text(data.get("stop_type"), f"{what} stop_type", url)
+    finish = None if stop_type is None else {"limit": "length", "eos": "stop", "word": "stop"}.get(stop_type, stop_type)
+    evaluated = token_count(data.get("tokens_evaluated"), f"{what} tokens_evaluated", url)
     return ReplyFacts(
-        text=text, completion_tokens=data.get("tokens_predicted"), prompt_tokens=data.get("tokens_evaluated"),
-        finish_reason=finish,
+        text=text, completion_tokens=token_count(data.get("tokens_predicted"), f"{what} tokens_predicted", url),
+        prompt_tokens=evaluated, finish_reason=finish,
         # llama.cpp sets `truncated` also when GENERATION hits the slot's n_ctx; only a prompt
         # evaluated short of what was sent is prompt truncation.
-        truncated=_prompt_truncated(data, sent),
+        truncated=None if evaluated is None else evaluated < sent,
     )
-
-
-def _prompt_truncated(data: Mapping[str, Any], sent: int) -> bool | None:
-    evaluated = data.get("tokens_evaluated")
-    if isinstance(evaluated, int):
-        return evaluated < sent
-    return None

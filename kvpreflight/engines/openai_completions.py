@@ -6,7 +6,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpreflight.engines.http import HttpReply
-from kvpreflight.engines.interface import EngineAdapter, EngineRequest, ReplyFacts
+from kvpreflight.engines.interface import (
+    EngineAdapter,
+    EngineRequest,
+    ReplyFacts,
+    json_list,
+    json_object,
+    optional_object,
+    optional_text,
+    token_count,
+)
 
 
 class OpenAICompletionsMixin(EngineAdapter):
@@ -21,35 +30,46 @@ class OpenAICompletionsMixin(EngineAdapter):
         return EngineRequest(path="/v1/completions", body=body, sent_tokens=len(ids), max_tokens=max_tokens, stream=stream)
 
     def parse_reply(self, request: EngineRequest, reply: HttpReply) -> ReplyFacts:
-        data = reply.json()
-        return _facts(data, _choice_text(data))
+        data = json_object(reply.json(), "answer", reply.url)
+        return _facts(data, _choice_text(data, reply.url, "answer"), reply.url, "answer")
 
     def parse_events(self, request: EngineRequest, events: list[Any]) -> ReplyFacts:
+        url = f"{self.url}{request.path}"
         text: list[str] = []
         usage_event: dict[str, Any] = {}
         finish = None
-        for event in events:
-            text.append(_choice_text(event))
-            for choice in event.get("choices") or []:
-                finish = choice.get("finish_reason") or finish
+        for i, event in enumerate(events):
+            what = f"stream frame {i}"
+            event = json_object(event, what, url)
+            text.append(_choice_text(event, url, what))
+            for choice in _choices(event, url, what):
+                finish = optional_text(choice.get("finish_reason"), f"{what} choices[].finish_reason", url) or finish
             if event.get("usage"):
                 usage_event = event
         # The usage arrives in a last frame of its own; the finish reason in the frame before it.
         merged = {**usage_event, "choices": [{"finish_reason": finish}]}
-        return _facts(merged, "".join(text))
+        return _facts(merged, "".join(text), url, "usage frame")
 
 
-def _facts(data: Mapping[str, Any], text: str) -> ReplyFacts:
-    usage = data.get("usage") or {}
-    details = usage.get("prompt_tokens_details") or {}
-    choices = data.get("choices") or [{}]
+def _facts(data: Mapping[str, Any], text: str, url: str, what: str) -> ReplyFacts:
+    usage = optional_object(data.get("usage"), f"{what} usage", url)
+    details = usage.get("prompt_tokens_details")
+    choices = _choices(data, url, what) or [{}]
     return ReplyFacts(
-        text=text, completion_tokens=usage.get("completion_tokens"), prompt_tokens=usage.get("prompt_tokens"),
-        cached_tokens=details.get("cached_tokens") if isinstance(details, dict) else None,
-        finish_reason=(choices[0] or {}).get("finish_reason"),
+        text=text, completion_tokens=token_count(usage.get("completion_tokens"), f"{what} usage.completion_tokens", url),
+        prompt_tokens=token_count(usage.get("prompt_tokens"), f"{what} usage.prompt_tokens", url),
+        cached_tokens=(token_count(details.get("cached_tokens"), f"{what} usage.prompt_tokens_details.cached_tokens", url)
+                       if isinstance(details, dict) else None),
+        finish_reason=optional_text(choices[0].get("finish_reason"), f"{what} choices[0].finish_reason", url),
         truncated=data.get("truncated") if isinstance(data.get("truncated"), bool) else None,
     )
 
 
-def _choice_text(data: Mapping[str, Any]) -> str:
-    return "".join(str((c or {}).get("text") or "") for c in data.get("choices") or [])
+def _choices(data: Mapping[str, Any], url: str, what: str) -> list[dict[str, Any]]:
+    """`choices`, each an object (a null choice counts as empty, as engines have sent)."""
+    listed = json_list(data.get("choices") or [], f"{what} choices", url)
+    return [optional_object(c, f"{what} choices[{i}]", url) for i, c in enumerate(listed)]
+
+
+def _choice_text(data: Mapping[str, Any], url: str, what: str) -> str:
+    return "".join(str(c.get("text") or "") for c in _choices(data, url, what))

@@ -8,21 +8,27 @@
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from typing import Any
 
 from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.http import HttpClient, HttpReply
+from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
 from kvpreflight.engines.interface import (
     Counters,
     EngineAdapter,
     EngineRequest,
     ReplyFacts,
     cycle_to,
+    json_list,
+    json_object,
+    log_count,
     metric_sum,
+    optional_object,
+    optional_text,
     positive_int,
+    served_model,
+    token_count,
 )
 from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
 
@@ -63,9 +69,10 @@ class SglangAdapter(EngineAdapter):
         tokens = positive_int(info.get("max_total_num_tokens"), "/server_info max_total_num_tokens", self.url)
         if tokens:
             readings.append(PoolReading("/server_info max_total_num_tokens", Origin.SCHEDULER, tokens))
-        for i, state in enumerate(info.get("internal_states") or []):
-            capacity = (state or {}).get("memory_usage", {}).get("token_capacity") if isinstance(state, dict) else None
-            cap = positive_int(capacity, f"/server_info internal_states[{i}].memory_usage.token_capacity", self.url)
+        for i, state in enumerate(json_list(info.get("internal_states") or [], "/server_info internal_states", self.url)):
+            where = f"/server_info internal_states[{i}]"
+            usage = optional_object(optional_object(state, where, self.url).get("memory_usage"), f"{where}.memory_usage", self.url)
+            cap = positive_int(usage.get("token_capacity"), f"{where}.memory_usage.token_capacity", self.url)
             if cap:
                 readings.append(PoolReading("/server_info internal_states.memory_usage.token_capacity", Origin.SCHEDULER, cap, f"dp{i}"))
 
@@ -92,8 +99,8 @@ class SglangAdapter(EngineAdapter):
             readings.extend(log_readings)
             notes.extend(log_notes)
 
-        models = self.client.get_json(f"{self.url}/v1/models")
-        model_name, served = _served_model(models, self.url)
+        models = self.client.get_json(f"{self.url}/v1/models", max_bytes=BodyLimit.JSON_INFO)
+        model_name, served = served_model(models, self.url)
         if served is None:
             served = positive_int(info.get("context_length"), "/server_info context_length", self.url) or metric_context
 
@@ -116,7 +123,8 @@ class SglangAdapter(EngineAdapter):
             engine=self.kind,
             version=str(info.get("version")) if info.get("version") is not None else None,
             role=role or reported_role,
-            model=model_name or info.get("served_model_name") or info.get("model_path"),
+            model=(model_name or optional_text(info.get("served_model_name"), "/server_info served_model_name", self.url)
+                   or optional_text(info.get("model_path"), "/server_info model_path", self.url)),
             served_context=served,
             pool_readings=tuple(readings),
             page_size=page_size,
@@ -160,7 +168,7 @@ class SglangAdapter(EngineAdapter):
         reply = self.client.post(f"{self.url}/tokenize", {"prompt": seed_text, "add_special_tokens": False})
         if reply.status != 200:
             raise EngineError(f"{self.url}/tokenize: HTTP {reply.status}; kvpreflight needs the engine's tokenizer to build valid token ids")
-        tokens = reply.json().get("tokens")
+        tokens = json_object(reply.json(), "/tokenize answer", self.url).get("tokens")
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise EngineError(f"{self.url}/tokenize: no token list in the answer")
         return cycle_to(tokens, count)
@@ -179,22 +187,30 @@ class SglangAdapter(EngineAdapter):
         data = reply.json()
         if isinstance(data, list):  # batch answers; we send one prompt
             data = data[0] if data else {}
-        return _facts(data)
+        return _facts(data, reply.url, "answer")
 
     def parse_events(self, request: EngineRequest, events: list[Any]) -> ReplyFacts:
-        return _facts(events[-1] if events else {})  # SGLang's frames are cumulative
+        # SGLang's frames are cumulative: the last says it all
+        return _facts(events[-1] if events else {}, f"{self.url}{request.path}", "last stream frame")
 
 
-def _facts(data: Mapping[str, Any]) -> ReplyFacts:
-    meta = data.get("meta_info") or {}
+def _facts(data: Any, url: str, what: str) -> ReplyFacts:
+    data = json_object(data, what, url)
+    meta = optional_object(data.get("meta_info"), f"{what} meta_info", url)
     finish = meta.get("finish_reason")
     text = str(data.get("text") or "")
-    if isinstance(finish, dict) and finish.get("type") == "abort":  # a refusal inside a 200 answer
-        return ReplyFacts(text=text, error_message=str(finish.get("message") or "aborted"), finish_reason="abort",
-                          completion_tokens=meta.get("completion_tokens"), prompt_tokens=meta.get("prompt_tokens"))
+    completion = token_count(meta.get("completion_tokens"), f"{what} meta_info.completion_tokens", url)
+    prompt = token_count(meta.get("prompt_tokens"), f"{what} meta_info.prompt_tokens", url)
+    if isinstance(finish, dict):
+        finish_type = optional_text(finish.get("type"), f"{what} meta_info.finish_reason.type", url)
+        if finish_type == "abort":  # a refusal inside a 200 answer
+            return ReplyFacts(text=text, error_message=str(finish.get("message") or "aborted"), finish_reason="abort",
+                              completion_tokens=completion, prompt_tokens=prompt)
+    else:
+        finish_type = optional_text(finish, f"{what} meta_info.finish_reason", url)
     return ReplyFacts(
-        text=text, completion_tokens=meta.get("completion_tokens"), prompt_tokens=meta.get("prompt_tokens"),
-        cached_tokens=meta.get("cached_tokens"), finish_reason=finish.get("type") if isinstance(finish, dict) else finish,
+        text=text, completion_tokens=completion, prompt_tokens=prompt,
+        cached_tokens=token_count(meta.get("cached_tokens"), f"{what} meta_info.cached_tokens", url), finish_reason=finish_type,
     )
 
 
@@ -204,11 +220,11 @@ def parse_sglang_log(text: str) -> tuple[list[PoolReading], list[str]]:
     for line in text.splitlines():
         rank = _rank_in_line(line)
         if m := ALLOCATOR_LINE.search(line):
-            readings.append(PoolReading("log: KV Cache is allocated #tokens", Origin.ALLOCATOR, int(m["tokens"]), rank))
+            readings.append(PoolReading("log: KV Cache is allocated #tokens", Origin.ALLOCATOR, log_count(m["tokens"], "KV Cache #tokens"), rank))
         elif m := VA_BOUND_LINE.search(line):
-            notes.append(f"log reports a KV VA upper bound of {int(m['tokens'])} tokens (a reservation, not an allocation; not counted)")
+            notes.append(f"log reports a KV VA upper bound of {log_count(m['tokens'], 'KV VA upper bound #tokens')} tokens (a reservation, not an allocation; not counted)")
         if m := SCHEDULER_LINE.search(line):
-            readings.append(PoolReading("log: scheduler max_total_num_tokens", Origin.SCHEDULER, int(m["tokens"]), rank))
+            readings.append(PoolReading("log: scheduler max_total_num_tokens", Origin.SCHEDULER, log_count(m["tokens"], "max_total_num_tokens"), rank))
         if m := SMALL_POOL_WARNING.search(line):
             notes.append(f"engine log warns: KV pool holds {m[1]} tokens, fewer than --context-length {m[2]}")
     return readings, notes
@@ -230,20 +246,20 @@ def _rank_of(labels: Mapping[str, str]) -> str | None:
 def _server_info(url: str, client: HttpClient, *, required: bool) -> dict[str, Any] | None:
     for path in ("/server_info", "/get_server_info"):
         try:
-            reply = client.get(f"{url.rstrip('/')}{path}", timeout_s=15)
+            reply = client.get(f"{url.rstrip('/')}{path}", max_bytes=BodyLimit.JSON_INFO)
+        except EngineTimeout:
+            raise
         except EngineError:
             if required:
                 raise
             return None
         if reply.status == 200:
             try:
-                data = json.loads(reply.body)
-            except ValueError:
+                return json_object(reply.json(), f"{path} answer", url.rstrip("/"))
+            except EngineError:
                 if required:
-                    raise EngineError(f"{reply.url}: expected JSON ({len(reply.body)} bytes, not JSON)") from None
+                    raise
                 return None
-            if isinstance(data, dict):
-                return data
     if required:
         raise EngineError(f"{url}: no /server_info (is this an SGLang server?)")
     return None
@@ -251,13 +267,3 @@ def _server_info(url: str, client: HttpClient, *, required: bool) -> dict[str, A
 
 def _is_builtin(info: Mapping[str, Any]) -> bool:
     return str(info.get("version", "")).startswith("kvpreflight-builtin")
-
-
-def _served_model(models: Any, url: str) -> tuple[str | None, int | None]:
-    try:
-        first = models["data"][0]
-    except (KeyError, IndexError, TypeError):
-        raise EngineError(f"{url}/v1/models: no model listed") from None
-    return first.get("id"), positive_int(first.get("max_model_len"), "/v1/models max_model_len", url)
-
-

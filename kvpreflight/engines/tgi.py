@@ -22,15 +22,20 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.http import HttpClient, HttpReply
+from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
 from kvpreflight.engines.interface import (
     Counters,
     EngineAdapter,
     EngineRequest,
     ReplyFacts,
     error_message_of,
+    json_object,
+    log_count,
     metric_sum,
+    optional_object,
+    optional_text,
     positive_int,
+    token_count,
 )
 from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
 
@@ -134,7 +139,7 @@ class TgiAdapter(EngineAdapter):
         version = info.get("version")
         return EngineSnapshot(
             url=self.url, engine=self.kind, version=str(version) if version is not None else None,
-            role=role or Role.UNIFIED, model=info.get("model_id"), served_context=served,
+            role=role or Role.UNIFIED, model=optional_text(info.get("model_id"), "/info model_id", self.url), served_context=served,
             pool_readings=tuple(readings), max_request_tokens=max_input, settings=settings, notes=tuple(notes),
         )
 
@@ -178,21 +183,26 @@ class TgiAdapter(EngineAdapter):
         data = reply.json()
         if isinstance(data, list):  # the compat route answers a list; /generate an object
             data = data[0] if data else {}
-        return _facts(request, data.get("details") or {}, str(data.get("generated_text") or ""),
-                      _header_int(reply.headers.get("x-prompt-tokens")))
+        data = json_object(data, "answer", reply.url)
+        details = optional_object(data.get("details"), "answer details", reply.url)
+        return _facts(request, details, str(data.get("generated_text") or ""),
+                      _header_int(reply.headers.get("x-prompt-tokens")), reply.url, "answer details")
 
     def parse_events(self, request: EngineRequest, events: list[Any]) -> ReplyFacts:
+        url = f"{self.url}{request.path}"
         final: dict[str, Any] = {}
         pieces: list[str] = []
-        for event in events:
-            token = event.get("token") if isinstance(event, dict) else None
+        for i, event in enumerate(events):
+            event = json_object(event, f"stream frame {i}", url)
+            token = event.get("token")
             if isinstance(token, dict) and not token.get("special"):
                 pieces.append(str(token.get("text") or ""))
-            if isinstance(event, dict) and event.get("details") is not None:
+            if event.get("details") is not None:
                 final = event
-        details = final.get("details") or {}
+        details = optional_object(final.get("details"), "final stream frame details", url)
         generated = str(final["generated_text"]) if final.get("generated_text") is not None else "".join(pieces)
-        return _facts(request, details, generated, details.get("input_length"))
+        input_length = token_count(details.get("input_length"), "final stream frame details.input_length", url)
+        return _facts(request, details, generated, input_length, url, "final stream frame details")
 
     # -- text prompts of an exact length -------------------------------------------------------
     def _tokenize(self, text: str) -> list[dict[str, Any]] | None:
@@ -204,8 +214,8 @@ class TgiAdapter(EngineAdapter):
             why = error_message_of(reply.body) or f"HTTP {reply.status}"
             raise EngineError(f"{self.url}/tokenize: {why}; kvpreflight needs TGI's tokenizer to build prompts of a known length")
         tokens = reply.json()
-        if not isinstance(tokens, list) or not all(isinstance(t, dict) and isinstance(t.get("id"), int) for t in tokens):
-            raise EngineError(f"{self.url}/tokenize: no token list in the answer")
+        if not isinstance(tokens, list) or not all(_is_token(t) for t in tokens):
+            raise EngineError(f"{self.url}/tokenize: no token list (each an id with its start and stop offsets) in the answer")
         return tokens
 
     def _plan(self, seed: str) -> _TextPlan:
@@ -217,7 +227,7 @@ class TgiAdapter(EngineAdapter):
         tokens = self._tokenize(seed * 4)
         if tokens is None:
             raise EngineError(f"{self.url}/tokenize: HTTP 413 for a short text")
-        spans = [(t["id"], int(t.get("start", 0)), int(t.get("stop", 0))) for t in tokens]
+        spans = [(t["id"], t.get("start", 0), t.get("stop", 0)) for t in tokens]
         lead = 0
         while lead < len(spans) and spans[lead][1] == spans[lead][2]:
             lead += 1
@@ -229,7 +239,7 @@ class TgiAdapter(EngineAdapter):
         for token_id, start, stop in body:
             # A token belongs to the copy its last byte is in (" word" takes the space before it).
             copy = (stop - 1) // size
-            if start >= stop or copy > 3:
+            if start < 0 or start >= stop or copy > 3:
                 raise EngineError(f"{self.url}/tokenize: token offsets outside the probe text; "
                                   "cannot build TGI prompts of an exact length from it")
             copies[copy].append((token_id, stop - copy * size))
@@ -273,7 +283,7 @@ def parse_tgi_log(text: str) -> tuple[list[PoolReading], list[str]]:
     notes: list[str] = []
     for line in text.splitlines():
         if m := ALLOCATOR_LINE.search(line):
-            readings.append(PoolReading("log: Setting max batch total tokens", Origin.ALLOCATOR, int(m["tokens"])))
+            readings.append(PoolReading("log: Setting max batch total tokens", Origin.ALLOCATOR, log_count(m["tokens"], "max batch total tokens")))
         if m := NOT_ENOUGH_MEMORY.search(line):
             notes.append(f"engine log: not enough memory to handle max_total_tokens={m[1] or m[2]} (the warm-up refused it)")
         if NOT_MEASURED in line:
@@ -282,39 +292,48 @@ def parse_tgi_log(text: str) -> tuple[list[PoolReading], list[str]]:
     return readings, notes
 
 
-def _facts(request: EngineRequest, details: Mapping[str, Any], text: str, prompt_tokens: Any) -> ReplyFacts:
-    prompt = prompt_tokens if isinstance(prompt_tokens, int) else None
-    finish = details.get("finish_reason")
-    finish = FINISH.get(finish, finish) if isinstance(finish, str) else None
+def _facts(request: EngineRequest, details: Mapping[str, Any], text: str, prompt: int | None, url: str, what: str) -> ReplyFacts:
+    finish = optional_text(details.get("finish_reason"), f"{what}.finish_reason", url)
     return ReplyFacts(
-        text=text, completion_tokens=details.get("generated_tokens"), prompt_tokens=prompt,
-        finish_reason=finish, truncated=None if prompt is None else prompt < request.sent_tokens,
+        text=text, completion_tokens=token_count(details.get("generated_tokens"), f"{what}.generated_tokens", url),
+        prompt_tokens=prompt, finish_reason=None if finish is None else FINISH.get(finish, finish),
+        truncated=None if prompt is None else prompt < request.sent_tokens,
     )
 
 
 def _header_int(value: str | None) -> int | None:
-    try:
-        return int(value) if value is not None else None
-    except ValueError:
-        return None
+    """A count in a header (x-prompt-tokens); None when absent or not a count (13 digits at most:
+    more is no token count, and Python refuses to convert thousands)."""
+    digits = (value or "").strip()
+    return int(digits) if digits.isascii() and digits.isdigit() and len(digits) <= 13 else None
+
+
+def _is_token(token: Any) -> bool:
+    """One of /tokenize's tokens: an id, with whole-number offsets where it has them."""
+    return (isinstance(token, dict) and _whole(token.get("id"))
+            and _whole(token.get("start", 0)) and _whole(token.get("stop", 0)))
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def _info(url: str, client: HttpClient, *, required: bool) -> dict[str, Any] | None:
     try:
-        reply = client.get(f"{url.rstrip('/')}/info", timeout_s=15)
+        reply = client.get(f"{url.rstrip('/')}/info", max_bytes=BodyLimit.JSON_INFO)
+    except EngineTimeout:
+        raise
     except EngineError:
         if required:
             raise
         return None
     if reply.status == 200:
         try:
-            data = reply.json()
+            return json_object(reply.json(), "/info answer", url.rstrip("/"))
         except EngineError:
             if required:
                 raise
             return None
-        if isinstance(data, dict):
-            return data
     if required:
         raise EngineError(f"{url}: no TGI /info (HTTP {reply.status}; is this a text-generation-inference server?)")
     return None

@@ -8,8 +8,8 @@ from __future__ import annotations
 import re
 
 from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.http import HttpClient
-from kvpreflight.engines.interface import Counters, cycle_to, metric_sum, positive_int
+from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
+from kvpreflight.engines.interface import Counters, cycle_to, json_object, log_count, metric_sum, positive_int, served_model
 from kvpreflight.engines.openai_completions import OpenAICompletionsMixin
 from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
 
@@ -29,8 +29,10 @@ class VllmAdapter(OpenAICompletionsMixin):
     @classmethod
     def detect(cls, url: str, client: HttpClient) -> bool:
         try:
-            version = client.get(f"{url.rstrip('/')}/version", timeout_s=10)
-            models = client.get(f"{url.rstrip('/')}/v1/models", timeout_s=10)
+            version = client.get(f"{url.rstrip('/')}/version", max_bytes=BodyLimit.JSON_INFO)
+            models = client.get(f"{url.rstrip('/')}/v1/models", max_bytes=BodyLimit.JSON_INFO)
+        except EngineTimeout:
+            raise
         except EngineError:
             return False
         if version.status != 200 or models.status != 200:
@@ -42,14 +44,10 @@ class VllmAdapter(OpenAICompletionsMixin):
             return False
 
     def snapshot(self, *, role: Role | None = None, log_text: str | None = None) -> EngineSnapshot:
-        models = self.client.get_json(f"{self.url}/v1/models")
-        try:
-            first = models["data"][0]
-        except (KeyError, IndexError, TypeError):
-            raise EngineError(f"{self.url}/v1/models: no model listed") from None
-        model_name = first.get("id")
-        served = positive_int(first.get("max_model_len"), "/v1/models max_model_len", self.url)
-        version = self.client.get_json(f"{self.url}/version").get("version")
+        models = self.client.get_json(f"{self.url}/v1/models", max_bytes=BodyLimit.JSON_INFO)
+        model_name, served = served_model(models, self.url)
+        version_info = self.client.get_json(f"{self.url}/version", max_bytes=BodyLimit.JSON_INFO)
+        version = json_object(version_info, "/version answer", self.url).get("version")
 
         readings: list[PoolReading] = []
         notes: list[str] = []
@@ -80,7 +78,7 @@ class VllmAdapter(OpenAICompletionsMixin):
         if log_text is not None:
             for line in log_text.splitlines():
                 if m := ALLOCATOR_LINE.search(line):
-                    readings.append(PoolReading("log: KV cache size tokens", Origin.ALLOCATOR, int(m["tokens"].replace(",", ""))))
+                    readings.append(PoolReading("log: KV cache size tokens", Origin.ALLOCATOR, log_count(m["tokens"].replace(",", ""), "KV cache size tokens")))
                 if m := REFUSAL_LINE.search(line):
                     notes.append(f"engine log: estimated maximum model length is {m[1]}")
         return EngineSnapshot(
@@ -115,7 +113,7 @@ class VllmAdapter(OpenAICompletionsMixin):
         reply = self.client.post(f"{self.url}/tokenize", body)
         if reply.status != 200:
             raise EngineError(f"{self.url}/tokenize: HTTP {reply.status}; kvpreflight needs the engine's tokenizer to build valid token ids")
-        tokens = reply.json().get("tokens")
-        if not isinstance(tokens, list):
+        tokens = json_object(reply.json(), "/tokenize answer", self.url).get("tokens")
+        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise EngineError(f"{self.url}/tokenize: no token list in the answer")
         return cycle_to(tokens, count)

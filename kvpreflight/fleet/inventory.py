@@ -259,11 +259,6 @@ class _Parser(FieldParser):
             client_key=self.path(raw.get("client_key"), f"{where}.client_key"),
         )
 
-    def path(self, value: Any, where: str) -> str | None:
-        """A file path, relative to the inventory; read where the check runs (it may be on a node)."""
-        text = self.optional_str(value, where)
-        return os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(text))) if text else None
-
     def boot(self, raw: Any, where: str) -> BootTarget:
         from kvpreflight.boot import parse_spec
 

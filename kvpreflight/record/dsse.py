@@ -85,4 +85,6 @@ def envelope_from_bytes(raw: bytes, source: str) -> Envelope:
         data = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RecordError(f"malformed record: {source} is not JSON ({exc.msg if hasattr(exc, 'msg') else exc}); pass the .dsse.json file that `kvpreflight check --record` wrote") from None
+    except RecursionError:
+        raise RecordError(f"malformed record: {source} is JSON nested too deeply to read; not a kvpreflight DSSE envelope") from None
     return envelope_from_dict(data)

@@ -62,6 +62,14 @@ def _optional(data: Mapping[str, Any], key: str, kind: type, what: str) -> Any:
     return None if data.get(key) is None else _field(data, key, kind, what)
 
 
+def listed(data: Mapping[str, Any], key: str) -> list[Any]:
+    """A list a record holds for information (engines, checks, deployments), or [] when it holds
+    none or something else: a record file is untrusted input, and these lists only describe."""
+    value = data.get(key)
+    return value if isinstance(value, list) else []
+
+
+
 def _version(data: Mapping[str, Any], newest: int, what: str) -> None:
     version = _field(data, "schema_version", int, what)
     if version > newest:
@@ -156,8 +164,8 @@ class FleetDeployment:
                    host=_optional(data, "host", str, what), node=_optional(data, "node", str, what),
                    elapsed_s=float(elapsed) if isinstance(elapsed, (int, float)) else 0.0,
                    reason=_optional(data, "reason", str, what),
-                   engines=tuple(dict(e) for e in data.get("engines") or () if isinstance(e, Mapping)),
-                   not_passed=tuple(dict(n) for n in data.get("not_passed") or () if isinstance(n, Mapping)),
+                   engines=tuple(dict(e) for e in listed(data, "engines") if isinstance(e, Mapping)),
+                   not_passed=tuple(dict(n) for n in listed(data, "not_passed") if isinstance(n, Mapping)),
                    record=_optional(data, "record", str, what))
 
 

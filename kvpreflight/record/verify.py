@@ -21,7 +21,7 @@ from kvpreflight.model import Status
 from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, Envelope
 from kvpreflight.record.errors import RecordError, refusal
 from kvpreflight.record.keys import PublicKey
-from kvpreflight.record.predicate import FLEET_PREDICATE_TYPE, PREDICATE_TYPE
+from kvpreflight.record.predicate import FLEET_PREDICATE_TYPE, PREDICATE_TYPE, listed
 from kvpreflight.record.statement import STATEMENT_TYPE, Subject
 
 DEFAULT_MAX_AGE = "24h"
@@ -129,7 +129,7 @@ def _check_signature(envelope: Envelope, key: PublicKey) -> str:
 def _statement(envelope: Envelope) -> dict[str, Any]:
     try:
         statement = json.loads(envelope.payload)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise refusal("signed payload is not JSON; not a kvpreflight record") from None
     if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
         got = statement.get("_type") if isinstance(statement, dict) else type(statement).__name__
@@ -185,10 +185,10 @@ def verify_envelope(envelope: Envelope, key: PublicKey, policy: Policy, *, now: 
         verdict = None
         problems.append(f"verdict {predicate.get('verdict')!r} is not a kvpreflight verdict")
     if verdict is not None and verdict is not Status.PASS and not policy.allow_fail:
-        failed = [c.get("id") for c in predicate.get("checks", []) if isinstance(c, dict) and c.get("status") in ("fail", "inconclusive")]
+        failed = [c.get("id") for c in listed(predicate, "checks") if isinstance(c, dict) and c.get("status") in ("fail", "inconclusive")]
         detail = f" (checks: {', '.join(map(str, failed))})" if failed else ""
         if statement["predicateType"] == FLEET_PREDICATE_TYPE:
-            failed = [f"{d.get('name')} {d.get('verdict')}" for d in predicate.get("deployments", [])
+            failed = [f"{d.get('name')} {d.get('verdict')}" for d in listed(predicate, "deployments")
                       if isinstance(d, dict) and d.get("verdict") != "pass"]
             detail = f" (deployments: {', '.join(map(str, failed))})" if failed else ""
         problems.append(f"verdict is {verdict.value!r}, not 'pass'{detail}; pass --allow-fail to check authenticity only")
@@ -263,20 +263,20 @@ def summary(record: VerifiedRecord, *, path: str, now: datetime | None = None) -
         f"  signed by  keyid {record.keyid[:16]}…",
         f"  verdict    {record.verdict.value}",
         f"  time       {p.get('time')} ({format_duration(now - record.time)} ago) on {p.get('host')}",
-        f"  tool       kvpreflight {(p.get('tool') or {}).get('version')}",
+        f"  tool       kvpreflight {tool.get('version') if isinstance(tool := p.get('tool'), dict) else None}",
     ]
     for i, s in enumerate(record.subjects):
         lines.append(f"  {'subjects' if i == 0 else '':<10} {s.name}=sha256:{s.sha256[:16]}…")
-    for i, e in enumerate(p.get("engines") or []):
+    for i, e in enumerate(listed(p, "engines")):
         if not isinstance(e, dict):
             continue
         desc = (f"{e.get('engine')} {e.get('version') or ''} {e.get('role')} at {e.get('url')}: model {e.get('model')}, "
                 f"pool {e.get('kv_pool_tokens')} tokens, context served {e.get('context_length', e.get('context_served'))}")
         lines.append(f"  {'engines' if i == 0 else '':<10} {' '.join(desc.split())}")
-    for i, d in enumerate(p.get("deployments") or [] if record.is_fleet else []):
+    for i, d in enumerate(listed(p, "deployments") if record.is_fleet else []):
         if isinstance(d, dict):
             lines.append(f"  {'fleet' if i == 0 else '':<10} {d.get('name')}: {d.get('verdict')} ({d.get('record')})")
-    if not p.get("engines") and not record.is_fleet:
+    if not listed(p, "engines") and not record.is_fleet:
         lines.append("  engines    none recorded")
     return "\n".join(lines) + "\n"
 
@@ -294,8 +294,8 @@ def verify_deep(record: VerifiedRecord, directory: Path, key: PublicKey, policy:
         raise RecordError(f"--deep {directory}: not a folder; pass the folder holding the deployment records")
     named = {s.name[len(RECORD_SUBJECT_PREFIX):]: s.sha256 for s in record.subjects if s.name.startswith(RECORD_SUBJECT_PREFIX)}
     problems: list[str] = []
-    for d in record.predicate.get("deployments") or []:
-        if isinstance(d, dict) and d.get("record") not in named:
+    for d in listed(record.predicate, "deployments"):
+        if isinstance(d, dict) and (not isinstance(d.get("record"), str) or d["record"] not in named):
             problems.append(f"deployment {d.get('name')} has no record among the fleet record's subjects")
     verified: list[tuple[str, VerifiedRecord]] = []
     for name, digest in sorted(named.items()):

@@ -102,6 +102,9 @@ def checked_context(
 ) -> tuple[int, str]:
     """The largest context anyone promises: review's --context-length, a boot spec's
     context_length, the engine's own flag; else the model's max_position_embeddings."""
+    if engine_flag is not None and engine_flag <= 0:
+        raise ReviewError(f"{launch.site.file}:{launch.line}: {engine_flag_name} {engine_flag} is not a context length; "
+                          "write the number of tokens the engine serves")
     offers: list[tuple[int, str]] = []
     if inputs.context_length:
         offers.append((inputs.context_length, "review --context-length"))

@@ -3,6 +3,7 @@ last occurrence wins, and a flag's line is kept for annotations."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import overload
@@ -37,14 +38,17 @@ class ParsedArgs:
         if f is None:
             return None
         try:
-            return kind(f.value or "")
+            value = kind(f.value or "")
         except ValueError:
+            value = math.nan
+        if not math.isfinite(value):  # "nan" and "inf" read as floats; no engine setting is either
             where = f"{launch.site.file}:{f.line}"
             hint = "an integer" if kind is int else "a number"
             raise ReviewError(
-                f"{where}: {f.name} {f.value!r} is not {hint}; write the literal value "
+                f"{where}: {f.name} {f.value!r:.60} is not {hint}; write the literal value "
                 "(review does not expand variables it cannot see in the file)"
-            ) from None
+            )
+        return value
 
 
 def parse_args(

@@ -77,6 +77,8 @@ def load_model(path: Path) -> ModelShape:
         ) from None
     except (OSError, ValueError) as exc:
         raise ReviewError(f"{config_path}: cannot read the model config ({exc}); use the model's Hugging Face config.json") from None
+    except RecursionError:
+        raise ReviewError(f"{config_path}: JSON nested too deeply to read; use the model's Hugging Face config.json") from None
     if not isinstance(raw, dict):
         raise ReviewError(f"{config_path}: expected a JSON object (a Hugging Face config.json)")
     text_config = raw.get("text_config")
@@ -86,7 +88,7 @@ def load_model(path: Path) -> ModelShape:
     def need(key: str, *alts: str) -> int:
         for k in (key, *alts):
             v = cfg.get(k)
-            if isinstance(v, int) and v > 0:
+            if isinstance(v, int) and not isinstance(v, bool) and v > 0:
                 return v
         raise ReviewError(f"{config_path}: '{key}' is missing or not a positive integer; review needs it to size the KV cache")
 
@@ -96,7 +98,7 @@ def load_model(path: Path) -> ModelShape:
         if v is None:
             return None
         if isinstance(v, bool) or not isinstance(v, int) or v <= 0:
-            raise ReviewError(f"{config_path}: '{key}' is {v!r}, not a positive integer; fix the model config")
+            raise ReviewError(f"{config_path}: '{key}' is {v!r:.60}, not a positive integer; fix the model config")
         return v
 
     layers = need("num_hidden_layers", "n_layer", "num_layers")
@@ -113,7 +115,8 @@ def load_model(path: Path) -> ModelShape:
         raise ReviewError(f"{config_path}: has kv_lora_rank (MLA) but no qk_rope_head_dim")
     dtype_name = str(cfg.get("torch_dtype") or raw.get("torch_dtype") or cfg.get("dtype") or "bfloat16")
     dtype_bytes = DTYPE_BYTES.get(dtype_name) or 2
-    weight_bytes, weight_source = _weights(config_path.parent, raw, cfg, dtype_bytes)
+    weight_bytes, weight_source = _weights(config_path, raw, cfg, dtype_bytes)
+    context = optional("max_position_embeddings") or optional("max_sequence_length")
     return ModelShape(
         name=name,
         config_path=str(config_path),
@@ -123,7 +126,7 @@ def load_model(path: Path) -> ModelShape:
         head_dim=int(head_dim),
         kv_lora_rank=int(mla) if mla else None,
         qk_rope_head_dim=int(rope) if rope else None,
-        max_position_embeddings=cfg.get("max_position_embeddings") or cfg.get("max_sequence_length"),
+        max_position_embeddings=context,
         dtype_bytes=dtype_bytes,
         weight_bytes=weight_bytes,
         weight_source=weight_source,
@@ -147,42 +150,65 @@ def _sliding(cfg: dict[str, Any]) -> str | None:
     return None
 
 
-def _weights(folder: Path, raw: dict[str, Any], cfg: dict[str, Any], dtype_bytes: int) -> tuple[int, str]:
-    index = folder / "model.safetensors.index.json"
+def _weights(config_path: Path, raw: dict[str, Any], cfg: dict[str, Any], dtype_bytes: int) -> tuple[int, str]:
+    index = config_path.parent / "model.safetensors.index.json"
     if index.is_file():
         try:
             total = json.loads(index.read_text(encoding="utf-8"))["metadata"]["total_size"]
-            return int(total), f"{index.name} metadata.total_size"
-        except (OSError, ValueError, KeyError, TypeError):
+        except (OSError, ValueError, KeyError, TypeError, RecursionError):
             raise ReviewError(f"{index}: no metadata.total_size; fix the file or remove it to estimate from config.json") from None
-    params = parameter_count(cfg)
-    quant = raw.get("quantization_config") or {}
-    per = 1 if str(quant.get("quant_method", "")).lower() == "fp8" else dtype_bytes
+        if isinstance(total, bool) or not isinstance(total, int) or total <= 0:
+            raise ReviewError(f"{index}: metadata.total_size is {str(total)[:40]!r}, not a positive number of bytes; "
+                              "fix the file or remove it to estimate from config.json")
+        return total, f"{index.name} metadata.total_size"
+    try:
+        params = parameter_count(cfg)
+    except ReviewError as exc:
+        raise ReviewError(f"{config_path}: {exc}") from None
+    quant = raw.get("quantization_config")
+    method = quant.get("quant_method", "") if isinstance(quant, dict) else ""
+    per = 1 if str(method).lower() == "fp8" else dtype_bytes
     return params * per, f"parameter count from config.json ({params:,} x {per} B; approximate)"
 
 
 def parameter_count(cfg: dict[str, Any]) -> int:
     """Parameters of a decoder-only transformer as its config describes it (Llama/Qwen/Mistral
-    dense, Mixtral/Qwen-MoE/DeepSeek MoE and MLA). Biases are ignored."""
-    h = cfg["hidden_size"]
-    layers = cfg["num_hidden_layers"]
-    heads = cfg["num_attention_heads"]
-    kv = cfg.get("num_key_value_heads") or heads
-    hd = cfg.get("head_dim") or h // heads
-    vocab = cfg.get("vocab_size", 0)
-    inter = cfg.get("intermediate_size", 4 * h)
-    if cfg.get("kv_lora_rank"):
-        nope, rope, v = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
-        ql = cfg.get("q_lora_rank")
+    dense, Mixtral/Qwen-MoE/DeepSeek MoE and MLA). Biases are ignored. A size that is not a whole
+    number is a ReviewError naming its key."""
+
+    def size(*keys: str, default: int | None = None) -> int:
+        """The first of `keys` the config states as a number above 0; else `default` (none: required)."""
+        for key in keys:
+            value = cfg.get(key)
+            if value is None:
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ReviewError(f"'{key}' is {str(value)[:40]!r}, not a whole number; fix the model config")
+            if value > 0:
+                return value
+        if default is None:
+            raise ReviewError(f"'{keys[0]}' is missing or 0; review needs it to count the model's parameters")
+        return default
+
+    h = size("hidden_size", "n_embd", "d_model")
+    layers = size("num_hidden_layers", "n_layer", "num_layers")
+    heads = size("num_attention_heads", "n_head")
+    kv = size("num_key_value_heads", default=heads)
+    hd = size("head_dim", default=h // heads)
+    vocab = size("vocab_size", default=0)
+    inter = size("intermediate_size", default=4 * h)
+    if size("kv_lora_rank", default=0):
+        nope, rope, v = size("qk_nope_head_dim"), size("qk_rope_head_dim"), size("v_head_dim")
+        ql = size("q_lora_rank", default=0)
         q = h * ql + ql * heads * (nope + rope) + ql if ql else h * heads * (nope + rope)
-        kvr = cfg["kv_lora_rank"]
+        kvr = size("kv_lora_rank")
         attn = q + h * (kvr + rope) + kvr + kvr * heads * (nope + v) + heads * v * h
     else:
         attn = h * heads * hd + 2 * h * kv * hd + heads * hd * h
-    experts = cfg.get("n_routed_experts") or cfg.get("num_local_experts") or cfg.get("num_experts") or 0
-    moe_inter = cfg.get("moe_intermediate_size") or inter
-    shared = (cfg.get("n_shared_experts") or 0) * 3 * h * moe_inter + 3 * h * (cfg.get("shared_expert_intermediate_size") or 0)
-    dense_layers = cfg.get("first_k_dense_replace", 0) if experts else layers
+    experts = size("n_routed_experts", "num_local_experts", "num_experts", default=0)
+    moe_inter = size("moe_intermediate_size", default=inter)
+    shared = size("n_shared_experts", default=0) * 3 * h * moe_inter + 3 * h * size("shared_expert_intermediate_size", default=0)
+    dense_layers = min(size("first_k_dense_replace", default=0), layers) if experts else layers
     dense_mlp = 3 * h * inter
     moe_mlp = experts * 3 * h * moe_inter + h * experts + shared
     total = layers * (attn + 2 * h) + dense_layers * dense_mlp + (layers - dense_layers) * moe_mlp

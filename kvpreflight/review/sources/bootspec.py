@@ -20,7 +20,9 @@ def sites(path: Path, docs: list[Node]) -> list[CommandSite]:
             try:
                 context = int(ctx_node.value or "")
             except ValueError:
-                raise ReviewError(f"{path}:{line(ctx_node)}: context_length {ctx_node.value!r} is not an integer") from None
+                context = 0
+            if context <= 0:
+                raise ReviewError(f"{path}:{line(ctx_node)}: context_length {ctx_node.value!r:.60} is not a positive integer")
         for i, eng in enumerate(items(get(doc, "engines"))):
             role = scalar(get(eng, "role"))
             if role == "router":

@@ -8,15 +8,16 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
 
-from kvpreflight.fields import bound_expansion
+from kvpreflight.fields import BoundedLoader, bound_expansion
 from kvpreflight.review.commandline import tokenize
 from kvpreflight.review.interface import ReviewError, Token
 
 
 def load_documents(path: Path, text: str) -> list[Node]:
-    """Every YAML document of a file as nodes; an alias bomb is refused, not walked."""
+    """Every YAML document of a file as nodes; an alias bomb or a value nested past MAX_DEPTH is
+    refused, not walked."""
     try:
-        documents = [d for d in yaml.compose_all(text, Loader=yaml.SafeLoader) if d is not None]
+        documents = [d for d in yaml.compose_all(text, Loader=BoundedLoader) if d is not None]
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark else str(path)
