@@ -174,6 +174,8 @@ def test_verify_writes_a_passed_vsa_that_verify_then_accepts(tmp_path):
     assert ok.returncode == 0 and ok.stderr == f"OK: {out}\n", ok.stderr
     elsewhere = run_cli("verify", out, "--key", public, "--subject", SUBJECT, "--resource-uri", "oci://other")
     assert elsewhere.returncode == 1 and "not --resource-uri 'oci://other'" in elsewhere.stderr
+    unchecked = run_cli("verify", record, "--key", public, "--subject", SUBJECT, "--resource-uri", URI)
+    assert unchecked.returncode == 1 and "--resource-uri is checked in a Verification Summary" in unchecked.stderr
     weaker = run_cli("verify", other, "--key", public, "--subject", SUBJECT)
     assert weaker.returncode == 1 and "verifiedLevels lack KVPREFLIGHT_CAPACITY_VERIFIED" in weaker.stderr
 

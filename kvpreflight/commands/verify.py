@@ -16,7 +16,7 @@ if TYPE_CHECKING:
 def register(app: typer.Typer) -> None:
     @app.command("verify")
     def verify(
-        records: list[Path] = typer.Argument(..., help="Files to verify: records written by `check --record` (or `fleet --record`), Test Results (`check --test-result`), Verification Summaries (`verify --vsa`)."),
+        records: list[Path] = typer.Argument(..., metavar="RECORD", help="Files to verify: records written by `check --record` (or `fleet --record`), Test Results (`check --test-result`), Verification Summaries (`verify --vsa`)."),
         key: Path = typer.Option(..., "--key", help="The signer's public key (kvpreflight.pub)."),
         subject: list[str] | None = typer.Option(None, "--subject", help="NAME=sha256:HEX that must be in the record with exactly this digest. Repeatable."),
         max_age: str = typer.Option("24h", "--max-age", help="Refuse a record or Verification Summary older than this (s, m, h, d); a Test Result carries no time: verify it with its record."),
@@ -46,6 +46,7 @@ def register(app: typer.Typer) -> None:
             read_record,
             summary,
         )
+        from kvpreflight.record.attest import VSA_PREDICATE_TYPE
         from kvpreflight.record.errors import RecordRefused
         from kvpreflight.record.verify import VerifiedRecord, verify_attestation
 
@@ -79,7 +80,7 @@ def register(app: typer.Typer) -> None:
             resource_uri=None if vsa is not None else resource_uri,
         )
         public = load_public_key(key)
-        refused = saw_record = False
+        refused = saw_record = saw_summary = False
         for record in records:
             envelope = read_record(record)
             deep_records = []
@@ -108,10 +109,15 @@ def register(app: typer.Typer) -> None:
                 saw_record = True
             elif deep is not None or vsa is not None:
                 raise RecordError(f"--{'deep' if deep is not None else 'vsa'} needs a kvpreflight record; {record} is a {verified.predicate_type}")
+            else:
+                saw_summary = saw_summary or verified.predicate_type == VSA_PREDICATE_TYPE
             sys.stderr.write(f"OK: {record}\n")
+        # An option that no file let us check is not a pass: say so.
         if (expect_model or expect_engine_version) and not saw_record and not refused:
-            # Only our record names the engines; a check that could not be made is not a pass.
             sys.stderr.write("FAIL: --expect-model and --expect-engine-version are checked in a kvpreflight record; pass the record too\n")
+            refused = True
+        if vsa is None and resource_uri and not saw_summary and not refused:
+            sys.stderr.write("FAIL: --resource-uri is checked in a Verification Summary (or written into one with --vsa); none was given\n")
             refused = True
         if refused:
             raise typer.Exit(1)
