@@ -72,6 +72,8 @@ class RecordPlan:
     signer: Any  # kvpreflight.record.SigningKey, or None for an unsigned record
     subjects: tuple[Any, ...]  # kvpreflight.record.Subject
     command_line: tuple[str, ...]  # as typed (secrets are redacted when the record is built)
+    test_result: Path | None = None  # also write an in-toto Test Result here (same key, same subjects)
+    configuration: tuple[tuple[str, Path], ...] = ()  # (name, file) the Test Result lists by digest
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -122,10 +122,12 @@ def booted_plan(plan: CheckPlan, spec: DeploymentSpec, deployment: BootedDeploym
 
 
 def prepare_record(path: Path, *, sign_key: str | None, subjects: Sequence[str], unsigned: bool,
-                   command_line: Sequence[str], reads_files: bool) -> RecordPlan:
+                   command_line: Sequence[str], reads_files: bool, test_result: Path | None = None,
+                   advisory_dirs: Sequence[Path] = (), spec: Path | None = None) -> RecordPlan:
     """Everything a record needs, checked before any engine is contacted: the key loads, every
     subject parses, and the record will have at least one subject (`reads_files`: the run reads a
-    log or spec file, whose digest becomes a subject)."""
+    log or spec file, whose digest becomes a subject). With `test_result`, the Test Result's
+    configuration: kvpreflight's thresholds and advisories, `advisory_dirs`' files and `spec`."""
     from kvpreflight.record import parse_subjects, prepare_signer
 
     signer = prepare_signer(sign_key, unsigned=unsigned)
@@ -133,7 +135,15 @@ def prepare_record(path: Path, *, sign_key: str | None, subjects: Sequence[str],
     if not parsed and not reads_files:
         raise ConfigError("a record needs at least one subject: pass --subject NAME=sha256:HEX "
                           "(the image, config or model revision it is about)")
-    return RecordPlan(path=path, signer=signer, subjects=parsed, command_line=tuple(command_line))
+    configuration: tuple[tuple[str, Path], ...] = ()
+    if test_result is not None:
+        from kvpreflight.record.attest import configuration_files
+
+        if Path(test_result) == Path(path):
+            raise ConfigError(f"--test-result {test_result} is the --record file; give the Test Result its own file")
+        configuration = configuration_files(advisory_dirs, spec)
+    return RecordPlan(path=path, signer=signer, subjects=parsed, command_line=tuple(command_line),
+                      test_result=test_result, configuration=configuration)
 
 
 def publish(report: Report, output: OutputPlan, *, files_read: Iterable[Path] = (), secrets: Iterable[str] = (),
@@ -155,6 +165,10 @@ def publish(report: Report, output: OutputPlan, *, files_read: Iterable[Path] = 
 
     record = output.record
     path = emit_record(report, path=record.path, signer=record.signer, command_line=list(record.command_line),
-                       subjects=list(record.subjects), files_read=list(files_read), secrets=secrets)
-    progress(f"record written to {path} ({'signed' if record.signer else 'UNSIGNED'})")
+                       subjects=list(record.subjects), files_read=list(files_read), secrets=secrets,
+                       test_result=record.test_result, configuration=record.configuration)
+    signed = "signed" if record.signer else "UNSIGNED"
+    if record.test_result is not None:
+        progress(f"in-toto Test Result written to {record.test_result} ({signed})")
+    progress(f"record written to {path} ({signed})")
     return path

@@ -16,12 +16,13 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from record_support import APP, load, make_keys, sample_report, write_signed
+from record_support import APP, APP_DIGEST, load, make_keys, run_cli, sample_report, write_signed
 from securesystemslib.dsse import Envelope as SslibEnvelope
 from securesystemslib.exceptions import VerificationError
 from securesystemslib.signer import CryptoSigner, SSlibKey
 
-from kvpreflight.record import Policy, build_statement, load_public_key, verify_envelope
+from kvpreflight.record import Policy, build_statement, emit_record, load_public_key, verify_envelope
+from kvpreflight.record.attest import TEST_RESULT_PREDICATE_TYPE, configuration_files
 from kvpreflight.record.dsse import envelope_from_dict
 from kvpreflight.record.sign import statement_bytes
 
@@ -88,6 +89,25 @@ def test_we_verify_an_envelope_that_securesystemslib_signed(tmp_path):
     assert verified.verdict == "pass" and verified.keyid == ours.keyid
 
 
+def write_pair(directory: Path, key) -> tuple[Path, Path]:
+    """Our record and its in-toto Test Result, as `check --record --test-result` writes them."""
+    record, tested = directory / "record.dsse.json", directory / "record.test-result.dsse.json"
+    emit_record(sample_report(), path=record, signer=key, command_line=["kvpreflight", "check"], subjects=[APP],
+                test_result=tested, configuration=configuration_files())
+    return record, tested
+
+
+@pytest.mark.parametrize("algorithm", ["ecdsa-p256", "ed25519"])
+def test_securesystemslib_verifies_the_record_and_test_result_pair(tmp_path, algorithm):
+    key, _, public = make_keys(tmp_path / "k", algorithm)
+    record, tested = write_pair(tmp_path, key)
+    for path in (record, tested):
+        accepted = SslibEnvelope.from_dict(load(path)).verify([sslib_key(public)], 1)
+        assert list(accepted) == [key.keyid], path
+    statement = json.loads(SslibEnvelope.from_dict(load(tested)).payload)
+    assert statement["predicateType"] == TEST_RESULT_PREDICATE_TYPE and statement["predicate"]["result"] == "WARNED"
+
+
 @pytest.fixture(scope="session")
 def sigstore_js(tmp_path_factory) -> Path:
     node, npm = shutil.which("node"), shutil.which("npm")
@@ -125,3 +145,14 @@ def test_sigstore_js_verifies_our_record_offline(tmp_path, sigstore_js, algorith
     bad.write_text(json.dumps(env))
     refused = run_sigstore_js(sigstore_js, bad, public)
     assert refused.returncode == 1 and "SIGNATURE_ERROR" in refused.stdout, refused.stdout + refused.stderr
+
+
+@pytest.mark.slow
+def test_sigstore_js_and_kvpreflight_verify_the_record_and_test_result_pair(tmp_path, sigstore_js):
+    key, _, public = make_keys(tmp_path / "k")
+    record, tested = write_pair(tmp_path, key)
+    for path in (record, tested):
+        ok = run_sigstore_js(sigstore_js, path, public)
+        assert ok.returncode == 0 and "sigstore-js: verified" in ok.stdout, ok.stdout + ok.stderr
+    ours = run_cli("verify", record, tested, "--key", public, "--subject", f"app=sha256:{APP_DIGEST}", "--allow-warned")
+    assert ours.returncode == 0 and ours.stderr == f"OK: {record}\nOK: {tested}\n", ours.stderr

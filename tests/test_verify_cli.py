@@ -40,7 +40,8 @@ def assert_refused(result: subprocess.CompletedProcess, *fragments: str) -> None
     assert result.returncode == 1, result.stderr
     assert result.stdout == ""
     assert "Traceback" not in result.stderr
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("kvpreflight: error: refused: ")
+    # one line, as sigstore's CLI writes it: FAIL: <file>: <reason>
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("FAIL: ") and ": refused: " in result.stderr
     for fragment in fragments:
         assert fragment in result.stderr, result.stderr
 
@@ -68,7 +69,7 @@ def test_round_trip_keygen_sign_verify(tmp_path):
     write_signed(path, key)
     ok = verify(path, tmp_path / "k" / "kvpreflight.pub", "--subject", SUBJECT)
     assert ok.returncode == 0, ok.stderr
-    assert ok.stderr == ""
+    assert ok.stderr == f"OK: {path}\n"
     assert "verified" in ok.stdout and "verdict    pass" in ok.stdout
     assert f"app=sha256:{APP_DIGEST[:16]}" in ok.stdout
     assert "sglang 0.4.9 prefill at http://prefill-0:30000" in ok.stdout and "pool 139264 tokens" in ok.stdout

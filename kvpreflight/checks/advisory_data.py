@@ -171,14 +171,19 @@ def _satisfies(version: tuple[int, ...], constraint: str) -> bool:
     return {"<": a < b, "<=": a <= b, ">": a > b, ">=": a >= b, "==": a == b}[op]
 
 
+def advisory_files(folder: Path) -> list[Path]:
+    """The advisory files of one folder, in the order they are read."""
+    if not folder.is_dir():
+        raise CheckDataError(f"advisory folder {folder} does not exist")
+    return sorted(folder.glob("*.y*ml"))
+
+
 def load_advisories(extra_dirs: Sequence[Path] = ()) -> tuple[Advisory, ...]:
     """kvpreflight's advisories, then each extra folder's; an id may appear once in all of them."""
     out: list[Advisory] = []
     seen: dict[str, str] = {}
     for folder in (data_dir() / "advisories", *extra_dirs):
-        if not folder.is_dir():
-            raise CheckDataError(f"advisory folder {folder} does not exist")
-        for path in sorted(folder.glob("*.y*ml")):
+        for path in advisory_files(folder):
             entries = load_yaml(path)
             if entries is None:
                 continue

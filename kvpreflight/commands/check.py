@@ -68,6 +68,7 @@ def register(app: typer.Typer) -> None:
         sign_key: str | None = typer.Option(None, "--sign-key", help="Private key file for --record (or set KVPREFLIGHT_SIGN_KEY to its path)."),
         subject: list[str] | None = typer.Option(None, "--subject", help="NAME=sha256:HEX the record is about (image, config, model revision). Repeatable."),
         unsigned: bool = typer.Option(False, "--unsigned", help="Write the record unsigned (verify will refuse it)."),
+        test_result: Path | None = typer.Option(None, "--test-result", help="With --record: also write an in-toto Test Result (DSSE, same key and subjects) here."),
         boot: Path | None = typer.Option(None, "--boot", help="Boot the deployment in this spec (YAML), check it, stop everything."),
         log_dir: Path | None = typer.Option(None, "--log-dir", help="With --boot: where engine logs go (default: a new temporary folder)."),
     ) -> None:
@@ -100,10 +101,11 @@ def register(app: typer.Typer) -> None:
         if no_calibrate and not plan_only:
             raise ConfigError("--no-calibrate only makes sense with --plan")
         if plan_only:
-            _print_plan(plan, spec, measure=not no_calibrate, fmt=fmt, output=output, unwanted=(record, subject, unsigned))
+            _print_plan(plan, spec, measure=not no_calibrate, fmt=fmt, output=output, unwanted=(record, subject, unsigned, test_result))
             return
         out = build_output(fmt=fmt, output=output, record=record, sign_key=sign_key, subjects=tuple(subject or ()),
-                           unsigned=unsigned, command_line=tuple(sys.argv), reads_files=bool(plan.logs) or spec is not None)
+                           unsigned=unsigned, command_line=tuple(sys.argv), reads_files=bool(plan.logs) or spec is not None,
+                           test_result=test_result, advisory_dirs=plan.advisory_dirs, spec=boot)
         preflight.validate(plan)
         from kvpreflight.errors import KvpreflightError
         from kvpreflight.redact import Redactor
@@ -150,7 +152,7 @@ def _print_plan(plan: CheckPlan, spec: DeploymentSpec | None, *, measure: bool, 
     if spec is not None:
         raise ConfigError("--plan reads running engines; drop --boot (boot the deployment, then --plan its endpoints)")
     if any(unwanted):
-        raise ConfigError("--plan writes no record; drop --record, --subject and --unsigned")
+        raise ConfigError("--plan writes no record; drop --record, --subject, --unsigned and --test-result")
     if fmt not in (None, "table", "json"):
         raise ConfigError(f"--plan prints a table or JSON, not --format {fmt}")
     scrub = Redactor(plan.auth.secrets).text

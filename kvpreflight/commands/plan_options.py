@@ -140,7 +140,8 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
 
 def build_output(*, fmt: str | None, output: Path | None, record: Path | None, sign_key: str | None,
                  subjects: tuple[str, ...], unsigned: bool, command_line: tuple[str, ...],
-                 reads_files: bool) -> OutputPlan:
+                 reads_files: bool, test_result: Path | None = None, advisory_dirs: tuple[Path, ...] = (),
+                 spec: Path | None = None) -> OutputPlan:
     """The report format and file, and the record plan (key loaded, subjects parsed) if asked for."""
     from kvpreflight.formats import FORMATS
     from kvpreflight.preflight import prepare_record
@@ -150,7 +151,8 @@ def build_output(*, fmt: str | None, output: Path | None, record: Path | None, s
     record_plan = None
     if record is not None:
         record_plan = prepare_record(record, sign_key=sign_key, subjects=subjects, unsigned=unsigned,
-                                     command_line=command_line, reads_files=reads_files)
-    elif sign_key or subjects or unsigned:
-        raise ConfigError("--sign-key, --subject and --unsigned only make sense with --record FILE")
+                                     command_line=command_line, reads_files=reads_files, test_result=test_result,
+                                     advisory_dirs=advisory_dirs, spec=spec)
+    elif sign_key or subjects or unsigned or test_result:
+        raise ConfigError("--sign-key, --subject, --unsigned and --test-result only make sense with --record FILE")
     return OutputPlan(format=fmt or "table", path=output, record=record_plan)

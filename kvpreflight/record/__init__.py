@@ -11,7 +11,9 @@ Public interface (what ``check`` and ``verify`` call). Most commands need only `
 - :func:`load_signing_key` (path) -> :class:`SigningKey`
 - :func:`sign_statement` (statement, key) -> DSSE envelope dict; :func:`unsigned_envelope` (statement)
 - :func:`write_record` (path, envelope)
-- :func:`read_record`, :func:`load_public_key`, :class:`Policy`, :func:`verify_envelope`
+- :func:`read_record`, :func:`load_public_key`, :class:`Policy`, :func:`verify_envelope` (our records);
+  :func:`verify_attestation` (ours, an in-toto Test Result or a SLSA Verification Summary)
+- ``attest.py``: the Test Result ``emit_record(..., test_result=)`` writes and the VSA ``verify --vsa`` writes
 
 Every failure is a :class:`RecordError` (exit 2 bad input, exit 1 refusal).
 """
@@ -33,13 +35,22 @@ from kvpreflight.record.predicate import FLEET_PREDICATE_TYPE, PREDICATE_TYPE, F
 from kvpreflight.record.release import emit_record, parse_subjects, prepare_signer
 from kvpreflight.record.sign import read_record, sign_statement, unsigned_envelope, write_record
 from kvpreflight.record.statement import STATEMENT_TYPE, Subject, build_statement, file_subject, parse_subject, statement
-from kvpreflight.record.verify import Policy, VerifiedRecord, parse_duration, parse_required, summary, verify_envelope
+from kvpreflight.record.verify import (
+    Policy,
+    VerifiedAttestation,
+    VerifiedRecord,
+    parse_duration,
+    parse_required,
+    summary,
+    verify_attestation,
+    verify_envelope,
+)
 from kvpreflight.redact import redact_command_line
 
 __all__ = [
     "FLEET_PREDICATE_TYPE", "IN_TOTO_PAYLOAD_TYPE", "PASSWORD_ENV", "PREDICATE_TYPE", "SIGN_KEY_ENV", "STATEMENT_TYPE",
-    "Envelope", "FleetDeployment", "FleetPredicate", "Policy", "ReleasePredicate", "PublicKey", "RecordError", "SigningKey", "Subject", "VerifiedRecord",
+    "Envelope", "FleetDeployment", "FleetPredicate", "Policy", "ReleasePredicate", "PublicKey", "RecordError", "SigningKey", "Subject", "VerifiedAttestation", "VerifiedRecord",
     "build_statement", "emit_record", "parse_subjects", "prepare_signer", "file_subject", "generate", "load_public_key", "load_signing_key", "pae",
     "parse_duration", "parse_required", "parse_subject", "read_record", "redact_command_line", "resolve_sign_key_path",
-    "sign_statement", "statement", "summary", "unsigned_envelope", "verify_envelope", "write_keypair", "write_record",
+    "sign_statement", "statement", "summary", "unsigned_envelope", "verify_attestation", "verify_envelope", "write_keypair", "write_record",
 ]

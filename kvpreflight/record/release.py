@@ -4,7 +4,7 @@
    ``subjects = parse_subjects(subject_options)``, so a missing key or a bad ``--subject`` is exit 2
    before minutes of probing.
 2. After the report exists: ``emit_record(report, path=..., signer=signer, command_line=sys.argv,
-   subjects=subjects, files_read=[...], secrets=...)``.
+   subjects=subjects, files_read=[...], secrets=..., test_result=..., configuration=...)``.
 """
 
 from __future__ import annotations
@@ -12,13 +12,16 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from kvpreflight.errors import naming
 from kvpreflight.model import Report
+from kvpreflight.record.attest import TestResultPredicate
 from kvpreflight.record.errors import RecordError
 from kvpreflight.record.keys import SIGN_KEY_ENV, SigningKey, load_signing_key, resolve_sign_key_path
 from kvpreflight.record.sign import sign_statement, unsigned_envelope, write_record
-from kvpreflight.record.statement import Subject, build_statement, parse_subject
+from kvpreflight.record.statement import Subject, build_statement, parse_subject, subjects_of
+from kvpreflight.record.statement import statement as build_statement_of
 
 
 def parse_subjects(options: Iterable[str] | None) -> list[Subject]:
@@ -52,10 +55,22 @@ def emit_record(
     subjects: Sequence[Subject],
     files_read: Iterable[str | os.PathLike[str]] = (),
     secrets: Iterable[str] = (),
+    test_result: str | os.PathLike[str] | None = None,
+    configuration: Sequence[tuple[str, Path]] = (),
 ) -> Path:
     """Build the statement (with `secrets` and every URL credential removed), sign it (or mark it
-    unsigned when ``signer`` is None) and write it."""
+    unsigned when ``signer`` is None) and write it.
+
+    With `test_result`, also write an in-toto Test Result there: the same subjects, the same key,
+    `configuration` (name, file) listed by digest."""
     statement = build_statement(report, command_line=command_line, subjects=subjects,
                                 files_read=[Path(p) for p in files_read], secrets=secrets)
-    envelope = sign_statement(statement, signer) if signer is not None else unsigned_envelope(statement)
-    return write_record(path, envelope)
+
+    def sign(body: dict[str, Any]) -> dict[str, Any]:
+        return sign_statement(body, signer) if signer is not None else unsigned_envelope(body)
+
+    if test_result is not None:  # written first: the record on disk means both were made
+        tested = build_statement_of(TestResultPredicate.of(report, configuration), subjects=subjects_of(statement),
+                                    command_line=command_line, secrets=secrets)
+        write_record(test_result, sign(tested))
+    return write_record(path, sign(statement))

@@ -12,17 +12,20 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpreflight.clock import rfc3339
 from kvpreflight.model import Report
 from kvpreflight.record.errors import RecordError
-from kvpreflight.record.predicate import Predicate, ReleasePredicate
+from kvpreflight.record.predicate import FleetPredicate, Predicate, ReleasePredicate
 from kvpreflight.redact import MIN_INFERRED_SECRET_CHARS, Redactor, env_secrets, redact_command_line
+
+if TYPE_CHECKING:
+    from kvpreflight.record.attest import StandardPredicate
 
 STATEMENT_TYPE = "https://in-toto.io/Statement/v1"
 
@@ -83,19 +86,22 @@ def _merge_subjects(subjects: Iterable[Subject]) -> list[Subject]:
     return list(seen.values())
 
 
-def statement(predicate: Predicate, *, subjects: Sequence[Subject], command_line: Sequence[str],
+def statement(predicate: Predicate | StandardPredicate, *, subjects: Sequence[Subject], command_line: Sequence[str],
               secrets: Iterable[str] = ()) -> dict[str, Any]:
     """An in-toto Statement v1 carrying `predicate` (its type says which), about `subjects`.
 
     `command_line` is argv, with or without the program name; the values of secret options are
-    dropped. Then every secret (`secrets`, the dropped values, the values of secret-named
-    environment variables) and every URL credential is removed from the whole predicate.
+    dropped (kvpreflight's own predicates keep the rest; the standard ones have no field for it).
+    Then every secret (`secrets`, the dropped values, the values of secret-named environment
+    variables) and every URL credential is removed from the whole predicate.
     """
     if not subjects:
         raise RecordError("a record needs at least one subject; pass --subject NAME=sha256:HEX for the artifact being released")
     argv, dropped = redact_command_line(command_line)
     guessed = [s for s in [*dropped, *env_secrets()] if len(s) >= MIN_INFERRED_SECRET_CHARS]
-    body = Redactor([*secrets, *guessed]).value(replace(predicate, command_line=tuple(argv)).to_dict())
+    if isinstance(predicate, (ReleasePredicate, FleetPredicate)):
+        predicate = replace(predicate, command_line=tuple(argv))
+    body = Redactor([*secrets, *guessed]).value(predicate.to_dict())
     engines = [e for e in body.get("engines") or [] if isinstance(e, dict) and isinstance(e.get("url"), str)]
     all_subjects = _merge_subjects([*subjects, *(engine_subject(e) for e in engines)])
     return {
@@ -104,6 +110,17 @@ def statement(predicate: Predicate, *, subjects: Sequence[Subject], command_line
         "predicateType": predicate.predicate_type,
         "predicate": body,
     }
+
+
+def subjects_of(statement: Mapping[str, Any]) -> tuple[Subject, ...]:
+    """The sha256 subjects of a statement dict (others are skipped: kvpreflight writes none)."""
+    out = []
+    for item in statement.get("subject") or []:
+        if isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("digest"), dict):
+            digest = item["digest"].get("sha256")
+            if isinstance(digest, str):
+                out.append(Subject(item["name"], digest.lower()))
+    return tuple(out)
 
 
 ENGINE_IDENTITY = ("engine", "version", "model", "settings")

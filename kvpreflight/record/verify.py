@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from kvpreflight.model import Status
+from kvpreflight.record.attest import TEST_RESULT_PREDICATE_TYPE, VERIFIER_ID, VSA_PREDICATE_TYPE, TestOutcome, level_of, named_check
 from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, Envelope
 from kvpreflight.record.errors import RecordError, refusal
 from kvpreflight.record.keys import PublicKey
 from kvpreflight.record.predicate import FLEET_PREDICATE_TYPE, PREDICATE_TYPE, listed
-from kvpreflight.record.statement import STATEMENT_TYPE, Subject
+from kvpreflight.record.statement import STATEMENT_TYPE, Subject, subjects_of
 
 DEFAULT_MAX_AGE = "24h"
 # A release must have proved these, not skipped, waived or failed to measure them (verify --require).
@@ -80,6 +81,8 @@ class Policy:
     required: tuple[str, ...] = DEFAULT_REQUIRED  # check ids that must have run and decided (none under allow_fail)
     expect_model: str | None = None  # every engine must report serving this model
     expect_engine_version: str | None = None  # every engine must report this version
+    allow_warned: bool = False  # a Test Result may say WARNED (skips, waivers, warnings), not only PASSED
+    resource_uri: str | None = None  # a VSA must be about this resource
 
     def __post_init__(self) -> None:
         if not self.subjects and not self.any_subject:
@@ -126,7 +129,11 @@ def _check_signature(envelope: Envelope, key: PublicKey) -> str:
     raise refusal(f"signature does not verify with {key.source}: the payload or the signature was altered after signing")
 
 
-def _statement(envelope: Envelope) -> dict[str, Any]:
+RECORD_TYPES = (PREDICATE_TYPE, FLEET_PREDICATE_TYPE)
+ATTESTATION_TYPES = (*RECORD_TYPES, TEST_RESULT_PREDICATE_TYPE, VSA_PREDICATE_TYPE)
+
+
+def _statement(envelope: Envelope, accepted: tuple[str, ...] = RECORD_TYPES) -> dict[str, Any]:
     try:
         statement = json.loads(envelope.payload)
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
@@ -134,21 +141,12 @@ def _statement(envelope: Envelope) -> dict[str, Any]:
     if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
         got = statement.get("_type") if isinstance(statement, dict) else type(statement).__name__
         raise refusal(f"statement type is {got!r}, expected {STATEMENT_TYPE!r}")
-    if statement.get("predicateType") not in (PREDICATE_TYPE, FLEET_PREDICATE_TYPE):
-        raise refusal(f"predicateType is {statement.get('predicateType')!r}, expected {PREDICATE_TYPE!r}; not a kvpreflight release record")
+    if statement.get("predicateType") not in accepted:
+        what = "a kvpreflight release record" if accepted == RECORD_TYPES else "a kvpreflight record, Test Result or Verification Summary"
+        raise refusal(f"predicateType is {statement.get('predicateType')!r}, expected {' or '.join(map(repr, accepted))}; not {what}")
     if not isinstance(statement.get("predicate"), dict) or not isinstance(statement.get("subject"), list):
         raise refusal("statement has no predicate object or subject list")
     return statement
-
-
-def _subjects(statement: dict[str, Any]) -> tuple[Subject, ...]:
-    out = []
-    for item in statement["subject"]:
-        if isinstance(item, dict) and isinstance(item.get("name"), str) and isinstance(item.get("digest"), dict):
-            digest = item["digest"].get("sha256")
-            if isinstance(digest, str):
-                out.append(Subject(item["name"], digest.lower()))
-    return tuple(out)
 
 
 def verify_envelope(envelope: Envelope, key: PublicKey, policy: Policy, *, now: datetime | None = None) -> VerifiedRecord:
@@ -156,28 +154,11 @@ def verify_envelope(envelope: Envelope, key: PublicKey, policy: Policy, *, now: 
     keyid = _check_signature(envelope, key)
     statement = _statement(envelope)
     predicate = statement["predicate"]
-    recorded = _subjects(statement)
-    by_name = {s.name: s for s in recorded}
-    problems: list[str] = []
-
-    for want in policy.subjects:
-        have = by_name.get(want.name)
-        if have is None:
-            names = ", ".join(sorted(by_name)) or "none"
-            problems.append(f"subject {want.name} is not in the record (it names: {names})")
-        elif have.sha256 != want.sha256:
-            problems.append(f"subject {want.name} has digest sha256:{have.sha256} in the record, not sha256:{want.sha256}")
-
+    recorded = subjects_of(statement)
+    problems = _subject_problems(recorded, policy)
     now = now or datetime.now(UTC)
-    moment = _parse_time(predicate.get("time"))
-    if moment is None:
-        problems.append(f"record time {predicate.get('time')!r} is missing or not RFC 3339")
-    else:
-        age = now - moment
-        if age < -FUTURE_SKEW:
-            problems.append(f"record is dated {format_duration(age)} in the future ({predicate['time']}); check the signer's clock")
-        elif age > policy.max_age:
-            problems.append(f"record is {format_duration(age)} old, older than --max-age {format_duration(policy.max_age)} ({predicate['time']}); run the preflight again")
+    moment, late = _age(predicate.get("time"), now, policy, "record")
+    problems += late
 
     try:
         verdict: Status | None = Status(predicate.get("verdict"))
@@ -203,6 +184,113 @@ def verify_envelope(envelope: Envelope, key: PublicKey, policy: Policy, *, now: 
         raise refusal("; ".join(problems))
     return VerifiedRecord(keyid=keyid, time=moment, verdict=verdict, subjects=recorded, predicate=predicate,
                           predicate_type=statement["predicateType"])
+
+
+def _subject_problems(recorded: tuple[Subject, ...], policy: Policy) -> list[str]:
+    by_name = {s.name: s for s in recorded}
+    problems = []
+    for want in policy.subjects:
+        have = by_name.get(want.name)
+        if have is None:
+            names = ", ".join(sorted(by_name)) or "none"
+            problems.append(f"subject {want.name} is not in the record (it names: {names})")
+        elif have.sha256 != want.sha256:
+            problems.append(f"subject {want.name} has digest sha256:{have.sha256} in the record, not sha256:{want.sha256}")
+    return problems
+
+
+def _age(value: Any, now: datetime, policy: Policy, what: str) -> tuple[datetime | None, list[str]]:
+    """When `value` (RFC 3339) was, and why that is too old or in the future (empty: fine)."""
+    moment = _parse_time(value)
+    if moment is None:
+        return None, [f"{what} time {value!r} is missing or not RFC 3339"]
+    age = now - moment
+    if age < -FUTURE_SKEW:
+        return moment, [f"{what} is dated {format_duration(age)} in the future ({value}); check the signer's clock"]
+    if age > policy.max_age:
+        return moment, [f"{what} is {format_duration(age)} old, older than --max-age {format_duration(policy.max_age)} ({value}); run the preflight again"]
+    return moment, []
+
+
+@dataclass(frozen=True)
+class VerifiedAttestation:
+    """A Test Result or a Verification Summary that `verify` accepted."""
+
+    keyid: str
+    predicate_type: str
+    subjects: tuple[Subject, ...]
+    predicate: Mapping[str, Any]
+
+
+def verify_attestation(envelope: Envelope, key: PublicKey, policy: Policy, *,
+                       now: datetime | None = None) -> VerifiedRecord | VerifiedAttestation:
+    """Any of the three kinds kvpreflight writes: its own record (as :func:`verify_envelope`), an
+    in-toto Test Result (PASSED, or WARNED with `allow_warned`; every required check passed) or a
+    SLSA Verification Summary (by kvpreflight's verifier, PASSED, recent, about `resource_uri`,
+    every required check's level). Each is signature-checked by `key` and held to `policy`'s subjects."""
+    keyid = _check_signature(envelope, key)
+    statement = _statement(envelope, ATTESTATION_TYPES)
+    kind = statement["predicateType"]
+    if kind in RECORD_TYPES:
+        return verify_envelope(envelope, key, policy, now=now)
+    predicate = statement["predicate"]
+    recorded = subjects_of(statement)
+    problems = _subject_problems(recorded, policy)
+    if kind == TEST_RESULT_PREDICATE_TYPE:
+        problems += _test_result_problems(predicate, policy)
+    else:
+        problems += _summary_problems(predicate, policy, now or datetime.now(UTC))
+    if problems:
+        raise refusal("; ".join(problems))
+    return VerifiedAttestation(keyid=keyid, predicate_type=kind, subjects=recorded, predicate=predicate)
+
+
+def _names(predicate: Mapping[str, Any], field: str) -> list[str] | None:
+    value = predicate.get(field, [])
+    return [str(v) for v in value] if isinstance(value, list) else None
+
+
+def _test_result_problems(predicate: Mapping[str, Any], policy: Policy) -> list[str]:
+    result = predicate.get("result")
+    lists = {f: _names(predicate, f) for f in ("passedTests", "warnedTests", "failedTests")}
+    if result not in set(TestOutcome) or not isinstance(predicate.get("configuration"), list) or None in lists.values():
+        return [f"Test Result is malformed (result {result!r}; configuration and the test lists must be lists)"]
+    if policy.allow_fail:
+        return []
+    problems = []
+    accepted = (TestOutcome.PASSED, TestOutcome.WARNED) if policy.allow_warned else (TestOutcome.PASSED,)
+    if result not in accepted:
+        not_passed = [*(lists["failedTests"] or []), *(lists["warnedTests"] or [])]
+        hint = "; pass --allow-warned to accept skips, waivers and warnings" if result == TestOutcome.WARNED else ""
+        problems.append(f"Test Result is {result}, not {' or '.join(accepted)} (tests: {', '.join(not_passed) or 'none'}){hint}")
+    for check_id in policy.required:
+        passed = [n for n in lists["passedTests"] or [] if named_check(n, check_id)]
+        other = [n for f in ("warnedTests", "failedTests") for n in lists[f] or [] if named_check(n, check_id)]
+        if not passed or other:
+            problems.append(f"required check {check_id} did not pass in the Test Result"
+                            f"{' (' + ', '.join(other) + ')' if other else ' (not among passedTests)'}")
+    return problems
+
+
+def _summary_problems(predicate: Mapping[str, Any], policy: Policy, now: datetime) -> list[str]:
+    verifier = predicate.get("verifier")
+    problems = []
+    if not isinstance(verifier, dict) or verifier.get("id") != VERIFIER_ID:
+        got = verifier.get("id") if isinstance(verifier, dict) else verifier
+        problems.append(f"Verification Summary verifier is {got!r}, not {VERIFIER_ID!r}")
+    problems += _age(predicate.get("timeVerified"), now, policy, "Verification Summary")[1]
+    if policy.resource_uri is not None and predicate.get("resourceUri") != policy.resource_uri:
+        problems.append(f"Verification Summary is about {predicate.get('resourceUri')!r}, not --resource-uri {policy.resource_uri!r}")
+    if policy.allow_fail:
+        return problems
+    if predicate.get("verificationResult") != TestOutcome.PASSED:
+        problems.append(f"verificationResult is {predicate.get('verificationResult')!r}, not 'PASSED'")
+    levels = predicate.get("verifiedLevels")
+    levels = levels if isinstance(levels, list) else []
+    missing = [level_of(c) for c in policy.required if level_of(c) not in levels]
+    if missing:
+        problems.append(f"verifiedLevels lack {', '.join(missing)} (the --require checks)")
+    return problems
 
 
 def _unproved(predicate: Mapping[str, Any], required: tuple[str, ...]) -> list[str]:
@@ -316,3 +404,13 @@ def verify_deep(record: VerifiedRecord, directory: Path, key: PublicKey, policy:
     if problems:
         raise refusal("; ".join(problems))
     return verified
+
+
+def authentic_subjects(envelope: Envelope, key: PublicKey) -> tuple[Subject, ...] | None:
+    """The subjects of a release record whose signature and types hold, refused or not (a refused
+    one still gets a FAILED Verification Summary); None when nothing in it can be trusted."""
+    try:
+        _check_signature(envelope, key)
+        return subjects_of(_statement(envelope, (PREDICATE_TYPE,)))
+    except RecordError:
+        return None
