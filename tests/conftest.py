@@ -38,6 +38,7 @@ ENGINE_FIXTURES = {
     "start_llama_server",
     "shared_vllm_server",
     "shared_llama_server",
+    "vllm_router_binary",
 }
 
 
@@ -66,6 +67,12 @@ def vllm_python() -> str:
 def llama_server_binary() -> str:
     """Path of ``llama-server`` (``$KVPREFLIGHT_LLAMA_SERVER``); fails if not set up."""
     return _require(realengines.llama_server_binary)
+
+
+@pytest.fixture(scope="session")
+def vllm_router_binary() -> str:
+    """Path of ``vllm-router`` (``$KVPREFLIGHT_VLLM_ROUTER``); fails if not set up."""
+    return _require(realengines.vllm_router_binary)
 
 
 @pytest.fixture(scope="session")

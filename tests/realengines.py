@@ -8,7 +8,8 @@ stopped by process group: SIGTERM, a grace period, then SIGKILL. Fixtures call `
 Where the engines come from: ``scripts/setup_engines.sh`` writes ``$CACHE/engines.env`` with
 ``KVPREFLIGHT_VLLM_PYTHON`` (the vLLM venv's python), ``KVPREFLIGHT_LLAMA_SERVER`` (the
 llama-server binary) and ``KVPREFLIGHT_LLAMA_PYTHON`` (the llama venv's python, which has
-``gguf`` for the tiny GGUF builder). ``$CACHE`` is ``${KVPREFLIGHT_CACHE:-~/.cache/kvpreflight}``.
+``gguf`` for the tiny GGUF builder) and ``KVPREFLIGHT_VLLM_ROUTER`` (vLLM's PD router, beside
+NIXL in the vLLM venv). ``$CACHE`` is ``${KVPREFLIGHT_CACHE:-~/.cache/kvpreflight}``.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ TINY_MODELS = TESTS_DIR / "tiny_models.py"
 ENV_VLLM_PYTHON = "KVPREFLIGHT_VLLM_PYTHON"
 ENV_LLAMA_SERVER = "KVPREFLIGHT_LLAMA_SERVER"
 ENV_LLAMA_PYTHON = "KVPREFLIGHT_LLAMA_PYTHON"
+ENV_VLLM_ROUTER = "KVPREFLIGHT_VLLM_ROUTER"
 
 VLLM_READY_TIMEOUT_S = float(os.environ.get("KVPREFLIGHT_VLLM_READY_TIMEOUT", "300"))
 LLAMA_READY_TIMEOUT_S = float(os.environ.get("KVPREFLIGHT_LLAMA_READY_TIMEOUT", "60"))
@@ -96,6 +98,11 @@ def vllm_python() -> str:
 
 def llama_server_binary() -> str:
     return _required_executable(ENV_LLAMA_SERVER)
+
+
+def vllm_router_binary() -> str:
+    """vLLM's PD router (``vllm-router``, installed into the vLLM venv with NIXL)."""
+    return _required_executable(ENV_VLLM_ROUTER)
 
 
 def llama_python() -> str:
@@ -569,6 +576,6 @@ def build_model(kind: str, target: Path, python: str) -> Path:
 
 if __name__ == "__main__":  # pragma: no cover - manual helper: print the engines' env
     load_engines_env()
-    for var in (ENV_VLLM_PYTHON, ENV_LLAMA_SERVER, ENV_LLAMA_PYTHON):
+    for var in (ENV_VLLM_PYTHON, ENV_LLAMA_SERVER, ENV_LLAMA_PYTHON, ENV_VLLM_ROUTER):
         print(f"{var}={os.environ.get(var, '')}")
     sys.exit(0)

@@ -3,6 +3,7 @@ placeholders and defaults come out as a user would expect."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -57,6 +58,27 @@ def test_sglang_pd_example_is_the_incident_shape(monkeypatch):
     assert launch["router"].argv[-9:-3] == ("--prefill", "http://127.0.0.1:30000", "8998",
                                             "--decode", "http://127.0.0.1:30001", "--host")
     assert launch["decode"].env["CUDA_VISIBLE_DEVICES"] == "4,5,6,7"
+
+
+def test_vllm_pd_example_runs_nixl_producer_and_consumer_behind_vllm_router(monkeypatch):
+    monkeypatch.setattr("kvpreflight.boot.plan.port_in_use", lambda port, host="127.0.0.1": False)
+    parsed = load_spec(next(p for p in EXAMPLES if p.name == "vllm-pd-nixl.yaml"))
+    launch = {e.name: e for e in plan_deployment(parsed).engines}
+    assert parsed.entry == "router" and parsed.context_length == 1024
+    roles = {}
+    for name in ("prefill", "decode"):
+        argv = launch[name].argv
+        roles[name] = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_role"]
+        assert argv[argv.index("--max-model-len") + 1] == "1024"
+    assert roles == {"prefill": "kv_producer", "decode": "kv_consumer"}
+    # two NIXL side channels on one host need two ports; one OpenMP core each (see the spec)
+    env = {name: launch[name].env for name in ("prefill", "decode")}
+    assert env["prefill"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] != env["decode"]["VLLM_NIXL_SIDE_CHANNEL_PORT"]
+    assert env["prefill"]["VLLM_CPU_OMP_THREADS_BIND"] != env["decode"]["VLLM_CPU_OMP_THREADS_BIND"]
+    router = launch["router"].argv
+    assert router[0] == "vllm-router" and "--vllm-pd-disaggregation" in router
+    assert router[router.index("--prefill") + 1] == launch["prefill"].url
+    assert router[router.index("--decode") + 1] == launch["decode"].url
 
 
 def test_placeholders_defaults_and_gpus(tmp_path):
