@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import uuid
@@ -218,6 +219,59 @@ def test_smg_cancels_the_decode_for_a_plain_request_but_not_for_a_stream(smg: st
         assert events(p.decode, "cancel", "stream-left") == []
         assert "finished" in [e["reason"] for e in events(p.decode, "freed", "stream-left")]
         wait_for(lambda: metric(p.decode.url, "sglang:num_used_tokens") == 0)
+
+
+@pytest.mark.slow
+def test_prefill_dying_mid_transfer_behind_smg(smg: str, tmp_path: Path):
+    with smg_pair(smg, tmp_path, prefill_args=["--transfer-delay-ms", "150"], decode_args=["--disable-radix-cache"]) as p:
+        answers: list[requests.Response] = []
+        client = threading.Thread(target=lambda: answers.append(gen(p.url, "C" * 3000, max_new=4, rid="prefill-dies")))
+        client.start()
+        wait_for(lambda: events(p.decode, "transfer_write", "prefill-dies"))
+        os.kill(p.prefill.pid, signal.SIGKILL)
+        client.join(timeout=TIMEOUT)
+        (r,) = answers
+        assert r.status_code == 502
+        assert p.prefill.url in r.json()["error"]["message"]
+        # The decode saw the transfer break, failed the request and gave its pages back at once.
+        (end,) = events(p.decode, "transfer_end", "prefill-dies")
+        assert end["status"] == "failed: connection closed mid-transfer"
+        assert events(p.decode, "freed", "prefill-dies")
+        assert metric(p.decode.url, "sglang:num_transfer_failed_reqs_total") == 1
+        wait_for(lambda: metric(p.decode.url, "sglang:num_used_tokens") == 0)
+        # smg 1.13.0 retried the whole PD request (5 attempts by default): each retry reached the
+        # decode, which could not reach the dead prefill's bootstrap server.
+        assert metric(p.decode.url, "sglang:num_bootstrap_failed_reqs_total") == 4
+
+
+@pytest.mark.slow
+def test_hung_prefill_behind_smg(smg: str, tmp_path: Path):
+    with smg_pair(smg, tmp_path) as p:
+        assert gen(p.url, "warm", max_new=2).status_code == 200
+        os.kill(p.prefill.pid, signal.SIGSTOP)  # the prefill hangs: it accepts connections, answers nothing
+        try:
+            answers: list[requests.Response] = []
+            started = time.monotonic()
+            client = threading.Thread(target=lambda: answers.append(
+                requests.post(p.url + "/generate", json={"text": "hang", "sampling_params": {"max_new_tokens": 2}},
+                              timeout=300)))
+            client.start()
+            used = []
+            while client.is_alive() and time.monotonic() - started < 280:
+                used.append(metric(p.decode.url, "sglang:num_used_tokens"))
+                time.sleep(1)
+            client.join(timeout=30)
+            waited = time.monotonic() - started
+        finally:
+            os.kill(p.prefill.pid, signal.SIGCONT)
+        (r,) = answers
+        # The decode gives up on the room after its 60 s bootstrap wait; smg 1.13.0 then retries the
+        # whole request (5 attempts, ~10 s each against the hung prefill) before answering 502.
+        assert r.status_code == 502 and p.prefill.url in r.json()["error"]["message"]
+        assert 60 <= waited < 200
+        # The decode reserves pages only once the prefill says its KV is ready: it held none.
+        assert set(used) == {0.0}
+        assert metric(p.decode.url, "sglang:num_running_reqs") == 0
 
 
 # ---- the incident's faults behind smg -------------------------------------------------------------
