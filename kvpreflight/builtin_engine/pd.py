@@ -56,6 +56,10 @@ BATCH_PAGES = 8
 CONNECT_TIMEOUT_S = 10.0
 TRANSFER_IO_TIMEOUT_S = 120.0
 REFUSAL_MEMORY_S = 300.0  # how long a room that will never transfer is remembered (a tombstone)
+# How long decode keeps a request the prefill refused before answering it with the refusal: the
+# router answers the client from the prefill and drops the decode's request (smg and the builtin
+# router do), so the client sees the prefill's error, not decode's echo of it.
+PREFILL_REFUSAL_GRACE_S = 5.0
 # --transfer-fail-every's default under fault transfer-fail-as-drained: the flaky backend it models.
 FLAKY_TRANSFER_EVERY = 3
 POLL_S = 0.02
@@ -331,6 +335,7 @@ class Room:
     pages_released: bool = False
     error: str | None = None
     error_status: int = 500
+    refused_by_prefill: bool = False
     transfer_status: str | None = None
     tokens_sent: int = 0
     cached_tokens: int = 0
@@ -381,6 +386,12 @@ class DecodeHandoff:
                 engine.count(bootstrap_failed=1)
                 raise RequestError(f"Bootstrap with the prefill engine timed out for request {params.rid}.", status=500)
         if room.error is not None:
+            if room.refused_by_prefill:
+                grace = time.monotonic() + PREFILL_REFUSAL_GRACE_S
+                while time.monotonic() < grace:
+                    if client_gone():
+                        return None
+                    time.sleep(POLL_S)
             raise RequestError(room.error, status=room.error_status)
         while not room.done.wait(POLL_S):
             if client_gone():
@@ -471,7 +482,8 @@ class DecodeHandoff:
                 ready = reader.line()
                 if ready is None or ready.get("op") != "ready":
                     status = int((ready or {}).get("status", 500))
-                    if status != 400 and room.cancelled_at is None:
+                    room.refused_by_prefill = status == 400
+                    if not room.refused_by_prefill and room.cancelled_at is None:
                         # A refusal is the prefill's answer, and a cancel the client's: neither is a failed bootstrap.
                         engine.count(bootstrap_failed=1)
                     self._fail(room, str((ready or {}).get("error") or "the prefill closed the bootstrap connection"), status)
