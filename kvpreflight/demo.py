@@ -8,6 +8,8 @@ synthetic marker. The report then shows that marker coming back in the probe's r
 
 from __future__ import annotations
 
+import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Callable, Sequence
@@ -18,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvpreflight.builtin_engine.config import FAULTS, FAULTS_ENV, Fault
 from kvpreflight.errors import ConfigError, NotMeasured
-from kvpreflight.model import Report
+from kvpreflight.model import Report, RouterKind
 from kvpreflight.plan import OutputPlan
 
 if TYPE_CHECKING:
@@ -32,6 +34,8 @@ PAGE_SIZE = 16
 # few hundred ms to move, as over a real network; unpaced, a local copy is over before a client
 # disconnect can land mid-transfer, and the cancel-during-transfer probe could never see a leak.
 TRANSFER_DELAY_MS = 6
+SMG_ENV = "KVPREFLIGHT_SMG"  # the smg binary; scripts/setup_engines.sh --only smg installs one
+SMG_SETUP = "install it with scripts/setup_engines.sh --only smg (or pip install smg==1.13.0), or set KVPREFLIGHT_SMG"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -43,9 +47,12 @@ class BuiltinDeployment:
     context_length: int = 8192
     faults: tuple[str, ...] = ()
     incident: bool = False  # the 2026 incident: ratio 0.65, its faults, another tenant's data planted
+    router: RouterKind = RouterKind.BUILTIN  # which PD router fronts the pair
 
     def validate(self, name_of: Callable[[str], str] = str) -> None:
         """Raises ConfigError naming the field as `name_of(field)` says (a CLI flag, a YAML path)."""
+        if not isinstance(self.router, RouterKind):
+            raise ConfigError(f"must be one of {', '.join(RouterKind)} (got {self.router!r})").under(name_of("router"))
         for name, value in (("pool_ratio", self.pool_ratio), ("decode_pool_ratio", self.decode_pool_ratio)):
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 64:
                 raise ConfigError(f"must be a ratio between 0 and 64 (got {value})").under(name_of(name))
@@ -73,34 +80,68 @@ def say(message: str) -> None:
     sys.stderr.flush()
 
 
+def find_smg() -> str:
+    """The smg binary: $KVPREFLIGHT_SMG, else smg on PATH, else the one setup_engines.sh installs."""
+    given = os.environ.get(SMG_ENV)
+    if given:
+        if not os.access(given, os.X_OK):
+            raise ConfigError(f"{SMG_ENV}={given} is not an executable smg binary; {SMG_SETUP}")
+        return given
+    cache = Path(os.environ.get("KVPREFLIGHT_CACHE") or Path.home() / ".cache" / "kvpreflight")
+    for candidate in (shutil.which("smg"), cache / "smg-venv" / "bin" / "smg"):
+        if candidate and os.access(candidate, os.X_OK):
+            return str(candidate)
+    raise ConfigError(f"--router smg needs the smg binary and none was found; {SMG_SETUP}")
+
+
+def _router(settings: BuiltinDeployment, bootstrap_port: int | None) -> dict[str, Any]:
+    if settings.router is RouterKind.BUILTIN:
+        return {"name": "router", "role": "router", "engine": "builtin", "port": "auto", "ready_timeout_s": 60,
+                "command": [sys.executable, "-m", "kvpreflight", "engine", "serve", "--role", "router",
+                            "--host", "127.0.0.1", "--port", "{port}", "--prefill-url", "{prefill.url}",
+                            "--decode-url", "{decode.url}"]}
+    from kvpreflight.boot.plan import free_port
+
+    assert bootstrap_port is not None  # demo_spec fixes it for any router but the builtin one
+    # smg is told the prefill's bootstrap port at launch (SGLang's --prefill URL BOOTSTRAP_PORT);
+    # its Prometheus listener would bind 0.0.0.0:29000 unless told otherwise.
+    return {"name": "router", "role": "router", "engine": "smg", "port": "auto", "ready_timeout_s": 60,
+            "command": [find_smg(), "launch", "--pd-disaggregation", "--prefill", "{prefill.url}", str(bootstrap_port),
+                        "--decode", "{decode.url}", "--backend", "sglang", "--host", "127.0.0.1", "--port", "{port}",
+                        "--prometheus-host", "127.0.0.1",
+                        "--prometheus-port", str(free_port(avoid={bootstrap_port}))]}
+
+
 def demo_spec(settings: BuiltinDeployment) -> DeploymentSpec:
     from kvpreflight.boot import parse_spec
+    from kvpreflight.boot.plan import free_port
 
     ratio, faults = settings.prefill_pool_ratio, settings.engine_faults
     ctx = settings.context_length
     prefill_pool = max(PAGE_SIZE, int(ctx * ratio))
     decode_pool = max(PAGE_SIZE, int(ctx * settings.decode_pool_ratio))
     env = {FAULTS_ENV: ",".join(faults)} if faults else {}
+    # The builtin router asks the prefill for its bootstrap port; other routers are told it.
+    bootstrap_port = None if settings.router is RouterKind.BUILTIN else free_port()
 
     def worker(role: str, pool: int) -> dict[str, Any]:
+        extra = []
+        if role == "prefill":
+            extra = ["--transfer-delay-ms", str(TRANSFER_DELAY_MS)]
+            if bootstrap_port is not None:
+                extra += ["--disaggregation-bootstrap-port", str(bootstrap_port)]
         return {
             "name": role, "role": role, "engine": "builtin", "port": "auto", "ready_timeout_s": 120, "env": env,
             "command": [sys.executable, "-m", "kvpreflight", "engine", "serve", "--role", role, "--host", "127.0.0.1",
                         "--port", "{port}", "--context-length", str(ctx), "--pool-tokens", str(pool), "--enable-metrics",
-                        *(["--transfer-delay-ms", str(TRANSFER_DELAY_MS)] if role == "prefill" else [])],
+                        *extra],
         }
 
     data = {
         "deployment": "kvpreflight-demo",
         "context_length": ctx,
         "entry": "router",
-        "engines": [
-            worker("prefill", prefill_pool),
-            worker("decode", decode_pool),
-            {"name": "router", "role": "router", "engine": "builtin", "port": "auto", "ready_timeout_s": 60,
-             "command": [sys.executable, "-m", "kvpreflight", "engine", "serve", "--role", "router", "--host", "127.0.0.1",
-                         "--port", "{port}", "--prefill-url", "{prefill.url}", "--decode-url", "{decode.url}"]},
-        ],
+        "engines": [worker("prefill", prefill_pool), worker("decode", decode_pool), _router(settings, bootstrap_port)],
     }
     return parse_spec(data, source="kvpreflight demo")
 
@@ -140,6 +181,7 @@ def run_demo(deployment: BuiltinDeployment, output: OutputPlan, *, log_dir: Path
     from kvpreflight.probes.markers import new_marker
 
     deployment.validate()
+    spec = demo_spec(deployment)  # before any file is written: it may find no smg to run
     folder = Path(tempfile.mkdtemp(prefix="kvpreflight-demo-"))
     record_path = record_path or folder / "record.dsse.json"
     pub_path = None
@@ -152,7 +194,6 @@ def run_demo(deployment: BuiltinDeployment, output: OutputPlan, *, log_dir: Path
     record = preflight.prepare_record(record_path, sign_key=sign_key, subjects=(), unsigned=False,
                                       command_line=command_line, reads_files=True)
     output = replace(output, record=record)
-    spec = demo_spec(deployment)
     tenant_marker = new_marker("TENANT")
     plan = CheckPlan(targets=(), known_markers=frozenset({tenant_marker}) if deployment.incident else frozenset())
 
@@ -171,7 +212,8 @@ def run_demo(deployment: BuiltinDeployment, output: OutputPlan, *, log_dir: Path
             say(f"tenant B fills the pool: 3 requests of {prefill_limit:,} tokens carrying {tenant_marker}")
             plant_other_tenant(booted.entry_url, tenant_marker, prefill_limit, copies=3)
 
-    say(f"booting a builtin prefill/decode deployment (context {deployment.context_length:,}, "
+    say(f"booting a builtin prefill/decode deployment behind the {deployment.router} router "
+        f"(context {deployment.context_length:,}, "
         f"prefill pool {deployment.prefill_pool_ratio}x, decode pool {deployment.decode_pool_ratio}x"
         + (f", faults: {', '.join(deployment.engine_faults)}" if deployment.engine_faults else "") + ")")
     booted = preflight.run_booted(spec, plan, log_dir=log_dir or folder / "logs", before_check=before_check,

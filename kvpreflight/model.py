@@ -52,6 +52,13 @@ class EngineKind(enum.StrEnum):
     TGI = "tgi"
 
 
+class RouterKind(enum.StrEnum):
+    """The PD routers kvpreflight knows how to run in front of prefill/decode engines."""
+
+    BUILTIN = "builtin"  # the builtin engine's own router (kvpreflight engine serve --role router)
+    SMG = "smg"  # Shepherd Model Gateway (SGLang's PD router; pip install smg)
+
+
 AUTO_ENGINE = "auto"  # "find out by asking the server", where an engine kind is expected
 
 

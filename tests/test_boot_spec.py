@@ -112,6 +112,21 @@ def test_placeholders_defaults_and_gpus(tmp_path):
     assert plan.entry_url == r.url
 
 
+def test_smg_router_is_recognised_and_waits_for_its_workers():
+    parsed = parse_spec({"deployment": "pd", "engines": [
+        {"name": "p", "role": "prefill", "port": "auto", "command": "srv --port {port} --disaggregation-bootstrap-port 8998"},
+        {"name": "d", "role": "decode", "port": "auto", "command": "srv --port {port}"},
+        {"name": "r", "role": "router", "port": "auto",
+         "command": "/opt/smg/bin/smg launch --pd-disaggregation --prefill {p.url} 8998 --decode {d.url} "
+                    "--backend sglang --port {port}"},
+    ]}, source="pd.yaml")
+    router = parsed.engine("r")
+    assert router.kind == "smg"  # guessed from the command, though it says --backend sglang
+    plan = plan_deployment(parsed)
+    # smg answers /health before its workers are registered; /readiness only once they are.
+    assert plan.engines[2].ready_url == plan.engines[2].url + "/readiness"
+
+
 def test_entry_may_be_a_url():
     parsed = parse_spec(spec(entry="http://lb.internal:8080/"))
     assert plan_deployment(parsed).entry_url == "http://lb.internal:8080"
@@ -140,7 +155,8 @@ def test_entry_may_be_a_url():
     (with_engine(url="localhost:8000"), "d.yaml: engines[0].url: expected an http:// or https:// URL, got 'localhost:8000'"),
     (with_engine(ready_url="health"), "d.yaml: engines[0].ready_url: expected an http(s):// URL, a path such as /health, or {url}/PATH, got 'health'"),
     (with_engine(ready_timeout_s=-1), "d.yaml: engines[0].ready_timeout_s: expected a positive number of seconds, got a number (-1)"),
-    (with_engine(engine="trt"), "d.yaml: engines[0].engine: expected one of builtin, sglang, vllm, llamacpp, tgi, auto, got 'trt'"),
+    (with_engine(engine="trt"), "d.yaml: engines[0].engine: expected one of builtin, sglang, vllm, llamacpp, tgi, auto, smg, got 'trt'"),
+    (with_engine(engine="smg"), "d.yaml: engines[0].engine: smg is a router, not an engine: give it role: router"),
     (with_engine(gpu=[0]), "d.yaml: engines[0].gpu: unknown key (expected one of: name, role, command, env, gpus, port, url, ready_url, ready_timeout_s, engine, cwd)"),
     (with_engine(port=None, url=None), "d.yaml: engines[0]: needs a port (a number or auto) or a url to reach the engine at"),
     (with_engine(port=None, url="http://h:1"), "d.yaml: engines[0].command[2]: uses {port} but the engine has no port; add port: auto or a number"),

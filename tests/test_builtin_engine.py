@@ -235,10 +235,14 @@ def test_disable_radix_cache_turns_the_prefix_cache_off_and_says_so(tmp_path):
 def test_router_lists_workers(pd):
     workers = requests.get(pd.url + "/workers", timeout=TIMEOUT).json()["workers"]
     assert {(w["worker_type"], w["url"]) for w in workers} == {("prefill", pd.prefill.url), ("decode", pd.decode.url)}
-    assert requests.get(pd.prefill.url + "/server_info", timeout=TIMEOUT).json()["disaggregation_mode"] == "prefill"
+    prefill_info = requests.get(pd.prefill.url + "/server_info", timeout=TIMEOUT).json()
+    assert prefill_info["disaggregation_mode"] == "prefill"
+    # As in SGLang, the prefill owns the bootstrap server; the router lists its port.
+    assert isinstance(prefill_info["disaggregation_bootstrap_port"], int)
+    assert [w["bootstrap_port"] for w in workers if w["worker_type"] == "prefill"] == [prefill_info["disaggregation_bootstrap_port"]]
     decode_info = requests.get(pd.decode.url + "/server_info", timeout=TIMEOUT).json()
     assert decode_info["disaggregation_mode"] == "decode"
-    assert isinstance(decode_info["disaggregation_bootstrap_port"], int)
+    assert decode_info["disaggregation_bootstrap_port"] is None
 
 
 def test_pd_request_moves_pages_and_echoes(pd):

@@ -173,6 +173,18 @@ def test_unknown_fault_is_a_usage_error(tmp_path):
     assert proc.stderr.strip().count("\n") == 0 and "nope" in proc.stderr
 
 
+def test_unknown_router_and_missing_smg_are_usage_errors(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "kvpreflight", "demo", "--router", "nginx"],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0 and "--router" in proc.stderr and "nginx" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "kvpreflight", "demo", "--router", "smg"], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "KVPREFLIGHT_SMG": str(tmp_path / "no-smg")})
+    assert proc.returncode == 2
+    assert proc.stderr.strip().count("\n") == 0
+    assert "KVPREFLIGHT_SMG" in proc.stderr and "scripts/setup_engines.sh --only smg" in proc.stderr
+
+
 def test_record_round_trip_keygen_demo_verify(tmp_path):
     keys = tmp_path / "keys"
     subprocess.run([sys.executable, "-m", "kvpreflight", "keygen", "--out", str(keys)], check=True, capture_output=True, timeout=60)

@@ -23,7 +23,7 @@ class BootedEngine:
     ready_url: str
     pid: int  # also the process group id
     log_path: str
-    engine: str  # sglang | vllm | llamacpp | tgi | builtin | auto (not known from the command)
+    engine: str  # sglang | vllm | llamacpp | tgi | builtin | auto (not known from the command); a router also smg
     gpus: tuple[str, ...]  # what CUDA_VISIBLE_DEVICES was set to; () when not set
     port: int | None
 

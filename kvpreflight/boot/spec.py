@@ -34,13 +34,17 @@ from typing import Any
 
 from kvpreflight.boot.errors import BootConfigError
 from kvpreflight.fields import FieldParser, describe, load_yaml
-from kvpreflight.model import AUTO_ENGINE, EngineKind, ProcessRole, Waiver
+from kvpreflight.model import AUTO_ENGINE, EngineKind, ProcessRole, RouterKind, Waiver
 
 ROLES = tuple(r.value for r in ProcessRole)
 ENGINE_KINDS = (*(k.value for k in EngineKind), AUTO_ENGINE)
+# Routers that are no engine's own: only a role: router process may be one.
+ROUTER_ONLY_KINDS = tuple(k.value for k in RouterKind if k.value not in ENGINE_KINDS)
 DEFAULT_READY_TIMEOUT_S = 600.0
 MAX_SPEC_BYTES = 1024 * 1024
 DEFAULT_HEALTH_PATH = "/health"
+# smg answers /health before its workers are registered; /readiness only once they are.
+SMG_READY_PATH = "/readiness"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
 # Only brace groups shaped like a placeholder count; JSON such as '{"a": 1}' is left alone.
@@ -68,7 +72,7 @@ class EngineSpec:
     url: str | None = None  # template; default http://127.0.0.1:{port}
     ready_url: str | None = None  # URL, /path on url, or template; default url + /health
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
-    engine: str = "auto"  # sglang | vllm | llamacpp | tgi | builtin | auto
+    engine: str = "auto"  # sglang | vllm | llamacpp | tgi | builtin | auto; a router also smg
     cwd: str | None = None  # absolute (relative paths are taken from the spec's folder)
 
     @property
@@ -115,6 +119,8 @@ class DeploymentSpec:
 def guess_enginedescribe(command: tuple[str, ...]) -> str:
     """A cheap guess from the command line; adapters confirm over HTTP."""
     text = " ".join(command).lower()
+    if any(os.path.basename(arg).lower() in ("smg", "smg.launch_router") for arg in command):
+        return RouterKind.SMG.value  # before "sglang": smg's command says --backend sglang
     if "kvpreflight" in text and "engine" in text:
         return "builtin"
     if "sglang" in text:
@@ -225,8 +231,11 @@ class _Parser(FieldParser):
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
             raise self.error(f"{where}.ready_timeout_s", f"expected a positive number of seconds, got {describe(timeout)}")
         kind = raw.get("engine", "auto")
-        if kind not in ENGINE_KINDS:
-            raise self.error(f"{where}.engine", f"expected one of {', '.join(ENGINE_KINDS)}, got {describe(kind)}")
+        if kind in ROUTER_ONLY_KINDS and role is not ProcessRole.ROUTER:
+            raise self.error(f"{where}.engine", f"{kind} is a router, not an engine: give it role: router")
+        if kind not in ENGINE_KINDS + ROUTER_ONLY_KINDS:
+            raise self.error(f"{where}.engine", f"expected one of {', '.join(ENGINE_KINDS + ROUTER_ONLY_KINDS)}, "
+                             f"got {describe(kind)}")
         cwd = raw.get("cwd")
         if cwd is not None:
             if not isinstance(cwd, str) or not cwd:

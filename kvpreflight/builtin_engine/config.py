@@ -101,13 +101,15 @@ class EngineConfig:
     enable_metrics: bool = False
     device: str = "auto"
     launch_command: str = ""
-    bootstrap_port: int = 0  # decode: where prefills send pages; 0 picks a free port
+    bootstrap_port: int = 0  # prefill: its bootstrap server, where decodes take pages; 0 picks a free port
     disable_radix_cache: bool = False
     prefill_tokens_per_second: float = 0.0  # test: prefill no faster than this (0: as fast as it runs)
 
     def validate(self) -> None:
         if not (0 <= self.port <= 65535):
             raise EngineConfigError(f"--port {self.port} is not a TCP port (0-65535)")
+        if not (0 <= self.bootstrap_port <= 65535):
+            raise EngineConfigError(f"--disaggregation-bootstrap-port {self.bootstrap_port} is not a TCP port (0-65535)")
         if self.role is ProcessRole.ROUTER:
             if not self.decode_url or not self.prefill_urls:
                 raise EngineConfigError("--role router needs --decode-url URL and at least one --prefill-url URL")

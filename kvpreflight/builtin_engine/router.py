@@ -1,7 +1,9 @@
-"""The router role: the one client-facing URL of a PD deployment, like sglang_router with
+"""The router role: the one client-facing URL of a PD deployment, like sglang_router / smg with
 --pd-disaggregation. Each request goes to one prefill (round robin) and to the decode engine at
-once, tagged with the same bootstrap room. The prefill's answer decides first: if it refused the
-request, the client gets the prefill's error; otherwise the decode's answer is relayed.
+once, tagged with SGLang's bootstrap fields: the chosen prefill's bootstrap server (its host, and
+the `disaggregation_bootstrap_port` its /server_info reports) and a random room. The prefill's
+answer decides first: if it refused the request, the client gets the prefill's error; otherwise
+the decode's answer is relayed.
 
 A client disconnect is passed on to the decode engine (its connection is closed), the way a
 load balancer turns a disconnect into a cancel; the prefill's in-flight transfer is not stopped.
@@ -90,10 +92,10 @@ class RouterServer(ThreadingHTTPServer):
         self.config = config
         self.prefill_urls = [u.rstrip("/") for u in config.prefill_urls]
         self.decode_url = config.decode_url.rstrip("/")
-        self._decode_host = _host_port(self.decode_url, "--decode-url")[0]
+        _host_port(self.decode_url, "--decode-url")
         self._next = 0
         self._lock = threading.Lock()
-        self._decode_bootstrap: tuple[str, int] | None = None
+        self._bootstrap: dict[str, tuple[str, int]] = {}  # prefill URL -> its bootstrap server
         super().__init__(address, RouterHandler)
 
     def pick_prefill(self) -> str:
@@ -102,17 +104,24 @@ class RouterServer(ThreadingHTTPServer):
             self._next += 1
             return url
 
-    def decode_bootstrap(self) -> tuple[str, int] | None:
-        if self._decode_bootstrap is None:
-            try:
-                with urllib.request.urlopen(self.decode_url + "/server_info", timeout=10) as resp:
-                    info = json.loads(resp.read())
-                port = info.get("disaggregation_bootstrap_port")
-                if isinstance(port, int):
-                    self._decode_bootstrap = (self._decode_host, port)
-            except (OSError, ValueError):
-                return None
-        return self._decode_bootstrap
+    def bootstrap_of(self, prefill_url: str) -> tuple[str, int] | None:
+        """The prefill's bootstrap server (host, port), from its /server_info; None when unknown."""
+        with self._lock:
+            known = self._bootstrap.get(prefill_url)
+        if known is not None:
+            return known
+        try:
+            with urllib.request.urlopen(prefill_url + "/server_info", timeout=10) as resp:
+                info = json.loads(resp.read())
+        except (OSError, ValueError):
+            return None
+        port = info.get("disaggregation_bootstrap_port") if isinstance(info, dict) else None
+        if not isinstance(port, int) or isinstance(port, bool):
+            return None
+        found = (_host_port(prefill_url, "--prefill-url")[0], port)
+        with self._lock:
+            self._bootstrap[prefill_url] = found
+        return found
 
 
 class RouterHandler(BaseHTTPRequestHandler):
@@ -134,7 +143,8 @@ class RouterHandler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         if path == "/workers":
             workers: list[dict[str, Any]] = [
-                {"url": u, "worker_type": "prefill", "bootstrap_port": None, "is_healthy": True}
+                {"url": u, "worker_type": "prefill", "bootstrap_port": (self.server.bootstrap_of(u) or (None, None))[1],
+                 "is_healthy": True}
                 for u in self.server.prefill_urls
             ]
             workers.append({"url": self.server.decode_url, "worker_type": "decode", "is_healthy": True})
@@ -172,14 +182,15 @@ class RouterHandler(BaseHTTPRequestHandler):
         except ValueError:
             self._json(400, {"error": {"message": "The request body must be a JSON object."}})
             return
-        bootstrap = self.server.decode_bootstrap()
+        prefill_url = self.server.pick_prefill()
+        bootstrap = self.server.bootstrap_of(prefill_url)
         if bootstrap is None:
-            self._json(503, {"error": {"message": f"decode worker {self.server.decode_url} is not reachable"}})
+            self._json(503, {"error": {"message": f"prefill worker {prefill_url} reports no bootstrap port"}})
             return
         body.update(bootstrap_host=bootstrap[0], bootstrap_port=bootstrap[1], bootstrap_room=random.getrandbits(63))
         data = json.dumps(body).encode()
         stream = bool(body.get("stream"))
-        prefill = _Upstream(self.server.pick_prefill(), path, data, read_all=True)
+        prefill = _Upstream(prefill_url, path, data, read_all=True)
         decode = _Upstream(self.server.decode_url, path, data, read_all=False)
         decode.start()
         prefill.start()

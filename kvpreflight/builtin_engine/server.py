@@ -27,9 +27,10 @@ class EngineServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
 
-    def __init__(self, address: tuple[str, int], engine: Engine, decode: pd.DecodeHandoff | None) -> None:
+    def __init__(self, address: tuple[str, int], engine: Engine,
+                 handoff: pd.PrefillBootstrap | pd.DecodeHandoff | None) -> None:
         self.engine = engine
-        self.decode = decode  # the decode role's side of the PD handoff
+        self.handoff = handoff  # the prefill's or the decode's side of the PD handoff
         self.started_at = time.time()
         # Everything /server_info reports is fixed at start-up; startup.py fills it once bound.
         self.server_info: Mapping[str, object] = {}
@@ -84,10 +85,11 @@ class EngineHandler(BaseHTTPRequestHandler):
         engine = self.engine
         if engine.role is ProcessRole.UNIFIED:
             return engine.run_unified(ids, params, on_token)
-        if engine.role is ProcessRole.PREFILL:
-            return pd.run_prefill(engine, ids, params, body)
-        assert self.server.decode is not None  # startup.py gives a decode engine its handoff
-        return self.server.decode.run(ids, params, body, self.client_gone, on_token)
+        handoff = self.server.handoff
+        if isinstance(handoff, pd.PrefillBootstrap):
+            return handoff.run(ids, params, body, self.client_gone)
+        assert isinstance(handoff, pd.DecodeHandoff)  # startup.py gives each PD role its handoff
+        return handoff.run(ids, params, body, self.client_gone, on_token)
 
     def _body(self) -> dict[str, Any] | None:
         length = int(self.headers.get("Content-Length") or 0)

@@ -24,7 +24,7 @@ from kvpreflight.builtin_engine.config import (
     derive_pool_tokens,
 )
 from kvpreflight.builtin_engine.httputil import serve_until_stopped
-from kvpreflight.builtin_engine.pd import DecodeHandoff
+from kvpreflight.builtin_engine.pd import DecodeHandoff, PrefillBootstrap
 from kvpreflight.builtin_engine.protocol import disaggregation_mode, version_string
 from kvpreflight.builtin_engine.router import serve_router
 from kvpreflight.builtin_engine.server import EngineServer
@@ -162,16 +162,26 @@ def serve(config: EngineConfig) -> int:
         f"max_prefill_tokens={MAX_PREFILL_TOKENS}, max_running_requests={MAX_RUNNING_REQUESTS}, "
         f"context_len={engine.context_len}, {available}"
     )
-    decode = None
-    if config.role is ProcessRole.DECODE:
-        decode = DecodeHandoff(engine, config.host, config.bootstrap_port)
-        decode.start()
+    handoff: PrefillBootstrap | DecodeHandoff | None = None
+    bootstrap_port = None
+    if config.role is ProcessRole.PREFILL:
+        # SGLang's prefill owns the bootstrap server the decode engines take the KV from.
+        try:
+            bootstrap = PrefillBootstrap(engine, config.host, config.bootstrap_port)
+        except OSError as exc:
+            raise EngineConfigError(f"cannot listen on --disaggregation-bootstrap-port {config.bootstrap_port}: "
+                                    f"{exc.strerror or exc}") from None
+        bootstrap.start()
+        handoff, bootstrap_port = bootstrap, bootstrap.port
+        log(f"Bootstrap server started on {config.host}:{bootstrap_port}")
+    elif config.role is ProcessRole.DECODE:
+        handoff = DecodeHandoff(engine)
     try:
-        httpd = EngineServer((config.host, config.port), engine, decode)
+        httpd = EngineServer((config.host, config.port), engine, handoff)
     except OSError as exc:
         raise EngineConfigError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
     port = httpd.server_address[1]
-    httpd.server_info = build_server_info(engine, port, decode.port if decode else None, httpd.started_at)
+    httpd.server_info = build_server_info(engine, port, bootstrap_port, httpd.started_at)
     log(f"Uvicorn running on http://{config.host}:{port} (Press CTRL+C to quit)", tp=False)
     log("The server is fired up and ready to roll!", tp=False)
-    return serve_until_stopped(httpd, decode.close if decode is not None else None)
+    return serve_until_stopped(httpd, handoff.close if handoff is not None else None)

@@ -16,6 +16,7 @@ def register(app: typer.Typer) -> None:
         decode_pool_ratio: float = typer.Option(2.0, "--decode-pool-ratio", help="Decode KV pool = R x served context."),
         context_length: int = typer.Option(8192, "--context-length", help="Served context length of the demo engines."),
         fault: list[str] | None = typer.Option(None, "--fault", help="Run the engines with this fault (repeatable); see `kvpreflight engine serve --help`."),
+        router: str = typer.Option("builtin", "--router", help="The PD router in front of the pair: builtin (no dependency) or smg (SGLang's Shepherd Model Gateway; scripts/setup_engines.sh --only smg)."),
         incident: bool = typer.Option(False, "--incident", help="The incident as it happened: pool ratio 0.65, reject-continues and no-transfer-check, another tenant's data in the pool."),
         fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
         output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
@@ -31,13 +32,17 @@ def register(app: typer.Typer) -> None:
 
         from kvpreflight.commands.plan_options import build_output
         from kvpreflight.demo import BuiltinDeployment, run_demo
+        from kvpreflight.errors import ConfigError
+        from kvpreflight.model import RouterKind
 
+        if router not in set(RouterKind):
+            raise ConfigError(f"--router: must be one of {', '.join(RouterKind)} (got {router!r})")
         deployment = BuiltinDeployment(
             pool_ratio=pool_ratio, decode_pool_ratio=decode_pool_ratio, context_length=context_length,
-            faults=tuple(fault or ()), incident=incident,
+            faults=tuple(fault or ()), incident=incident, router=RouterKind(router),
         )
         flags = {"pool_ratio": "--pool-ratio", "decode_pool_ratio": "--decode-pool-ratio",
-                 "context_length": "--context-length", "faults": "--fault"}
+                 "context_length": "--context-length", "faults": "--fault", "router": "--router"}
         deployment.validate(name_of=lambda field: flags[field.split("[")[0]])  # faults[0] -> --fault
         # The record's key and subjects are the demo's own (a fresh key, its logs); only the format,
         # the report file and the record's path come from here.

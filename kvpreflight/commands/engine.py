@@ -52,7 +52,7 @@ def serve(
     page_log: str | None = typer.Option(None, "--page-log", help="Debug: JSON lines of pages given, freed and written by transfers."),
     decode_url: str | None = typer.Option(None, "--decode-url", help="router: the decode engine."),
     prefill_url: list[str] | None = typer.Option(None, "--prefill-url", help="router: a prefill engine (repeatable)."),
-    bootstrap_port: int = typer.Option(0, "--disaggregation-bootstrap-port", help="decode: TCP port prefills send KV pages to (0 picks one; see /server_info)."),
+    bootstrap_port: int = typer.Option(0, "--disaggregation-bootstrap-port", help="prefill: TCP port of its bootstrap server, where decode engines take the KV (0 picks one; see /server_info)."),
     enable_metrics: bool = typer.Option(False, "--enable-metrics"),
     disable_radix_cache: bool = typer.Option(False, "--disable-radix-cache", help="Turn the prefix cache off."),
     device: str = typer.Option("auto", "--device", help="cpu | cuda | auto"),
