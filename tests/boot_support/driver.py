@@ -5,10 +5,16 @@
 Prints "READY <pid> <pid> ..." (every engine process) once booted, then waits for a signal.
 """
 
+import signal
 import sys
 import time
 
 from kvpreflight.boot import boot_deployment, load_spec
+
+# A shell without job control starts background jobs with SIGINT ignored, and Python then installs
+# no KeyboardInterrupt handler: restore it, so the tests' Ctrl-C reaches the launcher however the
+# suite itself was started.
+signal.signal(signal.SIGINT, signal.default_int_handler)
 
 try:
     with boot_deployment(load_spec(sys.argv[1]), sys.argv[2], stop_grace_s=3) as deployment:
