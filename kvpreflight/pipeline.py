@@ -99,7 +99,7 @@ def engine_cost(snapshots: Sequence[EngineSnapshot], before: Mapping[str, Counte
 
 def preview(options: CheckPlan, *, measure: bool, progress: Callable[[str], None] = lambda _: None) -> list[GroupPreview]:
     """`check --plan`: read the engines (as --capacity-only does), derive every probe run's
-    requests and, with `measure`, send the two short calibration requests per entry to estimate
+    requests and, with `measure`, send the three short calibration requests per entry to estimate
     the duration. No other request is sent."""
     thresholds = load_thresholds()
     client = _client(options)
@@ -219,7 +219,7 @@ def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSn
 
     def measure() -> None:
         budget.enter("calibration")
-        progress("calibrating: two short requests through the entry measure its speed")
+        progress("calibrating: a warm-up and two short requests through the entry measure its speed")
         calibration = calibrate(entry, engines.values(), budget, max_accepted=limits.max_accepted,
                                 timeout_s=min(options.timeout_s, budget.remaining_s()))
         if calibration.speed is None:

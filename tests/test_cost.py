@@ -62,7 +62,7 @@ def requests_served(url: str) -> float:
                if line.startswith("sglang:num_requests_total"))
 
 
-@pytest.mark.parametrize(("flags", "sent"), [((), 2), (("--no-calibrate",), 0)])
+@pytest.mark.parametrize(("flags", "sent"), [((), 3), (("--no-calibrate",), 0)])
 def test_plan_prints_the_probes_and_sends_only_the_calibration(engine: RunningEngine, flags: tuple[str, ...],
                                                                sent: int) -> None:
     before = requests_served(engine.url)

@@ -40,6 +40,7 @@ SLACK = 3.0  # an honest engine slower than 3x its own measured speed is stalled
 TINY_TOKENS = 8
 SHORT_MAX_TOKENS = 8  # streamed: the tokens after the first measure decode
 SHORT_MAX_PROMPT = 1024
+WARM_UP_TIMEOUTS = 3  # the warm-up request may take this many times --timeout
 UPLOAD_TOKENS_PER_S = 1_000_000.0  # token ids travel as JSON text: about 8 MB/s for a body of ids
 DEADLINE_WAITS_S = 120.0  # room in the default deadline for idle waits and counter reads
 MIN_MEASURABLE_S = 0.001
@@ -93,19 +94,26 @@ def calibrate(entry: EngineAdapter, engines: Iterable[EngineAdapter], budget: Bu
         short_ids = valid_token_ids(entry, engines, short, _fresh("calibration"))
     except EngineError as exc:
         return Calibration(None, failure=f"no calibration prompt could be tokenized: {exc}")
+    # The first request to a cold deployment pays one-time costs (a P/D pair's first KV transfer
+    # sets up NIXL, which took over 30 s on 2 CPU cores): it is not the engine's speed. One
+    # unmeasured warm-up, allowed 3x --timeout, must be served before anything is measured.
+    warm = budget.send(entry, tiny_ids, max_tokens=1, stream=False, timeout_s=min(WARM_UP_TIMEOUTS * timeout_s,
+                                                                                  max(timeout_s, budget.remaining_s())))
+    if not warm.served:
+        return Calibration(None, (warm,), _unserved(warm, "an 8-token warm-up request"))
     tiny = budget.send(entry, tiny_ids, max_tokens=1, stream=False, timeout_s=timeout_s)
     if not tiny.served:
-        return Calibration(None, (tiny,), _unserved(tiny, "an 8-token calibration request"))
+        return Calibration(None, (warm, tiny), _unserved(tiny, "an 8-token calibration request"))
     second = budget.send(entry, short_ids, max_tokens=SHORT_MAX_TOKENS, stream=True, timeout_s=timeout_s)
     if not second.served:
-        return Calibration(None, (tiny, second), _unserved(second, f"a {short}-token calibration request"))
+        return Calibration(None, (warm, tiny, second), _unserved(second, f"a {short}-token calibration request"))
     first_token = second.ttft_s if second.ttft_s is not None else second.elapsed_s
     prefill_s = max(first_token - tiny.elapsed_s, first_token * 0.05, MIN_MEASURABLE_S)
     generated = second.completion_tokens or 1
     decode = max(0.0, second.elapsed_s - first_token) / max(1, generated - 1)
     speed = Speed(overhead_s=tiny.elapsed_s, prefill_tokens_per_second=short / prefill_s, decode_s_per_token=decode,
                   measured_on=f"{TINY_TOKENS}- and {short}-token requests through the entry")
-    return Calibration(speed, (tiny, second))
+    return Calibration(speed, (warm, tiny, second))
 
 
 def _fresh(purpose: str) -> str:

@@ -52,7 +52,8 @@ def test_calibration_follows_the_over_capacity_probes_and_accepted_prompts_get_t
     report = check(engine)
     # Over-capacity first, so stale pages hold what ran before the preflight, not calibration prompts.
     assert [s.tokens for s in engine.sent[:4]] == [6144, 6144, 8193, 8193]
-    first, second = engine.sent[4:6]
+    warm_up, first, second = engine.sent[4:7]
+    assert (warm_up.tokens, warm_up.max_tokens, warm_up.timeout_s) == (TINY_TOKENS, 1, 15)  # unmeasured, 3x --timeout
     assert (first.tokens, first.max_tokens, first.stream) == (TINY_TOKENS, 1, False)
     assert (second.tokens, second.stream) == (SHORT, True)
     # 0.508 s for 8 tokens, 0.5 + 255/1000 to the first token of 255: about 1,030 tokens/s measured
