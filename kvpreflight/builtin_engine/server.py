@@ -1,5 +1,5 @@
 """The engine's HTTP server: routing, request plumbing and the dispatch of a generation by role.
-The endpoints themselves are in api_sglang.py and api_openai.py, the PD handoff in pd.py.
+The endpoints themselves are in api_sglang.py and api_openai.py, the PD handoff in pd.py, pd_prefill.py and pd_decode.py.
 
 No torch here: the engine object is built by startup.py and handed in.
 """
@@ -12,8 +12,10 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from kvpreflight.builtin_engine import api_openai, api_sglang, pd
+from kvpreflight.builtin_engine import api_openai, api_sglang
 from kvpreflight.builtin_engine.httputil import client_gone, send_bytes, send_json
+from kvpreflight.builtin_engine.pd_decode import DecodeHandoff
+from kvpreflight.builtin_engine.pd_prefill import PrefillBootstrap
 from kvpreflight.builtin_engine.protocol import Generation, GenParams, OnToken
 from kvpreflight.model import ProcessRole
 
@@ -28,7 +30,7 @@ class EngineServer(ThreadingHTTPServer):
     allow_reuse_address = True
 
     def __init__(self, address: tuple[str, int], engine: Engine,
-                 handoff: pd.PrefillBootstrap | pd.DecodeHandoff | None) -> None:
+                 handoff: PrefillBootstrap | DecodeHandoff | None) -> None:
         self.engine = engine
         self.handoff = handoff  # the prefill's or the decode's side of the PD handoff
         self.started_at = time.time()
@@ -86,9 +88,9 @@ class EngineHandler(BaseHTTPRequestHandler):
         if engine.role is ProcessRole.UNIFIED:
             return engine.run_unified(ids, params, on_token)
         handoff = self.server.handoff
-        if isinstance(handoff, pd.PrefillBootstrap):
+        if isinstance(handoff, PrefillBootstrap):
             return handoff.run(ids, params, body, self.client_gone)
-        assert isinstance(handoff, pd.DecodeHandoff)  # startup.py gives each PD role its handoff
+        assert isinstance(handoff, DecodeHandoff)  # startup.py gives each PD role its handoff
         return handoff.run(ids, params, body, self.client_gone, on_token)
 
     def _body(self) -> dict[str, Any] | None:

@@ -24,7 +24,8 @@ from kvpreflight.builtin_engine.config import (
     derive_pool_tokens,
 )
 from kvpreflight.builtin_engine.httputil import serve_until_stopped
-from kvpreflight.builtin_engine.pd import DecodeHandoff, PrefillBootstrap
+from kvpreflight.builtin_engine.pd_decode import DecodeHandoff
+from kvpreflight.builtin_engine.pd_prefill import PrefillBootstrap
 from kvpreflight.builtin_engine.protocol import disaggregation_mode, version_string
 from kvpreflight.builtin_engine.router import serve_router
 from kvpreflight.builtin_engine.server import EngineServer
