@@ -17,13 +17,10 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
-import math
 import os
 import re
-import socket
 import ssl
 import stat
-import threading
 import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -32,9 +29,8 @@ from typing import Any
 import requests
 import requests.adapters
 import urllib3
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 
+from kvpreflight.engines.deadline import Deadline, DeadlineAdapter, EngineTimeout, current_request
 from kvpreflight.engines.errors import EngineConfigError, EngineError
 
 MiB = 1 << 20
@@ -80,10 +76,6 @@ _MIN_FRAME_BYTES = 128
 _GET_MAX_BYTES = int(BodyLimit.METRICS)
 _CHUNK_BYTES = 64 * 1024  # each read of a body; a fixed size, so no single read holds a whole body
 _CERT_FILE_MAX_BYTES = 1 * MiB  # a PEM certificate chain or key is a few KiB
-
-
-class EngineTimeout(EngineError):
-    """The engine did not answer in time (a hang is a finding, not a crash of ours)."""
 
 
 class BodyTooLarge(EngineError):
@@ -137,16 +129,16 @@ class HttpClient:
         if cert is not None:
             self.session.cert = cert
         for scheme in ("http://", "https://"):
-            self.session.mount(scheme, _DeadlineAdapter())
+            self.session.mount(scheme, DeadlineAdapter())
         self.timeout_s = timeout_s
 
     def close(self) -> None:
         self.session.close()
 
-    def _send(self, method: str, url: str, *, json_body: Any, timeout_s: float | None) -> tuple[requests.Response, _Deadline]:
+    def _send(self, method: str, url: str, *, json_body: Any, timeout_s: float | None) -> tuple[requests.Response, Deadline]:
         """Send and read the headers; the returned deadline is running and the caller ends it."""
-        deadline = _Deadline(timeout_s if timeout_s is not None else self.timeout_s)
-        _current.deadline = deadline
+        deadline = Deadline(timeout_s if timeout_s is not None else self.timeout_s)
+        current_request.deadline = deadline
         try:
             resp = self.session.request(method, url, json=json_body, timeout=(deadline.connect_s, deadline.timeout_s),
                                         allow_redirects=False, stream=True)
@@ -157,7 +149,7 @@ class HttpClient:
                 raise
             raise error from None
         finally:
-            _current.deadline = None
+            current_request.deadline = None
         if 300 <= resp.status_code < 400:
             deadline.end()
             location = resp.headers.get("Location", "?")
@@ -263,123 +255,9 @@ class StreamReply:
                 raise EngineError(f"{self.url}: stream frame is not JSON ({len(frame)} bytes)") from None
 
 
-# -- the total deadline ---------------------------------------------------------------------------
-
-_current = threading.local()  # the deadline of the request this thread is sending, for _DeadlinePool
-_deadlines_lock = threading.Lock()  # guards which deadline owns a pooled connection
-_OWNER = "_kvpreflight_deadline"  # the attribute naming a connection's current deadline
-_RECHECK_S = 0.05  # at the deadline with no socket yet (still connecting): look again this soon
-
-
-class _Deadline:
-    """One request's total time. At the deadline a watchdog shuts the request's socket (never
-    another request's: a pooled connection is owned by the deadline that last took it), so a read
-    or write blocked on a server that drips bytes ends at once."""
-
-    def __init__(self, timeout_s: float) -> None:
-        if not (isinstance(timeout_s, (int, float)) and math.isfinite(timeout_s) and timeout_s > 0):
-            raise EngineConfigError(f"timeout {timeout_s!r}: not a finite number of seconds above 0")
-        self.timeout_s = timeout_s
-        self.connect_s = min(10.0, timeout_s)
-        self.at = time.monotonic() + timeout_s
-        self.fired = False
-        self._ended = False
-        self._conn: Any = None
-        self._timer = self._arm(timeout_s)
-
-    def _arm(self, delay_s: float) -> threading.Timer:
-        timer = threading.Timer(delay_s, self._fire)
-        timer.daemon = True
-        timer.start()
-        return timer
-
-    def own(self, conn: Any) -> None:
-        with _deadlines_lock:
-            self._conn = conn
-            setattr(conn, _OWNER, self)
-
-    def passed(self) -> bool:
-        return self.fired or time.monotonic() >= self.at
-
-    def timeout(self, url: str) -> EngineTimeout:
-        return EngineTimeout(f"{url}: no complete answer within {self.timeout_s:g}s (the total for the request, body included)")
-
-    def end(self) -> None:
-        with _deadlines_lock:
-            self._ended = True
-            self._timer.cancel()
-
-    def _fire(self) -> None:
-        with _deadlines_lock:
-            if self._ended:
-                return
-            self.fired = True
-            conn = self._conn
-            if conn is not None and getattr(conn, _OWNER, None) is not self:
-                return  # the connection went back to the pool: another request's now
-            sock = getattr(conn, "kvpreflight_socket", None)
-            if sock is None:  # not connected yet: the connect timeout ends that, then shut it
-                self._timer = self._arm(_RECHECK_S)
-                return
-            try:
-                # socket.socket's own shutdown: SSLSocket.shutdown would also drop its TLS state
-                # under the reading thread
-                socket.socket.shutdown(sock, socket.SHUT_RDWR)
-            except OSError:
-                pass  # already closed: nothing left to end
-
-
-class _DeadlineConnectionMixin:
-    """Keeps its socket for the deadline to shut, even after http.client forgets `sock` (once a
-    reply says the connection will close, the response reads on from it). The connection itself,
-    TLS handshake included, is bounded by the connect timeout (Python bounds a handshake in total)."""
-
-    kvpreflight_socket: socket.socket | None = None
-
-    def connect(self) -> None:
-        # A mixin: super() and `sock` are HTTPConnection's, which mypy cannot see from here.
-        super().connect()  # type: ignore[misc]
-        self.kvpreflight_socket = self.sock  # type: ignore[attr-defined]
-
-
-class _DeadlineHTTPConnection(_DeadlineConnectionMixin, HTTPConnection):
-    pass
-
-
-class _DeadlineHTTPSConnection(_DeadlineConnectionMixin, HTTPSConnection):
-    pass
-
-
-class _DeadlinePoolMixin:
-    """Hands each connection, as a request takes it, to that request's deadline."""
-
-    def _get_conn(self, timeout: float | None = None) -> Any:
-        conn = super()._get_conn(timeout)  # type: ignore[misc]  # a mixin over urllib3's pool (see above)
-        deadline = getattr(_current, "deadline", None)
-        if deadline is not None:
-            deadline.own(conn)
-        return conn
-
-
-class _DeadlineHTTPPool(_DeadlinePoolMixin, HTTPConnectionPool):
-    ConnectionCls = _DeadlineHTTPConnection
-
-
-class _DeadlineHTTPSPool(_DeadlinePoolMixin, HTTPSConnectionPool):
-    ConnectionCls = _DeadlineHTTPSConnection
-
-
-class _DeadlineAdapter(requests.adapters.HTTPAdapter):
-    """requests' adapter with connection pools that hand each connection to its request's deadline."""
-
-    def init_poolmanager(self, *args: Any, **kwargs: Any) -> None:
-        super().init_poolmanager(*args, **kwargs)
-        self.poolmanager.pool_classes_by_scheme = {"http": _DeadlineHTTPPool, "https": _DeadlineHTTPSPool}
-
-
 # -- reading bodies -------------------------------------------------------------------------------
 
-def _body_chunks(url: str, resp: requests.Response, deadline: _Deadline) -> Iterator[bytes]:
+def _body_chunks(url: str, resp: requests.Response, deadline: Deadline) -> Iterator[bytes]:
     """The body in reads of at most _CHUNK_BYTES; EngineTimeout at the deadline, EngineError if cut."""
     try:
         for chunk in resp.iter_content(chunk_size=_CHUNK_BYTES):
@@ -394,7 +272,7 @@ def _body_chunks(url: str, resp: requests.Response, deadline: _Deadline) -> Iter
         raise deadline.timeout(url)
 
 
-def _lines(url: str, resp: requests.Response, deadline: _Deadline, max_bytes: int) -> Iterator[bytes]:
+def _lines(url: str, resp: requests.Response, deadline: Deadline, max_bytes: int) -> Iterator[bytes]:
     """The body's lines (without their line ends), up to `max_bytes` of body."""
     pending = bytearray()
     received = 0
@@ -483,7 +361,7 @@ def _refuse_passphrase() -> bytes:
 
 # -- messages -------------------------------------------------------------------------------------
 
-def _transport_error(url: str, exc: Exception, deadline: _Deadline, *, client_cert: bool) -> EngineError | None:
+def _transport_error(url: str, exc: Exception, deadline: Deadline, *, client_cert: bool) -> EngineError | None:
     """The one line for a request that failed before its headers arrived (None: not ours to say)."""
     if isinstance(exc, requests.exceptions.ConnectTimeout):  # unreachable: a transport failure, not a hang
         return EngineError(f"{url}: connection timed out after {deadline.connect_s:g}s")
