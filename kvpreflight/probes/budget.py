@@ -25,6 +25,7 @@ import secrets
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -229,6 +230,41 @@ class Budget:
             if self.stopped is None and self.remaining_s() <= 0:
                 self.stopped = self._deadline_note()
             return self.stopped is None
+
+    def probe(self, adapter: EngineAdapter, ids: list[int], *, name: str, expect: Expect, max_tokens: int,
+              engines: Iterable[EngineAdapter], stream: bool = False, extra: Mapping[str, Any] | None = None,
+              copies: int = 1, after_send: Callable[[], None] = lambda: None) -> tuple[Completion, ...] | None:
+        """Send `copies` of one probe request at once, under its budget cut to the deadline.
+
+        None when the run has stopped, or when the deadline cut the request short (it proves
+        nothing; the run stops, naming the stage). `after_send` runs as soon as the answers are in
+        (the caller's counter reading), before a stall decides what follows: a request that had to
+        be refused and hangs ends the probing; any other stall asks whether the engine still
+        answers (still_answering)."""
+        if not self.may_send():
+            return None
+        natural = self.natural_s(len(ids), expect, max_tokens=max_tokens, concurrent=copies)
+        timeout_s = max(0.0, min(natural, self.remaining_s()))
+
+        def one() -> Completion:
+            return self.send(adapter, ids, max_tokens=max_tokens, stream=stream, timeout_s=timeout_s, extra=extra)
+
+        if copies == 1:
+            completions: tuple[Completion, ...] = (one(),)
+        else:
+            with ThreadPoolExecutor(max_workers=copies) as pool:
+                futures = [pool.submit(one) for _ in range(copies)]
+                completions = tuple(f.result() for f in futures)
+        after_send()
+        if any(self.cut_short(c, natural) for c in completions):
+            return None
+        if any(c.timed_out for c in completions):
+            if expect is Expect.REJECT:
+                self.stop(f"the engine gave {name} no answer within its {natural:.0f}-s rejection budget (a hang, "
+                          "not a rejection), so it was probed no further")
+            else:
+                still_answering(adapter, engines, self, after=name)
+        return completions
 
     def cut_short(self, completion: Completion, natural_s: float) -> bool:
         """The request timed out only because the deadline cut its budget: it proves nothing.

@@ -8,12 +8,11 @@ and a rejected request can be shown to have stopped before any KV transfer.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from kvpreflight.engines.interface import Counters, EngineAdapter
 from kvpreflight.model import Completion, EngineSnapshot
-from kvpreflight.probes.budget import Budget, PlannedRequest, still_answering
+from kvpreflight.probes.budget import Budget, PlannedRequest
 from kvpreflight.probes.engine_state import EngineState, counter_deltas
 from kvpreflight.probes.markers import foreign_markers, new_marker
 from kvpreflight.probes.results import Expect, Limits, ProbeResult, ProbeRun
@@ -149,22 +148,14 @@ class CapacityProber:
         # Probes run one after another, so one probe's "after" is the next one's "before":
         # each probe costs one metrics scrape per engine, not two.
         before = self._latest or self.state.counters()
-        natural = self.budget.natural_s(len(ids), expect, max_tokens=max_tokens)
-        completion = self.budget.send(self.entry, ids, max_tokens=max_tokens, stream=stream,
-                                         timeout_s=self.budget.request_s(len(ids), expect, max_tokens=max_tokens))
-        after = self._latest = self.state.counters()
-        if self.budget.cut_short(completion, natural):
+        sent = self.budget.probe(self.entry, ids, name=name, expect=expect, max_tokens=max_tokens, stream=stream,
+                                 engines=self.engines.values(), after_send=self._read_counters)
+        if sent is None:
             return None
-        if completion.timed_out:
-            self._after_a_stall(name, expect, natural)
-        return self._result(name, expect, completion, PURPOSES[name.removesuffix("-stream")], before, after)
+        return self._result(name, expect, sent[0], PURPOSES[name.removesuffix("-stream")], before, self._latest or {})
 
-    def _after_a_stall(self, name: str, expect: Expect, natural_s: float) -> None:
-        if expect is Expect.REJECT:
-            self.budget.stop(f"the engine gave {name} no answer within its {natural_s:.0f}-s rejection budget (a hang, "
-                             "not a rejection), so it was probed no further")
-        else:
-            still_answering(self.entry, self.engines.values(), self.budget, after=name)
+    def _read_counters(self) -> None:
+        self._latest = self.state.counters()
 
     def _result(self, name: str, expect: Expect, completion: Completion, purpose: str,
                 before: Mapping[str, Counters | None], after: Mapping[str, Counters | None]) -> ProbeResult:
@@ -181,18 +172,11 @@ class CapacityProber:
         self.progress(f"probe concurrent: {k} x {len(ids)} tokens at once"
                       f"{self.budget.expected_note(len(ids), Expect.ACCEPT, max_tokens=CONCURRENT_MAX_TOKENS, concurrent=k)}")
         before = self._latest or self.state.counters()
-        natural = self.budget.natural_s(len(ids), Expect.ACCEPT, max_tokens=CONCURRENT_MAX_TOKENS, concurrent=k)
-        budget = self.budget.request_s(len(ids), Expect.ACCEPT, max_tokens=CONCURRENT_MAX_TOKENS, concurrent=k)
-        with ThreadPoolExecutor(max_workers=k) as pool:
-            futures = [pool.submit(self.budget.send, self.entry, ids, max_tokens=CONCURRENT_MAX_TOKENS, stream=False,
-                                   timeout_s=budget)
-                       for _ in range(k)]
-            completions = [f.result() for f in futures]
-        after = self._latest = self.state.counters()
-        if any(self.budget.cut_short(c, natural) for c in completions):
+        completions = self.budget.probe(self.entry, ids, name="concurrent", expect=Expect.ACCEPT,
+                                        max_tokens=CONCURRENT_MAX_TOKENS, engines=self.engines.values(), copies=k,
+                                        after_send=self._read_counters)
+        if completions is None:
             return []
-        if any(c.timed_out for c in completions):
-            self._after_a_stall("concurrent", Expect.ACCEPT, natural)
         purpose = PURPOSES["concurrent"].format(k=k)
-        return [self._result(f"concurrent-{i + 1}", Expect.ACCEPT, c, purpose, before, after)
+        return [self._result(f"concurrent-{i + 1}", Expect.ACCEPT, c, purpose, before, self._latest or {})
                 for i, c in enumerate(completions)]

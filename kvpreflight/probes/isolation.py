@@ -29,7 +29,7 @@ from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import Completion, EngineSnapshot, Role
-from kvpreflight.probes.budget import Budget, PlannedRequest, still_answering
+from kvpreflight.probes.budget import Budget, PlannedRequest
 from kvpreflight.probes.disconnect import (
     AFTER_FIRST_TOKEN,
     Departure,
@@ -309,22 +309,12 @@ class IsolationProber:
     def _send(self, tenant: Tenant, name: str, tokens: int, *, expect: Expect = Expect.ACCEPT,
               max_tokens: int | None = None) -> TenantRequest | None:
         """One scanned request; None when it was not sent or the deadline cut it short."""
-        if not self.budget.may_send():
-            return None
         client = self.tenants[tenant]
-        max_tokens = max_tokens or self.gen
-        natural = self.budget.natural_s(tokens, expect, max_tokens=max_tokens)
-        completion = self.budget.send(client.adapter, self._ids[tenant][:tokens], max_tokens=max_tokens, stream=False,
-                                             timeout_s=self.budget.request_s(tokens, expect, max_tokens=max_tokens),
-                                             extra=client.extra)
-        if self.budget.cut_short(completion, natural):
+        sent = self.budget.probe(client.adapter, self._ids[tenant][:tokens], name=name, expect=expect,
+                                 max_tokens=max_tokens or self.gen, engines=self.engines.values(), extra=client.extra)
+        if sent is None:
             return None
-        if completion.timed_out and expect is Expect.REJECT:
-            self.budget.stop(f"the engine gave {name} no answer within its {natural:.0f}-s rejection budget (a hang, "
-                             "not a rejection), so it was probed no further")
-        elif completion.timed_out:
-            still_answering(client.adapter, self.engines.values(), self.budget, after=name)
-        return self._scan(tenant, name, completion, completion.text, expect=expect)
+        return self._scan(tenant, name, sent[0], sent[0].text, expect=expect)
 
     def _scan(self, tenant: Tenant, name: str, completion: Completion | None, text: str, *,
               expect: Expect = Expect.ACCEPT, abandoned: str | None = None) -> TenantRequest:

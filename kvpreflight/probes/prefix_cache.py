@@ -56,12 +56,12 @@ def probe_prefix_cache(tenants: Mapping[Tenant, TenantClient], state: EngineStat
                                       not_run=f"the prefix-cache probes ran only in part: {budget.stopped}")
             client = tenants[tenant]
             hits_before = state.total(lambda c: c.prefix_cache_hits)
-            natural = budget.natural_s(tokens, Expect.ACCEPT)
-            completion = budget.send(client.adapter, ids, max_tokens=1, stream=True, timeout_s=budget.request_s(tokens, Expect.ACCEPT),
-                                                 extra=client.extra)
-            if budget.cut_short(completion, natural):
+            sent = budget.probe(client.adapter, ids, name=f"the {kind.value} prefix-cache probe", expect=Expect.ACCEPT,
+                                max_tokens=1, stream=True, engines=state.engines.values(), extra=client.extra)
+            if sent is None:
                 return PrefixCacheRun(binding=binding, caching_off=off,
                                       not_run=f"the prefix-cache probes ran only in part: {budget.stopped}")
+            completion = sent[0]
             hits_after = state.total(lambda c: c.prefix_cache_hits)
             delta = None if hits_before is None or hits_after is None else round(hits_after - hits_before, 3)
             probes.append(CacheProbe(kind=kind, tenant=tenant, prefix=prefix, completion=completion, hit_metric_delta=delta))
