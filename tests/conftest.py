@@ -168,3 +168,19 @@ def _engine_factory(start_fn, model: Path, workdir: Path, name: str, memo: bool 
     finally:
         for engine in started:
             engine.stop()
+
+
+# -- mutual TLS: a private CA, a server and client certificates, and a gateway that requires one --
+@pytest.fixture(scope="module")
+def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    from support.mtls import write_pki
+
+    return write_pki(tmp_path_factory.mktemp("pki"))
+
+
+@pytest.fixture(scope="module")
+def mtls_url(pki: dict[str, Path]) -> Iterator[str]:
+    from support.mtls import mtls_server
+
+    with mtls_server(pki) as url:
+        yield url

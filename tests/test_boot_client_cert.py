@@ -18,21 +18,9 @@ import yaml
 from proctags import processes_tagged
 from record_support import record_text
 from static_server import static_server
-from support.mtls import mtls_server, write_pki
 
 from kvpreflight.boot import load_spec
 from kvpreflight.boot.errors import BootConfigError
-
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return write_pki(tmp_path_factory.mktemp("spec-pki"))
-
-
-@pytest.fixture(scope="module")
-def mtls_url(pki: dict[str, Path]) -> Iterator[str]:
-    with mtls_server(pki) as url:
-        yield url
 
 
 @pytest.fixture(scope="module")

@@ -13,6 +13,7 @@ import re
 
 import pytest
 import requests
+from support.builtin_requests import gen
 
 from kvpreflight import __version__
 from kvpreflight.builtin_engine.config import FAULTS
@@ -29,15 +30,6 @@ OVER_POOL_MSG = (
 # Tenant A's canary sits past the first page (16 tokens): the page a faulty prefill does send.
 TENANT_A = "tenant-a prompt: CANARY-A-5f1c9e secret roadmap " + "alpha bravo charlie delta " * 12
 TIMEOUT = 30
-
-
-def gen(url: str, text: str | None = None, ids: list[int] | None = None, max_new: int = 32, **extra) -> requests.Response:
-    body = {"sampling_params": {"max_new_tokens": max_new}, **extra}
-    if ids is not None:
-        body["input_ids"] = ids
-    else:
-        body["text"] = text
-    return requests.post(url + "/generate", json=body, timeout=TIMEOUT)
 
 
 def metric(url: str, name: str) -> float:

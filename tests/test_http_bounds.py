@@ -15,7 +15,7 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from io import BufferedIOBase
 from pathlib import Path
@@ -23,7 +23,6 @@ from typing import Any, TypeVar
 
 import pytest
 from misbehaving_http import PeakRss, chunked, drip_body, drip_headers, drip_stream, drip_tls_handshake, fixed, misbehaving_server, sized
-from support.mtls import mtls_server, write_pki
 
 from kvpreflight.engines.errors import EngineConfigError, EngineError
 from kvpreflight.engines.http import BodyLimit, BodyTooLarge, EngineTimeout, HttpClient
@@ -241,17 +240,6 @@ def test_a_timeout_a_request_cannot_keep_is_a_configuration_error() -> None:
 
 
 # -- client certificates (mutual TLS) ------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def pki(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    return write_pki(tmp_path_factory.mktemp("pki"))
-
-
-@pytest.fixture(scope="module")
-def mtls_url(pki: dict[str, Path]) -> Iterator[str]:
-    with mtls_server(pki) as url:
-        yield url
-
 
 def test_a_gateway_requiring_a_client_certificate_refuses_a_client_without_one(pki: dict[str, Path], mtls_url: str) -> None:
     with pytest.raises(EngineError) as caught:

@@ -110,6 +110,15 @@ def test_credentials_an_engine_echoes_reach_no_output(tmp_path: Path, fmt: str) 
     assert leaks(outputs) == []
 
 
+def check_booted(tmp_path: Path, name: str, script: str, *, ready_timeout_s: int) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    """`check --boot` a one-engine spec whose engine is `script` (it reads the key from KVPF_SERVING)."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(yaml.safe_dump({"deployment": "echo", "engines": [
+        {"name": name, "role": "unified", "port": "auto", "ready_timeout_s": ready_timeout_s,
+         "command": [sys.executable, "-c", script]}]}))
+    return run_check(["--boot", str(spec), "--log-dir", str(tmp_path / "logs"), "--format", "json"], tmp_path)
+
+
 @pytest.mark.slow
 def test_a_booted_engine_that_prints_the_key_and_dies_leaks_it_nowhere(tmp_path: Path) -> None:
     """`check --boot`: kvpreflight quotes a dead engine's last log lines; the key is in them, in
@@ -122,10 +131,7 @@ def test_a_booted_engine_that_prints_the_key_and_dies_leaks_it_nowhere(tmp_path:
               "print(' '.join(secret_forms(key).values()), flush=True)\n"
               "print(' '.join(secret_forms('Bearer ' + key).values()), flush=True)\n"
               "sys.exit(7)\n")
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump({"deployment": "echo", "engines": [
-        {"name": "leaky", "role": "unified", "port": "auto", "ready_timeout_s": 30, "command": [sys.executable, "-c", script]}]}))
-    proc, outputs = run_check(["--boot", str(spec), "--log-dir", str(tmp_path / "logs"), "--format", "json"], tmp_path)
+    proc, outputs = check_booted(tmp_path, "leaky", script, ready_timeout_s=30)
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "status 7" in proc.stderr and "redacted" in proc.stderr, proc.stderr  # the lines were quoted
     assert leaks(outputs) == [], proc.stderr
@@ -138,10 +144,7 @@ def test_a_booted_engine_slow_to_start_leaks_the_key_in_no_progress_line(tmp_pat
               "key = os.environ['KVPF_SERVING']\n"
               "print('loading weights for ' + key, flush=True)\n"
               "time.sleep(20)\n")
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(yaml.safe_dump({"deployment": "echo", "engines": [
-        {"name": "slow", "role": "unified", "port": "auto", "ready_timeout_s": 7, "command": [sys.executable, "-c", script]}]}))
-    proc, outputs = run_check(["--boot", str(spec), "--log-dir", str(tmp_path / "logs"), "--format", "json"], tmp_path)
+    proc, outputs = check_booted(tmp_path, "slow", script, ready_timeout_s=7)
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "waiting for slow" in proc.stderr, proc.stderr  # a progress line quoted the log
     assert leaks(outputs) == [], proc.stderr

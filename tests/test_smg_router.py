@@ -29,6 +29,7 @@ from pathlib import Path
 import pytest
 import requests
 from proctags import processes_tagged
+from support.builtin_requests import gen
 
 from kvpreflight.builtin_engine.testbed import HOST, RunningEngine, free_port, start_engine, stop_engine
 from kvpreflight.demo import find_smg
@@ -112,15 +113,6 @@ def smg_pair(binary: str, workdir: Path, *, prefill_faults: Sequence[str] = (), 
             _stop(router)
         for engine in reversed(started):
             stop_engine(engine)
-
-
-def gen(url: str, text: str | None = None, ids: list[int] | None = None, max_new: int = 32, **extra: object) -> requests.Response:
-    body: dict[str, object] = {"sampling_params": {"max_new_tokens": max_new}, **extra}
-    if ids is not None:
-        body["input_ids"] = ids
-    else:
-        body["text"] = text
-    return requests.post(url + "/generate", json=body, timeout=TIMEOUT)
 
 
 def metric(url: str, name: str) -> float:
