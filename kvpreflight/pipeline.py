@@ -164,7 +164,7 @@ def _client(options: CheckPlan) -> HttpClient:
 
 
 def _settings(options: CheckPlan, thresholds: Thresholds) -> ProbeSettings:
-    return ProbeSettings(timeout_s=options.timeout_s, concurrency=options.concurrency or thresholds.concurrency,
+    return ProbeSettings(concurrency=options.concurrency or thresholds.concurrency,
                          known_markers=options.known_markers)
 
 

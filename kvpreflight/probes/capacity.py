@@ -38,7 +38,6 @@ PURPOSES = {
 
 @dataclass(frozen=True)
 class ProbeSettings:
-    timeout_s: float = 30.0  # bound on the wait for a rejection (see probes/budget.py)
     concurrency: int = 2
     known_markers: frozenset[str] = frozenset()  # other tenants' markers planted before the probes (demo)
 

@@ -18,7 +18,7 @@ URL = "http://engine:1"
 
 def probe(engine: FakeEngine, *, concurrency: int = 2):
     adapter = FakeAdapter(engine.snap.url, HttpClient())
-    settings = ProbeSettings(timeout_s=5, concurrency=concurrency)
+    settings = ProbeSettings(concurrency=concurrency)
     limits = deployment_limits(adapter, [engine.snap])
     assert limits is not None
     budget = Budget(timeout_s=5, fallback_tokens_per_second=20000)
