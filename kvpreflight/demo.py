@@ -74,10 +74,9 @@ class BuiltinDeployment:
 
 
 def say(message: str) -> None:
-    from kvpreflight.formats._common import fit, output_width
+    from kvpreflight.terminal import write_line
 
-    sys.stderr.write(fit(f"kvpreflight demo: {message}", output_width(sys.stderr)) + "\n")
-    sys.stderr.flush()
+    write_line("kvpreflight demo", message)
 
 
 def find_smg() -> str:

@@ -31,18 +31,22 @@ class _Step:
         return Text(f"{self.text}  [{time.monotonic() - self.started:.0f} s]")
 
 
+def write_line(prefix: str, message: str, stream: IO[str] | None = None) -> None:
+    """One plain progress line (stderr by default), fitted to the terminal's width."""
+    stream = stream or sys.stderr
+    stream.write(fit(f"{prefix}: {message}", output_width(stream)) + "\n")
+    stream.flush()
+
+
 @contextlib.contextmanager
 def progress_to_stderr(prefix: str, stream: IO[str] | None = None,
                        environ: Mapping[str, str] = os.environ) -> Iterator[Callable[[str], None]]:
     stream = stream or sys.stderr
-    width = output_width(stream, environ)
     live = bool(getattr(stream, "isatty", lambda: False)()) and environ.get("TERM") != "dumb"
     if not live:
-        def plain(message: str) -> None:
-            stream.write(fit(f"{prefix}: {message}", width) + "\n")
-            stream.flush()
-        yield plain
+        yield lambda message: write_line(prefix, message, stream)
         return
+    width = output_width(stream, environ)
     from rich.console import Console
 
     console = Console(file=stream, no_color="NO_COLOR" in environ, highlight=False, soft_wrap=False)

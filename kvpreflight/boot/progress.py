@@ -21,10 +21,9 @@ class Progress:
 
     def say(self, message: str) -> None:
         try:
-            from kvpreflight.formats._common import fit, output_width
+            from kvpreflight.terminal import write_line
 
-            self.stream.write(fit(f"kvpreflight: boot: {self.scrub(message)}", output_width(self.stream)) + "\n")
-            self.stream.flush()
+            write_line("kvpreflight: boot", self.scrub(message), self.stream)
         except (OSError, ValueError):
             pass  # a closed stderr must not stop the boot or the clean-up
 

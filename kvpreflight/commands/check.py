@@ -24,9 +24,9 @@ FORMAT_HELP = "|".join(FORMATS)
 
 
 def progress(message: str) -> None:
-    from kvpreflight.formats._common import fit, output_width
+    from kvpreflight.terminal import write_line
 
-    sys.stderr.write(fit(f"kvpreflight: {message}", output_width(sys.stderr)) + "\n")
+    write_line("kvpreflight", message)
     sys.stderr.flush()
 
 
