@@ -36,6 +36,9 @@ PAGE_SIZE = 16
 TRANSFER_DELAY_MS = 6
 SMG_ENV = "KVPREFLIGHT_SMG"  # the smg binary; scripts/setup_engines.sh --only smg installs one
 SMG_SETUP = "install it with scripts/setup_engines.sh --only smg (or pip install smg==1.13.0), or set KVPREFLIGHT_SMG"
+SGLANG_ROUTER_ENV = "KVPREFLIGHT_SGLANG_ROUTER_PYTHON"  # a Python with sglang-router installed
+SGLANG_ROUTER_SETUP = ("install it with scripts/setup_engines.sh --only smg (or pip install sglang-router==0.3.2), "
+                       f"or set {SGLANG_ROUTER_ENV}")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -79,6 +82,11 @@ def say(message: str) -> None:
     write_line("kvpreflight demo", message)
 
 
+def _cached_venv_file(*parts: str) -> Path:
+    cache = Path(os.environ.get("KVPREFLIGHT_CACHE") or Path.home() / ".cache" / "kvpreflight")
+    return cache.joinpath("smg-venv", *parts)
+
+
 def find_smg() -> str:
     """The smg binary: $KVPREFLIGHT_SMG, else smg on PATH, else the one setup_engines.sh installs."""
     given = os.environ.get(SMG_ENV)
@@ -86,11 +94,26 @@ def find_smg() -> str:
         if not os.access(given, os.X_OK):
             raise ConfigError(f"{SMG_ENV}={given} is not an executable smg binary; {SMG_SETUP}")
         return given
-    cache = Path(os.environ.get("KVPREFLIGHT_CACHE") or Path.home() / ".cache" / "kvpreflight")
-    for candidate in (shutil.which("smg"), cache / "smg-venv" / "bin" / "smg"):
+    for candidate in (shutil.which("smg"), _cached_venv_file("bin", "smg")):
         if candidate and os.access(candidate, os.X_OK):
             return str(candidate)
     raise ConfigError(f"--router smg needs the smg binary and none was found; {SMG_SETUP}")
+
+
+def find_sglang_router_python() -> str:
+    """A Python with sglang_router installed: $KVPREFLIGHT_SGLANG_ROUTER_PYTHON, else the venv
+    setup_engines.sh installs it into (beside smg)."""
+    import subprocess
+
+    given = os.environ.get(SGLANG_ROUTER_ENV)
+    candidate = given or str(_cached_venv_file("bin", "python"))
+    if os.access(candidate, os.X_OK):
+        probe = subprocess.run([candidate, "-c", "import sglang_router"], capture_output=True, timeout=60, check=False)
+        if probe.returncode == 0:
+            return candidate
+    if given:
+        raise ConfigError(f"{SGLANG_ROUTER_ENV}={given} is not a Python with sglang_router installed; {SGLANG_ROUTER_SETUP}")
+    raise ConfigError(f"--router sglang-router needs sglang_router and none was found; {SGLANG_ROUTER_SETUP}")
 
 
 def _router(settings: BuiltinDeployment, bootstrap_port: int | None) -> dict[str, Any]:
@@ -102,13 +125,17 @@ def _router(settings: BuiltinDeployment, bootstrap_port: int | None) -> dict[str
     from kvpreflight.boot.plan import free_port
 
     assert bootstrap_port is not None  # demo_spec fixes it for any router but the builtin one
-    # smg is told the prefill's bootstrap port at launch (SGLang's --prefill URL BOOTSTRAP_PORT);
-    # its Prometheus listener would bind 0.0.0.0:29000 unless told otherwise.
-    return {"name": "router", "role": "router", "engine": "smg", "port": "auto", "ready_timeout_s": 60,
-            "command": [find_smg(), "launch", "--pd-disaggregation", "--prefill", "{prefill.url}", str(bootstrap_port),
-                        "--decode", "{decode.url}", "--backend", "sglang", "--host", "127.0.0.1", "--port", "{port}",
-                        "--prometheus-host", "127.0.0.1",
-                        "--prometheus-port", str(free_port(avoid={bootstrap_port}))]}
+    # SGLang's routers are told the prefill's bootstrap port at launch (--prefill URL BOOTSTRAP_PORT);
+    # their Prometheus listener would bind 0.0.0.0:29000 unless told otherwise.
+    prometheus = ["--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port(avoid={bootstrap_port}))]
+    pd = ["--pd-disaggregation", "--prefill", "{prefill.url}", str(bootstrap_port), "--decode", "{decode.url}"]
+    listen = ["--host", "127.0.0.1", "--port", "{port}"]
+    if settings.router is RouterKind.SMG:
+        command = [find_smg(), "launch", *pd, "--backend", "sglang", *listen, *prometheus]
+    else:
+        command = [find_sglang_router_python(), "-m", "sglang_router.launch_router", *pd, *listen, *prometheus]
+    return {"name": "router", "role": "router", "engine": settings.router.value, "port": "auto",
+            "ready_timeout_s": 60, "command": command}
 
 
 def demo_spec(settings: BuiltinDeployment) -> DeploymentSpec:

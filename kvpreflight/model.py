@@ -57,6 +57,7 @@ class RouterKind(enum.StrEnum):
 
     BUILTIN = "builtin"  # the builtin engine's own router (kvpreflight engine serve --role router)
     SMG = "smg"  # Shepherd Model Gateway (SGLang's PD router; pip install smg)
+    SGLANG_ROUTER = "sglang-router"  # SGLang's older router (pip install sglang-router)
 
 
 AUTO_ENGINE = "auto"  # "find out by asking the server", where an engine kind is expected

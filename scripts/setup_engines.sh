@@ -5,12 +5,13 @@
 #     cached wheel and installed into its own small venv, plus the GGUF builder deps;
 #   * vLLM's prefill/decode stack in the vLLM venv: NIXL (the KV transfer library) and vLLM's PD
 #     router `vllm-router` (a Rust binary in its wheel), with their own marker;
-#   * smg (Shepherd Model Gateway, SGLang's PD router: a Rust binary in a PyPI wheel) in its own
-#     small venv, to front the builtin prefill/decode engines as it fronts SGLang.
+#   * SGLang's PD routers in their own small venv, to front the builtin prefill/decode engines as
+#     they front SGLang: smg (Shepherd Model Gateway, a Rust binary in a PyPI wheel) and the older
+#     sglang-router (a Rust extension with a Python launcher), each with its own marker.
 # Idempotent: a second run only checks the markers and rewrites engines.env (a few seconds).
 # Everything lives under ${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}; nothing touches the dev venv.
 #
-# Usage: scripts/setup_engines.sh [--only vllm|vllm-pd|llama|smg]   (vllm-pd: vLLM and its PD stack)
+# Usage: scripts/setup_engines.sh [--only vllm|vllm-pd|llama|smg]   (vllm-pd: vLLM and its PD stack; smg: smg and sglang-router)
 # Then:  source "${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}/engines.env"   (tests/conftest.py also
 #        loads that file by itself when it exists).
 set -euo pipefail
@@ -20,6 +21,7 @@ NIXL_VERSION=1.5.1
 VLLM_ROUTER_VERSION=0.1.17
 LLAMA_VERSION=11434.0.0
 SMG_VERSION=1.13.0
+SGLANG_ROUTER_VERSION=0.3.2
 CACHE="${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}"
 PY="${KVPREFLIGHT_SETUP_PYTHON:-python3}"
 ONLY=""
@@ -132,16 +134,29 @@ setup_smg() {
     local marker="$SMG_VENV/.kvpreflight-smg-$SMG_VERSION"
     if [[ -f "$marker" ]] && [[ -x "$SMG_VENV/bin/smg" ]]; then
         log "smg $SMG_VERSION: cached in $SMG_VENV"
+    else
+        local t0; t0=$(now)
+        log "smg $SMG_VERSION: installing into $SMG_VENV (log $LOGS/smg-install.log)"
+        rm -rf "$SMG_VENV"
+        "$PY" -m venv "$SMG_VENV"
+        { "$SMG_VENV/bin/pip" install "smg==$SMG_VERSION" && "$SMG_VENV/bin/smg" --version; } \
+            >"$LOGS/smg-install.log" 2>&1 || { tail -n 30 "$LOGS/smg-install.log" >&2; return 1; }
+        touch "$marker"
+        log "smg $SMG_VERSION: installed in $(( $(now) - t0 )) s"
+    fi
+    # sglang-router joins the same venv: a cached smg venv gets it without a reinstall.
+    marker="$SMG_VENV/.kvpreflight-sglang-router-$SGLANG_ROUTER_VERSION"
+    if [[ -f "$marker" ]]; then
+        log "sglang-router $SGLANG_ROUTER_VERSION: cached in $SMG_VENV"
         return 0
     fi
-    local t0; t0=$(now)
-    log "smg $SMG_VERSION: installing into $SMG_VENV (log $LOGS/smg-install.log)"
-    rm -rf "$SMG_VENV"
-    "$PY" -m venv "$SMG_VENV"
-    { "$SMG_VENV/bin/pip" install "smg==$SMG_VERSION" && "$SMG_VENV/bin/smg" --version; } \
-        >"$LOGS/smg-install.log" 2>&1 || { tail -n 30 "$LOGS/smg-install.log" >&2; return 1; }
+    local t1; t1=$(now)
+    log "sglang-router $SGLANG_ROUTER_VERSION: installing into $SMG_VENV (log $LOGS/sglang-router-install.log)"
+    { "$SMG_VENV/bin/pip" install "sglang-router==$SGLANG_ROUTER_VERSION" \
+        && "$SMG_VENV/bin/python" -c "import sglang_router"; } \
+        >"$LOGS/sglang-router-install.log" 2>&1 || { tail -n 30 "$LOGS/sglang-router-install.log" >&2; return 1; }
     touch "$marker"
-    log "smg $SMG_VERSION: installed in $(( $(now) - t0 )) s"
+    log "sglang-router $SGLANG_ROUTER_VERSION: installed in $(( $(now) - t1 )) s"
 }
 
 # The llama.cpp build is the long pole: run it in the background while vLLM installs.
@@ -184,6 +199,9 @@ tmp_env="$ENV_FILE.tmp.$$"
     if [[ -f "$SMG_VENV/.kvpreflight-smg-$SMG_VERSION" ]]; then
         echo "export KVPREFLIGHT_SMG=$SMG_VENV/bin/smg"
     fi
+    if [[ -f "$SMG_VENV/.kvpreflight-sglang-router-$SGLANG_ROUTER_VERSION" ]]; then
+        echo "export KVPREFLIGHT_SGLANG_ROUTER_PYTHON=$SMG_VENV/bin/python"
+    fi
 } >"$tmp_env"
 mv "$tmp_env" "$ENV_FILE"
 
@@ -192,5 +210,6 @@ echo "vllm-router:       $( [[ -f "$VLLM_PD_MARKER" ]] && echo "$VLLM_VENV/bin/v
 echo "llama-server:      $( [[ -f "$LLAMA_VENV/.kvpreflight-llama-$LLAMA_VERSION" ]] && llama_binary )"
 echo "llama.cpp wheel:   $(llama_wheel)"
 echo "smg:               $( [[ -f "$SMG_VENV/.kvpreflight-smg-$SMG_VERSION" ]] && echo "$SMG_VENV/bin/smg" )"
+echo "sglang-router:     $( [[ -f "$SMG_VENV/.kvpreflight-sglang-router-$SGLANG_ROUTER_VERSION" ]] && echo "$SMG_VENV/bin/python -m sglang_router.launch_router" )"
 echo "engines.env:       $ENV_FILE"
 echo "next: source $ENV_FILE   (pytest loads it by itself)"

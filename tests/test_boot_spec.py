@@ -112,18 +112,23 @@ def test_placeholders_defaults_and_gpus(tmp_path):
     assert plan.entry_url == r.url
 
 
-def test_smg_router_is_recognised_and_waits_for_its_workers():
+@pytest.mark.parametrize("command, kind", [
+    # smg's command says --backend sglang, yet it is smg
+    ("/opt/smg/bin/smg launch --pd-disaggregation --prefill {p.url} 8998 --decode {d.url} --backend sglang --port {port}",
+     "smg"),
+    ("python -m sglang_router.launch_router --pd-disaggregation --prefill {p.url} 8998 --decode {d.url} --port {port}",
+     "sglang-router"),
+])
+def test_sglang_routers_are_recognised_and_waited_for_until_their_workers_are(command: str, kind: str):
     parsed = parse_spec({"deployment": "pd", "engines": [
         {"name": "p", "role": "prefill", "port": "auto", "command": "srv --port {port} --disaggregation-bootstrap-port 8998"},
         {"name": "d", "role": "decode", "port": "auto", "command": "srv --port {port}"},
-        {"name": "r", "role": "router", "port": "auto",
-         "command": "/opt/smg/bin/smg launch --pd-disaggregation --prefill {p.url} 8998 --decode {d.url} "
-                    "--backend sglang --port {port}"},
+        {"name": "r", "role": "router", "port": "auto", "command": command},
     ]}, source="pd.yaml")
     router = parsed.engine("r")
-    assert router.kind == "smg"  # guessed from the command, though it says --backend sglang
+    assert router.kind == kind
     plan = plan_deployment(parsed)
-    # smg answers /health before its workers are registered; /readiness only once they are.
+    # Both answer /health before their workers are registered; /readiness only once they are.
     assert plan.engines[2].ready_url == plan.engines[2].url + "/readiness"
 
 
@@ -155,7 +160,7 @@ def test_entry_may_be_a_url():
     (with_engine(url="localhost:8000"), "d.yaml: engines[0].url: expected an http:// or https:// URL, got 'localhost:8000'"),
     (with_engine(ready_url="health"), "d.yaml: engines[0].ready_url: expected an http(s):// URL, a path such as /health, or {url}/PATH, got 'health'"),
     (with_engine(ready_timeout_s=-1), "d.yaml: engines[0].ready_timeout_s: expected a positive number of seconds, got a number (-1)"),
-    (with_engine(engine="trt"), "d.yaml: engines[0].engine: expected one of builtin, sglang, vllm, llamacpp, tgi, auto, smg, got 'trt'"),
+    (with_engine(engine="trt"), "d.yaml: engines[0].engine: expected one of builtin, sglang, vllm, llamacpp, tgi, auto, smg, sglang-router, got 'trt'"),
     (with_engine(engine="smg"), "d.yaml: engines[0].engine: smg is a router, not an engine: give it role: router"),
     (with_engine(gpu=[0]), "d.yaml: engines[0].gpu: unknown key (expected one of: name, role, command, env, gpus, port, url, ready_url, ready_timeout_s, engine, cwd)"),
     (with_engine(port=None, url=None), "d.yaml: engines[0]: needs a port (a number or auto) or a url to reach the engine at"),

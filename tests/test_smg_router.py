@@ -17,19 +17,17 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 import urllib.parse
-import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import requests
-from proctags import processes_tagged
 from support.builtin_requests import gen
+from support.demo_runs import run_demo, statuses
 
 from kvpreflight.builtin_engine.testbed import HOST, RunningEngine, free_port, start_engine, stop_engine
 from kvpreflight.demo import find_smg
@@ -289,33 +287,19 @@ def test_incident_faults_leak_through_smg_and_the_transfer_check_stops_them(smg:
 
 
 def _demo(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
-    tmp_path.mkdir(parents=True, exist_ok=True)
-    tag = uuid.uuid4().hex
-    out = tmp_path / "report.json"
-    proc = subprocess.run([sys.executable, "-m", "kvpreflight", "demo", "--router", "smg", "--format", "json",
-                           "--output", str(out), "--record", str(tmp_path / "record.json"), *args],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "KVPREFLIGHT_TEST_TAG": tag})
-    assert processes_tagged(tag) == set(), "processes left behind"
-    return proc.returncode, json.loads(out.read_text()) if out.exists() else {}, proc.stderr
-
-
-def _statuses(report: dict) -> dict[str, set[str]]:
-    found: dict[str, set[str]] = {}
-    for check in report.get("checks", []):
-        found.setdefault(check["id"], set()).add(check["status"])
-    return found
+    return run_demo(tmp_path, "smg", *args)
 
 
 @pytest.mark.slow
 def test_demo_behind_smg_passes_three_times_in_a_row(smg: str, tmp_path: Path):
     for attempt in range(3):
         code, report, err = _demo(tmp_path / f"run{attempt}")
-        assert code == 0, (attempt, _statuses(report), err[-2000:])
+        assert code == 0, (attempt, statuses(report), err[-2000:])
         assert report["verdict"] == "pass"
         assert [e["role"] for e in report["engines"]] == ["prefill", "decode"]
-        statuses = _statuses(report)
-        assert all(s <= {"pass", "warn"} for s in statuses.values()), (attempt, statuses)
-        assert statuses["overcapacity-rejected"] == {"pass"}
+        found = statuses(report)
+        assert all(s <= {"pass", "warn"} for s in found.values()), (attempt, found)
+        assert found["overcapacity-rejected"] == {"pass"}
         # Only the cancel-during-transfer scenario may stay unconfirmed: smg does not pass a
         # streamed client's disconnect on to the decode (see the test above).
         iso = next(c for c in report["checks"] if c["id"] == "tenant-isolation")
@@ -327,9 +311,9 @@ def test_demo_incident_behind_smg_fails_rejection_and_isolation_three_times_in_a
     for attempt in range(3):
         code, report, err = _demo(tmp_path / f"run{attempt}", "--incident")
         assert code == 1, (attempt, err[-2000:])
-        statuses = _statuses(report)
-        assert statuses["overcapacity-rejected"] == {"fail"}, attempt
-        assert statuses["tenant-isolation"] == {"fail"}, attempt
+        found = statuses(report)
+        assert found["overcapacity-rejected"] == {"fail"}, attempt
+        assert found["tenant-isolation"] == {"fail"}, attempt
         iso = next(c for c in report["checks"] if c["id"] == "tenant-isolation")
         assert "canary crossed tenants" in iso["message"]
 
@@ -346,5 +330,5 @@ def test_demo_incident_behind_smg_fails_rejection_and_isolation_three_times_in_a
 ])
 def test_each_fault_behind_smg_fails_its_check(smg: str, tmp_path: Path, args: tuple[str, ...], check_id: str):
     code, report, err = _demo(tmp_path, *args)
-    assert code == 1, (_statuses(report), err[-2000:])
-    assert "fail" in _statuses(report)[check_id]
+    assert code == 1, (statuses(report), err[-2000:])
+    assert "fail" in statuses(report)[check_id]

@@ -101,7 +101,7 @@ def plan_deployment(spec: DeploymentSpec, *, python: str | None = None) -> Deplo
         if engine.gpus:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(engine.gpus)
         env.setdefault("PYTHONUNBUFFERED", "1")  # log lines reach the log file as they happen
-        ready = engine.ready_url or (SMG_READY_PATH if engine.kind == RouterKind.SMG else DEFAULT_HEALTH_PATH)
+        ready = engine.ready_url or (SMG_READY_PATH if engine.kind in (RouterKind.SMG, RouterKind.SGLANG_ROUTER) else DEFAULT_HEALTH_PATH)
         ready = urls[engine.name] + ready if ready.startswith("/") else fill(ready, engine, f"{where}.ready_url")
         plans.append(LaunchPlan(
             spec=engine, argv=argv, env=types.MappingProxyType(env), port=ports[engine.name],

@@ -43,7 +43,8 @@ ROUTER_ONLY_KINDS = tuple(k.value for k in RouterKind if k.value not in ENGINE_K
 DEFAULT_READY_TIMEOUT_S = 600.0
 MAX_SPEC_BYTES = 1024 * 1024
 DEFAULT_HEALTH_PATH = "/health"
-# smg answers /health before its workers are registered; /readiness only once they are.
+# smg and sglang-router answer /health before their workers are registered; /readiness only once
+# they are.
 SMG_READY_PATH = "/readiness"
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,62}$")
@@ -72,13 +73,13 @@ class EngineSpec:
     url: str | None = None  # template; default http://127.0.0.1:{port}
     ready_url: str | None = None  # URL, /path on url, or template; default url + /health
     ready_timeout_s: float = DEFAULT_READY_TIMEOUT_S
-    engine: str = "auto"  # sglang | vllm | llamacpp | tgi | builtin | auto; a router also smg
+    engine: str = "auto"  # sglang | vllm | llamacpp | tgi | builtin | auto; a router also smg, sglang-router
     cwd: str | None = None  # absolute (relative paths are taken from the spec's folder)
 
     @property
     def kind(self) -> str:
         """The engine kind: as given, or guessed from the command; "auto" when unknown."""
-        return self.engine if self.engine != "auto" else guess_enginedescribe(self.command)
+        return self.engine if self.engine != "auto" else guess_engine(self.command)
 
 
 @dataclass(frozen=True)
@@ -116,11 +117,13 @@ class DeploymentSpec:
         raise KeyError(name)
 
 
-def guess_enginedescribe(command: tuple[str, ...]) -> str:
+def guess_engine(command: tuple[str, ...]) -> str:
     """A cheap guess from the command line; adapters confirm over HTTP."""
     text = " ".join(command).lower()
     if any(os.path.basename(arg).lower() in ("smg", "smg.launch_router") for arg in command):
         return RouterKind.SMG.value  # before "sglang": smg's command says --backend sglang
+    if "sglang_router" in text:
+        return RouterKind.SGLANG_ROUTER.value
     if "kvpreflight" in text and "engine" in text:
         return "builtin"
     if "sglang" in text:

@@ -16,7 +16,7 @@ def register(app: typer.Typer) -> None:
         decode_pool_ratio: float = typer.Option(2.0, "--decode-pool-ratio", help="Decode KV pool = R x served context."),
         context_length: int = typer.Option(8192, "--context-length", help="Served context length of the demo engines."),
         fault: list[str] | None = typer.Option(None, "--fault", help="Run the engines with this fault (repeatable); see `kvpreflight engine serve --help`."),
-        router: str = typer.Option("builtin", "--router", help="The PD router in front of the pair: builtin (no dependency) or smg (SGLang's Shepherd Model Gateway; scripts/setup_engines.sh --only smg)."),
+        router: str = typer.Option("builtin", "--router", help="The PD router in front of the pair: builtin (no dependency), smg (SGLang's Shepherd Model Gateway) or sglang-router (both: scripts/setup_engines.sh --only smg)."),
         incident: bool = typer.Option(False, "--incident", help="The incident as it happened: pool ratio 0.65, reject-continues and no-transfer-check, another tenant's data in the pool."),
         fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
         output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
