@@ -44,12 +44,12 @@ class CheckRun:
 
 @pytest.fixture(scope="module")
 def pd_check(tmp_path_factory: pytest.TempPathFactory, vllm_python: str, vllm_router_binary: str,
-             tiny_hf_model: Path) -> CheckRun:
-    """Run the shipped spec as a user would: from a folder holding ./models/tiny-llama, with the
+             echo_hf_model: Path) -> CheckRun:
+    """Run the shipped spec as a user would: from a folder holding ./models/echo/hf, with the
     vLLM venv (python3, vllm-router) first on PATH."""
     workdir = tmp_path_factory.mktemp("vllm-pd")
-    (workdir / "models").mkdir()
-    (workdir / "models" / "tiny-llama").symlink_to(tiny_hf_model)
+    (workdir / "models" / "echo").mkdir(parents=True)
+    (workdir / "models" / "echo" / "hf").symlink_to(echo_hf_model)
     bins = {str(Path(vllm_python).parent), str(Path(vllm_router_binary).parent)}
     cache = workdir / "cache"
     with tempfile.TemporaryDirectory(prefix="kvpf-rpc-", dir="/tmp") as rpc:  # zmq paths < 107 bytes
