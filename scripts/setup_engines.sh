@@ -7,7 +7,9 @@
 #     router `vllm-router` (a Rust binary in its wheel), with their own marker;
 #   * SGLang's PD routers in their own small venv, to front the builtin prefill/decode engines as
 #     they front SGLang: smg (Shepherd Model Gateway, a Rust binary in a PyPI wheel) and the older
-#     sglang-router (a Rust extension with a Python launcher), each with its own marker.
+#     sglang-router (a Rust extension with a Python launcher), each with its own marker;
+#   * the echo model (scripts/make_echo_model.py: an HF folder for vLLM, a GGUF for llama.cpp, built
+#     here from constructed weights in seconds) under models/echo-<hash of the builder>.
 # Idempotent: a second run only checks the markers and rewrites engines.env (a few seconds).
 # Everything lives under ${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}; nothing touches the dev venv.
 #
@@ -28,6 +30,10 @@ ONLY=""
 if [[ "${1:-}" == "--only" ]]; then ONLY="${2:?--only needs vllm, vllm-pd, llama or smg}"; fi
 case "$ONLY" in ""|vllm|vllm-pd|llama|smg) ;; *) echo "usage: $0 [--only vllm|vllm-pd|llama|smg]" >&2; exit 2 ;; esac
 
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ECHO_BUILDER="$REPO/scripts/make_echo_model.py"
+# tests/realengines.py names the folder the same way: a changed construction is built anew.
+ECHO_DIR="$CACHE/models/echo-$(sha256sum "$ECHO_BUILDER" | cut -c1-12)"
 VLLM_VENV="$CACHE/vllm-venv"
 LLAMA_VENV="$CACHE/llama-venv"
 SMG_VENV="$CACHE/smg-venv"
@@ -159,6 +165,27 @@ setup_smg() {
     log "sglang-router $SGLANG_ROUTER_VERSION: installed in $(( $(now) - t1 )) s"
 }
 
+# The echo model's parts for the engines that are set up: the HF folder needs the vLLM venv
+# (torch, tokenizers), the GGUF either venv (gguf, numpy). Built into a staging folder, then moved.
+setup_echo_model() {
+    local kind part python
+    for kind in hf gguf; do
+        part=$([[ $kind == hf ]] && echo hf || echo echo.gguf)  # what the builder writes for it
+        if [[ -e "$ECHO_DIR/$part" ]]; then continue; fi
+        if [[ -f "$VLLM_VENV/.kvpreflight-vllm-$VLLM_VERSION" ]]; then python="$VLLM_VENV/bin/python"
+        elif [[ "$part" == echo.gguf && -f "$LLAMA_VENV/.kvpreflight-llama-$LLAMA_VERSION" ]]; then python="$LLAMA_VENV/bin/python"
+        else continue; fi
+        local staging; staging=$(mktemp -d "$CACHE/models/.building.XXXXXX")
+        "$python" "$ECHO_BUILDER" --out "$staging" --only "$kind" >"$LOGS/echo-model.log" 2>&1 \
+            || { tail -n 30 "$LOGS/echo-model.log" >&2; rm -rf "$staging"; return 1; }
+        mkdir -p "$ECHO_DIR"
+        mv "$staging/$part" "$ECHO_DIR/$part"
+        rm -rf "$staging"
+        log "echo model: built $ECHO_DIR/$part"
+    done
+    log "echo model: $ECHO_DIR"
+}
+
 # The llama.cpp build is the long pole: run it in the background while vLLM installs.
 llama_pid=""
 if [[ -z "$ONLY" || "$ONLY" == "llama" ]]; then
@@ -179,6 +206,8 @@ if [[ -n "$llama_pid" ]]; then
     wait "$llama_pid" || rc=1
 fi
 [[ $rc -eq 0 ]] || { log "FAILED (logs in $LOGS)"; exit 1; }
+mkdir -p "$CACHE/models"
+setup_echo_model || { log "FAILED (logs in $LOGS)"; exit 1; }
 
 # engines.env: `export K=V` lines, so `source` works and tests/conftest.py can parse it.
 # Lists every engine that is set up in this cache (not only the ones this run touched).
@@ -202,6 +231,9 @@ tmp_env="$ENV_FILE.tmp.$$"
     if [[ -f "$SMG_VENV/.kvpreflight-sglang-router-$SGLANG_ROUTER_VERSION" ]]; then
         echo "export KVPREFLIGHT_SGLANG_ROUTER_PYTHON=$SMG_VENV/bin/python"
     fi
+    if [[ -d "$ECHO_DIR" ]]; then
+        echo "export KVPREFLIGHT_ECHO_MODEL=$ECHO_DIR"
+    fi
 } >"$tmp_env"
 mv "$tmp_env" "$ENV_FILE"
 
@@ -211,5 +243,6 @@ echo "llama-server:      $( [[ -f "$LLAMA_VENV/.kvpreflight-llama-$LLAMA_VERSION
 echo "llama.cpp wheel:   $(llama_wheel)"
 echo "smg:               $( [[ -f "$SMG_VENV/.kvpreflight-smg-$SMG_VERSION" ]] && echo "$SMG_VENV/bin/smg" )"
 echo "sglang-router:     $( [[ -f "$SMG_VENV/.kvpreflight-sglang-router-$SGLANG_ROUTER_VERSION" ]] && echo "$SMG_VENV/bin/python -m sglang_router.launch_router" )"
+echo "echo model:        $( [[ -d "$ECHO_DIR" ]] && echo "$ECHO_DIR (hf/, echo.gguf)" )"
 echo "engines.env:       $ENV_FILE"
 echo "next: source $ENV_FILE   (pytest loads it by itself)"

@@ -30,8 +30,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 ENGINE_FIXTURES = {
     "vllm_python",
     "llama_server_binary",
-    "tiny_hf_model",
-    "tiny_gguf",
+    "echo_hf_model",
+    "echo_gguf",
     "vllm_server",
     "start_vllm_server",
     "llama_server",
@@ -76,24 +76,21 @@ def vllm_router_binary() -> str:
 
 
 @pytest.fixture(scope="session")
-def tiny_hf_model(tmp_path_factory, vllm_python) -> Path:
-    """Tiny random-weight HF Llama directory (built once per session with the vLLM venv)."""
-    target = tmp_path_factory.mktemp("tiny-hf") / "model"
-    return realengines.build_model("hf", target, vllm_python)
+def echo_hf_model(vllm_python) -> Path:
+    """The echo model's HF Llama folder (scripts/make_echo_model.py), cached with the engines."""
+    return realengines.echo_model("hf", vllm_python)
 
 
 @pytest.fixture(scope="session")
-def tiny_gguf(tmp_path_factory, llama_server_binary) -> Path:
-    """Tiny random-weight llama GGUF file (built once per session with the llama venv)."""
-    python = _require(realengines.llama_python)
-    target = tmp_path_factory.mktemp("tiny-gguf") / "tiny.gguf"
-    return realengines.build_model("gguf", target, python)
+def echo_gguf(llama_server_binary) -> Path:
+    """The echo model's llama GGUF file (scripts/make_echo_model.py), cached with the engines."""
+    return realengines.echo_model("gguf", _require(realengines.llama_python))
 
 
 @pytest.fixture(scope="session")
-def vllm_server(tmp_path_factory, tiny_hf_model) -> Iterator[EngineProcess]:
+def vllm_server(tmp_path_factory, echo_hf_model) -> Iterator[EngineProcess]:
     """One shared vLLM server for the session: max-model-len 4096, 1 GiB KV, -O0 --enforce-eager."""
-    engine = realengines.start_vllm(tiny_hf_model, tmp_path_factory.mktemp("vllm-shared"))
+    engine = realengines.start_vllm(echo_hf_model, tmp_path_factory.mktemp("vllm-shared"))
     try:
         yield engine
     finally:
@@ -101,20 +98,20 @@ def vllm_server(tmp_path_factory, tiny_hf_model) -> Iterator[EngineProcess]:
 
 
 @pytest.fixture
-def start_vllm_server(tmp_path, tiny_hf_model) -> Iterator[Callable[..., EngineProcess]]:
+def start_vllm_server(tmp_path, echo_hf_model) -> Iterator[Callable[..., EngineProcess]]:
     """Factory: ``start_vllm_server(*extra_args, **kw)`` -> EngineProcess, stopped after the test.
 
     Keyword arguments are those of ``realengines.start_vllm`` (max_model_len, kv_space_gib,
     fast_start, wait_ready, ready_timeout_s, log_name). ``wait_ready=False`` returns at once
     (for servers expected to refuse to start: see ``realengines.run_to_exit``).
     """
-    yield from _engine_factory(realengines.start_vllm, tiny_hf_model, tmp_path, "vllm")
+    yield from _engine_factory(realengines.start_vllm, echo_hf_model, tmp_path, "vllm")
 
 
 @pytest.fixture(scope="session")
-def llama_server(tmp_path_factory, tiny_gguf) -> Iterator[EngineProcess]:
+def llama_server(tmp_path_factory, echo_gguf) -> Iterator[EngineProcess]:
     """One shared llama-server for the session: -c 2048 -np 2 --metrics -t 2 -lv 4."""
-    engine = realengines.start_llama(tiny_gguf, tmp_path_factory.mktemp("llama-shared"))
+    engine = realengines.start_llama(echo_gguf, tmp_path_factory.mktemp("llama-shared"))
     try:
         yield engine
     finally:
@@ -122,28 +119,28 @@ def llama_server(tmp_path_factory, tiny_gguf) -> Iterator[EngineProcess]:
 
 
 @pytest.fixture
-def start_llama_server(tmp_path, tiny_gguf) -> Iterator[Callable[..., EngineProcess]]:
+def start_llama_server(tmp_path, echo_gguf) -> Iterator[Callable[..., EngineProcess]]:
     """Factory: ``start_llama_server(*extra_args, kv_unified=False, ctx=2048, parallel=2, ...)``.
 
     Keyword arguments are those of ``realengines.start_llama``. Every server it starts is
     stopped after the test, pass or fail.
     """
-    yield from _engine_factory(realengines.start_llama, tiny_gguf, tmp_path, "llama-server")
+    yield from _engine_factory(realengines.start_llama, echo_gguf, tmp_path, "llama-server")
 
 
 @pytest.fixture(scope="module")
-def shared_vllm_server(tmp_path_factory, tiny_hf_model) -> Iterator[Callable[..., EngineProcess]]:
+def shared_vllm_server(tmp_path_factory, echo_hf_model) -> Iterator[Callable[..., EngineProcess]]:
     """Module-scoped, memoised factory: the same arguments return the same running vLLM server
     for every test of the module (e.g. ``shared_vllm_server("--enable-prefix-caching")``)."""
     workdir = tmp_path_factory.mktemp("vllm-module")
-    yield from _engine_factory(realengines.start_vllm, tiny_hf_model, workdir, "vllm", memo=True)
+    yield from _engine_factory(realengines.start_vllm, echo_hf_model, workdir, "vllm", memo=True)
 
 
 @pytest.fixture(scope="module")
-def shared_llama_server(tmp_path_factory, tiny_gguf) -> Iterator[Callable[..., EngineProcess]]:
+def shared_llama_server(tmp_path_factory, echo_gguf) -> Iterator[Callable[..., EngineProcess]]:
     """Module-scoped, memoised factory for llama-server (e.g. ``shared_llama_server(kv_unified=True)``)."""
     workdir = tmp_path_factory.mktemp("llama-module")
-    yield from _engine_factory(realengines.start_llama, tiny_gguf, workdir, "llama-server", memo=True)
+    yield from _engine_factory(realengines.start_llama, echo_gguf, workdir, "llama-server", memo=True)
 
 
 def _engine_factory(start_fn, model: Path, workdir: Path, name: str, memo: bool = False):

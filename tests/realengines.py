@@ -8,13 +8,16 @@ stopped by process group: SIGTERM, a grace period, then SIGKILL. Fixtures call `
 Where the engines come from: ``scripts/setup_engines.sh`` writes ``$CACHE/engines.env`` with
 ``KVPREFLIGHT_VLLM_PYTHON`` (the vLLM venv's python), ``KVPREFLIGHT_LLAMA_SERVER`` (the
 llama-server binary) and ``KVPREFLIGHT_LLAMA_PYTHON`` (the llama venv's python, which has
-``gguf`` for the tiny GGUF builder) and ``KVPREFLIGHT_VLLM_ROUTER`` (vLLM's PD router, beside
-NIXL in the vLLM venv). ``$CACHE`` is ``${KVPREFLIGHT_CACHE:-~/.cache/kvpreflight}``.
+``gguf`` for the GGUF builders) and ``KVPREFLIGHT_VLLM_ROUTER`` (vLLM's PD router, beside
+NIXL in the vLLM venv). ``$CACHE`` is ``${KVPREFLIGHT_CACHE:-~/.cache/kvpreflight}``. It also builds
+the echo model (scripts/make_echo_model.py) that the engine fixtures serve, under
+``$CACHE/models/echo-<hash of the builder>``; a fixture builds it there when it is missing.
 """
 
 from __future__ import annotations
 
 import atexit
+import hashlib
 import json
 import os
 import shlex
@@ -32,6 +35,8 @@ from pathlib import Path
 
 TESTS_DIR = Path(__file__).resolve().parent
 TINY_MODELS = TESTS_DIR / "tiny_models.py"
+ECHO_BUILDER = TESTS_DIR.parent / "scripts" / "make_echo_model.py"
+ECHO_PARTS = {"hf": "hf", "gguf": "echo.gguf"}  # what make_echo_model.py writes under --out
 
 ENV_VLLM_PYTHON = "KVPREFLIGHT_VLLM_PYTHON"
 ENV_LLAMA_SERVER = "KVPREFLIGHT_LLAMA_SERVER"
@@ -571,6 +576,48 @@ def build_model(kind: str, target: Path, python: str) -> Path:
         raise RuntimeError(
             f"building the tiny {kind} model failed ({python}):\n{result.stdout}\n{result.stderr[-4000:]}"
         )
+    return target
+
+
+# ---------------------------------------------------------------- the echo model
+
+
+def echo_model_dir() -> Path:
+    """Where scripts/setup_engines.sh and the fixtures keep the echo model: named after the
+    builder's hash (as setup_engines.sh names it), so a changed construction is built anew."""
+    digest = hashlib.sha256(ECHO_BUILDER.read_bytes()).hexdigest()[:12]
+    return cache_dir() / "models" / f"echo-{digest}"
+
+
+def build_echo_part(kind: str, out_dir: Path, python: str) -> Path:
+    """Run scripts/make_echo_model.py --only ``kind`` ("hf" or "gguf") with an engine venv's Python."""
+    result = subprocess.run(
+        [python, str(ECHO_BUILDER), "--out", str(out_dir), "--only", kind],
+        capture_output=True, text=True, timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
+    if result.returncode != 0:
+        raise RuntimeError(f"building the echo model ({kind}) failed ({python}):\n{result.stdout}\n{result.stderr[-4000:]}")
+    return out_dir / ECHO_PARTS[kind]
+
+
+def echo_model(kind: str, python: str) -> Path:
+    """The cached echo model's ``kind`` part (the HF folder or the GGUF file); built once, into a
+    staging folder first, so a half-written model is never served."""
+    target = echo_model_dir() / ECHO_PARTS[kind]
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".building-", dir=target.parent))
+    try:
+        built = build_echo_part(kind, staging, python)
+        try:
+            os.replace(built, target)
+        except OSError:
+            if not target.exists():  # not a concurrent build that got there first
+                raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
     return target
 
 

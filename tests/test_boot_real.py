@@ -45,12 +45,12 @@ def test_builtin_pd_example_boots_and_serves_through_the_router(tmp_path):
     assert not any(group_members(e.pid) for e in deployment.engines)
 
 
-def test_llamacpp_example_spec_boots_a_real_llama_server(tmp_path, monkeypatch, llama_server_binary, tiny_gguf):
-    # The example runs `llama-server -m ./models/tiny.gguf` from the current folder.
+def test_llamacpp_example_spec_boots_a_real_llama_server(tmp_path, monkeypatch, llama_server_binary, echo_gguf):
+    # The example runs `llama-server -m ./models/echo/echo.gguf` from the current folder.
     (tmp_path / "bin").mkdir()
     (tmp_path / "bin" / "llama-server").symlink_to(llama_server_binary)
-    (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "tiny.gguf").symlink_to(tiny_gguf)
+    (tmp_path / "models" / "echo").mkdir(parents=True)
+    (tmp_path / "models" / "echo" / "echo.gguf").symlink_to(echo_gguf)
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     # the pip-built binary finds its shared libraries beside it only through LD_LIBRARY_PATH
     libs = [str(Path(llama_server_binary).resolve().parent), os.environ.get("LD_LIBRARY_PATH", "")]
@@ -68,11 +68,11 @@ def test_llamacpp_example_spec_boots_a_real_llama_server(tmp_path, monkeypatch, 
     assert not pids & live_pids() and not group_members(engine.pid)
 
 
-def test_vllm_example_spec_boots_a_real_vllm_server(tmp_path, monkeypatch, vllm_python, tiny_hf_model):
-    # The example runs `python3 -m vllm...` from PATH with ./models/tiny-llama; -O0 --enforce-eager
+def test_vllm_example_spec_boots_a_real_vllm_server(tmp_path, monkeypatch, vllm_python, echo_hf_model):
+    # The example runs `python3 -m vllm...` from PATH with ./models/echo/hf; -O0 --enforce-eager
     # only shorten start-up on this CPU (35 s instead of 70 s).
-    (tmp_path / "models").mkdir()
-    (tmp_path / "models" / "tiny-llama").symlink_to(tiny_hf_model)
+    (tmp_path / "models" / "echo").mkdir(parents=True)
+    (tmp_path / "models" / "echo" / "hf").symlink_to(echo_hf_model)
     monkeypatch.setenv("PATH", f"{Path(vllm_python).parent}{os.pathsep}{os.environ['PATH']}")
     for name in ("VLLM_CACHE_ROOT", "TORCHINDUCTOR_CACHE_DIR", "XDG_CACHE_HOME"):
         monkeypatch.setenv(name, str(tmp_path / "cache" / name.lower()))

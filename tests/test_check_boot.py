@@ -69,9 +69,9 @@ def test_engine_that_never_becomes_ready_is_stopped_at_its_deadline(tmp_path):
 
 
 @pytest.mark.real_engine
-def test_vllm_booted_from_a_spec_is_checked(tmp_path, tiny_hf_model):
+def test_vllm_booted_from_a_spec_is_checked(tmp_path, echo_hf_model):
     python = realengines.vllm_python()
-    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_hf_model), "--host", "127.0.0.1",
+    argv = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", str(echo_hf_model), "--host", "127.0.0.1",
             "--port", "{port}", "--max-model-len", "4096", "--served-model-name", "tiny-llama", "-O0", "--enforce-eager"]
     env = realengines.vllm_env(tmp_path / "vllm")  # its ZMQ sockets get a short folder of their own
     spec = spec_file(tmp_path, [{"name": "vllm", "role": "unified", "engine": "vllm", "port": "auto", "command": argv,

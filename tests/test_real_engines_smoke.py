@@ -52,7 +52,7 @@ def test_llama_fixture_serves_models_and_logs_capacity(start_llama_server):
     engine = start_llama_server()
     assert engine.url.startswith("http://127.0.0.1:")
     meta = _models(engine)["data"][0]["meta"]
-    assert meta["n_ctx"] == 1024 and meta["n_vocab"] == 325  # -c 2048 split over -np 2 slots
+    assert meta["n_ctx"] == 1024 and meta["n_vocab"] == 259  # -c 2048 split over -np 2 slots
     assert "n_ctx_slot = 1024" in engine.log_text()
     status, body = realengines.http_get(engine.url + "/props")
     assert status == 200 and json.loads(body)["total_slots"] == 2
@@ -68,7 +68,7 @@ def test_llama_fixture_serves_models_and_logs_capacity(start_llama_server):
         assert not realengines.pid_alive(pid), f"llama-server {pid} survived stop()"
 
 
-def test_start_failure_reports_log_tail_and_cleans_up(tmp_path, tiny_gguf):
+def test_start_failure_reports_log_tail_and_cleans_up(tmp_path, echo_gguf):
     missing = tmp_path / "missing.gguf"
     with pytest.raises(realengines.EngineStartError) as err:
         realengines.start_llama(missing, tmp_path)
@@ -76,7 +76,7 @@ def test_start_failure_reports_log_tail_and_cleans_up(tmp_path, tiny_gguf):
     assert str(missing) in Path(err.value.log_path).read_text()
 
 
-def test_failing_test_still_stops_its_servers(tmp_path, tiny_gguf, llama_server_binary):
+def test_failing_test_still_stops_its_servers(tmp_path, echo_gguf, llama_server_binary):
     """Run a test that fails after starting llama-server; its server must be gone afterwards."""
     pid_file = tmp_path / "pid"
     test_file = tmp_path / "test_inner.py"
@@ -133,12 +133,12 @@ def test_shared_llama_server_exposes_url_log_and_pid(llama_server):
     assert llama_server.log_path.is_file()
 
 
-def test_tiny_gguf_is_deterministic(tmp_path, tiny_gguf):
+def test_echo_gguf_is_deterministic(tmp_path, echo_gguf):
     import hashlib
 
-    again = realengines.build_model("gguf", tmp_path / "again.gguf", realengines.llama_python())
+    again = realengines.build_echo_part("gguf", tmp_path, realengines.llama_python())
     digest = lambda p: hashlib.sha256(Path(p).read_bytes()).hexdigest()  # noqa: E731
-    assert digest(again) == digest(tiny_gguf)
+    assert digest(again) == digest(echo_gguf)
 
 
 def test_shared_llama_factory_reuses_a_server_per_argument_set(shared_llama_server):

