@@ -25,6 +25,7 @@ from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, capacity_
 from kvpreflight.probes.cost import CostMeter
 from kvpreflight.probes.engine_state import EngineState
 from kvpreflight.probes.isolation import IsolationSettings, IsolationSizes, run_isolation
+from kvpreflight.probes.prefix_cache import DEFAULT_TIMING_SAMPLES
 from kvpreflight.probes.results import IsolationRun, Limits, ProbeRun
 
 
@@ -154,8 +155,13 @@ def group_plan(options: CheckPlan, entry_url: str | None, entry: EngineAdapter |
     if limits is None:
         return none("the engines state no served context or request limit, so no probe size can be derived")
     requests = (*capacity_plan(limits, settings.concurrency),
-                *IsolationSizes.of(limits, group).plan(churn=_churn_allowed(options, group)))
+                *IsolationSizes.of(limits, group).plan(churn=_churn_allowed(options, group),
+                                                       timing_samples=_timing_samples(options)))
     return GroupPlan(entry=entry_url, engines=tuple(s.url for s in group), limits=limits, requests=requests)
+
+
+def _timing_samples(options: CheckPlan) -> int:
+    return DEFAULT_TIMING_SAMPLES if options.timing_samples is None else options.timing_samples
 
 
 def _client(options: CheckPlan) -> HttpClient:
@@ -256,7 +262,7 @@ def _isolate(options: CheckPlan, entry: EngineAdapter | None, group: list[Engine
         churn_not_allowed_reason=(f"disruptive (client disconnects, load near the pool) against a live {', '.join(kinds)} "
                                   "deployment; pass --allow-disruptive to run it (it runs by default with --boot, "
                                   "the demo and builtin engines)"),
-        binding=options.tenant_binding or "a cache_salt per tenant",
+        binding=options.tenant_binding or "a cache_salt per tenant", timing_samples=_timing_samples(options),
         known_markers=frozenset(settings.known_markers | run.own_markers), ca_bundle=options.ca_bundle,
         client_cert=options.client_cert, client_key=options.client_key,
     )

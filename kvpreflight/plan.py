@@ -30,6 +30,7 @@ class CheckPlan:
     deadline_s: float | None = None
     max_context_equivalents: float | None = None  # refuse (exit 2) a probe plan that submits more  # the whole check; None: derived from the measured speed (probes/budget.py)
     concurrency: int | None = None
+    timing_samples: int | None = None  # per kind, for the prefix-cache timing audit; None: the probe's default
     accepted_tokens_per_second: float | None = None
     allow_disruptive: bool = False
     waivers: tuple[Waiver, ...] = ()

@@ -4,11 +4,13 @@ server), plus the CLI's per-tenant credential parsing and the marker scan the pr
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
+from kvpreflight.checks.prefix_cache_isolation import GENERIC_FIX
 from kvpreflight.commands.plan_options import CheckArgs, build_plan
 from kvpreflight.errors import UsageError
 from kvpreflight.model import Completion, EngineSnapshot, ErrorKind, Role, Status, Waiver
@@ -199,17 +201,86 @@ def test_no_cached_tokens_and_no_metric_is_inconclusive():
     assert r.status is Status.INCONCLUSIVE and "cannot be seen" in r.message
 
 
-@pytest.mark.parametrize("cross_ttft,expected", [(0.025, Status.WARN), (0.075, Status.PASS)])
-def test_warm_like_cross_tenant_ttft_warns(cross_ttft, expected):
-    r = one("prefix-cache-isolation", iso(cache=cache_run(ttft=(0.080, 0.020, cross_ttft))))
-    assert r.status is expected
-    if expected is Status.WARN:
-        assert "side channel" in r.message
+def test_counted_hits_decide_and_ttft_is_only_reported():
+    # The fixed warm/cold gap thresholds are gone: where the engine counts its cache hits, a
+    # warm-like cross-tenant TTFT over three prefixes is reported, not judged (no KS power at n=3).
+    r = one("prefix-cache-isolation", iso(cache=cache_run(ttft=(0.080, 0.020, 0.025))))
+    assert r.status is Status.PASS and "cross-tenant 25.0 ms" in r.message and "timing_audit" not in r.evidence
 
 
-def test_no_warm_cold_gap_never_warns():
-    r = one("prefix-cache-isolation", iso(cache=cache_run(ttft=(0.090, 0.089, 0.0885))))
-    assert r.status is Status.PASS and "no measurable warm/cold gap" in r.message
+def test_a_few_leading_cached_tokens_are_not_a_hit():
+    # llama.cpp reuses a slot's prompt token by token: a fresh prefix shares its first tokens
+    # ("KVPF-SHARED-") with the previous one. Only most of the prompt counts as the prefix reused.
+    r = one("prefix-cache-isolation", iso(cache=cache_run(cross_cached=12)))
+    assert r.status is Status.PASS, r.message
+
+
+def llama_ctx(isolation) -> CheckContext:
+    snap = EngineSnapshot(url=ENTRY, engine="llamacpp", version="b1", role=Role.UNIFIED, model="m", served_context=2048)
+    return CheckContext((snap,), T, None, DEFAULT_PROBES, ENTRY, isolation=isolation)
+
+
+def test_llama_cpp_shared_slot_fails_naming_the_fix():
+    (r,) = run_checks(llama_ctx(iso(cache=cache_run(cross_cached=1023))), ["prefix-cache-isolation"])
+    assert r.status is Status.FAIL and "1023 of 1024" in r.message
+    assert "pin each tenant to its own slot" in r.message and "force cache_prompt false" in r.message
+
+
+# -- the timing audit (counters silent) --------------------------------------------------------
+
+def timing_run(cold_ms: float, warm_ms: float, cross_ms: float, samples: int = 30, unserved: int = 0,
+               off: str | None = None) -> PrefixCacheRun:
+    """Silent counters (no cached_tokens, no hit metric) and `samples` timing samples per kind,
+    each a deterministic spread of +-10% around its centre."""
+    silent = cache_run(warm_cached=None, cross_cached=None, off=off)
+    timing = []
+    for k in range(samples):
+        spread = 0.9 + 0.2 * ((k * 7) % samples) / samples
+        for kind, tenant, ms in (("cold", "a", cold_ms), ("warm", "a", warm_ms), ("cross", "b", cross_ms)):
+            status = 503 if (kind == "cross" and k < unserved) else 200
+            t = ms * spread / 1000
+            c = Completion(sent_tokens=512, max_tokens=1, streamed=True, status=status, elapsed_s=t, completion_tokens=1,
+                           prompt_tokens=512, ttft_s=t)
+            timing.append(CacheProbe(kind=CacheProbeKind(kind), tenant=Tenant(tenant), prefix=k, completion=c))
+    return replace(silent, timing=tuple(timing), timing_prompt_tokens=512)
+
+
+def test_timing_audit_cross_tenant_as_slow_as_cold_passes():
+    r = one("prefix-cache-isolation", iso(cache=timing_run(82, 13, 81)))
+    assert r.status is Status.PASS and "not warm" in r.message, r.message
+    ks = r.evidence["timing_audit"]["ks"]
+    assert ks["cold_vs_warm"]["p_value"] < 0.001 and ks["cross_vs_warm"]["p_value"] < 0.001
+    assert ks["cross_vs_cold"]["p_value"] > 0.5
+    assert r.evidence["timing_audit"]["samples"] == {"cold": 30, "warm": 30, "cross": 30}
+    assert "over 30 samples of 512 tokens; KS p cold/warm" in r.message
+    medians = r.evidence["timing_audit"]["ttft_median_ms"]
+    assert 12 < medians["warm"] < 14 and 79 < medians["cross"] < medians["cold"] < 83
+
+
+def test_timing_audit_cross_tenant_as_fast_as_warm_fails():
+    r = one("prefix-cache-isolation", iso(cache=timing_run(82, 13, 13.2)))
+    assert r.status is Status.FAIL and "as fast as tenant A's warm repeats" in r.message, r.message
+    assert GENERIC_FIX in r.message
+
+
+def test_timing_audit_without_a_warm_cold_difference_is_inconclusive():
+    r = one("prefix-cache-isolation", iso(cache=timing_run(82, 81, 13)))
+    assert r.status is Status.INCONCLUSIVE and "not measurably faster" in r.message, r.message
+
+
+def test_timing_audit_cross_between_warm_and_cold_is_inconclusive():
+    # warm 13 ms +-10%, cold 82 ms: 40 ms overlaps neither, so both KS tests reject; the spec's
+    # "no sharing" needs cross to be slower than warm: it is, so this passes...
+    r = one("prefix-cache-isolation", iso(cache=timing_run(82, 13, 40)))
+    assert r.status is Status.PASS, r.message
+    # ...while a cross-tenant sample faster than warm is neither pattern.
+    r = one("prefix-cache-isolation", iso(cache=timing_run(82, 13, 5)))
+    assert r.status is Status.INCONCLUSIVE and "neither clearly warm nor clearly not" in r.message, r.message
+
+
+def test_timing_audit_with_unserved_samples_is_inconclusive():
+    r = one("prefix-cache-isolation", iso(cache=timing_run(82, 13, 13, unserved=2)))
+    assert r.status is Status.INCONCLUSIVE and "2 of 90 timing-audit requests were not served (first: HTTP 503" in r.message
 
 
 # -- wiring ----------------------------------------------------------------------------------------

@@ -62,6 +62,7 @@ def register(app: typer.Typer) -> None:
         max_context_equivalents: float | None = typer.Option(None, "--max-context-equivalents", help="Refuse (exit 2, before any request) a plan that submits more prompt tokens than N times the context."),
         deadline: float | None = typer.Option(None, "--deadline", help="Seconds the whole check may take (default: 3x the estimate printed after calibration, plus room for waits); past it, exit 3 naming the stage."),
         concurrency: int | None = typer.Option(None, "--concurrency", help="Near-limit requests sent at once by concurrent-capacity (default from checks/thresholds.yaml)."),
+        timing_samples: int | None = typer.Option(None, "--timing-samples", help="Requests per kind (cold, same-tenant warm, cross-tenant) of the prefix-cache timing audit, sent only where the engine reports no cache hits (default 30)."),
         accepted_tps: float | None = typer.Option(None, "--accepted-tokens-per-second", help="Assumed prompt speed for budgets only when the engine's speed could not be measured."),
         advisories: list[Path] | None = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files. Repeatable."),
         record: Path | None = typer.Option(None, "--record", help="Write a signed release record (DSSE, in-toto) of this run here, pass or fail."),
@@ -81,7 +82,7 @@ def register(app: typer.Typer) -> None:
             endpoints=tuple(endpoint or ()), entry=entry, engine=engine, model=model, context_length=context_length,
             logs=tuple(log or ()), api_key_env=api_key_env, api_key_file=api_key_file, headers=tuple(header or ()),
             secret_headers=tuple(secret_header or ()), client_cert=client_cert, client_key=client_key, ca_bundle=ca_bundle, capacity_only=capacity_only, skips=tuple(skip or ()), reasons=tuple(reason or ()), untils=tuple(until or ()),
-            timeout=timeout, deadline=deadline, max_context_equivalents=max_context_equivalents, concurrency=concurrency, accepted_tps=accepted_tps, advisories=tuple(advisories or ()),
+            timeout=timeout, deadline=deadline, max_context_equivalents=max_context_equivalents, concurrency=concurrency, timing_samples=timing_samples, accepted_tps=accepted_tps, advisories=tuple(advisories or ()),
             tenant_a_key_env=tenant_a_key_env, tenant_b_key_env=tenant_b_key_env, tenant_header=tenant_header,
             allow_disruptive=allow_disruptive,
         )

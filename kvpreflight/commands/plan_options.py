@@ -12,6 +12,11 @@ from pathlib import Path
 from kvpreflight.errors import ConfigError, naming
 from kvpreflight.plan import CheckPlan, OutputPlan
 
+# Two samples of 7 can differ at best with a Kolmogorov-Smirnov p of 2/C(14,7) = 0.00058 (8: 0.00016);
+# above 1,000 the audit costs more than any deployment check should.
+MIN_TIMING_SAMPLES = 8
+MAX_TIMING_SAMPLES = 1000
+
 
 @dataclass(frozen=True, kw_only=True)
 class CheckArgs:
@@ -38,6 +43,7 @@ class CheckArgs:
     deadline: float | None = None
     max_context_equivalents: float | None = None
     concurrency: int | None = None
+    timing_samples: int | None = None
     accepted_tps: float | None = None
     advisories: tuple[Path, ...] = ()
     tenant_a_key_env: str | None = None
@@ -64,6 +70,9 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
                         ("--concurrency", args.concurrency), ("--accepted-tokens-per-second", args.accepted_tps)):
         with naming(flag):
             t.positive(value)
+    if args.timing_samples is not None and not MIN_TIMING_SAMPLES <= args.timing_samples <= MAX_TIMING_SAMPLES:
+        raise ConfigError(f"--timing-samples {args.timing_samples}: give {MIN_TIMING_SAMPLES} to {MAX_TIMING_SAMPLES} (fewer "
+                          "samples can never reach the audit's p < 0.001)")
     if args.ca_bundle is not None and not args.ca_bundle.is_file():
         raise ConfigError(f"--ca-bundle {args.ca_bundle}: no such file")
     if args.client_key is not None and args.client_cert is None:
@@ -133,7 +142,7 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
                              client_key=str(args.client_key) if args.client_key else None,
                              tenant_headers=tenant_headers, tenant_binding=binding, secrets=all_secrets),
         capacity_only=args.capacity_only, timeout_s=args.timeout, deadline_s=args.deadline, max_context_equivalents=args.max_context_equivalents, concurrency=args.concurrency,
-        accepted_tokens_per_second=args.accepted_tps, allow_disruptive=args.allow_disruptive, waivers=waivers,
+        timing_samples=args.timing_samples, accepted_tokens_per_second=args.accepted_tps, allow_disruptive=args.allow_disruptive, waivers=waivers,
         advisory_dirs=args.advisories, booted=booted,
     )
 

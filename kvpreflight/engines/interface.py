@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 from typing import Any, ClassVar, Self
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -103,6 +104,10 @@ class EngineAdapter(abc.ABC):
     length_error_patterns: ClassVar[tuple[str, ...]] = ()
     vocab_error_patterns: ClassVar[tuple[str, ...]] = (
         r"out of vocabulary", r"token id .* (invalid|out of range)", r"invalid tokens")
+    # Request fields that let a request read and fill the engine's prefix cache where the
+    # adapter's requests leave it off by default (llama.cpp's cache_prompt); the prefix-cache
+    # probes add them.
+    prefix_cache_fields: ClassVar[Mapping[str, Any]] = MappingProxyType({})
 
     def __init__(self, url: str, client: HttpClient, *, model: str | None = None) -> None:
         self.url = url.rstrip("/")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Any
 
 from kvpreflight.engines.errors import EngineError
@@ -38,6 +39,9 @@ SLOTS_LINE = re.compile(r"n_slots = (?P<slots>\d+), n_ctx_slot = (?P<ctx>\d+), k
 
 class LlamaCppAdapter(EngineAdapter):
     kind = "llamacpp"
+    # The prefix-cache probes send the server's default: its prompt cache is per slot, so a
+    # request reuses whatever prompt its slot last held, whichever tenant sent it.
+    prefix_cache_fields = MappingProxyType({"cache_prompt": True})
     length_error_patterns = (
         r"exceeds the available context size",
         r"exceed_context_size",
@@ -127,6 +131,8 @@ class LlamaCppAdapter(EngineAdapter):
     def build_request(self, ids: list[int], *, max_tokens: int, stream: bool,
                       extra: Mapping[str, Any] | None = None) -> EngineRequest:
         # The native route: token-id prompts get exact counts and it reports `truncated`.
+        # cache_prompt false: every other probe must prefill (and write the KV of) its whole prompt;
+        # a slot's reused prefix would skip both. The prefix-cache probes turn it on (extra).
         body: dict[str, Any] = {"prompt": ids, "n_predict": max_tokens, "temperature": 0, "stream": stream,
                                 "cache_prompt": False}
         body.update(extra or {})
@@ -147,9 +153,13 @@ def _facts(data: Mapping[str, Any], text: str, sent: int, url: str, what: str) -
     stop_type = optional_text(data.get("stop_type"), f"{what} stop_type", url)
     finish = None if stop_type is None else {"limit": "length", "eos": "stop", "word": "stop"}.get(stop_type, stop_type)
     evaluated = token_count(data.get("tokens_evaluated"), f"{what} tokens_evaluated", url)
+    # timings.cache_n: the prompt tokens reused from the slot's cache (`tokens_cached` is what the
+    # slot holds afterwards, this prompt included).
+    timings = optional_object(data.get("timings"), f"{what} timings", url)
     return ReplyFacts(
         text=text, completion_tokens=token_count(data.get("tokens_predicted"), f"{what} tokens_predicted", url),
-        prompt_tokens=evaluated, finish_reason=finish,
+        prompt_tokens=evaluated, cached_tokens=token_count(timings.get("cache_n"), f"{what} timings.cache_n", url),
+        finish_reason=finish,
         # llama.cpp sets `truncated` also when GENERATION hits the slot's n_ctx; only a prompt
         # evaluated short of what was sent is prompt truncation.
         truncated=None if evaluated is None else evaluated < sent,

@@ -39,7 +39,16 @@ from kvpreflight.probes.disconnect import (
 )
 from kvpreflight.probes.engine_state import EngineState, counter_deltas
 from kvpreflight.probes.markers import contains_marker, foreign_markers, new_marker
-from kvpreflight.probes.prefix_cache import CACHE_PREFIXES, ORDER, cache_prompt_tokens, caching_off, probe_prefix_cache
+from kvpreflight.probes.prefix_cache import (
+    CACHE_PREFIXES,
+    DEFAULT_TIMING_SAMPLES,
+    ORDER,
+    TIMING_REQUESTS_PER_SAMPLE,
+    cache_prompt_tokens,
+    caching_off,
+    probe_prefix_cache,
+    timing_prompt_tokens,
+)
 from kvpreflight.probes.results import (
     Expect,
     IsolationRun,
@@ -110,8 +119,10 @@ class IsolationSizes:
                    decode_max_tokens=max(gen, min(CANCEL_DECODE_MAX_TOKENS, ctx - decode_prompt - 1)),
                    load_count=count, load_per=per)
 
-    def plan(self, *, churn: bool) -> list[PlannedRequest]:
-        """What the scenarios send, for the estimate (the scenarios below send exactly these sizes)."""
+    def plan(self, *, churn: bool, timing_samples: int = DEFAULT_TIMING_SAMPLES) -> list[PlannedRequest]:
+        """What the scenarios send, for the estimate (the scenarios below send exactly these sizes).
+        The timing audit is counted though it runs only where cache counters are silent: the
+        estimate (and the default deadline) must allow for it."""
         accept, reject = Expect.ACCEPT, Expect.REJECT
         out = [PlannedRequest("normal", max(1, self.longest // 2), self.gen, accept) for _ in range(6)]
         out += [PlannedRequest("boundary", self.longest, self.gen, accept) for _ in range(4)]
@@ -125,6 +136,9 @@ class IsolationSizes:
             out.append(PlannedRequest("load", self.load_per, self.gen, accept, self.load_count))
         cache = cache_prompt_tokens(self.longest)
         out += [PlannedRequest("prefix-cache", cache, 1, accept) for _ in range(1 + CACHE_PREFIXES * len(ORDER))]
+        timing = timing_prompt_tokens(self.longest)
+        out += [PlannedRequest("prefix-cache-timing", timing, 1, accept)
+                for _ in range(TIMING_REQUESTS_PER_SAMPLE * timing_samples)]
         return out
 
 
@@ -134,6 +148,7 @@ class IsolationSettings:
     churn_allowed: bool = False
     churn_not_allowed_reason: str = ""
     binding: str = "cache_salt"
+    timing_samples: int = DEFAULT_TIMING_SAMPLES  # per kind, for the timing audit where cache counters are silent
     known_markers: frozenset[str] = frozenset()  # other synthetic markers in play (capacity probes, demo)
     ca_bundle: str | None = None
     client_cert: str | None = None  # mutual TLS (see HttpClient)
@@ -178,7 +193,8 @@ class IsolationProber:
         self.progress("isolation: prefix cache (cold, same-tenant warm, cross-tenant)")
         self.budget.enter("the prefix-cache probes")
         cache = probe_prefix_cache(self.tenants, self.state, self._token_ids, longest=self.longest, budget=self.budget,
-                                   binding=self.settings.binding, off=caching_off(self.snapshots))
+                                   binding=self.settings.binding, off=caching_off(self.snapshots),
+                                   timing_samples=self.settings.timing_samples)
         self.budget.wait_idle(self.state, IDLE_WAIT_S)
         healthy = {} if self.budget.stopped else {url: adapter.healthy() for url, adapter in self.engines.items()}
         idle = self.budget.wait_idle(self.state, IDLE_WAIT_S)

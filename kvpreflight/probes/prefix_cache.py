@@ -1,10 +1,17 @@
 """The prefix-cache controls: a fresh shared prefix sent cold by tenant A, repeated by A (must
 hit: the positive control) and then by tenant B (must not). Each request's cache hit is read from
-the answer (`cached_tokens`) and from the engines' prefix-cache hit counters."""
+the answer (`cached_tokens`) and from the engines' prefix-cache hit counters.
+
+Where both are silent (no cached-token count, no hit counter: SGLang without metrics, a gateway
+that strips usage), the timing audit follows: `timing_samples` fresh prefixes, each sent cold by
+A, again by A (warm) and by B (cross-tenant), and only the time to first token is kept; the check
+compares the three samples with two-sample Kolmogorov-Smirnov tests."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import EngineSnapshot, Role
@@ -24,6 +31,12 @@ CACHE_PREFIXES = 3  # fresh shared prefixes (medians of TTFT)
 MAX_PROMPT_TOKENS = 1024
 ORDER = ((CacheProbeKind.COLD, Tenant.A), (CacheProbeKind.WARM, Tenant.A), (CacheProbeKind.WARM, Tenant.A),
          (CacheProbeKind.CROSS, Tenant.B))
+DEFAULT_TIMING_SAMPLES = 30
+TIMING_MAX_PROMPT_TOKENS = 512
+# Each timing sample sends cold first, then warm and cross-tenant in an order drawn from this seed:
+# neither kind always follows the other, and a rerun draws the same orders.
+TIMING_ORDER_SEED = 20250713
+TIMING_REQUESTS_PER_SAMPLE = 3
 
 
 def caching_off(snapshots: Sequence[EngineSnapshot]) -> str | None:
@@ -37,32 +50,69 @@ def cache_prompt_tokens(longest: int) -> int:
     return max(1, min(longest, MAX_PROMPT_TOKENS))
 
 
+def timing_prompt_tokens(longest: int) -> int:
+    return max(1, min(longest, TIMING_MAX_PROMPT_TOKENS))
+
+
+def _fields(client: TenantClient) -> dict[str, Any]:
+    """The tenant's fields plus those that turn the engine's prefix cache on for this request."""
+    return {**client.adapter.prefix_cache_fields, **(client.extra or {})}
+
+
 def probe_prefix_cache(tenants: Mapping[Tenant, TenantClient], state: EngineState,
                        token_ids: Callable[[EngineAdapter, int, str], list[int]], *, longest: int,
-                       budget: Budget, binding: str, off: str | None) -> PrefixCacheRun:
+                       budget: Budget, binding: str, off: str | None, timing_samples: int) -> PrefixCacheRun:
     tokens = cache_prompt_tokens(longest)
     a = tenants[Tenant.A]
     if not budget.may_send():
         return PrefixCacheRun(binding=binding, caching_off=off, not_run=f"the prefix-cache probes were not sent: {budget.stopped}")
     # One throw-away request first, so the cold probe does not also pay for a cold engine.
     warmup = token_ids(a.adapter, tokens, f"{new_marker('WARMUP')} ")
-    budget.send(a.adapter, warmup, max_tokens=1, stream=True, timeout_s=budget.request_s(tokens, Expect.ACCEPT), extra=a.extra)
+    budget.send(a.adapter, warmup, max_tokens=1, stream=True, timeout_s=budget.request_s(tokens, Expect.ACCEPT), extra=_fields(a))
     probes: list[CacheProbe] = []
+
+    def part(done: Sequence[CacheProbe], timing: Sequence[CacheProbe] = ()) -> PrefixCacheRun:
+        return PrefixCacheRun(probes=tuple(done), timing=tuple(timing), binding=binding, caching_off=off, prompt_tokens=tokens,
+                              not_run=f"the prefix-cache probes ran only in part: {budget.stopped}")
+
     for prefix in range(CACHE_PREFIXES):
         ids = token_ids(a.adapter, tokens, f"{new_marker('SHARED')} ")  # fresh: nobody has it cached
         for kind, tenant in ORDER:
-            if not budget.may_send():
-                return PrefixCacheRun(binding=binding, caching_off=off,
-                                      not_run=f"the prefix-cache probes ran only in part: {budget.stopped}")
-            client = tenants[tenant]
-            hits_before = state.total(lambda c: c.prefix_cache_hits)
-            sent = budget.probe(client.adapter, ids, name=f"the {kind.value} prefix-cache probe", expect=Expect.ACCEPT,
-                                max_tokens=1, stream=True, engines=state.engines.values(), extra=client.extra)
+            sent = _send(tenants[tenant], ids, kind, prefix, state, budget, count_hits=True)
             if sent is None:
-                return PrefixCacheRun(binding=binding, caching_off=off,
-                                      not_run=f"the prefix-cache probes ran only in part: {budget.stopped}")
-            completion = sent[0]
-            hits_after = state.total(lambda c: c.prefix_cache_hits)
-            delta = None if hits_before is None or hits_after is None else round(hits_after - hits_before, 3)
-            probes.append(CacheProbe(kind=kind, tenant=tenant, prefix=prefix, completion=completion, hit_metric_delta=delta))
-    return PrefixCacheRun(probes=tuple(probes), binding=binding, caching_off=off, prompt_tokens=tokens)
+                return part(probes)
+            probes.append(sent)
+    first_warm = next(p for p in probes if p.kind is CacheProbeKind.WARM)
+    silent = first_warm.completion.cached_tokens is None and first_warm.hit_metric_delta is None
+    if not silent or off is not None:  # counted hits decide; or the engines state caching is off
+        return PrefixCacheRun(probes=tuple(probes), binding=binding, caching_off=off, prompt_tokens=tokens)
+    # Counters are silent: only time can tell.
+    timing_tokens = timing_prompt_tokens(longest)
+    orders = random.Random(TIMING_ORDER_SEED)
+    timing: list[CacheProbe] = []
+    for sample in range(timing_samples):
+        ids = token_ids(a.adapter, timing_tokens, f"{new_marker('TIMING')} ")
+        later = [(CacheProbeKind.WARM, Tenant.A), (CacheProbeKind.CROSS, Tenant.B)]
+        orders.shuffle(later)
+        for kind, tenant in [(CacheProbeKind.COLD, Tenant.A), *later]:
+            sent = _send(tenants[tenant], ids, kind, sample, state, budget, count_hits=False)
+            if sent is None:
+                return part(probes, timing)
+            timing.append(sent)
+    return PrefixCacheRun(probes=tuple(probes), timing=tuple(timing), binding=binding, caching_off=off, prompt_tokens=tokens,
+                          timing_prompt_tokens=timing_tokens)
+
+
+def _send(client: TenantClient, ids: list[int], kind: CacheProbeKind, prefix: int, state: EngineState, budget: Budget,
+          *, count_hits: bool) -> CacheProbe | None:
+    """One streamed prefix-cache request through the budget; None when the run stopped."""
+    if not budget.may_send():
+        return None
+    hits_before = state.total(lambda c: c.prefix_cache_hits) if count_hits else None
+    sent = budget.probe(client.adapter, ids, name=f"the {kind.value} prefix-cache probe", expect=Expect.ACCEPT,
+                        max_tokens=1, stream=True, engines=state.engines.values(), extra=_fields(client))
+    if sent is None:
+        return None
+    hits_after = state.total(lambda c: c.prefix_cache_hits) if count_hits else None
+    delta = None if hits_before is None or hits_after is None else round(hits_after - hits_before, 3)
+    return CacheProbe(kind=kind, tenant=client.tenant, prefix=prefix, completion=sent[0], hit_metric_delta=delta)

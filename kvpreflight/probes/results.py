@@ -144,9 +144,15 @@ class PrefixCacheRun:
     caching_off: str | None = None  # which engines state prefix caching is off
     not_run: str | None = None
     prompt_tokens: int = 0
+    timing: tuple[CacheProbe, ...] = ()  # the timing audit's samples (sent only where counters are silent)
+    timing_prompt_tokens: int = 0
 
     def of(self, kind: CacheProbeKind) -> list[CacheProbe]:
         return [p for p in self.probes if p.kind is kind]
+
+    def timing_of(self, kind: CacheProbeKind) -> list[float]:
+        """The time to first token of the timing samples of one kind that were served."""
+        return [p.ttft_s for p in self.timing if p.kind is kind and p.completion.served]
 
 
 @dataclass(frozen=True, kw_only=True)

