@@ -82,9 +82,9 @@ def say(message: str) -> None:
     write_line("kvpreflight demo", message)
 
 
-def _cached_venv_file(*parts: str) -> Path:
+def _cached_venv_file(venv: str, *parts: str) -> Path:
     cache = Path(os.environ.get("KVPREFLIGHT_CACHE") or Path.home() / ".cache" / "kvpreflight")
-    return cache.joinpath("smg-venv", *parts)
+    return cache.joinpath(venv, *parts)
 
 
 def find_smg() -> str:
@@ -94,7 +94,7 @@ def find_smg() -> str:
         if not os.access(given, os.X_OK):
             raise ConfigError(f"{SMG_ENV}={given} is not an executable smg binary; {SMG_SETUP}")
         return given
-    for candidate in (shutil.which("smg"), _cached_venv_file("bin", "smg")):
+    for candidate in (shutil.which("smg"), _cached_venv_file("smg-venv", "bin", "smg")):
         if candidate and os.access(candidate, os.X_OK):
             return str(candidate)
     raise ConfigError(f"--router smg needs the smg binary and none was found; {SMG_SETUP}")
@@ -102,11 +102,11 @@ def find_smg() -> str:
 
 def find_sglang_router_python() -> str:
     """A Python with sglang_router installed: $KVPREFLIGHT_SGLANG_ROUTER_PYTHON, else the venv
-    setup_engines.sh installs it into (beside smg)."""
+    setup_engines.sh installs it into."""
     import subprocess
 
     given = os.environ.get(SGLANG_ROUTER_ENV)
-    candidate = given or str(_cached_venv_file("bin", "python"))
+    candidate = given or str(_cached_venv_file("sglang-router-venv", "bin", "python"))
     if os.access(candidate, os.X_OK):
         probe = subprocess.run([candidate, "-c", "import sglang_router"], capture_output=True, timeout=60, check=False)
         if probe.returncode == 0:

@@ -5,9 +5,9 @@
 #     cached wheel and installed into its own small venv, plus the GGUF builder deps;
 #   * vLLM's prefill/decode stack in the vLLM venv: NIXL (the KV transfer library) and vLLM's PD
 #     router `vllm-router` (a Rust binary in its wheel), with their own marker;
-#   * SGLang's PD routers in their own small venv, to front the builtin prefill/decode engines as
-#     they front SGLang: smg (Shepherd Model Gateway, a Rust binary in a PyPI wheel) and the older
-#     sglang-router (a Rust extension with a Python launcher), each with its own marker;
+#   * SGLang's PD routers, each in its own small venv, to front the builtin prefill/decode engines
+#     as they front SGLang: smg (Shepherd Model Gateway) and the older sglang-router (a Rust
+#     extension with a Python launcher);
 #   * the echo model (scripts/make_echo_model.py: an HF folder for vLLM, a GGUF for llama.cpp, built
 #     here from constructed weights in seconds) under models/echo-<hash of the builder>.
 # Idempotent: a second run only checks the markers and rewrites engines.env (a few seconds).
@@ -37,6 +37,7 @@ ECHO_DIR="$CACHE/models/echo-$(sha256sum "$ECHO_BUILDER" | cut -c1-12)"
 VLLM_VENV="$CACHE/vllm-venv"
 LLAMA_VENV="$CACHE/llama-venv"
 SMG_VENV="$CACHE/smg-venv"
+SGLANG_ROUTER_VENV="$CACHE/sglang-router-venv"
 WHEELS="$CACHE/wheels"
 LOGS="$CACHE/logs"
 mkdir -p "$CACHE" "$WHEELS" "$LOGS"
@@ -138,31 +139,39 @@ llama_binary() {
 
 setup_smg() {
     local marker="$SMG_VENV/.kvpreflight-smg-$SMG_VERSION"
-    if [[ -f "$marker" ]] && [[ -x "$SMG_VENV/bin/smg" ]]; then
+    # The version check also catches a venv whose `smg` script another package replaced
+    # (sglang-router installs a `smg` console script of its own).
+    if [[ -f "$marker" ]] && [[ "$("$SMG_VENV/bin/smg" --version 2>/dev/null)" == "smg $SMG_VERSION" ]]; then
         log "smg $SMG_VERSION: cached in $SMG_VENV"
-    else
-        local t0; t0=$(now)
-        log "smg $SMG_VERSION: installing into $SMG_VENV (log $LOGS/smg-install.log)"
-        rm -rf "$SMG_VENV"
-        "$PY" -m venv "$SMG_VENV"
-        { "$SMG_VENV/bin/pip" install "smg==$SMG_VERSION" && "$SMG_VENV/bin/smg" --version; } \
-            >"$LOGS/smg-install.log" 2>&1 || { tail -n 30 "$LOGS/smg-install.log" >&2; return 1; }
-        touch "$marker"
-        log "smg $SMG_VERSION: installed in $(( $(now) - t0 )) s"
-    fi
-    # sglang-router joins the same venv: a cached smg venv gets it without a reinstall.
-    marker="$SMG_VENV/.kvpreflight-sglang-router-$SGLANG_ROUTER_VERSION"
-    if [[ -f "$marker" ]]; then
-        log "sglang-router $SGLANG_ROUTER_VERSION: cached in $SMG_VENV"
         return 0
     fi
-    local t1; t1=$(now)
-    log "sglang-router $SGLANG_ROUTER_VERSION: installing into $SMG_VENV (log $LOGS/sglang-router-install.log)"
-    { "$SMG_VENV/bin/pip" install "sglang-router==$SGLANG_ROUTER_VERSION" \
-        && "$SMG_VENV/bin/python" -c "import sglang_router"; } \
+    local t0; t0=$(now)
+    log "smg $SMG_VERSION: installing into $SMG_VENV (log $LOGS/smg-install.log)"
+    rm -rf "$SMG_VENV"
+    "$PY" -m venv "$SMG_VENV"
+    { "$SMG_VENV/bin/pip" install "smg==$SMG_VERSION" && "$SMG_VENV/bin/smg" --version; } \
+        >"$LOGS/smg-install.log" 2>&1 || { tail -n 30 "$LOGS/smg-install.log" >&2; return 1; }
+    touch "$marker"
+    log "smg $SMG_VERSION: installed in $(( $(now) - t0 )) s"
+}
+
+# sglang-router gets a venv of its own: its wheel installs a `smg` console script that would
+# replace smg's in a shared one.
+setup_sglang_router() {
+    local marker="$SGLANG_ROUTER_VENV/.kvpreflight-sglang-router-$SGLANG_ROUTER_VERSION"
+    if [[ -f "$marker" ]]; then
+        log "sglang-router $SGLANG_ROUTER_VERSION: cached in $SGLANG_ROUTER_VENV"
+        return 0
+    fi
+    local t0; t0=$(now)
+    log "sglang-router $SGLANG_ROUTER_VERSION: installing into $SGLANG_ROUTER_VENV (log $LOGS/sglang-router-install.log)"
+    rm -rf "$SGLANG_ROUTER_VENV"
+    "$PY" -m venv "$SGLANG_ROUTER_VENV"
+    { "$SGLANG_ROUTER_VENV/bin/pip" install "sglang-router==$SGLANG_ROUTER_VERSION" \
+        && "$SGLANG_ROUTER_VENV/bin/python" -c "import sglang_router"; } \
         >"$LOGS/sglang-router-install.log" 2>&1 || { tail -n 30 "$LOGS/sglang-router-install.log" >&2; return 1; }
     touch "$marker"
-    log "sglang-router $SGLANG_ROUTER_VERSION: installed in $(( $(now) - t1 )) s"
+    log "sglang-router $SGLANG_ROUTER_VERSION: installed in $(( $(now) - t0 )) s"
 }
 
 # The echo model's parts for the engines that are set up: the HF folder needs the vLLM venv
@@ -201,6 +210,7 @@ if [[ $rc -eq 0 && ( -z "$ONLY" || "$ONLY" == "vllm-pd" ) ]]; then
 fi
 if [[ -z "$ONLY" || "$ONLY" == "smg" ]]; then
     setup_smg || rc=1
+    setup_sglang_router || rc=1
 fi
 if [[ -n "$llama_pid" ]]; then
     wait "$llama_pid" || rc=1
@@ -228,8 +238,8 @@ tmp_env="$ENV_FILE.tmp.$$"
     if [[ -f "$SMG_VENV/.kvpreflight-smg-$SMG_VERSION" ]]; then
         echo "export KVPREFLIGHT_SMG=$SMG_VENV/bin/smg"
     fi
-    if [[ -f "$SMG_VENV/.kvpreflight-sglang-router-$SGLANG_ROUTER_VERSION" ]]; then
-        echo "export KVPREFLIGHT_SGLANG_ROUTER_PYTHON=$SMG_VENV/bin/python"
+    if [[ -f "$SGLANG_ROUTER_VENV/.kvpreflight-sglang-router-$SGLANG_ROUTER_VERSION" ]]; then
+        echo "export KVPREFLIGHT_SGLANG_ROUTER_PYTHON=$SGLANG_ROUTER_VENV/bin/python"
     fi
     if [[ -d "$ECHO_DIR" ]]; then
         echo "export KVPREFLIGHT_ECHO_MODEL=$ECHO_DIR"
@@ -242,7 +252,7 @@ echo "vllm-router:       $( [[ -f "$VLLM_PD_MARKER" ]] && echo "$VLLM_VENV/bin/v
 echo "llama-server:      $( [[ -f "$LLAMA_VENV/.kvpreflight-llama-$LLAMA_VERSION" ]] && llama_binary )"
 echo "llama.cpp wheel:   $(llama_wheel)"
 echo "smg:               $( [[ -f "$SMG_VENV/.kvpreflight-smg-$SMG_VERSION" ]] && echo "$SMG_VENV/bin/smg" )"
-echo "sglang-router:     $( [[ -f "$SMG_VENV/.kvpreflight-sglang-router-$SGLANG_ROUTER_VERSION" ]] && echo "$SMG_VENV/bin/python -m sglang_router.launch_router" )"
+echo "sglang-router:     $( [[ -f "$SGLANG_ROUTER_VENV/.kvpreflight-sglang-router-$SGLANG_ROUTER_VERSION" ]] && echo "$SGLANG_ROUTER_VENV/bin/python -m sglang_router.launch_router" )"
 echo "echo model:        $( [[ -d "$ECHO_DIR" ]] && echo "$ECHO_DIR (hf/, echo.gguf)" )"
 echo "engines.env:       $ENV_FILE"
 echo "next: source $ENV_FILE   (pytest loads it by itself)"

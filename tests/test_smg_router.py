@@ -333,12 +333,3 @@ def test_each_fault_behind_smg_fails_its_check(smg: str, tmp_path: Path, args: t
     assert code == 1, (statuses(report), err[-2000:])
     assert "fail" in statuses(report)[check_id]
 
-
-def test_smg_has_no_http_backend_for_vllm_workers(smg: str):
-    # smg 1.13.0 fronts P/D pairs over HTTP only in SGLang's protocol (bootstrap fields); vLLM
-    # workers would have to be its gRPC workers (`vllm serve --grpc`, smg-grpc-servicer), which
-    # this project does not install. The README's router table says so.
-    proc = subprocess.run([smg, "launch", "--pd-disaggregation", "--prefill", "http://127.0.0.1:9", "--decode",
-                           "http://127.0.0.1:9", "--backend", "vllm"], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 2
-    assert "argument --backend: invalid choice: 'vllm' (choose from 'sglang', 'openai')" in proc.stderr
