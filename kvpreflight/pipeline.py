@@ -17,6 +17,7 @@ from kvpreflight.checks.advisory_data import load_advisories
 from kvpreflight.clock import utc_now
 from kvpreflight.engines import EngineConfigError, EngineError, HttpClient, adapter_class, open_adapter
 from kvpreflight.engines.interface import Counters, EngineAdapter
+from kvpreflight.errors import ConfigError
 from kvpreflight.model import CheckResult, Cost, EngineCost, EngineSnapshot, Report, Role, Status
 from kvpreflight.plan import CheckPlan
 from kvpreflight.probeplan import GroupPlan, GroupPreview
@@ -26,6 +27,8 @@ from kvpreflight.probes.cost import CostMeter
 from kvpreflight.probes.engine_state import EngineState
 from kvpreflight.probes.isolation import IsolationSettings, IsolationSizes, run_isolation
 from kvpreflight.probes.results import IsolationRun, Limits, ProbeRun
+from kvpreflight.routers import ROUTERS, RouterListing, open_router
+from kvpreflight.targets import Target
 
 
 def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: None) -> Report:
@@ -173,17 +176,48 @@ def _read_engines(options: CheckPlan, client: HttpClient, progress: Callable[[st
     adapters: dict[str, EngineAdapter] = {}
     snapshots: list[EngineSnapshot] = []
     unreadable: list[CheckResult] = []
-    for target in options.targets:
+    targets, listing = _targets(options, client, progress)
+    for target in targets:
         url = target.url.rstrip("/")
         progress(f"reading {url}")
         try:
             adapter = open_adapter(url, client, options.engine)
             log_text = _read_log(options.logs.get(url))
-            snapshots.append(adapter.snapshot(role=target.role, log_text=log_text))
+            snapshot = adapter.snapshot(role=target.role, log_text=log_text)
+            snapshots.append(listing.applied_to(snapshot) if listing is not None else snapshot)
             adapters[url] = adapter
         except EngineError as exc:
             unreadable.append(CheckResult("kv-capacity", Status.INCONCLUSIVE, f"could not read the engine: {exc}", url))
     return adapters, snapshots, unreadable
+
+
+def _targets(options: CheckPlan, client: HttpClient, progress: Callable[[str], None]
+             ) -> tuple[tuple[Target, ...], RouterListing | None]:
+    """The engines to read, and what the router at the entry lists (None: no entry, or not a
+    router kvpreflight knows). Without --endpoint the router's workers are the engines."""
+    entry = options.entry.rstrip("/") if options.entry else None
+    if entry is None:
+        return options.targets, None
+    router = open_router(entry, client)
+    listing = None
+    if router is not None:
+        progress(f"asking the {router.kind} router at {entry} for its workers")
+        try:
+            listing = router.listing()
+        except EngineError as exc:
+            if not options.targets:
+                raise ConfigError(f"--entry {entry}: the {router.kind} router's worker list is unreadable ({exc}); "
+                                  "add --endpoint ROLE=URL for every engine behind it") from None
+            progress(f"the {router.kind} router's worker list is unreadable ({exc}); using the --endpoint roles")
+    if options.targets:
+        return options.targets, listing
+    if listing is None:
+        raise ConfigError(f"--entry {entry} is not a router kvpreflight can ask for its workers ({', '.join(ROUTERS)}); "
+                          "add --endpoint URL (or ROLE=URL) for every engine behind it")
+    if not listing.workers:
+        raise ConfigError(f"--entry {entry}: the {listing.router} router lists no workers ({listing.source}); "
+                          "add --endpoint prefill=URL and --endpoint decode=URL for the engines behind it")
+    return tuple(Target(w.url) for w in listing.workers), listing
 
 
 def _groups(options: CheckPlan, snapshots: Sequence[EngineSnapshot]) -> list[tuple[str | None, list[EngineSnapshot]]]:

@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply, StreamReply
-from kvpreflight.model import Completion, EngineSnapshot, ErrorKind, Role
+from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, Completion, EngineSnapshot, ErrorKind, Role, RoleSource
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +88,11 @@ class Counters:
             if key in before.extra:
                 out[key] = round(value - before.extra[key], 3)
         return out
+
+
+def transfer_time(seconds: float | None, count: float | None) -> dict[str, float]:
+    """The extra counters for an engine's KV-transfer time histogram (sum in seconds, count)."""
+    return {TRANSFER_SECONDS: seconds, TRANSFERS_TIMED: count} if seconds is not None and count is not None else {}
 
 
 COUNTER_FIELDS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "bootstrap_failures",
@@ -265,6 +270,16 @@ def _unanswered(request: EngineRequest, elapsed_s: float, *, timed_out: bool = F
                 transport_error: str | None = None) -> Completion:
     return Completion(sent_tokens=request.sent_tokens, max_tokens=request.max_tokens, streamed=request.stream,
                       status=None, elapsed_s=elapsed_s, timed_out=timed_out, transport_error=transport_error)
+
+
+def role_of(override: Role | None, reported: Role | None) -> tuple[Role, RoleSource]:
+    """An engine's role and where it came from: the user's override wins, then what the engine
+    said; with neither, a plain (unified) engine is assumed (a router may know better)."""
+    if override is not None:
+        return override, RoleSource.OVERRIDE
+    if reported is not None:
+        return reported, RoleSource.ENGINE
+    return Role.UNIFIED, RoleSource.ASSUMED
 
 
 def parse_metrics(url: str, text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
