@@ -26,8 +26,9 @@ from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, capacity_
 from kvpreflight.probes.cost import CostMeter
 from kvpreflight.probes.engine_state import EngineState
 from kvpreflight.probes.isolation import IsolationSettings, IsolationSizes, run_isolation
+from kvpreflight.probes.logs import LogWatch
 from kvpreflight.probes.results import IsolationRun, Limits, ProbeRun
-from kvpreflight.routers import ROUTERS, RouterListing, open_router
+from kvpreflight.routers import ROUTERS, RouterListing, open_router, router_class
 from kvpreflight.targets import Target
 
 
@@ -39,7 +40,7 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
     advisories = load_advisories(options.advisory_dirs)
     client = _client(options)
     try:
-        adapters, snapshots, unreadable = _read_engines(options, client, progress)
+        adapters, snapshots, unreadable, listing = _read_engines(options, client, progress)
         settings = _settings(options, thresholds)
         results: list[CheckResult] = list(unreadable)
         state = EngineState(adapters)
@@ -48,7 +49,8 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
         per_group_ids = [c for c in CHECK_IDS if c != "pd-consistency"]
         for entry_url, group in _groups(options, snapshots):
             entry = _entry_adapter(entry_url, group, client)
-            run = _probe(options, entry, group, adapters, settings, budget, progress)
+            logs = _log_watch(options, group, adapters, listing)
+            run = _probe(options, entry, group, adapters, settings, budget, progress, logs)
             isolation = _isolate(options, entry, group, adapters, settings, budget, progress, run)
             ctx = CheckContext(tuple(group), thresholds, options.context_length, run, entry_url, advisories,
                                isolation=isolation)
@@ -107,7 +109,7 @@ def preview(options: CheckPlan, *, measure: bool, progress: Callable[[str], None
     thresholds = load_thresholds()
     client = _client(options)
     try:
-        adapters, snapshots, _ = _read_engines(options, client, progress)
+        adapters, snapshots, _, _ = _read_engines(options, client, progress)
         settings = _settings(options, thresholds)
         out = []
         for entry_url, group in _groups(options, snapshots):
@@ -172,7 +174,7 @@ def _settings(options: CheckPlan, thresholds: Thresholds) -> ProbeSettings:
 
 
 def _read_engines(options: CheckPlan, client: HttpClient, progress: Callable[[str], None],
-                  ) -> tuple[dict[str, EngineAdapter], list[EngineSnapshot], list[CheckResult]]:
+                  ) -> tuple[dict[str, EngineAdapter], list[EngineSnapshot], list[CheckResult], RouterListing | None]:
     adapters: dict[str, EngineAdapter] = {}
     snapshots: list[EngineSnapshot] = []
     unreadable: list[CheckResult] = []
@@ -188,7 +190,17 @@ def _read_engines(options: CheckPlan, client: HttpClient, progress: Callable[[st
             adapters[url] = adapter
         except EngineError as exc:
             unreadable.append(CheckResult("kv-capacity", Status.INCONCLUSIVE, f"could not read the engine: {exc}", url))
-    return adapters, snapshots, unreadable
+    return adapters, snapshots, unreadable, listing
+
+
+def _log_watch(options: CheckPlan, group: Sequence[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
+               listing: RouterListing | None) -> LogWatch:
+    """The logs of the group's engines and of the router at the entry, followed while probing."""
+    sources = {s.url: (options.logs[s.url], adapters[s.url].log_signals)
+               for s in group if s.url in options.logs and s.url in adapters}
+    if listing is not None and listing.url in options.logs:
+        sources[listing.url] = (options.logs[listing.url], router_class(listing.router).log_signals)
+    return LogWatch(sources)
 
 
 def _targets(options: CheckPlan, client: HttpClient, progress: Callable[[str], None]
@@ -236,7 +248,7 @@ def _entry_adapter(entry_url: str | None, group: list[EngineSnapshot], client: H
 
 
 def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
-           settings: ProbeSettings, budget: Budget, progress: Callable[[str], None]) -> ProbeRun | None:
+           settings: ProbeSettings, budget: Budget, progress: Callable[[str], None], logs: LogWatch) -> ProbeRun | None:
     if options.capacity_only:
         return None
     try:
@@ -267,7 +279,7 @@ def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSn
                  f"{estimate:.0f} s{deadline}")
 
     try:
-        return CapacityProber(entry, engines, limits, settings, budget, progress).run(calibrate=measure)
+        return CapacityProber(entry, engines, limits, settings, budget, progress, logs).run(calibrate=measure)
     except EngineError as exc:
         return ProbeRun(limits=None, not_run=f"probes could not run: {exc}")
 

@@ -2,7 +2,11 @@
 prefill to decode, by the decode's own counters over that probe: KV received from a transfer
 (`kv_transfer_tokens`) and prompt tokens it computed itself (`prefilled_tokens`). A decode that
 computed the prompt (the transfer was skipped, or its KV thrown away) fails, quoting the deltas.
-Skipped where there is no prefill/decode pair; inconclusive where no counter measures it."""
+Skipped where there is no prefill/decode pair; inconclusive where no counter measures it.
+
+Danger lines in the engines' and the router's logs (a transfer failed, KV of an unknown request
+was read, the decode got no transfer parameters) are quoted with the probe they were logged
+during: a warning by themselves, part of the failure beside a recompute."""
 
 from __future__ import annotations
 
@@ -13,7 +17,7 @@ from typing import Any
 
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, EngineSnapshot, Role, Status
-from kvpreflight.probes.results import Expect, ProbeResult
+from kvpreflight.probes.results import DangerLine, Expect, ProbeResult
 
 ID = "pd-transfer"
 
@@ -58,21 +62,57 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         for snap in decodes:
             if snap.url in window.probes[0].reached:
                 findings.append(_judge(window, snap, ctx.thresholds.decode_compute_allowance_pages))
-    evidence: dict[str, Any] = {"probes": findings}
+    dangers = _danger_lines(run.probes, run.untied_danger_lines)
+    evidence: dict[str, Any] = {"probes": findings, "danger_lines": dangers[:MAX_DANGER_EVIDENCE],
+                                "danger_lines_count": len(dangers)}
+    logged = _logged(dangers)
     if not findings:
         why = run.missing("a served probe") if not windows else "no served probe moved a decode engine's counters"
-        return [CheckResult(ID, Status.INCONCLUSIVE, f"no probe is known to have reached a decode engine: {why}", ctx.entry, evidence)]
+        return [CheckResult(ID, Status.INCONCLUSIVE, f"no probe is known to have reached a decode engine: {why}{logged}",
+                            ctx.entry, evidence)]
     failed = [f for f in findings if f["verdict"] not in (Transfer.MOVED, Transfer.UNMEASURED)]
     if failed:
-        return [CheckResult(ID, Status.FAIL, "; ".join(f["finding"] for f in failed), ctx.entry, evidence)]
+        return [CheckResult(ID, Status.FAIL, "; ".join(f["finding"] for f in failed) + logged, ctx.entry, evidence)]
     moved = [f for f in findings if f["verdict"] is Transfer.MOVED]
     if not moved:
         return [CheckResult(ID, Status.INCONCLUSIVE, "nothing measures the transfer: the decode engine counts neither KV "
-                            "received nor prompt tokens it computed itself", ctx.entry, evidence)]
+                            f"received nor prompt tokens it computed itself{logged}", ctx.entry, evidence)]
     unmeasured = len(findings) - len(moved)
     also = f"; {unmeasured} more not measured" if unmeasured else ""
-    return [CheckResult(ID, Status.PASS, f"KV moved from prefill to decode for {len(moved)} served probe(s): "
-                        + "; ".join(f["finding"] for f in moved) + also, ctx.entry, evidence)]
+    said = f"KV moved from prefill to decode for {len(moved)} served probe(s): " + "; ".join(f["finding"] for f in moved) + also
+    return [CheckResult(ID, Status.WARN if dangers else Status.PASS, said + logged, ctx.entry, evidence)]
+
+
+MAX_DANGER_EVIDENCE = 50  # danger lines kept in the evidence (the message counts them all)
+
+
+def _logged(dangers: Sequence[Mapping[str, Any]]) -> str:
+    """The danger lines as the message quotes them: one entry per signal and moment, counted."""
+    if not dangers:
+        return ""
+    counted: dict[tuple[str, str, str], int] = {}
+    for d in dangers:
+        key = (d["source"], d["what"], d["when"])
+        counted[key] = counted.get(key, 0) + 1
+    return "; the logs say: " + "; ".join(f"{source} log: \"{what}\" {'x' + str(n) + ' ' if n > 1 else ''}({when})"
+                                          for (source, what, when), n in counted.items())
+
+
+def _danger_lines(probes: Sequence[ProbeResult], untied: Sequence[DangerLine]) -> list[dict[str, Any]]:
+    """Every danger line once, with when it was logged: during which probe, or between probes."""
+    out: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for probe in probes:
+        if id(probe.danger_lines) in seen:  # concurrent probes share one window's lines
+            continue
+        seen.add(id(probe.danger_lines))
+        when = "concurrent probes" if probe.name.startswith("concurrent-") else f"probe {probe.name}"
+        out += [_entry(d, f"logged during {when}") for d in probe.danger_lines]
+    return out + [_entry(d, "logged between probes") for d in untied]
+
+
+def _entry(line: DangerLine, when: str) -> dict[str, Any]:
+    return {"source": line.source, "what": line.what, "request_id": line.request_id, "when": when}
 
 
 def _windows(probes: Sequence[ProbeResult]) -> list[Window]:

@@ -99,6 +99,22 @@ COUNTER_FIELDS = ("requests", "prompt_tokens", "generation_tokens", "transfer_fa
                   "deferred_releases", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens")
 
 
+@dataclass(frozen=True)
+class LogSignal:
+    """A log line that says a request's KV may not have moved as it should, as one engine or
+    router kind words it; `pattern` names the request in a group "rid" where the line does."""
+
+    what: str  # the line's fixed wording, quoted in reports instead of the line itself
+    pattern: re.Pattern[str]
+
+    def request_in(self, line: str) -> tuple[bool, str | None]:
+        """Whether the line is this signal, and the request id it names."""
+        m = self.pattern.search(line)
+        if m is None:
+            return False, None
+        return True, m.groupdict().get("rid")
+
+
 class EngineAdapter(abc.ABC):
     """One engine kind's endpoints, request shapes and messages. Stateless apart from the
     connection it was given: a tenant's adapter is `entry.with_client(tenant_client)`."""
@@ -108,6 +124,7 @@ class EngineAdapter(abc.ABC):
     length_error_patterns: ClassVar[tuple[str, ...]] = ()
     vocab_error_patterns: ClassVar[tuple[str, ...]] = (
         r"out of vocabulary", r"token id .* (invalid|out of range)", r"invalid tokens")
+    log_signals: ClassVar[tuple[LogSignal, ...]] = ()  # danger lines in the engine's log
 
     def __init__(self, url: str, client: HttpClient, *, model: str | None = None) -> None:
         self.url = url.rstrip("/")

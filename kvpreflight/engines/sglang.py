@@ -18,6 +18,7 @@ from kvpreflight.engines.interface import (
     Counters,
     EngineAdapter,
     EngineRequest,
+    LogSignal,
     ReplyFacts,
     cycle_to,
     json_list,
@@ -48,6 +49,13 @@ RANK_PREFIX = re.compile(r"\b((?:DP|TP|PP|EP)\d+(?:\s+(?:DP|TP|PP|EP)\d+)*)\]?")
 
 class SglangAdapter(EngineAdapter):
     kind = "sglang"
+    # srt/disaggregation/decode.py and prefill.py (0.5.23): each aborts the request it names.
+    log_signals = tuple(LogSignal(what, re.compile(pattern)) for what, pattern in (
+        ("Decode handshake failed for request", r"Decode handshake failed for request .*?rid='?(?P<rid>[^'\s]+)"),
+        ("Decode transfer failed for request", r"Decode transfer failed for request .*?rid='?(?P<rid>[^'\s]+)"),
+        ("Prefill transfer failed for request", r"Prefill transfer failed for request .*?rid='?(?P<rid>[^'\s]+)"),
+        ("Context corruption detected", r"Context corruption detected: Request (?P<rid>\S+)"),
+    ))
     length_error_patterns = (
         r"is longer than the model's context length",
         r"exceeds the maximum allowed length",

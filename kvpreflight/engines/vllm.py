@@ -11,6 +11,7 @@ from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
 from kvpreflight.engines.interface import (
     Counters,
+    LogSignal,
     cycle_to,
     json_object,
     log_count,
@@ -35,6 +36,10 @@ CONSUMER_METRIC = "vllm:num_requests_kv_fetch_by_stage"
 
 class VllmAdapter(OpenAICompletionsMixin):
     kind = "vllm"
+    # distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py (0.32): a decode reported a
+    # transfer of blocks the prefill no longer tracks (lease expired, ids that do not match).
+    log_signals = (LogSignal("Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker",
+                             re.compile(r"Potentially invalid KV blocks for unrecognized request (?P<rid>\S+) were retrieved by a decode worker")),)
     length_error_patterns = (
         r"maximum context length is \d+ tokens",
         r"maximum model length",

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, HttpClient
-from kvpreflight.engines.interface import excerpt, json_list, json_object, optional_text
+from kvpreflight.engines.interface import LogSignal, excerpt, json_list, json_object, optional_text
 from kvpreflight.model import EngineSnapshot, Role, RoleSource
 
 # worker_type as the sgl-router lineage names it; "regular" is a worker that does both.
@@ -59,6 +59,7 @@ class RouterListing:
 
 class RouterAdapter(abc.ABC):
     kind: ClassVar[str] = ""
+    log_signals: ClassVar[tuple[LogSignal, ...]] = ()  # danger lines in the router's log
 
     def __init__(self, url: str, client: HttpClient) -> None:
         self.url = url.rstrip("/")

@@ -4,6 +4,7 @@ business: kv_transfer_tokens received, prefilled_tokens computed on the decode i
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,7 +12,12 @@ import pytest
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CheckContext, run_checks
 from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, Completion, EngineSnapshot, Role, Status
-from kvpreflight.probes.results import Expect, Limits, ProbeResult, ProbeRun
+from kvpreflight.engines.interface import LogSignal
+from kvpreflight.engines.sglang import SglangAdapter
+from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight.probes.logs import LogWatch
+from kvpreflight.probes.results import DangerLine, Expect, Limits, ProbeResult, ProbeRun
+from kvpreflight.routers.vllm_router import VllmRouter
 
 PREFILL, DECODE, ENTRY = "http://p:1", "http://d:2", "http://router:3"
 PD = (PREFILL, DECODE)
@@ -94,3 +100,54 @@ def test_capacity_only_and_unsent_probes_say_why() -> None:
     assert skipped.status is Status.SKIP and "--capacity-only" in skipped.message
     unsent: Any = ProbeRun(limits=None, not_run="probes could not run: boom")
     assert judge(run=unsent).status is Status.INCONCLUSIVE
+
+
+# -- danger lines --------------------------------------------------------------------------------
+
+UNRECOGNIZED = DangerLine(source=PREFILL, what=VllmAdapter.log_signals[0].what, request_id="cmpl-1-0")
+
+
+def test_a_danger_line_by_itself_warns_and_is_quoted_with_its_probe() -> None:
+    moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
+                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}},
+                        danger_lines=(UNRECOGNIZED, UNRECOGNIZED))
+    result = judge(run=ProbeRun(limits=Limits(1024, 4096, 1023), probes=(moved,), untied_danger_lines=(UNRECOGNIZED,)))
+    assert result.status is Status.WARN, result.message
+    assert (f'{PREFILL} log: "Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker" '
+            "x2 (logged during probe boundary-accept)") in result.message
+    assert "(logged between probes)" in result.message
+    assert result.evidence["danger_lines_count"] == 3 and result.evidence["danger_lines"][0]["request_id"] == "cmpl-1-0"
+
+
+def test_a_danger_line_beside_a_recompute_is_part_of_the_failure() -> None:
+    skipped = DangerLine(source=ENTRY, what=VllmRouter.log_signals[0].what, request_id="cmpl-9")
+    recomputed = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test",
+                             reached=PD, counter_deltas={DECODE: {"kv_transfer_tokens": 0, "prefilled_tokens": 1000}},
+                             danger_lines=(skipped,))
+    result = judge(recomputed)
+    assert result.status is Status.FAIL
+    assert "the decode recomputed the prompt" in result.message and "decode will proceed without kv_transfer_params" in result.message
+
+
+@pytest.mark.parametrize("signals,line,what,rid", [
+    (VllmAdapter.log_signals, "(EngineCore_DP0 pid=7) ERROR 11-30 17:01:02 [pull_worker.py:667] Potentially invalid KV blocks "
+     "for unrecognized request cmpl-abc-0 were retrieved by a decode worker. They may have expired.",
+     "Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker", "cmpl-abc-0"),
+    (VllmRouter.log_signals, "2026-11-30 17:01:02  WARN vllm_router_rs::routers::http::vllm_pd_router: No kv_transfer_params "
+     "for prefill cmpl-77, decode will proceed without kv_transfer_params",
+     "No kv_transfer_params for prefill ..., decode will proceed without kv_transfer_params", "cmpl-77"),
+    (SglangAdapter.log_signals, "[2026-11-30 17:01:02 DP0 TP0] Decode transfer failed for request rank=0 "
+     "decode_req.req.rid='r-5' decode_req.req.bootstrap_room=42", "Decode transfer failed for request", "r-5"),
+    (SglangAdapter.log_signals, "Prefill transfer failed for request rank=0 req.rid='r-6' req.bootstrap_room=7",
+     "Prefill transfer failed for request", "r-6"),
+])
+def test_each_signal_names_the_request_and_only_new_whole_lines_count(tmp_path: Path, signals: tuple[LogSignal, ...],
+                                                                      line: str, what: str, rid: str) -> None:
+    log = tmp_path / "engine.log"
+    log.write_text(line + "\n")  # before the watch began: not the probes'
+    watch = LogWatch({"http://e:1": (log, signals)})
+    assert watch.take() == ()
+    with log.open("a") as fh:
+        fh.write("an ordinary line\n" + line + "\n" + line[:20])  # the last line is still being written
+    assert watch.take() == (DangerLine(source="http://e:1", what=what, request_id=rid),)
+    assert watch.take() == ()
