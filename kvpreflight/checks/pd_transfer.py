@@ -126,13 +126,14 @@ def _windows(probes: Sequence[ProbeResult]) -> list[Window]:
 def _judge(window: Window, decode: EngineSnapshot, allowance_pages: int) -> dict[str, Any]:
     deltas = window.deltas.get(decode.url, {})
     received, computed = deltas.get("kv_transfer_tokens"), deltas.get("prefilled_tokens")
+    cached = deltas.get("cached_prompt_tokens") or 0.0  # the decode's own prefix cache held them: nothing to move
     prompt, requests = window.prompt_tokens, len(window.probes)
     allowance = allowance_pages * (decode.page_size or DEFAULT_PAGE) * requests
     counted = {"decode": decode.url, "probe": window.name, "prompt_tokens_sent": prompt,
                "decode_kv_received_tokens": received, "decode_computed_tokens": computed,
-               "allowed_decode_compute_tokens": allowance}
-    said = (f"{window.name}: {prompt:,} prompt tokens sent, decode received KV for {_n(received)} "
-            f"and computed {_n(computed)} itself")
+               "decode_cached_tokens": cached, "allowed_decode_compute_tokens": allowance}
+    said = (f"{window.name}: {prompt:,} prompt tokens sent, decode received KV for {_n(received)}"
+            + (f", found {cached:,.0f} in its own prefix cache" if cached else "") + f" and computed {_n(computed)} itself")
     seconds, timed = deltas.get(TRANSFER_SECONDS), deltas.get(TRANSFERS_TIMED)
     if seconds is not None and timed:
         counted["kv_transfer_seconds_mean"] = round(seconds / timed, 4)
@@ -140,8 +141,8 @@ def _judge(window: Window, decode: EngineSnapshot, allowance_pages: int) -> dict
     if computed is not None and computed > allowance:
         return {**counted, "verdict": Transfer.RECOMPUTED, "finding": f"{said}: the decode recomputed the prompt "
                 f"(computed {computed:,.0f} > {allowance:,} allowed){_skipped(received)}"}
-    if received is not None and received + allowance < prompt:
-        return {**counted, "verdict": Transfer.NOT_MOVED, "finding": f"{said}: the KV of {prompt - received:,.0f} prompt tokens "
+    if received is not None and received + cached + allowance < prompt:
+        return {**counted, "verdict": Transfer.NOT_MOVED, "finding": f"{said}: the KV of {prompt - received - cached:,.0f} prompt tokens "
                 "never reached the decode (the transfer was skipped or cut short)"}
     if received is None and computed is None:
         return {**counted, "verdict": Transfer.UNMEASURED, "finding": f"{window.name}: not measured at {decode.url}"}

@@ -66,6 +66,7 @@ class Counters:
     kv_transfer_tokens: float | None = None  # tokens moved by KV transfers
     prefix_cache_hits: float | None = None  # prefix-cache hits (lookups or tokens, as the engine counts)
     prefilled_tokens: float | None = None  # prompt tokens really computed (cache hits excluded); None: cannot tell
+    cached_prompt_tokens: float | None = None  # prompt tokens served from this engine's own prefix cache
     used_tokens: float | None = None  # gauge: tokens held in the pool right now
     extra: Mapping[str, float] = field(default_factory=dict)  # other engine counters, for evidence only
 
@@ -96,7 +97,8 @@ def transfer_time(seconds: float | None, count: float | None) -> dict[str, float
 
 
 COUNTER_FIELDS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "bootstrap_failures",
-                  "deferred_releases", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens")
+                  "deferred_releases", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens",
+                  "cached_prompt_tokens")
 
 
 @dataclass(frozen=True)

@@ -156,6 +156,7 @@ class SglangAdapter(EngineAdapter):
             requests=metric_sum(metrics, "sglang:num_requests_total"),
             prompt_tokens=prompt,
             prefilled_tokens=prompt - cached if prompt is not None and cached is not None else None,
+            cached_prompt_tokens=cached,
             generation_tokens=metric_sum(metrics, "sglang:generation_tokens_total"),
             transfer_failures=metric_sum(metrics, "sglang:num_transfer_failed_reqs_total"),
             bootstrap_failures=metric_sum(metrics, "sglang:num_bootstrap_failed_reqs_total"),

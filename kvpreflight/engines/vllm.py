@@ -131,6 +131,7 @@ class VllmAdapter(OpenAICompletionsMixin):
             requests=metric_sum(metrics, "vllm:request_success_total"),
             prompt_tokens=prompt,
             prefilled_tokens=computed,
+            cached_prompt_tokens=by_source.get("local_cache_hit", hits),
             kv_transfer_tokens=by_source.get("external_kv_transfer"),
             transfer_failures=metric_sum(metrics, "vllm:nixl_num_failed_transfers_total"),
             extra=transfer_time(metric_sum(metrics, "vllm:nixl_xfer_time_seconds_sum"),

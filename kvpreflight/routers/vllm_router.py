@@ -14,9 +14,10 @@ from kvpreflight.routers.interface import RouterAdapter, serves_list
 class VllmRouter(RouterAdapter):
     kind = "vllm-router"
     # routers/http/vllm_pd_router.rs (0.1.17): the prefill's answer carried no kv_transfer_params,
-    # so the decode gets none and computes the prompt itself.
+    # so the decode gets none and computes the prompt itself. The line names the prefill's URL,
+    # not the request.
     log_signals = (LogSignal("No kv_transfer_params for prefill ..., decode will proceed without kv_transfer_params",
-                             re.compile(r"No kv_transfer_params for prefill (?P<rid>[^\s,]+),? decode will proceed without")),)
+                             re.compile(r"No kv_transfer_params for prefill \S+ decode will proceed without")),)
 
     @classmethod
     def detect(cls, url: str, client: HttpClient) -> bool:

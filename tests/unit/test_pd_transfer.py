@@ -120,7 +120,7 @@ def test_a_danger_line_by_itself_warns_and_is_quoted_with_its_probe() -> None:
 
 
 def test_a_danger_line_beside_a_recompute_is_part_of_the_failure() -> None:
-    skipped = DangerLine(source=ENTRY, what=VllmRouter.log_signals[0].what, request_id="cmpl-9")
+    skipped = DangerLine(source=ENTRY, what=VllmRouter.log_signals[0].what)
     recomputed = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test",
                              reached=PD, counter_deltas={DECODE: {"kv_transfer_tokens": 0, "prefilled_tokens": 1000}},
                              danger_lines=(skipped,))
@@ -134,15 +134,15 @@ def test_a_danger_line_beside_a_recompute_is_part_of_the_failure() -> None:
      "for unrecognized request cmpl-abc-0 were retrieved by a decode worker. They may have expired.",
      "Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker", "cmpl-abc-0"),
     (VllmRouter.log_signals, "2026-11-30 17:01:02  WARN vllm_router_rs::routers::http::vllm_pd_router: No kv_transfer_params "
-     "for prefill cmpl-77, decode will proceed without kv_transfer_params",
-     "No kv_transfer_params for prefill ..., decode will proceed without kv_transfer_params", "cmpl-77"),
+     "for prefill http://127.0.0.1:45469, decode will proceed without kv_transfer_params",
+     "No kv_transfer_params for prefill ..., decode will proceed without kv_transfer_params", None),
     (SglangAdapter.log_signals, "[2026-11-30 17:01:02 DP0 TP0] Decode transfer failed for request rank=0 "
      "decode_req.req.rid='r-5' decode_req.req.bootstrap_room=42", "Decode transfer failed for request", "r-5"),
     (SglangAdapter.log_signals, "Prefill transfer failed for request rank=0 req.rid='r-6' req.bootstrap_room=7",
      "Prefill transfer failed for request", "r-6"),
 ])
 def test_each_signal_names_the_request_and_only_new_whole_lines_count(tmp_path: Path, signals: tuple[LogSignal, ...],
-                                                                      line: str, what: str, rid: str) -> None:
+                                                                      line: str, what: str, rid: str | None) -> None:
     log = tmp_path / "engine.log"
     log.write_text(line + "\n")  # before the watch began: not the probes'
     watch = LogWatch({"http://e:1": (log, signals)})
@@ -151,3 +151,12 @@ def test_each_signal_names_the_request_and_only_new_whole_lines_count(tmp_path: 
         fh.write("an ordinary line\n" + line + "\n" + line[:20])  # the last line is still being written
     assert watch.take() == (DangerLine(source="http://e:1", what=what, request_id=rid),)
     assert watch.take() == ()
+
+
+def test_prompt_found_in_the_decodes_own_prefix_cache_needed_no_transfer() -> None:
+    # Seen on vLLM 0.32 over NIXL: the concurrent probes repeat the boundary probe's prefix, so
+    # the decode serves most of it from its own cache and receives only the rest.
+    deltas = {"kv_transfer_tokens": 246, "cached_prompt_tokens": 1792, "prefilled_tokens": 0}
+    result = judge(probe("concurrent-1", 1019, deltas), probe("concurrent-2", 1019, deltas))
+    assert result.status is Status.PASS, result.message
+    assert "decode received KV for 246 tokens, found 1,792 in its own prefix cache and computed 0 tokens itself" in result.message
