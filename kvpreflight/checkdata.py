@@ -42,6 +42,9 @@ class Thresholds:
     warn_below_ratio: float
     accepted_tokens_per_second: float
     concurrency: int
+    # pd-transfer: prompt tokens per request a decode may compute itself without it counting as a
+    # recompute, in pages (vLLM computes at least the last prompt token on decode).
+    decode_compute_allowance_pages: int = 1
 
 
 @cache
@@ -56,6 +59,7 @@ def load_thresholds(path: Path | None = None) -> Thresholds:
             warn_below_ratio=float(cap["warn_below_ratio"]),
             accepted_tokens_per_second=float(probes.get("accepted_tokens_per_second", 20000)),
             concurrency=int(probes.get("concurrency", 2)),
+            decode_compute_allowance_pages=int((raw.get("pd_transfer") or {}).get("decode_compute_allowance_pages", 1)),
         )
     except (KeyError, TypeError, ValueError) as exc:
         raise CheckDataError(f"{path}: kv_capacity.fail_below_ratio and warn_below_ratio are required numbers ({exc})") from exc

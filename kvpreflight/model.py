@@ -28,6 +28,15 @@ class Role(str, enum.Enum):
     DECODE = "decode"
 
 
+class RoleSource(enum.StrEnum):
+    """Where an engine's role came from."""
+
+    ENGINE = "engine"  # the engine said so (SGLang's disaggregation_mode, vLLM's kv_role)
+    ROUTER = "router"  # the router in front of it lists it as a prefill or decode worker
+    OVERRIDE = "override"  # stated by the user (ROLE=URL) or the boot spec
+    ASSUMED = "assumed"  # nothing said: a plain (unified) engine is assumed
+
+
 class ProcessRole(enum.StrEnum):
     """The role of any process of a deployment: an engine's role, or the router in front of them."""
 
@@ -71,6 +80,10 @@ class Origin(str, enum.Enum):
     BEHAVIOUR = "behaviour"  # the observed accept/reject boundary
 
 
+# Counters.extra keys every adapter uses for KV-transfer time (a histogram's sum in seconds, its
+# count), so no check names an engine's metric.
+TRANSFER_SECONDS, TRANSFERS_TIMED = "kv_transfer_seconds_sum", "kv_transfer_seconds_count"
+
 EXIT_OK = 0
 EXIT_FAIL = 1
 EXIT_USAGE = 2
@@ -104,6 +117,7 @@ class EngineSnapshot:
     role: Role
     model: str | None
     served_context: int | None  # what the engine serves (/v1/models max_model_len ...)
+    role_source: RoleSource = RoleSource.ASSUMED
     pool_readings: tuple[PoolReading, ...] = ()
     page_size: int | None = None
     max_request_tokens: int | None = None  # the engine's own per-request input limit, if stated

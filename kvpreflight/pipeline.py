@@ -17,6 +17,7 @@ from kvpreflight.checks.advisory_data import load_advisories
 from kvpreflight.clock import utc_now
 from kvpreflight.engines import EngineConfigError, EngineError, HttpClient, adapter_class, open_adapter
 from kvpreflight.engines.interface import Counters, EngineAdapter
+from kvpreflight.errors import ConfigError
 from kvpreflight.model import CheckResult, Cost, EngineCost, EngineSnapshot, Report, Role, Status
 from kvpreflight.plan import CheckPlan
 from kvpreflight.probeplan import GroupPlan, GroupPreview
@@ -25,8 +26,14 @@ from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, capacity_
 from kvpreflight.probes.cost import CostMeter
 from kvpreflight.probes.engine_state import EngineState
 from kvpreflight.probes.isolation import IsolationSettings, IsolationSizes, run_isolation
+<<<<<<< HEAD
 from kvpreflight.probes.prefix_cache import DEFAULT_TIMING_SAMPLES
+=======
+from kvpreflight.probes.logs import LogWatch
+>>>>>>> pdroles
 from kvpreflight.probes.results import IsolationRun, Limits, ProbeRun
+from kvpreflight.routers import ROUTERS, RouterListing, open_router, router_class
+from kvpreflight.targets import Target
 
 
 def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: None) -> Report:
@@ -37,7 +44,7 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
     advisories = load_advisories(options.advisory_dirs)
     client = _client(options)
     try:
-        adapters, snapshots, unreadable = _read_engines(options, client, progress)
+        adapters, snapshots, unreadable, listing = _read_engines(options, client, progress)
         settings = _settings(options, thresholds)
         results: list[CheckResult] = list(unreadable)
         state = EngineState(adapters)
@@ -46,7 +53,8 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
         per_group_ids = [c for c in CHECK_IDS if c != "pd-consistency"]
         for entry_url, group in _groups(options, snapshots):
             entry = _entry_adapter(entry_url, group, client)
-            run = _probe(options, entry, group, adapters, settings, budget, progress)
+            logs = _log_watch(options, group, adapters, listing)
+            run = _probe(options, entry, group, adapters, settings, budget, progress, logs)
             isolation = _isolate(options, entry, group, adapters, settings, budget, progress, run)
             ctx = CheckContext(tuple(group), thresholds, options.context_length, run, entry_url, advisories,
                                isolation=isolation)
@@ -105,7 +113,7 @@ def preview(options: CheckPlan, *, measure: bool, progress: Callable[[str], None
     thresholds = load_thresholds()
     client = _client(options)
     try:
-        adapters, snapshots, _ = _read_engines(options, client, progress)
+        adapters, snapshots, _, _ = _read_engines(options, client, progress)
         settings = _settings(options, thresholds)
         out = []
         for entry_url, group in _groups(options, snapshots):
@@ -175,21 +183,62 @@ def _settings(options: CheckPlan, thresholds: Thresholds) -> ProbeSettings:
 
 
 def _read_engines(options: CheckPlan, client: HttpClient, progress: Callable[[str], None],
-                  ) -> tuple[dict[str, EngineAdapter], list[EngineSnapshot], list[CheckResult]]:
+                  ) -> tuple[dict[str, EngineAdapter], list[EngineSnapshot], list[CheckResult], RouterListing | None]:
     adapters: dict[str, EngineAdapter] = {}
     snapshots: list[EngineSnapshot] = []
     unreadable: list[CheckResult] = []
-    for target in options.targets:
+    targets, listing = _targets(options, client, progress)
+    for target in targets:
         url = target.url.rstrip("/")
         progress(f"reading {url}")
         try:
             adapter = open_adapter(url, client, options.engine)
             log_text = _read_log(options.logs.get(url))
-            snapshots.append(adapter.snapshot(role=target.role, log_text=log_text))
+            snapshot = adapter.snapshot(role=target.role, log_text=log_text)
+            snapshots.append(listing.applied_to(snapshot) if listing is not None else snapshot)
             adapters[url] = adapter
         except EngineError as exc:
             unreadable.append(CheckResult("kv-capacity", Status.INCONCLUSIVE, f"could not read the engine: {exc}", url))
-    return adapters, snapshots, unreadable
+    return adapters, snapshots, unreadable, listing
+
+
+def _log_watch(options: CheckPlan, group: Sequence[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
+               listing: RouterListing | None) -> LogWatch:
+    """The logs of the group's engines and of the router at the entry, followed while probing."""
+    sources = {s.url: (options.logs[s.url], adapters[s.url].log_signals)
+               for s in group if s.url in options.logs and s.url in adapters}
+    if listing is not None and listing.url in options.logs:
+        sources[listing.url] = (options.logs[listing.url], router_class(listing.router).log_signals)
+    return LogWatch(sources)
+
+
+def _targets(options: CheckPlan, client: HttpClient, progress: Callable[[str], None]
+             ) -> tuple[tuple[Target, ...], RouterListing | None]:
+    """The engines to read, and what the router at the entry lists (None: no entry, or not a
+    router kvpreflight knows). Without --endpoint the router's workers are the engines."""
+    entry = options.entry.rstrip("/") if options.entry else None
+    if entry is None:
+        return options.targets, None
+    router = open_router(entry, client)
+    listing = None
+    if router is not None:
+        progress(f"asking the {router.kind} router at {entry} for its workers")
+        try:
+            listing = router.listing()
+        except EngineError as exc:
+            if not options.targets:
+                raise ConfigError(f"--entry {entry}: the {router.kind} router's worker list is unreadable ({exc}); "
+                                  "add --endpoint ROLE=URL for every engine behind it") from None
+            progress(f"the {router.kind} router's worker list is unreadable ({exc}); using the --endpoint roles")
+    if options.targets:
+        return options.targets, listing
+    if listing is None:
+        raise ConfigError(f"--entry {entry} is not a router kvpreflight can ask for its workers ({', '.join(ROUTERS)}); "
+                          "add --endpoint URL (or ROLE=URL) for every engine behind it")
+    if not listing.workers:
+        raise ConfigError(f"--entry {entry}: the {listing.router} router lists no workers ({listing.source}); "
+                          "add --endpoint prefill=URL and --endpoint decode=URL for the engines behind it")
+    return tuple(Target(w.url) for w in listing.workers), listing
 
 
 def _groups(options: CheckPlan, snapshots: Sequence[EngineSnapshot]) -> list[tuple[str | None, list[EngineSnapshot]]]:
@@ -208,7 +257,7 @@ def _entry_adapter(entry_url: str | None, group: list[EngineSnapshot], client: H
 
 
 def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
-           settings: ProbeSettings, budget: Budget, progress: Callable[[str], None]) -> ProbeRun | None:
+           settings: ProbeSettings, budget: Budget, progress: Callable[[str], None], logs: LogWatch) -> ProbeRun | None:
     if options.capacity_only:
         return None
     try:
@@ -239,7 +288,7 @@ def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSn
                  f"{estimate:.0f} s{deadline}")
 
     try:
-        return CapacityProber(entry, engines, limits, settings, budget, progress).run(calibrate=measure)
+        return CapacityProber(entry, engines, limits, settings, budget, progress, logs).run(calibrate=measure)
     except EngineError as exc:
         return ProbeRun(limits=None, not_run=f"probes could not run: {exc}")
 

@@ -113,7 +113,9 @@ def booted_plan(plan: CheckPlan, spec: DeploymentSpec, deployment: BootedDeploym
         engine=engine,
         context_length=plan.context_length or spec.context_length,
         waivers=(*spec.checks.skip, *plan.waivers),
-        logs={e.url.rstrip("/"): Path(e.log_path) for e in workers},
+        # The router's log too: its danger lines tie to the probes (kvpreflight.probes.logs).
+        logs={e.url.rstrip("/"): Path(e.log_path) for e in deployment.engines
+              if e in workers or e.url.rstrip("/") == deployment.entry_url.rstrip("/")},
         gpus=deployment.gpu_records(),
         booted=True,
         auth=plan.auth if spec.client_cert is None else replace(plan.auth, client_cert=spec.client_cert,

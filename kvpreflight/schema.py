@@ -22,6 +22,7 @@ from kvpreflight.model import (
     PoolReading,
     Report,
     Role,
+    RoleSource,
     Status,
     Waiver,
 )
@@ -48,6 +49,7 @@ def engine_to_dict(e: EngineSnapshot) -> dict[str, Any]:
         "engine": e.engine,
         "version": e.version,
         "role": e.role.value,
+        "role_source": e.role_source.value,
         "model": e.model,
         "kv_pool_tokens": e.pool_tokens(),
         "kv_pool_sources": {r.label: r.tokens for r in e.pool_readings},
@@ -183,6 +185,8 @@ def engine_from_dict(data: Any, where: str) -> EngineSnapshot:
         engine=_get(d, "engine", str, at, required=True),
         version=_get(d, "version", str, at),
         role=_enum(Role, d.get("role"), f"{at}role"),
+        # Reports written before roles were inferred carry no role_source.
+        role_source=_enum(RoleSource, d.get("role_source") or RoleSource.ASSUMED.value, f"{at}role_source"),
         model=_get(d, "model", str, at),
         served_context=_get({"context_length": context}, "context_length", int, at),
         pool_readings=tuple(reading_from_dict(r, f"{at}kv_pool_readings[{i}]")

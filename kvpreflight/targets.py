@@ -70,14 +70,15 @@ def parse_endpoints(texts: Iterable[str]) -> tuple[Target, ...]:
     return tuple(targets)
 
 
-def parse_log(text: str, endpoints: Sequence[str]) -> tuple[str, Path]:
-    """`URL=PATH`: the start-up log of one of `endpoints` (an independent capacity source)."""
+def parse_log(text: str, endpoints: Sequence[str] | None) -> tuple[str, Path]:
+    """`URL=PATH`: the log of one of `endpoints` (an engine's is an independent capacity source;
+    a router's is read for danger lines). None: any URL (the router at the entry names the engines)."""
     url, sep, path = text.rpartition("=")
     if not sep or not url or not path:
         raise ConfigError(f"{text!r}: write it as URL=PATH, e.g. http://prefill-0:30000=/var/log/prefill.log")
     url = parse_url(url)
-    if url not in endpoints:
-        raise ConfigError(f"{text!r}: {url} is not one of the engines' URLs")
+    if endpoints is not None and url not in endpoints:
+        raise ConfigError(f"{text!r}: {url} is not one of the engines' or the entry's URLs")
     if not Path(path).is_file():
         raise ConfigError(f"{text!r}: {path} is not a readable file")
     return url, Path(path)

@@ -37,7 +37,7 @@ def test_http_and_handoff_modules_do_not_import_torch():
 def test_fault_names_are_the_cli_and_environment_spellings():
     assert sorted(FAULTS) == sorted([
         "reject-continues", "no-transfer-check", "early-free-on-cancel", "transfer-fail-as-drained",
-        "prefix-cache-no-salt", "auto-truncate", "misreport-pool",
+        "prefix-cache-no-salt", "auto-truncate", "misreport-pool", "decode-recompute",
     ])
     assert faults_from_env({FAULTS_ENV: " auto-truncate , misreport-pool,"}) == {Fault.AUTO_TRUNCATE, Fault.MISREPORT_POOL}
     assert faults_from_env({}) == frozenset()

@@ -136,3 +136,24 @@ def test_an_engine_that_hangs_on_the_probe_fails_within_the_timeout(tmp_path):
     assert proc.returncode == 1
     over = next(c for c in report_of(proc)["checks"] if c["id"] == "overcapacity-rejected")
     assert over["status"] == "fail" and "hang" in over["message"]
+
+
+# -- --entry alone: the router names the engines, or the user must ------------------------------
+
+def test_entry_alone_that_is_no_router_is_a_usage_error_naming_endpoint():
+    with static_server(sglang_routes()) as url:
+        proc = run("check", "--entry", url, "--timeout", "5")
+    assert_one_line_error(proc, 2, f"--entry {url} is not a router kvpreflight can ask for its workers",
+                          "add --endpoint URL (or ROLE=URL)")
+
+
+def test_entry_alone_whose_router_lists_no_workers_is_a_usage_error_naming_endpoint():
+    with static_server({"GET /workers": (200, JSON, {"workers": [], "total": 0})}) as url:
+        proc = run("check", "--entry", url, "--timeout", "5")
+    assert_one_line_error(proc, 2, "router lists no workers (GET /workers)",
+                          "add --endpoint prefill=URL and --endpoint decode=URL")
+
+
+def test_neither_endpoint_nor_entry_names_both():
+    proc = run("check")
+    assert_one_line_error(proc, 2, "no --endpoint given", "--entry ROUTER")

@@ -167,6 +167,13 @@ def test_auto_truncate_is_caught(tmp_path):
     assert over_pool and over_pool[0].get("error_kind") != "length"
 
 
+def test_decode_recompute_is_caught_by_pd_transfer(tmp_path):
+    code, report, _ = demo("--fault", "decode-recompute", tmp_path=tmp_path)
+    assert code == 1
+    assert statuses(report, "pd-transfer") == {"fail"}
+    assert "the decode recomputed the prompt" in message(report, "pd-transfer")
+
+
 def test_unknown_fault_is_a_usage_error(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "kvpreflight", "demo", "--fault", "nope"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 2

@@ -327,9 +327,32 @@ def test_demo_incident_behind_smg_fails_rejection_and_isolation_three_times_in_a
     # smg 1.13.0 does not pass a streamed client's disconnect on to the decode: the cancel-transfer
     # probe disconnects from a plain request, which it does pass on.
     (("--fault", "early-free-on-cancel"), "tenant-isolation"),
+    (("--fault", "decode-recompute"), "pd-transfer"),
 ])
 def test_each_fault_behind_smg_fails_its_check(smg: str, tmp_path: Path, args: tuple[str, ...], check_id: str):
     code, report, err = _demo(tmp_path, *args)
     assert code == 1, (statuses(report), err[-2000:])
     assert "fail" in statuses(report)[check_id]
 
+
+def _check_entry_alone(url: str) -> tuple[int, dict, str]:
+    proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--entry", url, "--format", "json", "--timeout", "20"],
+                          capture_output=True, text=True, timeout=300)
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}, proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("decode_faults,transfer", [((), "pass"), (("decode-recompute",), "fail")])
+def test_entry_alone_behind_smg_finds_both_engines_and_judges_the_transfer(smg: str, tmp_path: Path,
+                                                                            decode_faults: tuple[str, ...], transfer: str):
+    """smg lists its workers (GET /workers), so --entry alone names both engines; the decode's
+    counters tell whether each probe's KV moved to it."""
+    with smg_pair(smg, tmp_path, decode_faults=decode_faults) as pair:
+        code, report, err = _check_entry_alone(pair.url)
+    assert report, err[-2000:]
+    engines = {e["url"]: e["role"] for e in report["engines"]}
+    assert engines == {pair.prefill.url: "prefill", pair.decode.url: "decode"}
+    (check,) = [c for c in report["checks"] if c["id"] == "pd-transfer"]
+    assert check["status"] == transfer, check["message"]
+    if transfer == "fail":
+        assert "the decode recomputed the prompt" in check["message"] and code == 1

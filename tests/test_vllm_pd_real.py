@@ -74,6 +74,7 @@ def pd_check(tmp_path_factory: pytest.TempPathFactory, vllm_python: str, vllm_ro
         pytest.fail(f"no JSON report (exit {proc.returncode}): {proc.stderr[-3000:]}")
     # the figure issue 13 asks for, in the test log
     print(f"vllm-pd-nixl check: exit {proc.returncode} in {wall_s:.0f} s", file=sys.stderr)
+    (Path(os.environ.get("KVPF_PD_REPORT_DIR", workdir)) / "vllm-pd-report.json").write_text(proc.stdout)
     return CheckRun(proc.returncode, report, proc.stderr, wall_s)
 
 
@@ -109,6 +110,13 @@ def test_no_canary_crosses_and_each_tenant_gets_its_own_back(pd_check: CheckRun)
     served = [r for r in requests if r.get("http_status") == 200 and not r.get("disconnected")]
     assert {r["tenant"] for r in served} == {"a", "b"}
     assert all(r["own_canary_seen"] for r in served), [r for r in served if not r["own_canary_seen"]]
+
+
+def test_pd_transfer_sees_the_kv_move_from_prefill_to_decode(pd_check: CheckRun) -> None:
+    transfer = pd_check.check("pd-transfer")
+    moved = [p for p in transfer["evidence"].get("probes", []) if p["verdict"] == "moved"]
+    assert transfer["status"] in ("pass", "warn") and moved, transfer["message"]
+    assert all(p["decode_kv_received_tokens"] for p in moved), transfer["evidence"]["probes"]
 
 
 def test_every_engine_is_stopped_after_the_check(pd_check: CheckRun) -> None:

@@ -26,6 +26,7 @@ class Fault(str, enum.Enum):
     PREFIX_CACHE_NO_SALT = "prefix-cache-no-salt"
     AUTO_TRUNCATE = "auto-truncate"
     MISREPORT_POOL = "misreport-pool"
+    DECODE_RECOMPUTE = "decode-recompute"
 
     @property
     def description(self) -> str:
@@ -40,6 +41,7 @@ _FAULT_DESCRIPTIONS = {
     Fault.PREFIX_CACHE_NO_SALT: "the prefix cache ignores the request's cache_salt",
     Fault.AUTO_TRUNCATE: "over-length prompts silently truncated, server_info does not say so",
     Fault.MISREPORT_POOL: "server_info and metrics report a larger pool than the allocator holds",
+    Fault.DECODE_RECOMPUTE: "decode discards the KV the prefill sent and computes the prompt again itself",
 }
 
 # Name -> description, for callers that hold fault names as text (demo and fleet settings).

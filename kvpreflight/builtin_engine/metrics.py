@@ -26,6 +26,7 @@ class Counters:
     transfers_sent: int = 0
     transfers_received: int = 0
     transfer_pages: int = 0
+    transfer_tokens: int = 0  # prompt tokens whose KV this engine sent (prefill) or received (decode)
     transfer_failed: int = 0
     bootstrap_failed: int = 0
     deferred_release: int = 0
@@ -77,6 +78,7 @@ def render(engine: Engine) -> str:
     lines.append(f"{name}_sum{{{labels}}} {_fmt(c.deferred_release_seconds)}")
     lines.append(f"{name}_count{{{labels}}} {_fmt(c.deferred_release)}")
     metric("sglang:kv_transfers_total", "counter", "kvpreflight-builtin: KV transfers completed (sent on prefill, received on decode).", c.transfers_sent + c.transfers_received)
+    metric("sglang:kv_transfer_tokens_total", "counter", "kvpreflight-builtin: prompt tokens whose KV moved by transfers (sent on prefill, received on decode).", c.transfer_tokens)
     metric("sglang:kv_transfer_pages_total", "counter", "kvpreflight-builtin: KV pages written by transfers on this engine.", c.transfer_pages)
     metric("sglang:prefix_cache_queries_total", "counter", "kvpreflight-builtin: prefix cache lookups.", c.cache_queries)
     metric("sglang:prefix_cache_hits_total", "counter", "kvpreflight-builtin: prefix cache lookups that reused at least one page.", c.cache_hits)

@@ -160,6 +160,11 @@ class DecodeHandoff:
                     status=500,
                 )
             pages = list(room.pages)
+            if Fault.DECODE_RECOMPUTE in engine.faults:
+                # The KV that arrived is thrown away and the prompt computed again on decode (PD
+                # degraded to unified: the answer is the same, the prefill's work is wasted).
+                engine.write_kv(ids, pages)
+                engine.count(prompt_tokens=len(ids))
             try:
                 return engine.generate_from_pages(ids, pages, params, room.cached_tokens, on_token)
             finally:
@@ -237,7 +242,8 @@ class DecodeHandoff:
                         engine.count(transfer_pages=count)
                         engine.page_log.event("transfer_write", room.rid, targets, room=room.room)
                     elif msg.get("op") == "done":
-                        engine.count(transfers_received=1)
+                        received = int(msg.get("tokens_sent", 0)) if msg.get("status") == "ok" else 0
+                        engine.count(transfers_received=1, transfer_tokens=received)
                         self._transfer_ended(room, str(msg.get("status")), int(msg.get("tokens_sent", 0)))
                         ended = True
                         send_json(sock, {"ok": True})

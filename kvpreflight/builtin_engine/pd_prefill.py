@@ -102,7 +102,7 @@ class PrefillBootstrap:
         if status != "ok":
             engine.count(transfer_failed=1)
             raise RequestError(f"KV transfer failed for request {params.rid} (bootstrap room {room}): {status}.", status=500)
-        engine.count(transfers_sent=1, num_requests=1)
+        engine.count(transfers_sent=1, transfer_tokens=len(ids), num_requests=1)
         finish = {"type": "length", "length": 0}
         if pending_abort is not None:
             finish = {"type": "abort", "message": pending_abort, "status_code": 400}

@@ -19,6 +19,7 @@ CHECK_IDS = (
     "engine-healthy-after",
     "tenant-isolation",
     "prefix-cache-isolation",
+    "pd-transfer",
     "pd-consistency",
     "engine-advisories",
 )

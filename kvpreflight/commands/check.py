@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
     @app.command("check")
     def check(
         endpoint: list[str] | None = typer.Option(None, "--endpoint", help="Engine URL, or ROLE=URL (prefill, decode, unified) to override the role it reports. Repeatable."),
-        entry: str | None = typer.Option(None, "--entry", help="Client-facing URL (router, load balancer, gateway) where probes are sent. Default: each unified endpoint itself."),
+        entry: str | None = typer.Option(None, "--entry", help="Client-facing URL (router, load balancer, gateway) where probes are sent. Default: each unified endpoint itself. A router that lists its workers (builtin, smg, vllm-router) names the engines and their roles when no --endpoint is given."),
         engine: str = typer.Option("auto", "--engine", help=ENGINE_HELP),
         model: str | None = typer.Option(None, "--model", help="Model name the engines must serve (and the OpenAI `model` field)."),
         context_length: int | None = typer.Option(None, "--context-length", help="Context length promised to users. Default: what the engine serves. The larger is checked."),
@@ -96,8 +96,9 @@ def register(app: typer.Typer) -> None:
             spec = load_spec(boot)
         elif log_dir is not None:
             raise ConfigError("--log-dir only makes sense with --boot SPEC.yaml")
-        elif not endpoint:
-            raise ConfigError("no --endpoint given; pass the URL of every prefill, decode or unified engine, or --boot SPEC.yaml")
+        elif not endpoint and not entry:
+            raise ConfigError("no --endpoint given; pass the URL of every prefill, decode or unified engine, "
+                              "--entry ROUTER (a router that lists its workers), or --boot SPEC.yaml")
         plan = build_plan(args, booted=spec is not None)
         if no_calibrate and not plan_only:
             raise ConfigError("--no-calibrate only makes sense with --plan")

@@ -88,7 +88,9 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
     logs = {}
     with naming("--log"):
         for text in args.logs:
-            url, path = t.parse_log(text, [e.url for e in endpoints])
+            # Without --endpoint the router names the engines: any URL may be one of them.
+            known = [*(e.url for e in endpoints), *([entry] if entry else [])] if endpoints else None
+            url, path = t.parse_log(text, known)
             logs[url] = path
     headers: dict[str, str] = {}
     secrets: set[str] = set()

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply, StreamReply
-from kvpreflight.model import Completion, EngineSnapshot, ErrorKind, Role
+from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, Completion, EngineSnapshot, ErrorKind, Role, RoleSource
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +67,7 @@ class Counters:
     kv_transfer_tokens: float | None = None  # tokens moved by KV transfers
     prefix_cache_hits: float | None = None  # prefix-cache hits (lookups or tokens, as the engine counts)
     prefilled_tokens: float | None = None  # prompt tokens really computed (cache hits excluded); None: cannot tell
+    cached_prompt_tokens: float | None = None  # prompt tokens served from this engine's own prefix cache
     used_tokens: float | None = None  # gauge: tokens held in the pool right now
     extra: Mapping[str, float] = field(default_factory=dict)  # other engine counters, for evidence only
 
@@ -91,8 +92,30 @@ class Counters:
         return out
 
 
+def transfer_time(seconds: float | None, count: float | None) -> dict[str, float]:
+    """The extra counters for an engine's KV-transfer time histogram (sum in seconds, count)."""
+    return {TRANSFER_SECONDS: seconds, TRANSFERS_TIMED: count} if seconds is not None and count is not None else {}
+
+
 COUNTER_FIELDS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "bootstrap_failures",
-                  "deferred_releases", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens")
+                  "deferred_releases", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens",
+                  "cached_prompt_tokens")
+
+
+@dataclass(frozen=True)
+class LogSignal:
+    """A log line that says a request's KV may not have moved as it should, as one engine or
+    router kind words it; `pattern` names the request in a group "rid" where the line does."""
+
+    what: str  # the line's fixed wording, quoted in reports instead of the line itself
+    pattern: re.Pattern[str]
+
+    def request_in(self, line: str) -> tuple[bool, str | None]:
+        """Whether the line is this signal, and the request id it names."""
+        m = self.pattern.search(line)
+        if m is None:
+            return False, None
+        return True, m.groupdict().get("rid")
 
 
 class EngineAdapter(abc.ABC):
@@ -104,10 +127,14 @@ class EngineAdapter(abc.ABC):
     length_error_patterns: ClassVar[tuple[str, ...]] = ()
     vocab_error_patterns: ClassVar[tuple[str, ...]] = (
         r"out of vocabulary", r"token id .* (invalid|out of range)", r"invalid tokens")
+<<<<<<< HEAD
     # Request fields that let a request read and fill the engine's prefix cache where the
     # adapter's requests leave it off by default (llama.cpp's cache_prompt); the prefix-cache
     # probes add them.
     prefix_cache_fields: ClassVar[Mapping[str, Any]] = MappingProxyType({})
+=======
+    log_signals: ClassVar[tuple[LogSignal, ...]] = ()  # danger lines in the engine's log
+>>>>>>> pdroles
 
     def __init__(self, url: str, client: HttpClient, *, model: str | None = None) -> None:
         self.url = url.rstrip("/")
@@ -270,6 +297,16 @@ def _unanswered(request: EngineRequest, elapsed_s: float, *, timed_out: bool = F
                 transport_error: str | None = None) -> Completion:
     return Completion(sent_tokens=request.sent_tokens, max_tokens=request.max_tokens, streamed=request.stream,
                       status=None, elapsed_s=elapsed_s, timed_out=timed_out, transport_error=transport_error)
+
+
+def role_of(override: Role | None, reported: Role | None) -> tuple[Role, RoleSource]:
+    """An engine's role and where it came from: the user's override wins, then what the engine
+    said; with neither, a plain (unified) engine is assumed (a router may know better)."""
+    if override is not None:
+        return override, RoleSource.OVERRIDE
+    if reported is not None:
+        return reported, RoleSource.ENGINE
+    return Role.UNIFIED, RoleSource.ASSUMED
 
 
 def parse_metrics(url: str, text: str) -> dict[str, list[tuple[dict[str, str], float]]]:

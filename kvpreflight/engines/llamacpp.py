@@ -28,6 +28,7 @@ from kvpreflight.engines.interface import (
     optional_object,
     optional_text,
     positive_int,
+    role_of,
     served_model,
     token_count,
 )
@@ -98,8 +99,9 @@ class LlamaCppAdapter(EngineAdapter):
         except EngineError:
             notes.append("/v1/models unreadable")
         build = props.get("build_info")
+        stated_role = role_of(role, None)  # the engine states no disaggregation role
         return EngineSnapshot(
-            url=self.url, engine=self.kind, version=str(build) if build else None, role=role or Role.UNIFIED,
+            url=self.url, engine=self.kind, version=str(build) if build else None, role=stated_role[0], role_source=stated_role[1],
             model=model_name, served_context=per_slot, pool_readings=tuple(readings), settings=settings,
             notes=tuple(notes), kv_per_slot=None if kv_unified is None else not kv_unified,
         )

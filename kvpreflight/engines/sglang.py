@@ -18,6 +18,7 @@ from kvpreflight.engines.interface import (
     Counters,
     EngineAdapter,
     EngineRequest,
+    LogSignal,
     ReplyFacts,
     cycle_to,
     json_list,
@@ -27,8 +28,10 @@ from kvpreflight.engines.interface import (
     optional_object,
     optional_text,
     positive_int,
+    role_of,
     served_model,
     token_count,
+    transfer_time,
 )
 from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
 
@@ -46,6 +49,13 @@ RANK_PREFIX = re.compile(r"\b((?:DP|TP|PP|EP)\d+(?:\s+(?:DP|TP|PP|EP)\d+)*)\]?")
 
 class SglangAdapter(EngineAdapter):
     kind = "sglang"
+    # srt/disaggregation/decode.py and prefill.py (0.5.23): each aborts the request it names.
+    log_signals = tuple(LogSignal(what, re.compile(pattern)) for what, pattern in (
+        ("Decode handshake failed for request", r"Decode handshake failed for request .*?rid='?(?P<rid>[^'\s]+)"),
+        ("Decode transfer failed for request", r"Decode transfer failed for request .*?rid='?(?P<rid>[^'\s]+)"),
+        ("Prefill transfer failed for request", r"Prefill transfer failed for request .*?rid='?(?P<rid>[^'\s]+)"),
+        ("Context corruption detected", r"Context corruption detected: Request (?P<rid>\S+)"),
+    ))
     length_error_patterns = (
         r"is longer than the model's context length",
         r"exceeds the maximum allowed length",
@@ -104,8 +114,9 @@ class SglangAdapter(EngineAdapter):
         if served is None:
             served = positive_int(info.get("context_length"), "/server_info context_length", self.url) or metric_context
 
-        mode = info.get("disaggregation_mode")
-        reported_role = {"prefill": Role.PREFILL, "decode": Role.DECODE}.get(str(mode or metric_role or "").lower(), Role.UNIFIED)
+        # disaggregation_mode "prefill" | "decode" | "null" (not disaggregated); the metrics' engine_type says the same.
+        mode = str(info.get("disaggregation_mode") or metric_role or "").lower()
+        reported_role = {"prefill": Role.PREFILL, "decode": Role.DECODE}.get(mode, Role.UNIFIED) if mode else None
         settings: dict[str, Any] = {
             key: info.get(key)
             for key in (
@@ -116,13 +127,15 @@ class SglangAdapter(EngineAdapter):
             if key in info
         }
         radix_off = info.get("disable_radix_cache")  # --disable-radix-cache turns the prefix cache off
-        if role is not None and role != reported_role:
+        if role is not None and reported_role is not None and role != reported_role:
             notes.append(f"role {role.value} given on the command line; the engine reports {reported_role.value}")
+        final_role, role_source = role_of(role, reported_role)
         return EngineSnapshot(
             url=self.url,
             engine=self.kind,
             version=str(info.get("version")) if info.get("version") is not None else None,
-            role=role or reported_role,
+            role=final_role,
+            role_source=role_source,
             model=(model_name or optional_text(info.get("served_model_name"), "/server_info served_model_name", self.url)
                    or optional_text(info.get("model_path"), "/server_info model_path", self.url)),
             served_context=served,
@@ -138,10 +151,12 @@ class SglangAdapter(EngineAdapter):
         metrics = self.metrics()
         prompt = metric_sum(metrics, "sglang:prompt_tokens_total")
         cached = metric_sum(metrics, "sglang:cached_tokens_total")  # tokens; prompt_tokens_total includes them
+        latency_ms = metric_sum(metrics, "sglang:kv_transfer_latency_ms_sum")  # observability/metrics_collector.py (0.5.23)
         return Counters(
             requests=metric_sum(metrics, "sglang:num_requests_total"),
             prompt_tokens=prompt,
             prefilled_tokens=prompt - cached if prompt is not None and cached is not None else None,
+            cached_prompt_tokens=cached,
             generation_tokens=metric_sum(metrics, "sglang:generation_tokens_total"),
             transfer_failures=metric_sum(metrics, "sglang:num_transfer_failed_reqs_total"),
             bootstrap_failures=metric_sum(metrics, "sglang:num_bootstrap_failed_reqs_total"),
@@ -150,6 +165,8 @@ class SglangAdapter(EngineAdapter):
             kv_transfer_tokens=metric_sum(metrics, "sglang:kv_transfer_tokens_total"),
             prefix_cache_hits=metric_sum(metrics, "sglang:prefix_cache_hits_total", "sglang:cached_tokens_total"),
             used_tokens=metric_sum(metrics, "sglang:num_used_tokens"),
+            extra=transfer_time(None if latency_ms is None else latency_ms / 1000,
+                                metric_sum(metrics, "sglang:kv_transfer_latency_ms_count")),
         )
 
     def max_accepted_prompt(self, snapshot: EngineSnapshot) -> int | None:

@@ -35,6 +35,7 @@ from kvpreflight.engines.interface import (
     optional_object,
     optional_text,
     positive_int,
+    role_of,
     token_count,
 )
 from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
@@ -137,9 +138,10 @@ class TgiAdapter(EngineAdapter):
         if role is not None and role is not Role.UNIFIED:
             notes.append(f"role {role.value} given on the command line; TGI serves prefill and decode in one process")
         version = info.get("version")
+        stated_role = role_of(role, None)  # the engine states no disaggregation role
         return EngineSnapshot(
             url=self.url, engine=self.kind, version=str(version) if version is not None else None,
-            role=role or Role.UNIFIED, model=optional_text(info.get("model_id"), "/info model_id", self.url), served_context=served,
+            role=stated_role[0], role_source=stated_role[1], model=optional_text(info.get("model_id"), "/info model_id", self.url), served_context=served,
             pool_readings=tuple(readings), max_request_tokens=max_input, settings=settings, notes=tuple(notes),
         )
 

@@ -9,16 +9,37 @@ import re
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
-from kvpreflight.engines.interface import Counters, cycle_to, json_object, log_count, metric_sum, positive_int, served_model
+from kvpreflight.engines.interface import (
+    Counters,
+    LogSignal,
+    cycle_to,
+    json_object,
+    log_count,
+    metric_sum,
+    positive_int,
+    role_of,
+    served_model,
+    transfer_time,
+)
 from kvpreflight.engines.openai_completions import OpenAICompletionsMixin
 from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
 
 ALLOCATOR_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: (?P<tokens>[\d,]+) tokens")
 REFUSAL_LINE = re.compile(r"estimated maximum model length is (\d+)")
+# The start-up line "non-default args: {... 'kv_transfer_config': KVTransferConfig(... kv_role='kv_producer' ...)}"
+# (entrypoints/utils.py log_non_default_args; config/kv_transfer.py KVRole), or the JSON as given.
+KV_ROLE_LINE = re.compile(r"""kv_role['"]?\s*[:=]\s*['"](kv_producer|kv_consumer|kv_both)['"]""")
+KV_ROLES = {"kv_producer": Role.PREFILL, "kv_consumer": Role.DECODE, "kv_both": Role.UNIFIED}
+# v1/metrics/loggers.py: registered only when kv_transfer_config.is_kv_consumer (kv_consumer or kv_both).
+CONSUMER_METRIC = "vllm:num_requests_kv_fetch_by_stage"
 
 
 class VllmAdapter(OpenAICompletionsMixin):
     kind = "vllm"
+    # distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py (0.32): a decode reported a
+    # transfer of blocks the prefill no longer tracks (lease expired, ids that do not match).
+    log_signals = (LogSignal("Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker",
+                             re.compile(r"Potentially invalid KV blocks for unrecognized request (?P<rid>\S+) were retrieved by a decode worker")),)
     length_error_patterns = (
         r"maximum context length is \d+ tokens",
         r"maximum model length",
@@ -75,15 +96,23 @@ class VllmAdapter(OpenAICompletionsMixin):
                         settings[key] = labels[key]
                 # An info metric's labels are strings: "True" / "False".
                 prefix_caching = {"true": True, "false": False}.get(labels.get("enable_prefix_caching", "").lower(), prefix_caching)
+        reported_role = None
+        if metrics is not None and CONSUMER_METRIC in metrics:
+            reported_role = Role.DECODE  # kv_both also registers it; the log line below tells them apart
         if log_text is not None:
             for line in log_text.splitlines():
+                if m := KV_ROLE_LINE.search(line):
+                    reported_role = KV_ROLES[m[1]]
                 if m := ALLOCATOR_LINE.search(line):
                     readings.append(PoolReading("log: KV cache size tokens", Origin.ALLOCATOR, log_count(m["tokens"].replace(",", ""), "KV cache size tokens")))
                 if m := REFUSAL_LINE.search(line):
                     notes.append(f"engine log: estimated maximum model length is {m[1]}")
+        if role is not None and reported_role is not None and role != reported_role:
+            notes.append(f"role {role.value} given on the command line; the engine reports {reported_role.value}")
+        final_role, role_source = role_of(role, reported_role)
         return EngineSnapshot(
             url=self.url, engine=self.kind, version=str(version) if version is not None else None,
-            role=role or Role.UNIFIED, model=model_name, served_context=served,
+            role=final_role, role_source=role_source, model=model_name, served_context=served,
             pool_readings=tuple(readings), page_size=page_size, settings=settings, notes=tuple(notes),
             prefix_caching=prefix_caching,
         )
@@ -93,10 +122,20 @@ class VllmAdapter(OpenAICompletionsMixin):
         usage = metric_sum(metrics, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
         prompt = metric_sum(metrics, "vllm:prompt_tokens_total")
         hits = metric_sum(metrics, "vllm:prefix_cache_hits_total")  # v1: tokens served from the prefix cache
+        # v1/metrics/stats.py PromptTokenStats: local_compute + local_cache_hit + external_kv_transfer = prompt.
+        by_source = _by_label(metrics, "vllm:prompt_tokens_by_source_total", "source")
+        computed = by_source.get("local_compute")
+        if computed is None and prompt is not None and hits is not None:
+            computed = prompt - hits  # older vLLM: no split by source (external KV counts as computed)
         return Counters(
             requests=metric_sum(metrics, "vllm:request_success_total"),
             prompt_tokens=prompt,
-            prefilled_tokens=prompt - hits if prompt is not None and hits is not None else None,
+            prefilled_tokens=computed,
+            cached_prompt_tokens=by_source.get("local_cache_hit", hits),
+            kv_transfer_tokens=by_source.get("external_kv_transfer"),
+            transfer_failures=metric_sum(metrics, "vllm:nixl_num_failed_transfers_total"),
+            extra=transfer_time(metric_sum(metrics, "vllm:nixl_xfer_time_seconds_sum"),
+                                metric_sum(metrics, "vllm:nixl_xfer_time_seconds_count")),
             generation_tokens=metric_sum(metrics, "vllm:generation_tokens_total"),
             prefix_cache_hits=metric_sum(metrics, "vllm:prefix_cache_hits_total"),
             used_tokens=usage,  # a fraction for vLLM: 0 means idle
@@ -117,3 +156,12 @@ class VllmAdapter(OpenAICompletionsMixin):
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise EngineError(f"{self.url}/tokenize: no token list in the answer")
         return cycle_to(tokens, count)
+
+
+def _by_label(metrics: dict[str, list[tuple[dict[str, str], float]]] | None, name: str, label: str) -> dict[str, float]:
+    """One counter's samples summed per value of `label` (engines and models added up)."""
+    out: dict[str, float] = {}
+    for labels, value in (metrics or {}).get(name, []):
+        if label in labels:
+            out[labels[label]] = out.get(labels[label], 0.0) + value
+    return out

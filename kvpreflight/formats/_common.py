@@ -11,7 +11,7 @@ import re
 from collections.abc import Mapping
 from typing import IO, Any
 
-from kvpreflight.model import CheckResult, EngineSnapshot, Report, Status
+from kvpreflight.model import CheckResult, EngineSnapshot, Report, RoleSource, Status
 
 UNKNOWN = "unknown"
 
@@ -78,13 +78,21 @@ def cost_lines(report: Report) -> list[str]:
     return lines
 
 
+ROLE_SOURCE_TEXT = {
+    RoleSource.ENGINE: "said by the engine",
+    RoleSource.ROUTER: "listed by the router",
+    RoleSource.OVERRIDE: "stated on the command line or in the spec",
+    RoleSource.ASSUMED: "assumed: neither the engine nor a router said otherwise",
+}
+
+
 def engine_facts(report: Report, engine: EngineSnapshot) -> list[tuple[str, str]]:
     """The per-engine facts a reader needs, as (label, value) pairs, in reading order."""
     facts = [
         ("url", engine.url),
         ("engine", engine.engine),
         ("version", engine.version or UNKNOWN),
-        ("role", engine.role.value),
+        ("role", f"{engine.role.value} ({ROLE_SOURCE_TEXT[engine.role_source]})"),
     ]
     if engine.model:
         facts.append(("model", engine.model))

@@ -14,8 +14,9 @@ from kvpreflight.engines.interface import Counters, EngineAdapter
 from kvpreflight.model import Completion, EngineSnapshot
 from kvpreflight.probes.budget import Budget, PlannedRequest
 from kvpreflight.probes.engine_state import EngineState, counter_deltas
+from kvpreflight.probes.logs import LogWatch
 from kvpreflight.probes.markers import foreign_markers, new_marker
-from kvpreflight.probes.results import Expect, Limits, ProbeResult, ProbeRun
+from kvpreflight.probes.results import DangerLine, Expect, Limits, ProbeResult, ProbeRun
 from kvpreflight.probes.tokens import valid_token_ids
 
 # Enough generated tokens that, if an over-capacity request is wrongly served from stale pages,
@@ -85,7 +86,8 @@ def capacity_plan(limits: Limits, concurrency: int) -> list[PlannedRequest]:
 
 class CapacityProber:
     def __init__(self, entry: EngineAdapter, engines: Mapping[str, EngineAdapter], limits: Limits,
-                 settings: ProbeSettings, budget: Budget, progress: Callable[[str], None] = lambda _: None) -> None:
+                 settings: ProbeSettings, budget: Budget, progress: Callable[[str], None] = lambda _: None,
+                 logs: LogWatch | None = None) -> None:
         self.entry = entry
         self.engines = engines  # url -> adapter, for counters
         self.state = EngineState(engines)
@@ -95,6 +97,9 @@ class CapacityProber:
         self.progress = progress
         self.marker = new_marker("PROBE")
         self._latest: dict[str, Counters | None] | None = None  # counters after the last probe
+        self.logs = logs or LogWatch({})
+        self._lines: tuple[DangerLine, ...] = ()  # danger lines logged while the last probe was in flight
+        self._untied: list[DangerLine] = []  # logged between probes
 
     def run(self, calibrate: Callable[[], None] = lambda: None) -> ProbeRun:
         """Send the plan. `calibrate` runs right after the over-capacity probes: those go first so
@@ -127,9 +132,10 @@ class CapacityProber:
         stopped = self.budget.stopped
         healthy = {} if stopped else {url: adapter.healthy() for url, adapter in self.engines.items()}
         idle = self.budget.wait_idle(self.state, IDLE_WAIT_S)
+        self._untied.extend(self.logs.take())
         return ProbeRun(limits=limits, probes=tuple(probes), healthy_after=healthy, idle_after=idle,
                         small_request_after=small, own_markers=frozenset({self.marker}), stopped=stopped,
-                        speed_note=self.budget.rate_note())
+                        speed_note=self.budget.rate_note(), untied_danger_lines=tuple(self._untied))
 
     def _token_ids(self, count: int, seed: str) -> list[int]:
         return valid_token_ids(self.entry, self.engines.values(), count, seed)
@@ -147,6 +153,7 @@ class CapacityProber:
         # Probes run one after another, so one probe's "after" is the next one's "before":
         # each probe costs one metrics scrape per engine, not two.
         before = self._latest or self.state.counters()
+        self._window_opens()
         sent = self.budget.probe(self.entry, ids, name=name, expect=expect, max_tokens=max_tokens, stream=stream,
                                  engines=self.engines.values(), after_send=self._read_counters)
         if sent is None:
@@ -155,6 +162,12 @@ class CapacityProber:
 
     def _read_counters(self) -> None:
         self._latest = self.state.counters()
+        self._lines = self.logs.take()
+
+    def _window_opens(self) -> None:
+        """A probe is about to be sent: what the logs gained since the last one is no probe's."""
+        self._untied.extend(self.logs.take())
+        self._lines = ()
 
     def _result(self, name: str, expect: Expect, completion: Completion, purpose: str,
                 before: Mapping[str, Counters | None], after: Mapping[str, Counters | None]) -> ProbeResult:
@@ -162,7 +175,8 @@ class CapacityProber:
                         if (a := after.get(url)) is not None and (b := before.get(url)) is not None and a.moved_since(b))
         foreign = foreign_markers(completion.text, {self.marker}, set(self.settings.known_markers))
         return ProbeResult(name=name, expect=expect, completion=completion, purpose=purpose, reached=reached,
-                           counter_deltas=counter_deltas(before, after), foreign_markers=tuple(foreign))
+                           counter_deltas=counter_deltas(before, after), foreign_markers=tuple(foreign),
+                           danger_lines=self._lines)
 
     def _concurrent(self, ids: list[int], k: int) -> list[ProbeResult]:
         if not self.budget.may_send():
@@ -171,6 +185,7 @@ class CapacityProber:
         self.progress(f"probe concurrent: {k} x {len(ids)} tokens at once"
                       f"{self.budget.expected_note(len(ids), Expect.ACCEPT, max_tokens=CONCURRENT_MAX_TOKENS, concurrent=k)}")
         before = self._latest or self.state.counters()
+        self._window_opens()
         completions = self.budget.probe(self.entry, ids, name="concurrent", expect=Expect.ACCEPT,
                                         max_tokens=CONCURRENT_MAX_TOKENS, engines=self.engines.values(), copies=k,
                                         after_send=self._read_counters)

@@ -57,6 +57,16 @@ class Limits:
 
 
 @dataclass(frozen=True, kw_only=True)
+class DangerLine:
+    """A log line saying a request's KV may not have moved as it should: the signal's own fixed
+    wording and the request id the line names, never the rest of the line."""
+
+    source: str  # URL of the engine or router whose log it is
+    what: str
+    request_id: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class ProbeResult:
     name: str  # stable: boundary-accept, boundary-reject, over-pool, over-context, clamp, concurrent-N, ...
     expect: Expect
@@ -65,6 +75,7 @@ class ProbeResult:
     reached: tuple[str, ...] = ()  # URLs of engines whose request/token counters moved
     counter_deltas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # url -> Counters field -> delta
     foreign_markers: tuple[str, ...] = ()  # synthetic markers in the response that this request never sent
+    danger_lines: tuple[DangerLine, ...] = ()  # logged while this probe was in flight
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,6 +89,7 @@ class ProbeRun:
     own_markers: frozenset[str] = frozenset()  # this run's probe marker: not foreign to the isolation probes
     stopped: str | None = None  # why later probes were not sent (an engine stopped answering, the deadline)
     speed_note: str = ""  # how the request budgets were set (the measured speed, or the assumed one)
+    untied_danger_lines: tuple[DangerLine, ...] = ()  # logged between probes (calibration, waits)
 
     def missing(self, what: str) -> str:
         """Why a probe a check needs is absent."""

@@ -1,0 +1,159 @@
+"""pd-transfer: for every served probe that reached a decode engine, the prompt's KV moved from
+prefill to decode, by the decode's own counters over that probe: KV received from a transfer
+(`kv_transfer_tokens`) and prompt tokens it computed itself (`prefilled_tokens`). A decode that
+computed the prompt (the transfer was skipped, or its KV thrown away) fails, quoting the deltas.
+Skipped where there is no prefill/decode pair; inconclusive where no counter measures it.
+
+Danger lines in the engines' and the router's logs (a transfer failed, KV of an unknown request
+was read, the decode got no transfer parameters) are quoted with the probe they were logged
+during: a warning by themselves, part of the failure beside a recompute."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from kvpreflight.checks.interface import CheckContext, probe_run
+from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, EngineSnapshot, Role, Status
+from kvpreflight.probes.results import DangerLine, Expect, ProbeResult
+
+ID = "pd-transfer"
+
+
+class Transfer(enum.StrEnum):
+    """What one probe window's counters at one decode say about its KV."""
+
+    MOVED = "moved"
+    RECOMPUTED = "recomputed"  # the decode computed the prompt itself
+    NOT_MOVED = "not-moved"  # KV for part of the prompt never arrived
+    UNMEASURED = "unmeasured"
+DEFAULT_PAGE = 16  # tokens per page where an engine does not say
+
+
+@dataclass(frozen=True, kw_only=True)
+class Window:
+    """Probes sent together (the concurrent ones) share one counter window."""
+
+    name: str
+    probes: tuple[ProbeResult, ...]
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(p.completion.sent_tokens for p in self.probes)
+
+    @property
+    def deltas(self) -> Mapping[str, Mapping[str, float]]:
+        return self.probes[0].counter_deltas
+
+
+def evaluate(ctx: CheckContext) -> list[CheckResult]:
+    decodes = [s for s in ctx.snapshots if s.role is Role.DECODE]
+    if not decodes or not any(s.role is Role.PREFILL for s in ctx.snapshots):
+        roles = ", ".join(f"{s.role.value} {s.url}" for s in ctx.snapshots) or "no engine"
+        return [CheckResult(ID, Status.SKIP, f"not a prefill/decode deployment ({roles}): no KV moves between engines", ctx.entry)]
+    run = probe_run(ctx, ID)
+    if isinstance(run, CheckResult):
+        return [run]
+    windows = _windows([p for p in run.probes if p.expect is Expect.ACCEPT and p.completion.served])
+    findings: list[dict[str, Any]] = []
+    for window in windows:
+        for snap in decodes:
+            if snap.url in window.probes[0].reached:
+                findings.append(_judge(window, snap, ctx.thresholds.decode_compute_allowance_pages))
+    dangers = _danger_lines(run.probes, run.untied_danger_lines)
+    evidence: dict[str, Any] = {"probes": findings, "danger_lines": dangers[:MAX_DANGER_EVIDENCE],
+                                "danger_lines_count": len(dangers)}
+    logged = _logged(dangers)
+    if not findings:
+        why = run.missing("a served probe") if not windows else "no served probe moved a decode engine's counters"
+        return [CheckResult(ID, Status.INCONCLUSIVE, f"no probe is known to have reached a decode engine: {why}{logged}",
+                            ctx.entry, evidence)]
+    failed = [f for f in findings if f["verdict"] not in (Transfer.MOVED, Transfer.UNMEASURED)]
+    if failed:
+        return [CheckResult(ID, Status.FAIL, "; ".join(f["finding"] for f in failed) + logged, ctx.entry, evidence)]
+    moved = [f for f in findings if f["verdict"] is Transfer.MOVED]
+    if not moved:
+        return [CheckResult(ID, Status.INCONCLUSIVE, "nothing measures the transfer: the decode engine counts neither KV "
+                            f"received nor prompt tokens it computed itself{logged}", ctx.entry, evidence)]
+    unmeasured = len(findings) - len(moved)
+    also = f"; {unmeasured} more not measured" if unmeasured else ""
+    said = f"KV moved from prefill to decode for {len(moved)} served probe(s): " + "; ".join(f["finding"] for f in moved) + also
+    return [CheckResult(ID, Status.WARN if dangers else Status.PASS, said + logged, ctx.entry, evidence)]
+
+
+MAX_DANGER_EVIDENCE = 50  # danger lines kept in the evidence (the message counts them all)
+
+
+def _logged(dangers: Sequence[Mapping[str, Any]]) -> str:
+    """The danger lines as the message quotes them: one entry per signal and moment, counted."""
+    if not dangers:
+        return ""
+    counted: dict[tuple[str, str, str], int] = {}
+    for d in dangers:
+        key = (d["source"], d["what"], d["when"])
+        counted[key] = counted.get(key, 0) + 1
+    return "; the logs say: " + "; ".join(f"{source} log: \"{what}\" {'x' + str(n) + ' ' if n > 1 else ''}({when})"
+                                          for (source, what, when), n in counted.items())
+
+
+def _danger_lines(probes: Sequence[ProbeResult], untied: Sequence[DangerLine]) -> list[dict[str, Any]]:
+    """Every danger line once, with when it was logged: during which probe, or between probes."""
+    out: list[dict[str, Any]] = []
+    seen: set[int] = set()
+    for probe in probes:
+        if id(probe.danger_lines) in seen:  # concurrent probes share one window's lines
+            continue
+        seen.add(id(probe.danger_lines))
+        when = "concurrent probes" if probe.name.startswith("concurrent-") else f"probe {probe.name}"
+        out += [_entry(d, f"logged during {when}") for d in probe.danger_lines]
+    return out + [_entry(d, "logged between probes") for d in untied]
+
+
+def _entry(line: DangerLine, when: str) -> dict[str, Any]:
+    return {"source": line.source, "what": line.what, "request_id": line.request_id, "when": when}
+
+
+def _windows(probes: Sequence[ProbeResult]) -> list[Window]:
+    concurrent = tuple(p for p in probes if p.name.startswith("concurrent-"))
+    out = [Window(name=p.name, probes=(p,)) for p in probes if not p.name.startswith("concurrent-")]
+    if concurrent:
+        out.append(Window(name=f"concurrent (x{len(concurrent)})", probes=concurrent))
+    return out
+
+
+def _judge(window: Window, decode: EngineSnapshot, allowance_pages: int) -> dict[str, Any]:
+    deltas = window.deltas.get(decode.url, {})
+    received, computed = deltas.get("kv_transfer_tokens"), deltas.get("prefilled_tokens")
+    cached = deltas.get("cached_prompt_tokens") or 0.0  # the decode's own prefix cache held them: nothing to move
+    prompt, requests = window.prompt_tokens, len(window.probes)
+    allowance = allowance_pages * (decode.page_size or DEFAULT_PAGE) * requests
+    counted = {"decode": decode.url, "probe": window.name, "prompt_tokens_sent": prompt,
+               "decode_kv_received_tokens": received, "decode_computed_tokens": computed,
+               "decode_cached_tokens": cached, "allowed_decode_compute_tokens": allowance}
+    said = (f"{window.name}: {prompt:,} prompt tokens sent, decode received KV for {_n(received)}"
+            + (f", found {cached:,.0f} in its own prefix cache" if cached else "") + f" and computed {_n(computed)} itself")
+    seconds, timed = deltas.get(TRANSFER_SECONDS), deltas.get(TRANSFERS_TIMED)
+    if seconds is not None and timed:
+        counted["kv_transfer_seconds_mean"] = round(seconds / timed, 4)
+        said += f" (KV transfer {seconds / timed:.3f} s each, {timed:.0f} timed)"
+    if computed is not None and computed > allowance:
+        return {**counted, "verdict": Transfer.RECOMPUTED, "finding": f"{said}: the decode recomputed the prompt "
+                f"(computed {computed:,.0f} > {allowance:,} allowed){_skipped(received)}"}
+    if received is not None and received + cached + allowance < prompt:
+        return {**counted, "verdict": Transfer.NOT_MOVED, "finding": f"{said}: the KV of {prompt - received - cached:,.0f} prompt tokens "
+                "never reached the decode (the transfer was skipped or cut short)"}
+    if received is None and computed is None:
+        return {**counted, "verdict": Transfer.UNMEASURED, "finding": f"{window.name}: not measured at {decode.url}"}
+    # Received in full, or (no received-KV counter) computed next to nothing itself: served from
+    # transferred KV.
+    return {**counted, "verdict": Transfer.MOVED, "finding": said}
+
+
+def _n(value: float | None) -> str:
+    return "an uncounted number of tokens" if value is None else f"{value:,.0f} tokens"
+
+
+def _skipped(received: float | None) -> str:
+    return "; no KV arrived (the transfer was skipped)" if received == 0 else ""

@@ -1,0 +1,55 @@
+"""The log lines kvpreflight reads or owns, followed while the probes run: what each engine's and
+router's log gained between two moments, as danger lines (kvpreflight.probes.results.DangerLine)
+that tie to the probe in flight. Only the signal's fixed wording and the request id travel on."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from kvpreflight.engines.interface import LogSignal
+from kvpreflight.probes.results import DangerLine
+
+MAX_READ_BYTES = 16 << 20  # of new log per look: a log that grows faster is read in part, from its newest end
+
+
+class LogWatch:
+    """Each source's log from where it stood when the watch began."""
+
+    def __init__(self, sources: Mapping[str, tuple[Path, Sequence[LogSignal]]]) -> None:
+        self._sources = {url: (path, tuple(signals)) for url, (path, signals) in sources.items() if signals}
+        self._offsets = {url: _size(path) for url, (path, _) in self._sources.items()}
+
+    def take(self) -> tuple[DangerLine, ...]:
+        """The danger lines every log gained since the last look (whole lines only)."""
+        found: list[DangerLine] = []
+        for url, (path, signals) in self._sources.items():
+            for line in self._new_lines(url, path):
+                for signal in signals:
+                    matched, rid = signal.request_in(line)
+                    if matched:
+                        found.append(DangerLine(source=url, what=signal.what, request_id=rid))
+                        break
+        return tuple(found)
+
+    def _new_lines(self, url: str, path: Path) -> list[str]:
+        start, end = self._offsets[url], _size(path)
+        if end < start:  # rotated or truncated: read it from the top
+            start = 0
+        start = max(start, end - MAX_READ_BYTES)
+        try:
+            with open(path, "rb") as fh:
+                fh.seek(start)
+                data = fh.read(end - start)
+        except OSError:
+            return []
+        whole = data[: data.rfind(b"\n") + 1]  # a line still being written is read next time
+        self._offsets[url] = start + len(whole)
+        return whole.decode("utf-8", errors="replace").splitlines()
+
+
+def _size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0

@@ -1,0 +1,162 @@
+"""pd-transfer on probe results built by hand: the decode's own counters over each served probe
+say whether the prompt's KV moved from prefill to decode (the counters' names are the adapters'
+business: kv_transfer_tokens received, prefilled_tokens computed on the decode itself)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kvpreflight.checkdata import load_thresholds
+from kvpreflight.checks import CheckContext, run_checks
+from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, Completion, EngineSnapshot, Role, Status
+from kvpreflight.engines.interface import LogSignal
+from kvpreflight.engines.sglang import SglangAdapter
+from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight.probes.logs import LogWatch
+from kvpreflight.probes.results import DangerLine, Expect, Limits, ProbeResult, ProbeRun
+from kvpreflight.routers.vllm_router import VllmRouter
+
+PREFILL, DECODE, ENTRY = "http://p:1", "http://d:2", "http://router:3"
+PD = (PREFILL, DECODE)
+
+
+def snap(url: str, role: Role) -> EngineSnapshot:
+    return EngineSnapshot(url=url, engine="vllm", version="0.32.0", role=role, model="m", served_context=1024, page_size=16)
+
+
+def served(sent: int) -> Completion:
+    return Completion(sent_tokens=sent, max_tokens=1, streamed=False, status=200, elapsed_s=0.1, completion_tokens=1,
+                      prompt_tokens=sent)
+
+
+def probe(name: str, sent: int, decode: dict[str, float], reached: tuple[str, ...] = PD,
+          completion: Completion | None = None) -> ProbeResult:
+    return ProbeResult(name=name, expect=Expect.ACCEPT, completion=completion or served(sent), purpose="test",
+                       reached=reached, counter_deltas={DECODE: decode, PREFILL: {"prompt_tokens": sent}})
+
+
+def judge(*probes: ProbeResult, snapshots: tuple[EngineSnapshot, ...] = (snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE)),
+          run: ProbeRun | None = None) -> CheckResult:
+    run = run or ProbeRun(limits=Limits(1024, 4096, 1023), probes=probes)
+    (result,) = run_checks(CheckContext(snapshots, load_thresholds(), probes=run, entry=ENTRY), ["pd-transfer"])
+    return result
+
+
+def test_kv_received_in_full_passes_and_says_how_much_and_how_fast() -> None:
+    result = judge(probe("boundary-accept", 1000, {"kv_transfer_tokens": 999, "prefilled_tokens": 1,
+                                                   TRANSFER_SECONDS: 0.5, TRANSFERS_TIMED: 1}))
+    assert result.status is Status.PASS, result.message
+    assert "1,000 prompt tokens sent, decode received KV for 999 tokens and computed 1 tokens itself" in result.message
+    assert "KV transfer 0.500 s each" in result.message
+
+
+def test_a_decode_that_computed_the_prompt_fails_quoting_the_deltas() -> None:
+    result = judge(probe("boundary-accept", 1000, {"kv_transfer_tokens": 0, "prefilled_tokens": 1000}))
+    assert result.status is Status.FAIL
+    assert "decode received KV for 0 tokens and computed 1,000 tokens itself" in result.message
+    assert "recomputed the prompt (computed 1,000 > 16 allowed); no KV arrived (the transfer was skipped)" in result.message
+
+
+def test_concurrent_probes_share_one_window_and_one_allowance_per_request() -> None:
+    deltas = {"kv_transfer_tokens": 1960, "prefilled_tokens": 30}  # two requests: 2 x 16 tokens allowed
+    result = judge(probe("concurrent-1", 990, deltas), probe("concurrent-2", 990, deltas))
+    assert result.status is Status.PASS, result.message
+    assert "concurrent (x2): 1,980 prompt tokens sent" in result.message
+
+
+def test_kv_short_of_the_prompt_with_no_compute_counter_fails() -> None:
+    result = judge(probe("boundary-accept", 1000, {"kv_transfer_tokens": 500}))
+    assert result.status is Status.FAIL
+    assert "the KV of 500 prompt tokens never reached the decode" in result.message
+
+
+def test_nothing_counted_is_inconclusive_never_a_pass() -> None:
+    result = judge(probe("boundary-accept", 1000, {"requests": 1}))
+    assert result.status is Status.INCONCLUSIVE
+    assert "counts neither KV received nor prompt tokens it computed itself" in result.message
+
+
+def test_probes_that_did_not_reach_the_decode_or_were_not_served_prove_nothing() -> None:
+    refused = Completion(sent_tokens=2000, max_tokens=1, streamed=False, status=400, elapsed_s=0.1, error_message="too long")
+    result = judge(probe("boundary-accept", 1000, {"prefilled_tokens": 1000}, reached=(PREFILL,)),
+                   probe("concurrent-1", 2000, {"prefilled_tokens": 2000}, completion=refused))
+    assert result.status is Status.INCONCLUSIVE
+    assert "no probe is known to have reached a decode engine" in result.message
+
+
+@pytest.mark.parametrize("roles", [(Role.UNIFIED,), (Role.UNIFIED, Role.UNIFIED), (Role.DECODE,)])
+def test_a_deployment_without_a_prefill_decode_pair_is_skipped(roles: tuple[Role, ...]) -> None:
+    snapshots = tuple(snap(f"http://e:{i}", role) for i, role in enumerate(roles))
+    result = judge(probe("boundary-accept", 1000, {"prefilled_tokens": 1000}), snapshots=snapshots)
+    assert result.status is Status.SKIP and "not a prefill/decode deployment" in result.message
+
+
+def test_capacity_only_and_unsent_probes_say_why() -> None:
+    (skipped,) = run_checks(CheckContext((snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE)), load_thresholds(),
+                                         probes=None, entry=ENTRY), ["pd-transfer"])
+    assert skipped.status is Status.SKIP and "--capacity-only" in skipped.message
+    unsent: Any = ProbeRun(limits=None, not_run="probes could not run: boom")
+    assert judge(run=unsent).status is Status.INCONCLUSIVE
+
+
+# -- danger lines --------------------------------------------------------------------------------
+
+UNRECOGNIZED = DangerLine(source=PREFILL, what=VllmAdapter.log_signals[0].what, request_id="cmpl-1-0")
+
+
+def test_a_danger_line_by_itself_warns_and_is_quoted_with_its_probe() -> None:
+    moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
+                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}},
+                        danger_lines=(UNRECOGNIZED, UNRECOGNIZED))
+    result = judge(run=ProbeRun(limits=Limits(1024, 4096, 1023), probes=(moved,), untied_danger_lines=(UNRECOGNIZED,)))
+    assert result.status is Status.WARN, result.message
+    assert (f'{PREFILL} log: "Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker" '
+            "x2 (logged during probe boundary-accept)") in result.message
+    assert "(logged between probes)" in result.message
+    assert result.evidence["danger_lines_count"] == 3 and result.evidence["danger_lines"][0]["request_id"] == "cmpl-1-0"
+
+
+def test_a_danger_line_beside_a_recompute_is_part_of_the_failure() -> None:
+    skipped = DangerLine(source=ENTRY, what=VllmRouter.log_signals[0].what)
+    recomputed = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test",
+                             reached=PD, counter_deltas={DECODE: {"kv_transfer_tokens": 0, "prefilled_tokens": 1000}},
+                             danger_lines=(skipped,))
+    result = judge(recomputed)
+    assert result.status is Status.FAIL
+    assert "the decode recomputed the prompt" in result.message and "decode will proceed without kv_transfer_params" in result.message
+
+
+@pytest.mark.parametrize("signals,line,what,rid", [
+    (VllmAdapter.log_signals, "(EngineCore_DP0 pid=7) ERROR 11-30 17:01:02 [pull_worker.py:667] Potentially invalid KV blocks "
+     "for unrecognized request cmpl-abc-0 were retrieved by a decode worker. They may have expired.",
+     "Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker", "cmpl-abc-0"),
+    (VllmRouter.log_signals, "2026-11-30 17:01:02  WARN vllm_router_rs::routers::http::vllm_pd_router: No kv_transfer_params "
+     "for prefill http://127.0.0.1:45469, decode will proceed without kv_transfer_params",
+     "No kv_transfer_params for prefill ..., decode will proceed without kv_transfer_params", None),
+    (SglangAdapter.log_signals, "[2026-11-30 17:01:02 DP0 TP0] Decode transfer failed for request rank=0 "
+     "decode_req.req.rid='r-5' decode_req.req.bootstrap_room=42", "Decode transfer failed for request", "r-5"),
+    (SglangAdapter.log_signals, "Prefill transfer failed for request rank=0 req.rid='r-6' req.bootstrap_room=7",
+     "Prefill transfer failed for request", "r-6"),
+])
+def test_each_signal_names_the_request_and_only_new_whole_lines_count(tmp_path: Path, signals: tuple[LogSignal, ...],
+                                                                      line: str, what: str, rid: str | None) -> None:
+    log = tmp_path / "engine.log"
+    log.write_text(line + "\n")  # before the watch began: not the probes'
+    watch = LogWatch({"http://e:1": (log, signals)})
+    assert watch.take() == ()
+    with log.open("a") as fh:
+        fh.write("an ordinary line\n" + line + "\n" + line[:20])  # the last line is still being written
+    assert watch.take() == (DangerLine(source="http://e:1", what=what, request_id=rid),)
+    assert watch.take() == ()
+
+
+def test_prompt_found_in_the_decodes_own_prefix_cache_needed_no_transfer() -> None:
+    # Seen on vLLM 0.32 over NIXL: the concurrent probes repeat the boundary probe's prefix, so
+    # the decode serves most of it from its own cache and receives only the rest.
+    deltas = {"kv_transfer_tokens": 246, "cached_prompt_tokens": 1792, "prefilled_tokens": 0}
+    result = judge(probe("concurrent-1", 1019, deltas), probe("concurrent-2", 1019, deltas))
+    assert result.status is Status.PASS, result.message
+    assert "decode received KV for 246 tokens, found 1,792 in its own prefix cache and computed 0 tokens itself" in result.message
