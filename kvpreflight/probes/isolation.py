@@ -238,7 +238,8 @@ class IsolationProber:
                 out.append(self._abandon(leaver, f"cancel-transfer-{leaver.value}-left", size, notes, during_transfer=True))
                 time.sleep(CANCEL_PROPAGATION_S)
                 with ThreadPoolExecutor(max_workers=2) as pool:
-                    futures = [pool.submit(self._send, other, f"cancel-transfer-{other.value}{i + 1}", victim) for i in range(2)]
+                    futures = [pool.submit(self._send, other, f"cancel-transfer-{other.value}{i + 1}", victim, at_once=2)
+                               for i in range(2)]
                     out.extend(f.result() for f in futures)
                 self.budget.wait_idle(self.state, IDLE_WAIT_S)
             return out
@@ -288,7 +289,7 @@ class IsolationProber:
 
         def steps() -> list[TenantRequest | None]:
             with ThreadPoolExecutor(max_workers=count) as pool:
-                futures = [pool.submit(self._send, t, f"load-{t.value}{i // 2 + 1}", per, max_tokens=answer)
+                futures = [pool.submit(self._send, t, f"load-{t.value}{i // 2 + 1}", per, max_tokens=answer, at_once=count)
                            for i, t in enumerate(order)]
                 return [f.result() for f in futures]
 
@@ -321,11 +322,13 @@ class IsolationProber:
 
     # -- one request ---------------------------------------------------------------------------
     def _send(self, tenant: Tenant, name: str, tokens: int, *, expect: Expect = Expect.ACCEPT,
-              max_tokens: int | None = None) -> TenantRequest | None:
-        """One scanned request; None when it was not sent or the deadline cut it short."""
+              max_tokens: int | None = None, at_once: int = 1) -> TenantRequest | None:
+        """One scanned request (one of `at_once` the scenario sends together); None when it was
+        not sent or the deadline cut it short."""
         client = self.tenants[tenant]
         sent = self.budget.probe(client.adapter, self._ids[tenant][:tokens], name=name, expect=expect,
-                                 max_tokens=max_tokens or self.gen, engines=self.engines.values(), extra=client.extra)
+                                 max_tokens=max_tokens or self.gen, engines=self.engines.values(), extra=client.extra,
+                                 at_once=at_once)
         if sent is None:
             return None
         return self._scan(tenant, name, sent[0], sent[0].text, expect=expect)

@@ -227,6 +227,9 @@ def test_load_sends_both_tenants_at_once_near_the_smallest_pool():
     assert sorted((r.tenant.value, r.completion.sent_tokens) for r in load.requests if r.completion) == [
         ("a", 665), ("a", 665), ("b", 665), ("b", 665)]
     assert {s.max_tokens for s in engine.sent if s.tokens == 665} == {GEN}
+    # four at once: each request's budget counts the prefill of all four (no speed measured here:
+    # --timeout 5 plus the tokens at the assumed 20,000 tokens/s)
+    assert [s.timeout_s for s in engine.sent if s.tokens == 665] == [pytest.approx(5 + 4 * 665 / 20000)] * 4
     assert load.occurred is True
     assert "4 x (665 prompt + 256 answer) = 3,684 tokens against a 4,096-token pool" in load.occurrence
 
