@@ -8,10 +8,12 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
+import pytest
 from record_support import record_text
 
-from kvpreflight.builtin_engine.testbed import unified_engine
+from kvpreflight.builtin_engine.testbed import PDTrio, pd_trio, unified_engine
 
 
 def check(*args: str, env: dict | None = None) -> tuple[int, dict, str]:
@@ -74,3 +76,33 @@ def test_bad_tenant_options_fail_before_anything_is_sent():
     code, _, err = check("--endpoint", "http://127.0.0.1:9", "--tenant-a-key-env", "KVPF_UNSET_A",
                          "--tenant-b-key-env", "KVPF_UNSET_B")
     assert code == 2 and "KVPF_UNSET_A" in err and "not set" in err
+
+
+def check_pd(trio: PDTrio, context: int) -> tuple[int, dict, str]:
+    return check("--endpoint", f"prefill={trio.prefill.url}", "--endpoint", f"decode={trio.decode.url}",
+                 "--entry", trio.router.url, "--context-length", str(context))
+
+
+@pytest.mark.slow
+def test_load_scenario_serves_both_tenants_with_a_second_check_beside_it(tmp_path):
+    # Issue 15: the fleet benchmark's honest builtin deployments were inconclusive one time in
+    # four ("load: no answer of tenant a was served"). The load requests' prompts and answers
+    # together outgrew the decode pool, which refused them mid-decode (503 after 5 s without a
+    # free page). Two deployments checked at once, as in the fleet, three times: every load
+    # request of both checks must be served.
+    context = 256
+    pools = {"context_length": context, "prefill_pool": 2 * context, "decode_pool": 2 * context}
+    with pd_trio(tmp_path / "own", **pools) as own, pd_trio(tmp_path / "beside", **pools) as beside, \
+            ThreadPoolExecutor(max_workers=2) as pool:
+        for attempt in range(3):
+            for code, report, err in pool.map(lambda trio: check_pd(trio, context), (own, beside)):
+                iso = by_id(report)["tenant-isolation"]
+                load = next(s for s in iso["evidence"]["scenarios"] if s["scenario"] == "load")
+                refused = [(r["request"], r["http_status"], r.get("error_message"), r.get("finish_reason"))
+                           for r in load["requests"] if r["http_status"] != 200 or r.get("error_message")
+                           or r.get("timed_out") or r.get("transport_error")]
+                assert not refused, f"attempt {attempt + 1}: {refused}"
+                assert {r["tenant"] for r in load["requests"] if r["own_canary_seen"]} == {"a", "b"}
+                assert load["occurrence"].startswith("requests at once: 4 x ("), load["occurrence"]
+                assert iso["status"] in ("pass", "warn") and "load:" not in iso["message"], iso["message"]
+                assert code == 0, err[-1500:]

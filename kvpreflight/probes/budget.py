@@ -233,8 +233,11 @@ class Budget:
 
     def probe(self, adapter: EngineAdapter, ids: list[int], *, name: str, expect: Expect, max_tokens: int,
               engines: Iterable[EngineAdapter], stream: bool = False, extra: Mapping[str, Any] | None = None,
-              copies: int = 1, after_send: Callable[[], None] = lambda: None) -> tuple[Completion, ...] | None:
+              copies: int = 1, at_once: int | None = None,
+              after_send: Callable[[], None] = lambda: None) -> tuple[Completion, ...] | None:
         """Send `copies` of one probe request at once, under its budget cut to the deadline.
+        `at_once`: how many requests of this size the caller has in flight together, this one
+        included (default `copies`); prefill serialises, so the budget counts them all.
 
         None when the run has stopped, or when the deadline cut the request short (it proves
         nothing; the run stops, naming the stage). `after_send` runs as soon as the answers are in
@@ -243,7 +246,7 @@ class Budget:
         answers (still_answering)."""
         if not self.may_send():
             return None
-        natural = self.natural_s(len(ids), expect, max_tokens=max_tokens, concurrent=copies)
+        natural = self.natural_s(len(ids), expect, max_tokens=max_tokens, concurrent=at_once or copies)
         timeout_s = max(0.0, min(natural, self.remaining_s()))
 
         def one() -> Completion:

@@ -63,6 +63,7 @@ from kvpreflight.probes.tokens import valid_token_ids
 SCAN_MAX_TOKENS = 256  # answers long enough to reach past a lost first transfer batch
 CANCEL_DECODE_MAX_TOKENS = 512
 MAX_LOAD_REQUESTS = 8
+LOAD_POOL_FRACTION = 0.9  # the load scenario's prompts and answers fill this much of the smallest pool
 IDLE_WAIT_S = 12.0  # a cancelled bootstrap may hold pages ~10 s on SGLang-like engines
 CANCEL_PROPAGATION_S = 0.06  # router and decode notice a closed socket within ~40 ms
 A, B = Tenant.A, Tenant.B
@@ -92,7 +93,8 @@ class IsolationSizes:
     decode_prompt: int  # cancel-decode
     decode_max_tokens: int
     load_count: int
-    load_per: int
+    load_per: int  # prompt tokens of each load request
+    load_max_tokens: int  # its answer: decode pages hold prompt and answer, so both count against the pool
 
     @classmethod
     def of(cls, limits: Limits, snapshots: Sequence[EngineSnapshot]) -> IsolationSizes:
@@ -109,15 +111,25 @@ class IsolationSizes:
             over, where = ctx + 1, "over the served context"
         size = max(1, min(longest, min_pool // 2)) if min_pool else longest
         decode_prompt = max(1, min(longest, ctx - CANCEL_DECODE_MAX_TOKENS - 1) // 2)
-        per, count = longest, 4
+        per, count, load_gen = longest, 4, gen
         if min_pool:
-            target = int(min_pool * 0.9)
-            count = min(MAX_LOAD_REQUESTS, max(4, -(-target // per)))
-            per = max(1, min(per, target // count))
+            # Near the pool, never over it: an honest engine with more KV in flight than its pool
+            # holds must preempt or refuse (the builtin engine answered 503 mid-decode), and a
+            # refused tenant leaves the scenario unscanned. Each request's share holds its prompt
+            # and its answer; the answer takes at most half of it.
+            target = int(min_pool * LOAD_POOL_FRACTION)
+            count = min(MAX_LOAD_REQUESTS, max(4, -(-target // (longest + gen))))
+            share = target // count
+            load_gen = max(1, min(gen, share // 2))
+            per = max(1, min(longest, share - load_gen))
         return cls(gen=gen, longest=longest, min_pool=min_pool, over=over, over_where=where, transfer_size=size,
                    transfer_victim=max(1, min(longest, int(size * 0.45))), decode_prompt=decode_prompt,
                    decode_max_tokens=max(gen, min(CANCEL_DECODE_MAX_TOKENS, ctx - decode_prompt - 1)),
-                   load_count=count, load_per=per)
+                   load_count=count, load_per=per, load_max_tokens=load_gen)
+
+    def load_tokens(self) -> int:
+        """The KV the load requests hold at once when all are decoding: prompts and answers."""
+        return self.load_count * (self.load_per + self.load_max_tokens)
 
     def plan(self, *, churn: bool, timing_samples: int = DEFAULT_TIMING_SAMPLES) -> list[PlannedRequest]:
         """What the scenarios send, for the estimate (the scenarios below send exactly these sizes).
@@ -133,7 +145,7 @@ class IsolationSizes:
             out += [PlannedRequest("cancel-transfer", self.transfer_victim, self.gen, accept, 2) for _ in range(2)]
             out += [PlannedRequest("cancel-decode", self.decode_prompt, 2, accept) for _ in range(2)]
             out += [PlannedRequest("cancel-decode", self.decode_prompt, self.gen, accept) for _ in range(2)]
-            out.append(PlannedRequest("load", self.load_per, self.gen, accept, self.load_count))
+            out.append(PlannedRequest("load", self.load_per, self.load_max_tokens, accept, self.load_count))
         cache = cache_prompt_tokens(self.longest)
         out += [PlannedRequest("prefix-cache", cache, 1, accept) for _ in range(1 + CACHE_PREFIXES * len(ORDER))]
         timing = timing_prompt_tokens(self.longest)
@@ -242,7 +254,8 @@ class IsolationProber:
                 out.append(self._abandon(leaver, f"cancel-transfer-{leaver.value}-left", size, notes, during_transfer=True))
                 time.sleep(CANCEL_PROPAGATION_S)
                 with ThreadPoolExecutor(max_workers=2) as pool:
-                    futures = [pool.submit(self._send, other, f"cancel-transfer-{other.value}{i + 1}", victim) for i in range(2)]
+                    futures = [pool.submit(self._send, other, f"cancel-transfer-{other.value}{i + 1}", victim, at_once=2)
+                               for i in range(2)]
                     out.extend(f.result() for f in futures)
                 self.budget.wait_idle(self.state, IDLE_WAIT_S)
             return out
@@ -286,22 +299,24 @@ class IsolationProber:
         return replace(scenario, occurred=occurred, occurrence=how)
 
     def _load(self) -> Scenario:
-        count, per = self.sizes.load_count, self.sizes.load_per
-        reach = f"{count} x {per:,} = {count * per:,} tokens against a {self.min_pool:,}-token pool" if self.min_pool else ""
+        count, per, answer = self.sizes.load_count, self.sizes.load_per, self.sizes.load_max_tokens
+        total = self.sizes.load_tokens()
         order = [(A, B)[i % 2] for i in range(count)]
 
         def steps() -> list[TenantRequest | None]:
             with ThreadPoolExecutor(max_workers=count) as pool:
-                futures = [pool.submit(self._send, t, f"load-{t.value}{i // 2 + 1}", per) for i, t in enumerate(order)]
+                futures = [pool.submit(self._send, t, f"load-{t.value}{i // 2 + 1}", per, max_tokens=answer, at_once=count)
+                           for i, t in enumerate(order)]
                 return [f.result() for f in futures]
 
         scenario = self._scenario("load", steps, "", churn=True)
         occurred: bool | None
-        if self.min_pool is not None and count * per >= 0.8 * self.min_pool:
-            how, occurred = f"requests at once: {reach}", True
+        held = f"{count} x ({per:,} prompt + {answer:,} answer) = {total:,} tokens"
+        if self.min_pool is not None and total >= 0.8 * self.min_pool:
+            how, occurred = f"requests at once: {held} against a {self.min_pool:,}-token pool", True
         else:
-            how = (f"unconfirmed: bounded to {count} requests of {per:,} tokens, "
-                   + (f"{count * per:,} of a {self.min_pool:,}-token pool" if self.min_pool else "the pool size is unknown"))
+            how = f"unconfirmed: bounded to {held}, " + (
+                f"below 80% of the {self.min_pool:,}-token pool" if self.min_pool else "the pool size is unknown")
             occurred = None
         return replace(scenario, occurred=occurred, occurrence=how)
 
@@ -323,11 +338,13 @@ class IsolationProber:
 
     # -- one request ---------------------------------------------------------------------------
     def _send(self, tenant: Tenant, name: str, tokens: int, *, expect: Expect = Expect.ACCEPT,
-              max_tokens: int | None = None) -> TenantRequest | None:
-        """One scanned request; None when it was not sent or the deadline cut it short."""
+              max_tokens: int | None = None, at_once: int = 1) -> TenantRequest | None:
+        """One scanned request (one of `at_once` the scenario sends together); None when it was
+        not sent or the deadline cut it short."""
         client = self.tenants[tenant]
         sent = self.budget.probe(client.adapter, self._ids[tenant][:tokens], name=name, expect=expect,
-                                 max_tokens=max_tokens or self.gen, engines=self.engines.values(), extra=client.extra)
+                                 max_tokens=max_tokens or self.gen, engines=self.engines.values(), extra=client.extra,
+                                 at_once=at_once)
         if sent is None:
             return None
         return self._scan(tenant, name, sent[0], sent[0].text, expect=expect)

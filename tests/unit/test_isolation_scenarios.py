@@ -222,7 +222,25 @@ def test_load_sends_both_tenants_at_once_near_the_smallest_pool():
     engine = FakeEngine(snapshot(URL, pool=4096))
     run = isolate(engine, churn=True)
     load = scenario(run, "load")
-    # 90% of the pool (3,686 tokens) in at least 4 requests: 4 x 921
+    # 90% of the pool (3,686 tokens) in at least 4 requests, each share (921) holding its prompt
+    # and its 256-token answer: an honest engine must never run out of pages during decode
     assert sorted((r.tenant.value, r.completion.sent_tokens) for r in load.requests if r.completion) == [
-        ("a", 921), ("a", 921), ("b", 921), ("b", 921)]
-    assert load.occurred is True and "4 x 921 = 3,684 tokens against a 4,096-token pool" in load.occurrence
+        ("a", 665), ("a", 665), ("b", 665), ("b", 665)]
+    assert {s.max_tokens for s in engine.sent if s.tokens == 665} == {GEN}
+    # four at once: each request's budget counts the prefill of all four (no speed measured here:
+    # --timeout 5 plus the tokens at the assumed 20,000 tokens/s)
+    assert [s.timeout_s for s in engine.sent if s.tokens == 665] == [pytest.approx(5 + 4 * 665 / 20000)] * 4
+    assert load.occurred is True
+    assert "4 x (665 prompt + 256 answer) = 3,684 tokens against a 4,096-token pool" in load.occurrence
+
+
+@pytest.mark.parametrize(("context", "pool"), [(1024, 1024), (1024, 2048), (8192, 4096), (8192, 65536), (2048, 100)])
+def test_load_prompts_and_answers_fit_the_smallest_pool(context: int, pool: int):
+    # The fleet benchmark's deployments (1,024 context, 2,048-token pools) once sent 4 x 460 prompt
+    # tokens plus 4 x 256 answer tokens at a 2,048-token decode pool: the builtin engine ran out of
+    # pages mid-decode and refused a tenant's requests (503), an inconclusive on an honest engine.
+    limits = Limits(served_context=context, pool_tokens=pool, max_accepted=min(context, pool) - 7)
+    sizes = isolation.IsolationSizes.of(limits, [snapshot(URL, pool=pool)])
+    assert sizes.load_tokens() <= 0.9 * pool
+    assert sizes.load_count >= 4 and sizes.load_per >= 1 and sizes.load_max_tokens >= 1
+    assert sizes.load_per + sizes.load_max_tokens < context
