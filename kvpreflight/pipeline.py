@@ -26,11 +26,8 @@ from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, capacity_
 from kvpreflight.probes.cost import CostMeter
 from kvpreflight.probes.engine_state import EngineState
 from kvpreflight.probes.isolation import IsolationSettings, IsolationSizes, run_isolation
-<<<<<<< HEAD
-from kvpreflight.probes.prefix_cache import DEFAULT_TIMING_SAMPLES
-=======
 from kvpreflight.probes.logs import LogWatch
->>>>>>> pdroles
+from kvpreflight.probes.prefix_cache import DEFAULT_TIMING_SAMPLES
 from kvpreflight.probes.results import IsolationRun, Limits, ProbeRun
 from kvpreflight.routers import ROUTERS, RouterListing, open_router, router_class
 from kvpreflight.targets import Target

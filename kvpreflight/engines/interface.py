@@ -127,14 +127,11 @@ class EngineAdapter(abc.ABC):
     length_error_patterns: ClassVar[tuple[str, ...]] = ()
     vocab_error_patterns: ClassVar[tuple[str, ...]] = (
         r"out of vocabulary", r"token id .* (invalid|out of range)", r"invalid tokens")
-<<<<<<< HEAD
     # Request fields that let a request read and fill the engine's prefix cache where the
     # adapter's requests leave it off by default (llama.cpp's cache_prompt); the prefix-cache
     # probes add them.
     prefix_cache_fields: ClassVar[Mapping[str, Any]] = MappingProxyType({})
-=======
     log_signals: ClassVar[tuple[LogSignal, ...]] = ()  # danger lines in the engine's log
->>>>>>> pdroles
 
     def __init__(self, url: str, client: HttpClient, *, model: str | None = None) -> None:
         self.url = url.rstrip("/")

@@ -11,10 +11,10 @@ import pytest
 
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CheckContext, run_checks
-from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, Completion, EngineSnapshot, Role, Status
 from kvpreflight.engines.interface import LogSignal
 from kvpreflight.engines.sglang import SglangAdapter
 from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, Completion, EngineSnapshot, Role, Status
 from kvpreflight.probes.logs import LogWatch
 from kvpreflight.probes.results import DangerLine, Expect, Limits, ProbeResult, ProbeRun
 from kvpreflight.routers.vllm_router import VllmRouter
