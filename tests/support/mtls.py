@@ -9,7 +9,6 @@ import datetime
 import ipaddress
 import json
 import ssl
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -18,6 +17,8 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+from support.threaded_server import serving
 
 
 def _key_pem(key: ec.EllipticCurvePrivateKey, password: bytes | None = None) -> bytes:
@@ -107,11 +108,5 @@ def mtls_server(pki: dict[str, Path]) -> Iterator[str]:
     server = Server(("127.0.0.1", 0), Handler)
     # The handshake runs in the handler's thread (on its first read), not in the accept loop.
     server.socket = context.wrap_socket(server.socket, server_side=True, do_handshake_on_connect=False)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"https://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=5)
+    with serving(server, scheme="https") as url:
+        yield url
