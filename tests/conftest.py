@@ -36,7 +36,6 @@ ENGINE_FIXTURES = {
     "start_vllm_server",
     "llama_server",
     "start_llama_server",
-    "shared_vllm_server",
     "shared_llama_server",
     "vllm_router_binary",
 }
@@ -89,12 +88,20 @@ def echo_gguf(llama_server_binary) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory, echo_hf_model) -> Iterator[EngineProcess]:
-    """One shared vLLM server for the session: max-model-len 4096, 1 GiB KV, -O0 --enforce-eager."""
-    engine = realengines.start_vllm(echo_hf_model, tmp_path_factory.mktemp("vllm-shared"))
+    """One shared vLLM server for the session: max-model-len 4096, 1 GiB KV, -O0 --enforce-eager,
+    prefix caching on (vLLM's default, stated) with cached-token counts in `usage`. Every test that
+    can share it does: each vLLM start costs about a minute of the suite on 2 cores."""
+    engine = realengines.start_vllm(echo_hf_model, tmp_path_factory.mktemp("vllm-shared"),
+                                    "--enable-prefix-caching", "--enable-prompt-tokens-details")
+    pids = engine.group_pids()
     try:
         yield engine
     finally:
         engine.stop()
+    # vLLM runs its engine core in a child process: stop() must take the whole group (an error
+    # here fails the session's last vLLM test)
+    survivors = [pid for pid in pids if realengines.pid_alive(pid)] + realengines.process_group_members(engine.pgid)
+    assert not survivors, f"vLLM processes {survivors} survived stop()"
 
 
 @pytest.fixture
@@ -126,14 +133,6 @@ def start_llama_server(tmp_path, echo_gguf) -> Iterator[Callable[..., EngineProc
     stopped after the test, pass or fail.
     """
     yield from _engine_factory(realengines.start_llama, echo_gguf, tmp_path, "llama-server")
-
-
-@pytest.fixture(scope="module")
-def shared_vllm_server(tmp_path_factory, echo_hf_model) -> Iterator[Callable[..., EngineProcess]]:
-    """Module-scoped, memoised factory: the same arguments return the same running vLLM server
-    for every test of the module (e.g. ``shared_vllm_server("--enable-prefix-caching")``)."""
-    workdir = tmp_path_factory.mktemp("vllm-module")
-    yield from _engine_factory(realengines.start_vllm, echo_hf_model, workdir, "vllm", memo=True)
 
 
 @pytest.fixture(scope="module")

@@ -16,6 +16,7 @@ from kvpreflight.builtin_engine.config import (
     faults_from_env,
     parse_faults,
     parse_role,
+    pd_wait_from_env,
 )
 from kvpreflight.builtin_engine.protocol import RequestError, params_from_generate
 from kvpreflight.model import ProcessRole
@@ -52,6 +53,17 @@ def test_unknown_fault_is_one_line_naming_where_it_came_from(names, source, mess
     with pytest.raises(EngineConfigError) as caught:
         parse_faults(names, source)
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
+
+
+def test_pd_waits_read_sglangs_variables_per_role():
+    env = {"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT": "5", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT": "7.5"}
+    assert pd_wait_from_env(ProcessRole.PREFILL, env) == 5.0
+    assert pd_wait_from_env(ProcessRole.DECODE, env) == 7.5
+    assert pd_wait_from_env(ProcessRole.DECODE, {}) == 60.0
+    for bad in ("0", "-3", "soon", "nan", "1e9"):
+        with pytest.raises(EngineConfigError) as caught:
+            pd_wait_from_env(ProcessRole.DECODE, {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": bad})
+        assert str(caught.value).startswith(f"SGLANG_DISAGGREGATION_WAITING_TIMEOUT={bad!r} is not a number of seconds")
 
 
 def test_roles_are_process_roles():

@@ -104,9 +104,10 @@ def test_vllm_canary_probe_passes_in_attach_mode_and_says_what_it_skipped(vllm_s
     assert checks["engine-healthy-after"]["status"] == "pass"
 
 
-def test_vllm_cache_salt(start_vllm_server: Callable[..., EngineProcess]) -> None:
-    """cache_salt isolates the prefix cache for real (short name: vLLM's IPC socket path lives under tmp_path)."""
-    engine = start_vllm_server("--enable-prefix-caching", "--enable-prompt-tokens-details")
+def test_vllm_cache_salt(vllm_server: EngineProcess) -> None:
+    """cache_salt isolates the prefix cache for real (the shared server caches prefixes and reports
+    cached tokens; the prefix below is this test's own, so nothing else warmed it)."""
+    engine = vllm_server
     client = HttpClient()
     adapter = open_adapter(engine.url, client)
     adapter.snapshot()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from realengines import EngineProcess
 from support.rewriting_proxy import Rewrites, rewriting_proxy
 
 from kvpreflight.builtin_engine.testbed import unified_engine
@@ -110,10 +111,9 @@ def test_bad_timing_samples_is_one_line_exit_2(value: str) -> None:
     assert "Traceback" not in err
 
 
-# -- real vLLM (one engine at a time: the module's memoised factory) ------------------------------
+# -- real vLLM: the session's shared server (prefix caching on), and one started with it off -------
 
-def vllm_check(shared_vllm_server: Callable[..., Any], engine_arg: str, *args: str) -> dict:
-    engine = shared_vllm_server(engine_arg)
+def vllm_check(engine: EngineProcess, *args: str) -> dict:
     with rewriting_proxy(engine.url, SILENT) as url:
         code, report, err = check(url, *args)
     cache = prefix_cache(report)
@@ -124,19 +124,19 @@ def vllm_check(shared_vllm_server: Callable[..., Any], engine_arg: str, *args: s
     return cache
 
 
-def test_vllm_with_a_salt_per_tenant_shows_no_sharing_from_timing_alone(shared_vllm_server: Callable[..., Any]) -> None:
-    cache = vllm_check(shared_vllm_server, "--enable-prefix-caching")
+def test_vllm_with_a_salt_per_tenant_shows_no_sharing_from_timing_alone(vllm_server: EngineProcess) -> None:
+    cache = vllm_check(vllm_server)
     assert cache["status"] == "pass", cache["message"]
     assert "a cache_salt per tenant" in cache["message"] and "tenant B's requests are not warm" in cache["message"]
     assert all(p["cached_tokens"] is None for p in cache["evidence"]["probes"])
 
 
-def test_vllm_without_a_salt_shares_the_prefix_and_timing_catches_it(shared_vllm_server: Callable[..., Any]) -> None:
+def test_vllm_without_a_salt_shares_the_prefix_and_timing_catches_it(vllm_server: EngineProcess) -> None:
     # Tenants told apart by a header vLLM ignores: kvpreflight sends no cache_salt.
-    cache = vllm_check(shared_vllm_server, "--enable-prefix-caching", "--tenant-header", "X-Tenant")
+    cache = vllm_check(vllm_server, "--tenant-header", "X-Tenant")
     assert cache["status"] == "fail" and "as fast as tenant A's warm repeats" in cache["message"], cache["message"]
 
 
-def test_vllm_without_prefix_caching_timing_is_inconclusive(shared_vllm_server: Callable[..., Any]) -> None:
-    cache = vllm_check(shared_vllm_server, "--no-enable-prefix-caching", "--timing-samples", "20")
+def test_vllm_without_prefix_caching_timing_is_inconclusive(start_vllm_server: Callable[..., EngineProcess]) -> None:
+    cache = vllm_check(start_vllm_server("--no-enable-prefix-caching"), "--timing-samples", "20")
     assert cache["status"] == "inconclusive" and "not measurably faster than a cold prompt" in cache["message"], cache["message"]

@@ -52,6 +52,8 @@ CHUNKED_PREFILL_SIZE = 8192
 MAX_PREFILL_TOKENS = 16384
 MAX_RUNNING_REQUESTS = 64
 
+DEFAULT_PD_WAIT_S = 60.0
+
 GB = 1 << 30
 # Bytes per cached token: K and V, 16 float32 each (see model.py).
 KV_DIM = 16
@@ -106,6 +108,7 @@ class EngineConfig:
     bootstrap_port: int = 0  # prefill: its bootstrap server, where decodes take pages; 0 picks a free port
     disable_radix_cache: bool = False
     prefill_tokens_per_second: float = 0.0  # test: prefill no faster than this (0: as fast as it runs)
+    pd_wait_s: float = DEFAULT_PD_WAIT_S  # PD: how long one side waits for its peer (pd_wait_from_env)
 
     def validate(self) -> None:
         if not (0 <= self.port <= 65535):
@@ -134,6 +137,27 @@ class EngineConfig:
             raise EngineConfigError("--transfer-delay-ms and --transfer-fail-every must not be negative")
         if not (self.prefill_tokens_per_second >= 0 and math.isfinite(self.prefill_tokens_per_second)):
             raise EngineConfigError(f"--prefill-tokens-per-second {self.prefill_tokens_per_second} must be a finite number, 0 or more")
+
+
+# SGLang's names for the two PD waits (srt/environ.py, both 300 s there; 60 s here): the prefill
+# waits BOOTSTRAP_TIMEOUT for the decode to register a room, the decode WAITING_TIMEOUT for the
+# prefill's KV. Read from the environment, as SGLang does.
+PD_WAIT_ENVS = ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT")
+
+
+def pd_wait_from_env(role: ProcessRole, environ: Mapping[str, str] | None = None) -> float:
+    """Seconds this role waits for its PD peer: the SGLang variable for the role, else 60."""
+    name = PD_WAIT_ENVS[0] if role is ProcessRole.PREFILL else PD_WAIT_ENVS[1]
+    raw = (environ if environ is not None else os.environ).get(name, "").strip()
+    if not raw:
+        return DEFAULT_PD_WAIT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not (0 < value <= 86_400):
+        raise EngineConfigError(f"{name}={raw!r} is not a number of seconds in (0, 86400]; unset it for the default {DEFAULT_PD_WAIT_S:.0f}")
+    return value
 
 
 def faults_from_env(environ: Mapping[str, str] | None = None) -> frozenset[Fault]:

@@ -22,7 +22,7 @@ from kvpreflight.builtin_engine.pd import (
     send_json,
     shutdown_socket,
 )
-from kvpreflight.builtin_engine.protocol import BOOTSTRAP_WAIT_S, Generation, GenParams, OnToken, RequestError
+from kvpreflight.builtin_engine.protocol import Generation, GenParams, OnToken, RequestError
 
 if TYPE_CHECKING:
     from kvpreflight.builtin_engine.core import Engine
@@ -85,7 +85,7 @@ class DecodeHandoff:
             raise
         room = Room(room=boot.room, rid=params.rid, reserved_tokens=len(ids))
         threading.Thread(target=self._fetch, args=(room, boot), name="kv-fetch", daemon=True).start()
-        deadline = time.monotonic() + BOOTSTRAP_WAIT_S
+        deadline = time.monotonic() + engine.config.pd_wait_s
         while not room.bootstrapped.wait(POLL_S):
             if client_gone():
                 self._cancel(room)
@@ -190,7 +190,7 @@ class DecodeHandoff:
                 return
             room.sock = sock
             with sock:
-                sock.settimeout(BOOTSTRAP_WAIT_S + TRANSFER_IO_TIMEOUT_S)
+                sock.settimeout(engine.config.pd_wait_s + TRANSFER_IO_TIMEOUT_S)
                 reader = Reader(sock)
                 send_json(sock, {"op": "register", "room": room.room, "rid": room.rid})
                 ready = reader.line()

@@ -24,7 +24,7 @@ from kvpreflight.builtin_engine.pd import (
     bootstrap_from,
     send_json,
 )
-from kvpreflight.builtin_engine.protocol import BOOTSTRAP_WAIT_S, Generation, GenParams, RequestError
+from kvpreflight.builtin_engine.protocol import Generation, GenParams, RequestError
 
 if TYPE_CHECKING:
     from kvpreflight.builtin_engine.core import Engine
@@ -110,7 +110,7 @@ class PrefillBootstrap:
 
     def _claim(self, room: int, rid: str, client_gone: Callable[[], bool]) -> _Peer | None:
         """The decode's registration for the room, once it came. None when the client left."""
-        deadline = time.monotonic() + BOOTSTRAP_WAIT_S
+        deadline = time.monotonic() + self.engine.config.pd_wait_s
         with self._lock:
             while True:
                 peer = self._waiting.pop(room, None)
@@ -184,7 +184,7 @@ class PrefillBootstrap:
                 send_json(conn, {"op": "failed", "error": refused.message, "status": refused.status})
                 return
             handed_over = True  # from here the prefill's request (or the timeout below) owns conn
-            deadline = time.monotonic() + BOOTSTRAP_WAIT_S
+            deadline = time.monotonic() + self.engine.config.pd_wait_s
             with self._lock:
                 while not peer.taken and time.monotonic() < deadline:
                     self._lock.wait(POLL_S * 5)
@@ -192,7 +192,7 @@ class PrefillBootstrap:
                     return
                 self._waiting.pop(room, None)
             self.engine.count(bootstrap_failed=1)
-            _fail_peer(peer, f"no prefill request joined bootstrap room {room} within {BOOTSTRAP_WAIT_S:.0f} s", 500)
+            _fail_peer(peer, f"no prefill request joined bootstrap room {room} within {self.engine.config.pd_wait_s:.0f} s", 500)
         except (OSError, ValueError):
             pass
         finally:

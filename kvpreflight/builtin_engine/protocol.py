@@ -15,7 +15,6 @@ from kvpreflight import __version__
 from kvpreflight.builtin_engine import tokenizer
 from kvpreflight.model import ProcessRole
 
-BOOTSTRAP_WAIT_S = 60.0  # decode waits this long for the prefill to bootstrap a room
 DEFAULT_MAX_NEW_TOKENS = 128
 
 # SGLang's finish_reason object: {"type": "length"|"stop"|"abort", ...}.

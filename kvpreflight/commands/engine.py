@@ -59,7 +59,7 @@ def serve(
     prefill_tokens_per_second: float = typer.Option(0.0, "--prefill-tokens-per-second", help="Test only: prefill no faster than this many tokens per second, like a slow accelerator (0: unthrottled)."),
 ) -> None:
     """Serve one role of the builtin engine until killed."""
-    from kvpreflight.builtin_engine.config import FAULTS_ENV, EngineConfig, faults_from_env, parse_faults, parse_role
+    from kvpreflight.builtin_engine.config import FAULTS_ENV, EngineConfig, faults_from_env, parse_faults, parse_role, pd_wait_from_env
 
     if fault:
         # Re-exec without --fault in argv: faults travel in the environment only.
@@ -70,8 +70,9 @@ def serve(
         sys.stdout.flush()
         sys.stderr.flush()
         os.execve(sys.executable, [sys.executable, "-m", "kvpreflight", *args], env)
+    engine_role = parse_role(role)
     config = EngineConfig(
-        role=parse_role(role),
+        role=engine_role,
         host=host,
         port=port,
         context_length=context_length,
@@ -92,6 +93,7 @@ def serve(
         bootstrap_port=bootstrap_port,
         disable_radix_cache=disable_radix_cache,
         prefill_tokens_per_second=prefill_tokens_per_second,
+        pd_wait_s=pd_wait_from_env(engine_role),
     )
     from kvpreflight.builtin_engine.startup import serve as serve_engine
 
