@@ -3,7 +3,7 @@
 #   scripts/test.sh                      # everything: fast, slow and real-engine tests
 #   scripts/test.sh -m "not real_engine and not slow"   # the fast suite alone (pytest args pass through)
 #   KVPREFLIGHT_SKIP_LINT=1 scripts/test.sh ...          # skip ruff and mypy (a quick local rerun)
-# Runs ruff and mypy over the code, then pytest (with the 20 slowest tests listed).
+# Runs ruff and mypy over the code, then pytest (with the 40 slowest tests listed).
 # Installs: .venv (kvpreflight editable, with the engine and test extras; torch is pinned to the
 # local CPU build), and the real engines (vLLM on CPU, llama.cpp) cached under
 # ${KVPREFLIGHT_CACHE:-~/.cache/kvpreflight} by scripts/setup_engines.sh.
@@ -20,4 +20,4 @@ if [[ -z "${KVPREFLIGHT_SKIP_LINT:-}" ]]; then
     .venv/bin/ruff check kvpreflight tests benchmarks scripts
     .venv/bin/mypy
 fi
-exec .venv/bin/python -m pytest --durations=20 "$@"
+exec .venv/bin/python -m pytest --durations=40 "$@"
