@@ -13,12 +13,12 @@ from typing import Any
 
 import pytest
 from realengines import EngineProcess
+from support.echo_canaries import echoed_canaries
 from support.rewriting_proxy import Rewrites, rewriting_proxy
 
 from kvpreflight.engines import HttpClient, open_adapter
 from kvpreflight.engines.vllm import VllmAdapter
 from kvpreflight.model import ErrorKind
-from kvpreflight.probes.markers import new_marker
 
 pytestmark = pytest.mark.real_engine
 
@@ -35,23 +35,6 @@ def check(*args: str, timeout: int = 600) -> tuple[int, dict, str]:
 
 def by_id(report: dict) -> dict[str, dict]:
     return {c["id"]: c for c in report["checks"]}
-
-
-def echoed_canaries(url: str, count: int = 100) -> int:
-    """How many of `count` fresh tenant canaries the engine repeats, sent as the isolation probes
-    send them (the canary and a space back to back, from the engine's tokenizer) at prompt lengths
-    that end at every phase of the canary."""
-    client = HttpClient()
-    adapter = open_adapter(url, client)
-    adapter = type(adapter)(url, client, model=adapter.snapshot().model)
-    echoed = 0
-    for i in range(count):
-        canary = new_marker(f"TENANT{'AB'[i % 2]}")
-        ids = adapter.token_ids(1000, f"{canary} ")
-        answer = adapter.complete(ids[:100 + 7 * i], max_tokens=80, stream=False, timeout_s=120)
-        echoed += answer.served and canary in answer.text
-    client.close()
-    return echoed
 
 
 def assert_isolation_passes_with_positive_controls(report: dict) -> None:
