@@ -159,9 +159,10 @@ def group_plan(options: CheckPlan, entry_url: str | None, entry: EngineAdapter |
     limits = deployment_limits(entry, group)
     if limits is None:
         return none("the engines state no served context or request limit, so no probe size can be derived")
-    requests = (*capacity_plan(limits, settings.concurrency),
-                *IsolationSizes.of(limits, group, settings.concurrency).plan(churn=_churn_allowed(options, group),
-                                                       timing_samples=_timing_samples(options)))
+    sizes = IsolationSizes.of(limits, group, settings.concurrency)
+    # The concurrent requests carry the tenants' canaries and scanned answers (probes/isolation.py).
+    requests = (*capacity_plan(limits, settings.concurrency, scan_tokens=sizes.gen),
+                *sizes.plan(churn=_churn_allowed(options, group), timing_samples=_timing_samples(options)))
     return GroupPlan(entry=entry_url, engines=tuple(s.url for s in group), limits=limits, requests=requests)
 
 

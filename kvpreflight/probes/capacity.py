@@ -63,10 +63,12 @@ def deployment_limits(entry: EngineAdapter, snapshots: Sequence[EngineSnapshot])
     return Limits(served_context=min(served), pool_tokens=min(pools) if pools else None, max_accepted=max_ok)
 
 
-def capacity_plan(limits: Limits, concurrency: int) -> list[PlannedRequest]:
+def capacity_plan(limits: Limits, concurrency: int, scan_tokens: int | None = None) -> list[PlannedRequest]:
     """The capacity probes in the order they are sent. Over-capacity first: if the engine wrongly
     serves one from stale pages, those pages still hold what ran before the preflight (not our own
-    boundary probes), as in the incident."""
+    boundary probes), as in the incident. `scan_tokens`: when the concurrent requests carry the
+    tenants' canaries, each answer is this long (long enough to show another tenant's pages) and
+    its prompt leaves room for it."""
     m = limits.max_accepted
     out: list[PlannedRequest] = []
     if limits.pool_bound and limits.pool_tokens is not None:
@@ -81,7 +83,8 @@ def capacity_plan(limits: Limits, concurrency: int) -> list[PlannedRequest]:
     out.append(PlannedRequest("clamp", clamp_prompt, limits.served_context - clamp_prompt + 8, Expect.REJECT))
     # Near the limit, but leaving room for the 4 generated tokens so no engine has to cut them.
     k = max(1, concurrency)
-    out.append(PlannedRequest("concurrent", max(1, m - CONCURRENT_MAX_TOKENS), CONCURRENT_MAX_TOKENS, Expect.ACCEPT, k))
+    answer = scan_tokens or CONCURRENT_MAX_TOKENS
+    out.append(PlannedRequest("concurrent", max(1, m - answer), answer, Expect.ACCEPT, k))
     out.append(PlannedRequest("health", HEALTH_PROMPT, 4, Expect.ACCEPT))
     return out
 
@@ -114,7 +117,7 @@ class CapacityProber:
         that pages an engine wrongly serves still hold what ran before the preflight, not our own
         calibration prompts (they get --timeout, enough for a clear rejection)."""
         limits = self.limits
-        plan = capacity_plan(limits, self.settings.concurrency)
+        plan = capacity_plan(limits, self.settings.concurrency, self.tenants.answer_tokens if self.tenants else None)
         longest = max(limits.served_context + 1, limits.max_accepted + 1)
         seed = f"kvpreflight capacity probe {self.marker}. Repeat this marker: {self.marker}.\n"
         ids = self._token_ids(longest, seed)
@@ -128,7 +131,7 @@ class CapacityProber:
                 if self.budget.may_send():
                     calibrate()
             if planned.name == "concurrent":
-                probes.extend(self._concurrent(ids[: planned.prompt_tokens], planned.concurrent))
+                probes.extend(self._concurrent(ids[: planned.prompt_tokens], planned.concurrent, planned.max_tokens))
             elif planned.name == "health":
                 if self.budget.may_send():
                     small_ids = self._token_ids(planned.prompt_tokens, f"kvpreflight health check {self.marker}")
@@ -205,25 +208,25 @@ class CapacityProber:
                            counter_deltas=counter_deltas(before, after), foreign_markers=tuple(foreign),
                            danger_lines=self._lines, tenant=tenant)
 
-    def _concurrent(self, ids: list[int], k: int) -> list[ProbeResult]:
+    def _concurrent(self, ids: list[int], k: int, max_tokens: int) -> list[ProbeResult]:
         if not self.budget.may_send():
             return []
         self.budget.enter("the concurrent capacity probe")
         self.progress(f"probe concurrent: {k} x {len(ids)} tokens at once"
-                      f"{self.budget.expected_note(len(ids), Expect.ACCEPT, max_tokens=CONCURRENT_MAX_TOKENS, concurrent=k)}")
+                      f"{self.budget.expected_note(len(ids), Expect.ACCEPT, max_tokens=max_tokens, concurrent=k)}")
         before = self._latest or self.state.counters()
         self._window_opens()
         tenants: list[Tenant | None] = [None] * k
         if self.tenants is None:
             completions = self.budget.probe(self.entry, ids, name="concurrent", expect=Expect.ACCEPT,
-                                            max_tokens=CONCURRENT_MAX_TOKENS, engines=self.engines.values(), copies=k,
+                                            max_tokens=max_tokens, engines=self.engines.values(), copies=k,
                                             after_send=self._read_counters)
         else:  # tenants A and B alternating, each its own canary prompt of the same size
             prompts = self.tenants.ids
             alternating = [(Tenant.A, Tenant.B)[i % 2] for i in range(k)]
             tenants = list(alternating)
             with ThreadPoolExecutor(max_workers=k) as pool:
-                futures = [pool.submit(self._send_concurrent, t, prompts[t][: len(ids)], k) for t in alternating]
+                futures = [pool.submit(self._send_concurrent, t, prompts[t][: len(ids)], k, max_tokens) for t in alternating]
                 each = [f.result() for f in futures]
             self._read_counters()
             completions = None if any(c is None for c in each) else tuple(c[0] for c in each if c is not None)
@@ -233,7 +236,7 @@ class CapacityProber:
         return [self._result(f"concurrent-{i + 1}", Expect.ACCEPT, c, purpose, before, self._latest or {}, tenants[i])
                 for i, c in enumerate(completions)]
 
-    def _send_concurrent(self, tenant: Tenant, ids: list[int], k: int) -> tuple[Completion, ...] | None:
+    def _send_concurrent(self, tenant: Tenant, ids: list[int], k: int, max_tokens: int) -> tuple[Completion, ...] | None:
         adapter, extra = self._sender(tenant)
-        return self.budget.probe(adapter, ids, name="concurrent", expect=Expect.ACCEPT, max_tokens=CONCURRENT_MAX_TOKENS,
+        return self.budget.probe(adapter, ids, name="concurrent", expect=Expect.ACCEPT, max_tokens=max_tokens,
                                  engines=self.engines.values(), extra=extra, at_once=k)

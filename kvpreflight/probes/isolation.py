@@ -145,7 +145,7 @@ class IsolationSizes:
             share = target // count
             load_gen = max(1, min(gen, share // 2))
             per = max(1, min(longest, share - load_gen))
-        pair = max(1, concurrency) * limits.max_accepted  # the concurrent probes: prompt plus answer
+        pair = max(1, concurrency) * limits.max_accepted  # the concurrent probes: prompt plus answer (capacity_plan)
         off = caching_off(snapshots) is not None
         return cls(gen=gen, longest=longest, min_pool=min_pool, over=over, over_where=where, transfer_size=size,
                    transfer_victim=max(1, min(longest, int(size * 0.45))), decode_prompt=decode_prompt,
@@ -485,7 +485,7 @@ def open_tenants(entry: EngineAdapter, engines: Mapping[str, EngineAdapter], lim
         # The canary back to back: an echoing model repeats it from any offset.
         ids = {tenant: valid_token_ids(tenants[tenant].adapter, engines.values(), length, f"{canaries[tenant]} ")
                for tenant in Tenant}
-        yield TenantPrompts(clients=tenants, canaries=canaries, ids=ids)
+        yield TenantPrompts(clients=tenants, canaries=canaries, ids=ids, answer_tokens=sizes.gen)
     finally:
         for http in clients:
             http.close()

@@ -32,3 +32,4 @@ class TenantPrompts:
     clients: Mapping[Tenant, TenantClient]
     canaries: Mapping[Tenant, str]
     ids: Mapping[Tenant, list[int]]  # the tenant's canary back to back, long enough for any probe
+    answer_tokens: int  # a scanned answer: long enough to show another tenant's stale pages
