@@ -23,7 +23,6 @@ import os
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +31,8 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from kvpreflight.boot.plan import free_port  # below the ephemeral range (see there)
 
 TESTS_DIR = Path(__file__).resolve().parent
 TINY_MODELS = TESTS_DIR / "tiny_models.py"
@@ -115,12 +116,6 @@ def llama_python() -> str:
     if os.environ.get(ENV_LLAMA_PYTHON):
         return _required_executable(ENV_LLAMA_PYTHON)
     return vllm_python()
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 # ---------------------------------------------------------------- process table (no psutil)

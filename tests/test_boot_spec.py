@@ -4,12 +4,14 @@ placeholders and defaults come out as a user would expect."""
 from __future__ import annotations
 
 import json
+import socket
 import sys
 from pathlib import Path
 
 import pytest
 
 from kvpreflight.boot import BootError, load_spec, parse_spec
+from kvpreflight.boot import plan as plan_module
 from kvpreflight.boot.plan import plan_deployment
 from kvpreflight.boot.spec import PLACEHOLDER
 
@@ -220,3 +222,24 @@ def test_a_waiver_expiry_in_a_spec_is_kept_as_a_day():
     parsed = parse_spec(spec(checks={"skip": [{"id": "kv-capacity", "reason": "r", "until": datetime.date(2026, 12, 31)}]}),
                         source="d.yaml")
     assert [(w.check_id, w.until) for w in parsed.checks.skip] == [("kv-capacity", "2026-12-31")]
+
+
+def test_auto_ports_lie_below_the_ephemeral_range_so_no_outgoing_connection_takes_one_first():
+    """A router's port is chosen before its workers start; an outgoing connection made meanwhile
+    takes its local port from the ephemeral range, and once took a router's (smg: "Address already
+    in use"). Chosen ports are therefore below that range, free and distinct."""
+    low = plan_module._ephemeral_low()
+    ports = [plan_module.free_port() for _ in range(20)]
+    assert all(plan_module.PRIVATE_PORTS_FROM <= p < low for p in ports), (low, ports)
+    held = ports[0]
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", held))
+        busy.listen()
+        assert plan_module.port_in_use(held)
+    assert plan_module.free_port(avoid=set(ports)) not in ports
+
+
+def test_without_room_below_the_ephemeral_range_the_kernel_picks(monkeypatch):
+    monkeypatch.setattr(plan_module, "_ephemeral_low", lambda: 1024)
+    port = plan_module.free_port()
+    assert port >= 1024 and not plan_module.port_in_use(port)

@@ -7,17 +7,22 @@ an engine without a port) are configuration errors: BootConfigError (exit 2).
 from __future__ import annotations
 
 import errno
+import random
 import re
 import socket
 import sys
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from kvpreflight.boot.errors import BootConfigError, BootError
 from kvpreflight.boot.spec import DEFAULT_HEALTH_PATH, PLACEHOLDER, SMG_READY_PATH, DeploymentSpec, EngineSpec
 from kvpreflight.model import RouterKind
+
+EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
+PRIVATE_PORTS_FROM = 20000  # chosen ports lie in [this, the ephemeral range's start)
 
 LOOPBACK = "127.0.0.1"
 _LOCAL_HOSTS = {"127.0.0.1", "localhost", "0.0.0.0", "::1", "::"}
@@ -47,14 +52,30 @@ class DeploymentPlan:
 
 
 def free_port(host: str = LOOPBACK, avoid: frozenset[int] | set[int] = frozenset()) -> int:
-    """A port nothing listens on right now (the kernel's pick), not one of `avoid`."""
+    """A port nothing listens on right now, not one of `avoid`. Picked below the kernel's ephemeral
+    range: a port is chosen well before the engine binds it (a router starts after its workers are
+    ready), and a port from that range can meanwhile become the local end of any outgoing
+    connection (readiness probes, prefill-to-decode transfers), so the engine's bind would fail."""
+    low = _ephemeral_low()
+    rng = random.SystemRandom()
     for _ in range(50):
+        port = rng.randrange(PRIVATE_PORTS_FROM, low) if low > PRIVATE_PORTS_FROM else 0
+        if port and port not in avoid and not port_in_use(port, host):
+            return port
+    for _ in range(50):  # no room below the ephemeral range: the kernel's pick
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))
             port = sock.getsockname()[1]
         if port not in avoid:
             return port
-    raise BootError("could not find a free port on 127.0.0.1")
+    raise BootError(f"could not find a free port on {host}")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path(EPHEMERAL_RANGE_FILE).read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def port_in_use(port: int, host: str = LOOPBACK) -> bool:

@@ -13,7 +13,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -23,15 +22,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvpreflight.boot.plan import free_port  # below the ephemeral range (see there)
 from kvpreflight.builtin_engine.config import FAULTS_ENV
 
 HOST = "127.0.0.1"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind((HOST, 0))
-        return s.getsockname()[1]
 
 
 @dataclass
