@@ -133,7 +133,8 @@ def preview(options: CheckPlan, *, measure: bool, progress: Callable[[str], None
             if calibration.speed is None:
                 out.append(GroupPreview(plan=plan, calibration=f"sent {sent}; no speed measured: {calibration.failure}"))
                 continue
-            out.append(GroupPreview(plan=plan, speed=calibration.speed, calibration=f"sent {sent}",
+            retried = "".join(f"; {note}" for note in calibration.retried)
+            out.append(GroupPreview(plan=plan, speed=calibration.speed, calibration=f"sent {sent}{retried}",
                                     estimate_s=budget.calibrated(calibration.speed, plan.requests)))
         return out
     finally:
@@ -274,6 +275,8 @@ def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSn
         progress("calibrating: a warm-up and two short requests through the entry measure its speed")
         calibration = calibrate(entry, engines.values(), budget, max_accepted=limits.max_accepted,
                                 timeout_s=min(options.timeout_s, budget.remaining_s()))
+        for retry in calibration.retried:
+            progress(f"warning: {retry}")
         if calibration.speed is None:
             budget.stop(f"the engine's speed could not be measured, so it was probed no further: {calibration.failure}")
             return

@@ -81,6 +81,7 @@ class Calibration:
     speed: Speed | None
     completions: tuple[Completion, ...] = ()
     failure: str | None = None  # why no speed was measured
+    retried: tuple[str, ...] = ()  # calibration requests that got no answer and were sent again
 
 
 def calibrate(entry: EngineAdapter, engines: Iterable[EngineAdapter], budget: Budget, *, max_accepted: int,
@@ -102,19 +103,40 @@ def calibrate(entry: EngineAdapter, engines: Iterable[EngineAdapter], budget: Bu
                                                                                   max(timeout_s, budget.remaining_s())))
     if not warm.served:
         return Calibration(None, (warm,), _unserved(warm, "an 8-token warm-up request"))
-    tiny = budget.send(entry, tiny_ids, max_tokens=1, stream=False, timeout_s=timeout_s)
-    if not tiny.served:
-        return Calibration(None, (warm, tiny), _unserved(tiny, "an 8-token calibration request"))
-    second = budget.send(entry, short_ids, max_tokens=SHORT_MAX_TOKENS, stream=True, timeout_s=timeout_s)
+    sent: list[Completion] = [warm]
+    retried: list[str] = []
+
+    def measured(tokens: int, ids: list[int], *, max_tokens: int, stream: bool, what: str) -> Completion:
+        """One calibration request; one that got no answer at all is sent once more, fresh: a
+        vLLM P/D pair on 2 CPU cores once left a single 8-token request unanswered for 30 s
+        and served the rest. A second silence means the engine is not answering."""
+        first = budget.send(entry, ids, max_tokens=max_tokens, stream=stream, timeout_s=timeout_s)
+        sent.append(first)
+        if first.served or not first.timed_out or not budget.may_send():
+            return first
+        retried.append(f"{what} got no answer within --timeout ({first.elapsed_s:.1f} s); a fresh one was sent")
+        again = budget.send(entry, valid_token_ids(entry, engines, tokens, _fresh("calibration")), max_tokens=max_tokens,
+                            stream=stream, timeout_s=timeout_s)
+        sent.append(again)
+        return again
+
+    try:
+        tiny = measured(TINY_TOKENS, tiny_ids, max_tokens=1, stream=False, what="an 8-token calibration request")
+        if not tiny.served:
+            return Calibration(None, tuple(sent), _unserved(tiny, "an 8-token calibration request"), tuple(retried))
+        second = measured(short, short_ids, max_tokens=SHORT_MAX_TOKENS, stream=True,
+                          what=f"a {short}-token calibration request")
+    except EngineError as exc:
+        return Calibration(None, tuple(sent), f"no calibration prompt could be tokenized: {exc}", tuple(retried))
     if not second.served:
-        return Calibration(None, (warm, tiny, second), _unserved(second, f"a {short}-token calibration request"))
+        return Calibration(None, tuple(sent), _unserved(second, f"a {short}-token calibration request"), tuple(retried))
     first_token = second.ttft_s if second.ttft_s is not None else second.elapsed_s
     prefill_s = max(first_token - tiny.elapsed_s, first_token * 0.05, MIN_MEASURABLE_S)
     generated = second.completion_tokens or 1
     decode = max(0.0, second.elapsed_s - first_token) / max(1, generated - 1)
     speed = Speed(overhead_s=tiny.elapsed_s, prefill_tokens_per_second=short / prefill_s, decode_s_per_token=decode,
                   measured_on=f"{TINY_TOKENS}- and {short}-token requests through the entry")
-    return Calibration(speed, (warm, tiny, second))
+    return Calibration(speed, tuple(sent), retried=tuple(retried))
 
 
 def _fresh(purpose: str) -> str:

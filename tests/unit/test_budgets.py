@@ -161,3 +161,40 @@ def test_without_a_measured_speed_the_assumed_rate_is_used_and_said():
     assert budget.natural_s(40000, Expect.ACCEPT) == pytest.approx(7)
     assert budget.natural_s(40000, Expect.REJECT) == pytest.approx(5.04)
     assert "assumed 20,000" in budget.rate_note()
+
+
+def test_a_calibration_request_left_unanswered_once_is_sent_again_fresh_and_said():
+    """A vLLM P/D pair once left one 8-token request unanswered for 30 s and served the rest: one
+    silence in calibration costs one fresh request, not the whole check; it is said on stderr."""
+    calls = {"tiny": 0}
+
+    def script(engine: FakeEngine, sent: Sent) -> Completion | None:
+        if sent.tokens == TINY_TOKENS:
+            calls["tiny"] += 1
+            if calls["tiny"] == 2:  # the warm-up is served; the first measured one is not
+                return hang(sent)
+        return None
+    engine = FakeEngine(snapshot(URL), script=script)
+    said: list[str] = []
+    report = run_check(CheckPlan(targets=(Target(URL),), engine="fake", timeout_s=5), progress=said.append)  # type: ignore[arg-type]
+    sizes = [s.tokens for s in engine.sent]
+    assert sizes[4:8] == [TINY_TOKENS, TINY_TOKENS, TINY_TOKENS, SHORT]  # warm-up, silence, fresh retry, streamed
+    assert engine.sent[5].seed != engine.sent[6].seed  # fresh: not served from a cache the first one filled
+    assert any("an 8-token calibration request got no answer within --timeout" in line and "a fresh one was sent" in line
+               for line in said), said
+    assert result(report, "prompt-integrity").status is Status.PASS
+
+
+def test_a_calibration_request_unanswered_twice_means_the_engine_is_not_answering():
+    calls = {"tiny": 0}
+
+    def script(engine: FakeEngine, sent: Sent) -> Completion | None:
+        if sent.tokens == TINY_TOKENS:
+            calls["tiny"] += 1
+            if calls["tiny"] > 1:
+                return hang(sent)
+        return None
+    engine = FakeEngine(snapshot(URL), script=script)
+    report = check(engine)
+    assert [s.tokens for s in engine.sent][4:] == [TINY_TOKENS, TINY_TOKENS, TINY_TOKENS]
+    assert "not answering" in result(report, "prompt-integrity").message
