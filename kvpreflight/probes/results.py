@@ -76,6 +76,7 @@ class ProbeResult:
     counter_deltas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # url -> Counters field -> delta
     foreign_markers: tuple[str, ...] = ()  # synthetic markers in the response that this request never sent
     danger_lines: tuple[DangerLine, ...] = ()  # logged while this probe was in flight
+    tenant: Tenant | None = None  # sent as this synthetic tenant, its canary in the prompt (isolation reuses it)
 
 
 @dataclass(frozen=True, kw_only=True)
