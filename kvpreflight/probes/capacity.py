@@ -130,6 +130,7 @@ class CapacityProber:
                 calibrated = True
                 if self.budget.may_send():
                     calibrate()
+                    self._latest = None  # the calibration requests moved the counters: not this probe's doing
             if planned.name == "concurrent":
                 probes.extend(self._concurrent(ids[: planned.prompt_tokens], planned.concurrent, planned.max_tokens))
             elif planned.name == "health":

@@ -73,6 +73,7 @@ from kvpreflight.probes.tenants import TenantClient, TenantPrompts
 from kvpreflight.probes.tokens import valid_token_ids
 
 SCAN_MAX_TOKENS = 256  # answers long enough to reach past a lost first transfer batch
+MIN_SCAN_TOKENS = 16  # an answer shorter than this cannot hold a canary: not a scan (TenantRequest.scanned)
 CANCEL_DECODE_MAX_TOKENS = 512
 MAX_LOAD_REQUESTS = 8
 SCAN_PROMPT_FRACTION = 64  # a short scenario prompt: 1/64 of the context...
@@ -147,12 +148,13 @@ class IsolationSizes:
             per = max(1, min(longest, share - load_gen))
         pair = max(1, concurrency) * limits.max_accepted  # the concurrent probes: prompt plus answer (capacity_plan)
         off = caching_off(snapshots) is not None
+        pages = [s.page_size for s in snapshots if s.page_size]
         return cls(gen=gen, longest=longest, min_pool=min_pool, over=over, over_where=where, transfer_size=size,
                    transfer_victim=max(1, min(longest, int(size * 0.45))), decode_prompt=decode_prompt,
                    decode_max_tokens=max(gen, min(CANCEL_DECODE_MAX_TOKENS, ctx - decode_prompt - 1)),
                    load_count=count, load_per=per, load_max_tokens=load_gen, short=short,
                    pair_is_load=min_pool is not None and concurrency >= 2 and 0.8 * min_pool <= pair <= min_pool,
-                   cache_prefixes=1 if off else CACHE_PREFIXES, cache_tokens=cache_prompt_tokens(longest, ctx))
+                   cache_prefixes=1 if off else CACHE_PREFIXES, cache_tokens=cache_prompt_tokens(longest, ctx, max(pages, default=None)))
 
     @property
     def normal_tokens(self) -> int:
@@ -257,10 +259,26 @@ class IsolationProber:
                               "both tenants ran and were scanned")
 
     def _boundary(self) -> Scenario:
-        if self.shared:
-            return self._carried("boundary", self.shared, "both tenants ran at the longest accepted prompt: the capacity "
-                                 "probes' near-limit requests carried their canaries (boundary-accept: a; concurrent: a and b)")
         n = self.longest
+        if self.shared:
+            carried = self._carried("boundary", self.shared, "both tenants ran at the longest accepted prompt: the capacity "
+                                    "probes' near-limit requests carried their canaries (boundary-accept: a; concurrent: a and b)")
+            scanned = {r.tenant for r in carried.requests if r.served and r.scanned}
+            missing = [t for t in (A, B) if t not in scanned]
+            if not missing:
+                return carried
+            # The concurrent pair was not served for every tenant (it fails concurrent-capacity):
+            # the missing tenant's boundary request is sent here, so the scenario still scans both.
+            if not self.budget.may_send():
+                return replace(carried, stopped=self.budget.stopped)
+            self.progress("isolation: boundary (for tenant " + ", ".join(t.value for t in missing) + ")")
+            extra = [r for t in missing if (r := self._send(t, f"boundary-{t.value}", n)) is not None]
+            names = ", ".join(t.value for t in missing)
+            return replace(carried, requests=carried.requests + tuple(extra),
+                           occurred=True if carried.requests or extra else None,
+                           occurrence=(f"both tenants ran at the longest accepted prompt (tenant {names}: its own boundary "
+                                       "request, as the concurrent pair did not serve it)"),
+                           stopped=self.budget.stopped if len(extra) < len(missing) else None)
         order = (A, B, B, A)
         return self._scenario("boundary", lambda: [self._send(t, f"boundary-{t.value}{i + 1}", n)
                                                    for i, t in enumerate(order)],
@@ -385,7 +403,8 @@ class IsolationProber:
     def _carried(self, name: str, probes: Sequence[ProbeResult], shown: str, churn: bool = False) -> Scenario:
         """A scenario made of capacity probes that carried the tenants' canaries: scanned here,
         sent once. Its counters are those of the probes' windows (the concurrent ones share one)."""
-        requests = tuple(self._scan(p.tenant, f"{p.name}-{p.tenant.value}", p.completion, p.completion.text)
+        requests = tuple(replace(self._scan(p.tenant, f"{p.name}-{p.tenant.value}", p.completion, p.completion.text),
+                                 scanned=p.completion.max_tokens >= MIN_SCAN_TOKENS)
                          for p in probes if p.tenant is not None)
         deltas: dict[str, dict[str, float]] = {}
         for p in {p.name.rstrip("0123456789").rstrip("-"): p for p in probes}.values():

@@ -29,10 +29,13 @@ from kvpreflight.probes.tenants import TenantClient
 
 CACHE_PREFIXES = 3  # fresh shared prefixes (medians of TTFT); one where the engines state caching is off
 MAX_PROMPT_TOKENS = 1024
-# The controls' prompt: 1/256 of the context, at least 128 tokens (several pages of any engine,
-# so a same-tenant repeat can hit more than half of it), at most MAX_PROMPT_TOKENS.
+# The controls' prompt: 1/256 of the context, at least 128 tokens and 4 of the engines' pages (a
+# repeat hits whole pages only, never the last token's: a prompt of one 128-token vLLM block got no
+# hit at all), at most MAX_PROMPT_TOKENS.
 PROMPT_FRACTION = 256
 MIN_PROMPT_TOKENS = 128
+MIN_PROMPT_PAGES = 4
+ASSUMED_PAGE_TOKENS = 128  # where no engine states its page size (vLLM's CPU default block)
 ORDER = ((CacheProbeKind.COLD, Tenant.A), (CacheProbeKind.WARM, Tenant.A), (CacheProbeKind.WARM, Tenant.A),
          (CacheProbeKind.CROSS, Tenant.B))
 DEFAULT_TIMING_SAMPLES = 30
@@ -50,8 +53,9 @@ def caching_off(snapshots: Sequence[EngineSnapshot]) -> str | None:
     return "; ".join(f"{url} reports it off" for url in off) or None
 
 
-def cache_prompt_tokens(longest: int, context: int) -> int:
-    return max(1, min(longest, MAX_PROMPT_TOKENS, max(MIN_PROMPT_TOKENS, context // PROMPT_FRACTION)))
+def cache_prompt_tokens(longest: int, context: int, page_tokens: int | None) -> int:
+    pages = MIN_PROMPT_PAGES * (page_tokens or ASSUMED_PAGE_TOKENS)
+    return max(1, min(longest, MAX_PROMPT_TOKENS, max(MIN_PROMPT_TOKENS, pages, context // PROMPT_FRACTION)))
 
 
 def timing_prompt_tokens(longest: int) -> int:

@@ -116,6 +116,9 @@ class TenantRequest:
     abandoned: str | None = None  # how we disconnected ("after transfer start", "after first token", ...)
     own_seen: bool = False  # the tenant's own canary surfaced (positive control)
     crossings: tuple[str, ...] = ()  # the other tenant's canary, fragments, other synthetic markers
+    # False: its answer had no room for a canary (prompt-integrity's probe at the limit, 1 token):
+    # it only wrote the tenant's canary into the pool, for the other tenant's later answers to show.
+    scanned: bool = True
 
     @property
     def served(self) -> bool:

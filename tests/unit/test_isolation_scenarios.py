@@ -10,7 +10,7 @@ import pytest
 from support.fake_adapter import FakeAdapter, FakeEngine, Sent, snapshot
 
 from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks import CheckContext, run_checks
+from kvpreflight.checks import CheckContext, run_checks, tenant_isolation
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.model import Completion, EngineSnapshot, Role, Status
 from kvpreflight.probes import isolation
@@ -144,14 +144,14 @@ def test_without_a_salt_an_engine_shares_the_prefix_across_tenants():
 
 
 def test_prefix_cache_controls_send_cold_warm_warm_cross_per_fresh_prefix():
-    engine = FakeEngine(snapshot(URL))
+    engine = FakeEngine(snapshot(URL, page_size=16))
     run = isolate(engine)
     assert run.cache is not None
     assert [(p.kind, p.tenant, p.prefix) for p in run.cache.probes] == [
         (kind, tenant, prefix) for prefix in range(3)
         for kind, tenant in ((CacheProbeKind.COLD, Tenant.A), (CacheProbeKind.WARM, Tenant.A),
                              (CacheProbeKind.WARM, Tenant.A), (CacheProbeKind.CROSS, Tenant.B))]
-    # max(128, 8192 // 256) tokens: a few pages, not 1/8 of the context
+    # max(128, 4 pages of 16, 8192 // 256) tokens: a few pages, not 1/8 of the context
     assert run.cache.prompt_tokens == 128 and all(p.completion.sent_tokens == 128 for p in run.cache.probes)
     assert all(p.hit_metric_delta == (1 if p.kind is CacheProbeKind.WARM else 0) for p in run.cache.probes)
 
@@ -256,7 +256,7 @@ def test_near_limit_prompts_are_sent_once_and_are_the_boundary_and_load_scenario
     # (tenant a) and concurrent pair (a and b at once) carry the canaries; the isolation prober
     # scans them as its boundary scenario, and the pair (16,370 of a 16,384-token pool) as its load
     # scenario, and sends only short prompts of its own (over-capacity requests apart).
-    engine = FakeEngine(snapshot(URL, pool=16384, context=8192))
+    engine = FakeEngine(snapshot(URL, pool=16384, context=8192, page_size=16))
     client = HttpClient()
     adapter = FakeAdapter(URL, client)
     engines = {URL: adapter}
@@ -280,5 +280,44 @@ def test_near_limit_prompts_are_sent_once_and_are_the_boundary_and_load_scenario
     boundary, load = scenario(run, "boundary"), scenario(run, "load")
     assert sorted(r.tenant.value for r in boundary.requests) == ["a", "a", "b"] and boundary.occurred is True
     assert all(r.own_seen and not r.crossings for r in boundary.requests)
+    # boundary-accept's 1-token answer cannot hold a canary: it plants tenant a's, it is no scan
+    assert [r.name for r in boundary.requests if not r.scanned] == ["boundary-accept-a"]
     assert load.occurred is True and "the concurrent-capacity requests, one per tenant" in load.occurrence
     assert judged(run, (engine.snap,), "tenant-isolation").status is Status.WARN  # cancel-transfer unconfirmed (unified)
+
+
+@pytest.mark.parametrize(("page_size", "tokens"), [(16, 128), (128, 512), (None, 512)])
+def test_prefix_cache_controls_span_four_pages_so_a_repeat_can_hit_whole_pages(page_size, tokens):
+    """A repeat hits whole pages only: a one-page prompt (vLLM's 128-token CPU block) got no hit at
+    all and made prefix-cache-isolation inconclusive on an honest vLLM. Unknown pages: 128 assumed."""
+    run = isolate(FakeEngine(snapshot(URL, page_size=page_size)))
+    assert run.cache is not None and run.cache.prompt_tokens == tokens
+
+
+def test_a_pair_that_refuses_tenant_b_leaves_the_boundary_scenario_its_own_request_for_b():
+    """A unified pool that cannot hold the concurrent pair refuses one of it (concurrent-capacity
+    fails): the boundary scenario then sends tenant b's boundary request itself, so it still scans
+    both tenants instead of going inconclusive."""
+    def refuse_pair_b(engine: FakeEngine, sent: Sent) -> Completion | None:
+        if sent.tokens == 8185 - GEN and tenant_of(sent) == "b":
+            return Completion(sent_tokens=sent.tokens, max_tokens=sent.max_tokens, streamed=False, status=500,
+                              elapsed_s=0.01, text="")
+        return None
+
+    engine = FakeEngine(snapshot(URL, pool=16384, context=8192, page_size=16), script=refuse_pair_b)
+    client = HttpClient()
+    adapter = FakeAdapter(URL, client)
+    engines = {URL: adapter}
+    limits = deployment_limits(adapter, [engine.snap])
+    assert limits is not None
+    settings = IsolationSettings(timeout_s=5, churn_allowed=True, binding="a cache_salt per tenant")
+    budget = Budget(timeout_s=5, fallback_tokens_per_second=20000)
+    with isolation.open_tenants(adapter, engines, limits, settings, {}, ({}, {}), salted=True) as prompts:
+        capacity = CapacityProber(adapter, engines, limits, ProbeSettings(), budget, tenants=prompts).run()
+        run = run_isolation(adapter, engines, [engine.snap], limits, settings, budget, {}, ({}, {}), salted=True,
+                            prompts=prompts, shared=capacity)
+    boundary = scenario(run, "boundary")
+    assert [(r.name, r.served) for r in boundary.requests] == [
+        ("boundary-accept-a", True), ("concurrent-1-a", True), ("concurrent-2-b", False), ("boundary-b", True)]
+    assert "tenant b: its own boundary request" in boundary.occurrence
+    assert tenant_isolation.scenario_verdict(boundary)[0] is Status.PASS
