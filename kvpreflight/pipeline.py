@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 from kvpreflight import __version__
@@ -25,7 +26,7 @@ from kvpreflight.probes.budget import Budget, calibrate
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, capacity_plan, deployment_limits
 from kvpreflight.probes.cost import CostMeter
 from kvpreflight.probes.engine_state import EngineState
-from kvpreflight.probes.isolation import IsolationSettings, IsolationSizes, run_isolation
+from kvpreflight.probes.isolation import IsolationSettings, IsolationSizes, open_tenants, run_isolation
 from kvpreflight.probes.logs import LogWatch
 from kvpreflight.probes.prefix_cache import DEFAULT_TIMING_SAMPLES
 from kvpreflight.probes.results import IsolationRun, Limits, ProbeRun
@@ -51,8 +52,7 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
         for entry_url, group in _groups(options, snapshots):
             entry = _entry_adapter(entry_url, group, client)
             logs = _log_watch(options, group, adapters, listing)
-            run = _probe(options, entry, group, adapters, settings, budget, progress, logs)
-            isolation = _isolate(options, entry, group, adapters, settings, budget, progress, run)
+            run, isolation = _probe(options, entry, group, adapters, settings, budget, progress, logs)
             ctx = CheckContext(tuple(group), thresholds, options.context_length, run, entry_url, advisories,
                                isolation=isolation)
             results.extend(run_checks(ctx, per_group_ids, options.waivers))
@@ -160,9 +160,10 @@ def group_plan(options: CheckPlan, entry_url: str | None, entry: EngineAdapter |
     limits = deployment_limits(entry, group)
     if limits is None:
         return none("the engines state no served context or request limit, so no probe size can be derived")
-    requests = (*capacity_plan(limits, settings.concurrency),
-                *IsolationSizes.of(limits, group).plan(churn=_churn_allowed(options, group),
-                                                       timing_samples=_timing_samples(options)))
+    sizes = IsolationSizes.of(limits, group, settings.concurrency)
+    # The concurrent requests carry the tenants' canaries and scanned answers (probes/isolation.py).
+    requests = (*capacity_plan(limits, settings.concurrency, scan_tokens=sizes.gen),
+                *sizes.plan(churn=_churn_allowed(options, group), timing_samples=_timing_samples(options)))
     return GroupPlan(entry=entry_url, engines=tuple(s.url for s in group), limits=limits, requests=requests)
 
 
@@ -255,20 +256,25 @@ def _entry_adapter(entry_url: str | None, group: list[EngineSnapshot], client: H
 
 
 def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
-           settings: ProbeSettings, budget: Budget, progress: Callable[[str], None], logs: LogWatch) -> ProbeRun | None:
+           settings: ProbeSettings, budget: Budget, progress: Callable[[str], None], logs: LogWatch,
+           ) -> tuple[ProbeRun | None, IsolationRun | None]:
+    """The capacity probes, then the two-tenant probes through the same entry and as the same
+    tenants: the capacity probes' near-limit requests carry the tenants' canaries, so the
+    isolation probes need not send near-limit prompts of their own (issue 14)."""
     if options.capacity_only:
-        return None
+        return None, None  # the checks say so
     try:
         plan = group_plan(options, entry.url if entry else None, entry, group, settings)
     except EngineError as exc:
-        return ProbeRun(limits=None, not_run=f"probes could not run: {exc}")
+        return _not_probed(ProbeRun(limits=None, not_run=f"probes could not run: {exc}"))
     limits = plan.limits
     if plan.not_probed or limits is None or entry is None:
-        return ProbeRun(limits=limits, not_run=plan.not_probed)
+        return _not_probed(ProbeRun(limits=limits, not_run=plan.not_probed))
     plan.refuse_above(options.max_context_equivalents)  # before any request
     if not budget.may_send():
-        return ProbeRun(limits=limits, not_run=f"no probe was sent: {budget.stopped}")
+        return _not_probed(ProbeRun(limits=limits, not_run=f"no probe was sent: {budget.stopped}"))
     engines = {s.url: adapters[s.url] for s in group}
+    iso_settings = _isolation_settings(options, group, settings)
 
     def measure() -> None:
         budget.enter("calibration")
@@ -288,36 +294,46 @@ def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSn
                  f"{estimate:.0f} s{deadline}")
 
     try:
-        return CapacityProber(entry, engines, limits, settings, budget, progress, logs).run(calibrate=measure)
-    except EngineError as exc:
-        return ProbeRun(limits=None, not_run=f"probes could not run: {exc}")
+        with open_tenants(entry, engines, limits, iso_settings, options.headers, options.tenant_headers,
+                          salted=options.tenant_binding is None) as prompts:
+            try:
+                run = CapacityProber(entry, engines, limits, settings, budget, progress, logs, tenants=prompts).run(calibrate=measure)
+            except EngineError as exc:
+                return _not_probed(ProbeRun(limits=None, not_run=f"probes could not run: {exc}"))
+            if run.not_run or run.limits is None:
+                return _not_probed(run)
+            iso_settings = replace(iso_settings, known_markers=iso_settings.known_markers | run.own_markers)
+            return run, run_isolation(entry, engines, group, run.limits, iso_settings, budget, options.headers,
+                                      options.tenant_headers, salted=options.tenant_binding is None, progress=progress,
+                                      prompts=prompts, shared=run, concurrency=settings.concurrency)
+    except EngineError as exc:  # the tenants' prompts could not be built: capacity probes without them
+        try:
+            run = CapacityProber(entry, engines, limits, settings, budget, progress, logs).run(calibrate=measure)
+        except EngineError as again:
+            return _not_probed(ProbeRun(limits=None, not_run=f"probes could not run: {again}"))
+        return run, IsolationRun(not_run=f"isolation probes could not run: {exc}")
+
+
+def _not_probed(run: ProbeRun) -> tuple[ProbeRun, IsolationRun]:
+    return run, IsolationRun(not_run=run.not_run or "the capacity limits are unknown, so no isolation probe size can be derived")
 
 
 def _churn_allowed(options: CheckPlan, group: Sequence[EngineSnapshot]) -> bool:
     return options.allow_disruptive or options.booted or sorted({s.engine for s in group}) == ["builtin"]
 
 
-def _isolate(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
-             settings: ProbeSettings, budget: Budget, progress: Callable[[str], None], run: ProbeRun | None) -> IsolationRun | None:
-    """The two-tenant probes, after the capacity probes and through the same entry."""
-    if run is None:
-        return None  # --capacity-only: the checks say so
-    if run.not_run or run.limits is None or entry is None:
-        return IsolationRun(not_run=run.not_run or "the capacity limits are unknown, so no isolation probe size can be derived")
+def _isolation_settings(options: CheckPlan, group: Sequence[EngineSnapshot], settings: ProbeSettings) -> IsolationSettings:
     kinds = sorted({s.engine for s in group})
-    iso_settings = IsolationSettings(
+    return IsolationSettings(
         timeout_s=options.timeout_s,
         churn_allowed=_churn_allowed(options, group),
         churn_not_allowed_reason=(f"disruptive (client disconnects, load near the pool) against a live {', '.join(kinds)} "
                                   "deployment; pass --allow-disruptive to run it (it runs by default with --boot, "
                                   "the demo and builtin engines)"),
         binding=options.tenant_binding or "a cache_salt per tenant", timing_samples=_timing_samples(options),
-        known_markers=frozenset(settings.known_markers | run.own_markers), ca_bundle=options.ca_bundle,
+        known_markers=frozenset(settings.known_markers), ca_bundle=options.ca_bundle,
         client_cert=options.client_cert, client_key=options.client_key,
     )
-    engines = {s.url: adapters[s.url] for s in group if s.url in adapters}
-    return run_isolation(entry, engines, group, run.limits, iso_settings, budget, options.headers, options.tenant_headers,
-                         salted=options.tenant_binding is None, progress=progress)
 
 
 def _read_log(path: Path | None) -> str | None:

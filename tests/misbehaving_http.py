@@ -188,8 +188,8 @@ def fixed(body: bytes, content_type: str = "application/json", *, status: str = 
 # -- fake engines, honest except where a scenario says -------------------------------------------
 
 FAKE_CONTEXT = 256  # the served context both fake engines state
-# kvpreflight's near-limit prompts that must be served (boundary-accept, concurrent-capacity) are
-# this close under the limit; the isolation probes' prompts leave room for a longer answer.
+# kvpreflight's near-limit prompts that must be served (boundary-accept, concurrent-capacity), with
+# the room they leave for their answers, are this close under the limit.
 AT_LIMIT_BAND = 5
 FAKE_MODEL = "fake-model"
 FAKE_TOKEN_IDS = [5, 6, 7, 8]
@@ -334,7 +334,10 @@ class Generate:
 
     @property
     def at_limit(self) -> bool:
-        return self.dialect.over_limit_from - AT_LIMIT_BAND <= self.prompt_tokens < self.dialect.over_limit_from
+        # The prompt and the room it leaves for its answer (the concurrent pair's answers are scanned,
+        # so its prompts are the limit less the answer: issue 14).
+        size = self.prompt_tokens + max(0, self.max_new_tokens - 1)
+        return self.dialect.over_limit_from - AT_LIMIT_BAND <= size < self.dialect.over_limit_from
 
 
 Answer = Callable[[Generate], Behaviour]

@@ -58,11 +58,11 @@ def test_a_slow_honest_engine_passes_within_the_time_check_said_it_would_take(sl
 
 
 def test_a_deadline_below_the_estimate_exits_3_naming_the_stage_it_stopped_in(slow_engine: RunningEngine) -> None:
-    proc, wall, report = check(slow_engine, "--deadline", "12")
+    proc, wall, report = check(slow_engine, "--deadline", "6")
     estimate = ESTIMATE.search(proc.stderr)
-    assert estimate and int(estimate.group(1)) > 12, proc.stderr
+    assert estimate and int(estimate.group(1)) > 6, proc.stderr
     assert proc.returncode == 3, [(c["id"], c["status"], c["message"]) for c in report["checks"] if c["status"] == "fail"]
-    assert wall <= 12 + 5
-    stopped = [c["message"] for c in report["checks"] if "stopped at --deadline of 12 s, during the " in c["message"]]
+    assert wall <= 6 + 5
+    stopped = [c["message"] for c in report["checks"] if "stopped at --deadline of 6 s, during the " in c["message"]]
     assert stopped, [c["message"] for c in report["checks"]]
     assert all(c["status"] != "fail" for c in report["checks"] if c["id"] != "kv-sources-agree")

@@ -44,8 +44,13 @@ def assert_isolation_passes_with_positive_controls(report: dict) -> None:
     assert iso["status"] == "pass", iso["message"]
     assert "each tenant's own canary came back" in iso["message"]
     served = [r for s in iso["evidence"]["scenarios"] for r in s.get("requests", []) if r.get("http_status") == 200]
-    assert {r["tenant"] for r in served} == {"a", "b"}
-    assert all(r["own_canary_seen"] for r in served), [r for r in served if not r["own_canary_seen"]]
+    # prompt-integrity's probe at the limit (1-token answer) carries tenant a's canary into the
+    # pool; with no room for the canary in its answer it is marked not scanned, never a failed control
+    planted = [r for r in served if "own_canary_seen" not in r]
+    assert [r["request"] for r in planted] == ["boundary-accept-a"] and "no room for a canary" in planted[0]["scanned"]
+    scanned = [r for r in served if r not in planted]
+    assert {r["tenant"] for r in scanned} == {"a", "b"}
+    assert all(r["own_canary_seen"] for r in scanned), [r for r in scanned if not r["own_canary_seen"]]
     assert not any("foreign_markers" in r for r in served)
 
 
@@ -119,7 +124,7 @@ def test_vllm_disruptive_scenarios_run_when_allowed_and_leave_it_idle(vllm_serve
     # a unified engine shows no KV transfer, so the disconnect during one stays unconfirmed (warn);
     # every scanned answer of both tenants still carried its own canary and nothing foreign
     assert iso["status"] == "warn" and "cancel-transfer: unconfirmed" in iso["message"], iso["message"]
-    served = [r for s in scenarios.values() for r in s["requests"] if r.get("http_status") == 200]
+    served = [r for s in scenarios.values() for r in s["requests"] if r.get("http_status") == 200 and "own_canary_seen" in r]
     assert {r["tenant"] for r in served} == {"a", "b"} and all(r["own_canary_seen"] for r in served)
     assert not any("foreign_markers" in r for r in scenarios["cancel-decode"]["requests"] + served)
     left = [r for r in scenarios["cancel-decode"]["requests"] if r.get("disconnected")]

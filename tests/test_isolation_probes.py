@@ -102,7 +102,8 @@ def test_load_scenario_serves_both_tenants_with_a_second_check_beside_it(tmp_pat
                            for r in load["requests"] if r["http_status"] != 200 or r.get("error_message")
                            or r.get("timed_out") or r.get("transport_error")]
                 assert not refused, f"attempt {attempt + 1}: {refused}"
-                assert {r["tenant"] for r in load["requests"] if r["own_canary_seen"]} == {"a", "b"}
-                assert load["occurrence"].startswith("requests at once: 4 x ("), load["occurrence"]
+                assert {r["tenant"] for r in load["requests"] if r.get("own_canary_seen")} == {"a", "b"}
+                # issue 14: at these pools (2 x 256) the concurrent-capacity pair is the load scenario
+                assert load["occurrence"].startswith("requests at once: 2 x ("), load["occurrence"]
                 assert iso["status"] in ("pass", "warn") and "load:" not in iso["message"], iso["message"]
                 assert code == 0, err[-1500:]

@@ -6,8 +6,8 @@ spec by kvpreflight's boot library and kept up while:
 - `kvpreflight check --entry ROUTER --allow-disruptive` runs against it as a user would (the router
   names both engines and their roles); most tests read that one report;
 - 100 fresh canaries go through the router (issue 15: at least 99 echoed);
-- a second vllm-router, whose decode is a test proxy that strips `kv_transfer_params` in front of
-  the same decode, makes the decode recompute every prompt: `pd-transfer` fails (issue 13);
+- a second vllm-router, whose prefill is a test proxy that strips `kv_transfer_params` from the
+  same prefill's answers, makes the decode recompute every prompt: `pd-transfer` fails (issue 13);
 - the last test stops the pair and finds none of its processes left.
 
 Needs ``scripts/setup_engines.sh`` (vLLM, then nixl and vllm-router into the same venv; conftest
@@ -24,7 +24,7 @@ import tempfile
 import threading
 import time
 import types
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -190,7 +190,7 @@ def test_no_canary_crosses_and_each_tenant_gets_its_own_back(pd_check: CheckRun)
     # warn, not fail, when a churn scenario cannot be confirmed on this pair (the load scenario
     # cannot fill 80% of a 2M-token pool at context 1,024; vLLM has no deferred-release counter)
     assert iso["status"] in ("pass", "warn"), iso["message"]
-    served = [r for r in requests if r.get("http_status") == 200 and not r.get("disconnected")]
+    served = [r for r in requests if r.get("http_status") == 200 and not r.get("disconnected") and "own_canary_seen" in r]
     assert {r["tenant"] for r in served} == {"a", "b"}
     assert all(r["own_canary_seen"] for r in served), [r for r in served if not r["own_canary_seen"]]
 
@@ -210,7 +210,7 @@ def test_the_pair_echoes_99_of_100_fresh_canaries(pd_pair: BootedPair, pd_check:
     assert echoed >= 99
 
 
-def without_kv_transfer_params(_path: str, _headers: Mapping[str, str], body: Any) -> Any:
+def without_kv_transfer_params(_path: str, body: Any) -> Any:
     if isinstance(body, dict):
         body.pop("kv_transfer_params", None)
     return body
@@ -218,22 +218,24 @@ def without_kv_transfer_params(_path: str, _headers: Mapping[str, str], body: An
 
 def test_pd_transfer_fails_when_the_decode_gets_no_transfer_params(
         pd_pair: BootedPair, pd_check: CheckRun, vllm_router_binary: str, tmp_path: Path) -> None:
-    """Issue 13's degradation on the real pair: a second vllm-router whose decode is a proxy that
-    strips `kv_transfer_params` from what the router sends the decode. vLLM's decode then computes
-    every prompt itself (PD degraded without an error); the decode's counters show it."""
-    decode = pd_pair.decode
-    with rewriting_proxy(decode.url, Rewrites(request=without_kv_transfer_params)) as stripped_decode:
+    """Issue 13's degradation on the real pair: a second vllm-router whose prefill is a proxy that
+    strips `kv_transfer_params` from the prefill's answers. The router logs "No kv_transfer_params
+    for prefill ..., decode will proceed without them" and vLLM's decode computes every prompt
+    itself (PD degraded without an error); the decode's counters show it. (A proxy stripping them
+    on the way to the decode instead left every request after the first unanswered.)"""
+    prefill, decode = pd_pair.prefill, pd_pair.decode
+    with rewriting_proxy(prefill.url, Rewrites(reply=without_kv_transfer_params)) as stripped_prefill:
         port, metrics_port = realengines.free_port(), realengines.free_port()
         router = realengines.start_engine(  # its own metrics port: the first router holds the default 29000
             "vllm-router-stripped",
             [vllm_router_binary, "--vllm-pd-disaggregation", "--kv-connector", "nixl", "--policy", "round_robin",
-             "--prefill", pd_pair.prefill.url, "--decode", stripped_decode, "--host", "127.0.0.1", "--port", str(port),
+             "--prefill", stripped_prefill, "--decode", decode.url, "--host", "127.0.0.1", "--port", str(port),
              "--prometheus-port", str(metrics_port)],
             port=port, log_path=tmp_path / "router-stripped.log", ready_path="/health",
             ready_timeout_s=ROUTER_READY_TIMEOUT_S)
         with router:
-            run = run_check("--entry", router.url, "--log", f"{pd_pair.prefill.url}={pd_pair.prefill.log_path}",
-                            "--log", f"{stripped_decode}={decode.log_path}", "--deadline", str(STRIPPED_DEADLINE_S))
+            run = run_check("--entry", router.url, "--log", f"{stripped_prefill}={prefill.log_path}",
+                            "--log", f"{decode.url}={decode.log_path}", "--deadline", str(STRIPPED_DEADLINE_S))
     transfer = run.check("pd-transfer")
     print(f"vllm-pd-nixl stripped check: exit {run.exit_code} in {run.wall_s:.0f} s; pd-transfer {transfer['status']}: "
           f"{transfer['message']}", file=sys.stderr)

@@ -14,6 +14,10 @@ from kvpreflight.model import ProcessRole
 # Faults are read from this environment variable, never from the engine's argv, so that no
 # endpoint (launch_command included), metric or log line can reveal them.
 FAULTS_ENV = "KVPREFLIGHT_BUILTIN_FAULTS"
+# Test only: a racy fault, as it shows in production, fires at some of its chances, not all. With
+# this set (a probability in (0, 1]), fault early-free-on-cancel fires at each disconnect with
+# that probability; unset, at every one. benchmarks/bench_detection.py uses it.
+FAULT_PROBABILITY_ENV = "KVPREFLIGHT_BUILTIN_FAULT_PROBABILITY"
 
 
 class Fault(str, enum.Enum):
@@ -97,6 +101,7 @@ class EngineConfig:
     page_size: int = 16
     model_name: str = "kvpreflight-builtin-copy"
     faults: frozenset[Fault] = frozenset()
+    fault_probability: float = 1.0  # racy faults fire at each chance with this probability
     transfer_delay_ms: int = 0
     transfer_fail_every: int = 0
     page_log: str | None = None
@@ -163,6 +168,19 @@ def pd_wait_from_env(role: ProcessRole, environ: Mapping[str, str] | None = None
 def faults_from_env(environ: Mapping[str, str] | None = None) -> frozenset[Fault]:
     raw = (environ if environ is not None else os.environ).get(FAULTS_ENV, "")
     return parse_faults(raw.split(","), FAULTS_ENV)
+
+
+def fault_probability_from_env(environ: Mapping[str, str] | None = None) -> float:
+    raw = (environ if environ is not None else os.environ).get(FAULT_PROBABILITY_ENV, "").strip()
+    if not raw:
+        return 1.0
+    try:
+        value = float(raw)
+    except ValueError:
+        value = float("nan")
+    if not 0.0 < value <= 1.0:
+        raise EngineConfigError(f"{FAULT_PROBABILITY_ENV}={raw} must be a probability in (0, 1]; unset it for always")
+    return value
 
 
 def derive_pool_tokens(total_bytes: int, available_bytes: int, mem_fraction_static: float, page_size: int) -> int:

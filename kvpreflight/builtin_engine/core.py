@@ -6,6 +6,7 @@ Faults live in `self.faults` and change behaviour only; nothing here reports the
 
 from __future__ import annotations
 
+import random
 import threading
 import time
 from collections.abc import Iterator
@@ -70,6 +71,11 @@ class Engine:
         with self._counter_lock:
             for name, delta in deltas.items():
                 setattr(self.counters, name, getattr(self.counters, name) + delta)
+
+    def fault_fires(self) -> bool:
+        """Whether a racy fault fires at this chance (always, unless a probability is set)."""
+        p = self.config.fault_probability
+        return p >= 1.0 or random.random() < p
 
     def next_transfer_seq(self) -> int:
         """1, 2, 3, ... for the KV transfers this engine sends (the transfer faults pick by it)."""

@@ -128,7 +128,7 @@ class DecodeHandoff:
             # Nothing reserved yet: stop waiting for the prefill (the fetch sees the cancel).
             if room.sock is not None:
                 shutdown_socket(room.sock)
-        elif room.done.is_set() or Fault.EARLY_FREE_ON_CANCEL in self.engine.faults:
+        elif room.done.is_set() or (Fault.EARLY_FREE_ON_CANCEL in self.engine.faults and self.engine.fault_fires()):
             self._release_pages(room, reason="cancelled")
         # else: the fetch releases them when the transfer ends (see _transfer_ended).
 

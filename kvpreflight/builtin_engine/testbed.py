@@ -136,16 +136,18 @@ def stop_engine(engine: RunningEngine) -> None:
 def start_pd(workdir: Path, *, context_length: int, prefill_pool: int, decode_pool: int,
              prefill_faults: Sequence[str] = (), decode_faults: Sequence[str] = (), page_log: bool = True,
              prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (),
-             decode_context_length: int | None = None) -> PDTrio:
+             decode_context_length: int | None = None, wait_s: float = 60.0) -> PDTrio:
     started: list[RunningEngine] = []
     try:
         decode = start_engine("decode", workdir, context_length=decode_context_length or context_length,
-                              pool_tokens=decode_pool, faults=decode_faults, page_log=page_log, extra_args=decode_args)
+                              pool_tokens=decode_pool, faults=decode_faults, page_log=page_log, extra_args=decode_args,
+                              wait_s=wait_s)
         started.append(decode)
         prefill = start_engine("prefill", workdir, context_length=context_length, pool_tokens=prefill_pool,
-                               faults=prefill_faults, page_log=page_log, extra_args=prefill_args)
+                               faults=prefill_faults, page_log=page_log, extra_args=prefill_args, wait_s=wait_s)
         started.append(prefill)
-        router = start_engine("router", workdir, extra_args=["--prefill-url", prefill.url, "--decode-url", decode.url])
+        router = start_engine("router", workdir, extra_args=["--prefill-url", prefill.url, "--decode-url", decode.url],
+                              wait_s=wait_s)
         started.append(router)
     except BaseException:
         for engine in reversed(started):

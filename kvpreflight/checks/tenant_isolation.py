@@ -19,7 +19,11 @@ ID = "tenant-isolation"
 
 
 def request_evidence(r: TenantRequest) -> dict[str, Any]:
-    ev: dict[str, Any] = {"tenant": r.tenant.value, "request": r.name, "own_canary_seen": r.own_seen}
+    ev: dict[str, Any] = {"tenant": r.tenant.value, "request": r.name}
+    if r.scanned:
+        ev["own_canary_seen"] = r.own_seen
+    else:
+        ev["scanned"] = "no: its answer had no room for a canary; it planted the tenant's canary in the pool"
     if r.abandoned:
         ev["disconnected"] = r.abandoned
     if r.completion is not None:
@@ -80,7 +84,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     results = []
     silent = []
     for tenant in Tenant:
-        served = [r for r in requests if r.tenant is tenant and r.served]
+        served = [r for r in requests if r.tenant is tenant and r.served and r.scanned]
         if served and not any(r.own_seen for r in served):
             silent.append(f"tenant {tenant.label}'s {len(served)}")
     if silent:

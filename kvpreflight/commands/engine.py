@@ -59,7 +59,15 @@ def serve(
     prefill_tokens_per_second: float = typer.Option(0.0, "--prefill-tokens-per-second", help="Test only: prefill no faster than this many tokens per second, like a slow accelerator (0: unthrottled)."),
 ) -> None:
     """Serve one role of the builtin engine until killed."""
-    from kvpreflight.builtin_engine.config import FAULTS_ENV, EngineConfig, faults_from_env, parse_faults, parse_role, pd_wait_from_env
+    from kvpreflight.builtin_engine.config import (
+        FAULTS_ENV,
+        EngineConfig,
+        fault_probability_from_env,
+        faults_from_env,
+        parse_faults,
+        parse_role,
+        pd_wait_from_env,
+    )
 
     if fault:
         # Re-exec without --fault in argv: faults travel in the environment only.
@@ -82,6 +90,7 @@ def serve(
         page_size=page_size,
         model_name=model_name,
         faults=faults_from_env(),
+        fault_probability=fault_probability_from_env(),
         transfer_delay_ms=transfer_delay_ms,
         transfer_fail_every=transfer_fail_every,
         page_log=page_log,

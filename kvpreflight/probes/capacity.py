@@ -8,6 +8,7 @@ and a rejected request can be shown to have stopped before any KV transfer.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 from kvpreflight.engines.interface import Counters, EngineAdapter
@@ -16,7 +17,8 @@ from kvpreflight.probes.budget import Budget, PlannedRequest
 from kvpreflight.probes.engine_state import EngineState, counter_deltas
 from kvpreflight.probes.logs import LogWatch
 from kvpreflight.probes.markers import foreign_markers, new_marker
-from kvpreflight.probes.results import DangerLine, Expect, Limits, ProbeResult, ProbeRun
+from kvpreflight.probes.results import DangerLine, Expect, Limits, ProbeResult, ProbeRun, Tenant
+from kvpreflight.probes.tenants import TenantPrompts
 from kvpreflight.probes.tokens import valid_token_ids
 
 # Enough generated tokens that, if an over-capacity request is wrongly served from stale pages,
@@ -61,10 +63,12 @@ def deployment_limits(entry: EngineAdapter, snapshots: Sequence[EngineSnapshot])
     return Limits(served_context=min(served), pool_tokens=min(pools) if pools else None, max_accepted=max_ok)
 
 
-def capacity_plan(limits: Limits, concurrency: int) -> list[PlannedRequest]:
+def capacity_plan(limits: Limits, concurrency: int, scan_tokens: int | None = None) -> list[PlannedRequest]:
     """The capacity probes in the order they are sent. Over-capacity first: if the engine wrongly
     serves one from stale pages, those pages still hold what ran before the preflight (not our own
-    boundary probes), as in the incident."""
+    boundary probes), as in the incident. `scan_tokens`: when the concurrent requests carry the
+    tenants' canaries, each answer is this long (long enough to show another tenant's pages) and
+    its prompt leaves room for it."""
     m = limits.max_accepted
     out: list[PlannedRequest] = []
     if limits.pool_bound and limits.pool_tokens is not None:
@@ -79,16 +83,23 @@ def capacity_plan(limits: Limits, concurrency: int) -> list[PlannedRequest]:
     out.append(PlannedRequest("clamp", clamp_prompt, limits.served_context - clamp_prompt + 8, Expect.REJECT))
     # Near the limit, but leaving room for the 4 generated tokens so no engine has to cut them.
     k = max(1, concurrency)
-    out.append(PlannedRequest("concurrent", max(1, m - CONCURRENT_MAX_TOKENS), CONCURRENT_MAX_TOKENS, Expect.ACCEPT, k))
+    answer = scan_tokens or CONCURRENT_MAX_TOKENS
+    out.append(PlannedRequest("concurrent", max(1, m - answer), answer, Expect.ACCEPT, k))
     out.append(PlannedRequest("health", HEALTH_PROMPT, 4, Expect.ACCEPT))
     return out
 
 
 class CapacityProber:
+    """With `tenants`, the near-limit requests carry the isolation canaries (issue 14: a check
+    prefills each near-limit prompt once): boundary-accept is tenant A's, and the concurrent
+    requests alternate A and B. The isolation prober reads them as its boundary scenario, and the
+    pair as its load scenario where it fills the pool."""
+
     def __init__(self, entry: EngineAdapter, engines: Mapping[str, EngineAdapter], limits: Limits,
                  settings: ProbeSettings, budget: Budget, progress: Callable[[str], None] = lambda _: None,
-                 logs: LogWatch | None = None) -> None:
+                 logs: LogWatch | None = None, tenants: TenantPrompts | None = None) -> None:
         self.entry = entry
+        self.tenants = tenants
         self.engines = engines  # url -> adapter, for counters
         self.state = EngineState(engines)
         self.limits = limits
@@ -106,7 +117,7 @@ class CapacityProber:
         that pages an engine wrongly serves still hold what ran before the preflight, not our own
         calibration prompts (they get --timeout, enough for a clear rejection)."""
         limits = self.limits
-        plan = capacity_plan(limits, self.settings.concurrency)
+        plan = capacity_plan(limits, self.settings.concurrency, self.tenants.answer_tokens if self.tenants else None)
         longest = max(limits.served_context + 1, limits.max_accepted + 1)
         seed = f"kvpreflight capacity probe {self.marker}. Repeat this marker: {self.marker}.\n"
         ids = self._token_ids(longest, seed)
@@ -119,14 +130,18 @@ class CapacityProber:
                 calibrated = True
                 if self.budget.may_send():
                     calibrate()
+                    self._latest = None  # the calibration requests moved the counters: not this probe's doing
             if planned.name == "concurrent":
-                probes.extend(self._concurrent(ids[: planned.prompt_tokens], planned.concurrent))
+                probes.extend(self._concurrent(ids[: planned.prompt_tokens], planned.concurrent, planned.max_tokens))
             elif planned.name == "health":
                 if self.budget.may_send():
                     small_ids = self._token_ids(planned.prompt_tokens, f"kvpreflight health check {self.marker}")
                     small = self.budget.send(self.entry, small_ids, max_tokens=planned.max_tokens, stream=False,
                                                 timeout_s=self.budget.request_s(planned.prompt_tokens, Expect.ACCEPT,
                                                                                 max_tokens=planned.max_tokens))
+            elif planned.name == "boundary-accept" and self.tenants is not None:
+                if (result := self._one(planned, self.tenants.ids[Tenant.A][: planned.prompt_tokens], Tenant.A)) is not None:
+                    probes.append(result)
             elif (result := self._one(planned, ids[: planned.prompt_tokens])) is not None:
                 probes.append(result)
         stopped = self.budget.stopped
@@ -141,8 +156,9 @@ class CapacityProber:
         return valid_token_ids(self.entry, self.engines.values(), count, seed)
 
     # -- one request ----------------------------------------------------------------------
-    def _one(self, planned: PlannedRequest, ids: list[int]) -> ProbeResult | None:
-        """Send one probe; None when it was not sent, or the deadline cut it short (it proves nothing)."""
+    def _one(self, planned: PlannedRequest, ids: list[int], tenant: Tenant | None = None) -> ProbeResult | None:
+        """Send one probe (as `tenant`, when given); None when it was not sent, or the deadline
+        cut it short (it proves nothing)."""
         name, expect, max_tokens = planned.name, planned.expect, planned.max_tokens
         stream = name.endswith("-stream")
         if not self.budget.may_send():
@@ -154,11 +170,19 @@ class CapacityProber:
         # each probe costs one metrics scrape per engine, not two.
         before = self._latest or self.state.counters()
         self._window_opens()
-        sent = self.budget.probe(self.entry, ids, name=name, expect=expect, max_tokens=max_tokens, stream=stream,
-                                 engines=self.engines.values(), after_send=self._read_counters)
+        adapter, extra = self._sender(tenant)
+        sent = self.budget.probe(adapter, ids, name=name, expect=expect, max_tokens=max_tokens, stream=stream,
+                                 engines=self.engines.values(), extra=extra, after_send=self._read_counters)
         if sent is None:
             return None
-        return self._result(name, expect, sent[0], PURPOSES[name.removesuffix("-stream")], before, self._latest or {})
+        return self._result(name, expect, sent[0], PURPOSES[name.removesuffix("-stream")], before, self._latest or {}, tenant)
+
+    def _sender(self, tenant: Tenant | None) -> tuple[EngineAdapter, dict[str, object] | None]:
+        """The adapter and extra request fields a probe is sent with: the entry's, or the tenant's."""
+        if tenant is None or self.tenants is None:
+            return self.entry, None
+        client = self.tenants.clients[tenant]
+        return client.adapter, client.extra
 
     def _read_counters(self) -> None:
         self._latest = self.state.counters()
@@ -170,27 +194,50 @@ class CapacityProber:
         self._lines = ()
 
     def _result(self, name: str, expect: Expect, completion: Completion, purpose: str,
-                before: Mapping[str, Counters | None], after: Mapping[str, Counters | None]) -> ProbeResult:
+                before: Mapping[str, Counters | None], after: Mapping[str, Counters | None],
+                tenant: Tenant | None = None) -> ProbeResult:
         reached = tuple(url for url in self.engines
                         if (a := after.get(url)) is not None and (b := before.get(url)) is not None and a.moved_since(b))
-        foreign = foreign_markers(completion.text, {self.marker}, set(self.settings.known_markers))
+        own, known = {self.marker}, set(self.settings.known_markers)
+        if self.tenants is not None:
+            canaries = dict(self.tenants.canaries)
+            if tenant is not None:
+                own.add(canaries.pop(tenant))
+            known.update(canaries.values())
+        foreign = foreign_markers(completion.text, own, known)
         return ProbeResult(name=name, expect=expect, completion=completion, purpose=purpose, reached=reached,
                            counter_deltas=counter_deltas(before, after), foreign_markers=tuple(foreign),
-                           danger_lines=self._lines)
+                           danger_lines=self._lines, tenant=tenant)
 
-    def _concurrent(self, ids: list[int], k: int) -> list[ProbeResult]:
+    def _concurrent(self, ids: list[int], k: int, max_tokens: int) -> list[ProbeResult]:
         if not self.budget.may_send():
             return []
         self.budget.enter("the concurrent capacity probe")
         self.progress(f"probe concurrent: {k} x {len(ids)} tokens at once"
-                      f"{self.budget.expected_note(len(ids), Expect.ACCEPT, max_tokens=CONCURRENT_MAX_TOKENS, concurrent=k)}")
+                      f"{self.budget.expected_note(len(ids), Expect.ACCEPT, max_tokens=max_tokens, concurrent=k)}")
         before = self._latest or self.state.counters()
         self._window_opens()
-        completions = self.budget.probe(self.entry, ids, name="concurrent", expect=Expect.ACCEPT,
-                                        max_tokens=CONCURRENT_MAX_TOKENS, engines=self.engines.values(), copies=k,
-                                        after_send=self._read_counters)
+        tenants: list[Tenant | None] = [None] * k
+        if self.tenants is None:
+            completions = self.budget.probe(self.entry, ids, name="concurrent", expect=Expect.ACCEPT,
+                                            max_tokens=max_tokens, engines=self.engines.values(), copies=k,
+                                            after_send=self._read_counters)
+        else:  # tenants A and B alternating, each its own canary prompt of the same size
+            prompts = self.tenants.ids
+            alternating = [(Tenant.A, Tenant.B)[i % 2] for i in range(k)]
+            tenants = list(alternating)
+            with ThreadPoolExecutor(max_workers=k) as pool:
+                futures = [pool.submit(self._send_concurrent, t, prompts[t][: len(ids)], k, max_tokens) for t in alternating]
+                each = [f.result() for f in futures]
+            self._read_counters()
+            completions = None if any(c is None for c in each) else tuple(c[0] for c in each if c is not None)
         if completions is None:
             return []
         purpose = PURPOSES["concurrent"].format(k=k)
-        return [self._result(f"concurrent-{i + 1}", Expect.ACCEPT, c, purpose, before, self._latest or {})
+        return [self._result(f"concurrent-{i + 1}", Expect.ACCEPT, c, purpose, before, self._latest or {}, tenants[i])
                 for i, c in enumerate(completions)]
+
+    def _send_concurrent(self, tenant: Tenant, ids: list[int], k: int, max_tokens: int) -> tuple[Completion, ...] | None:
+        adapter, extra = self._sender(tenant)
+        return self.budget.probe(adapter, ids, name="concurrent", expect=Expect.ACCEPT, max_tokens=max_tokens,
+                                 engines=self.engines.values(), extra=extra, at_once=k)

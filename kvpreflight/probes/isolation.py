@@ -4,13 +4,22 @@ the other tenant's requests reuse them. Every response is scanned for the other 
 (whole or a fragment) and for any other synthetic marker. The prober records; it never judges.
 
 Scenarios (the incident's paths, issue 4):
-  normal         long prompts, A B A B A B (a lost transfer shows the previous tenant's pages)
-  boundary       the longest prompt the limits accept (minus room for the scanned answer)
-  over-capacity  A long, then B over the pool/context (the incident path), and mirrored
+  normal         short prompts, A B A B A B (a lost transfer shows the previous tenant's pages)
+  boundary       the longest prompt the limits accept: the capacity probes' near-limit requests
+                 (prompt-integrity's, then the concurrent pair) carry the canaries of A, then A and B
+  over-capacity  A short, then B over the pool/context (the incident path), and mirrored
   cancel-transfer  (churn) A disconnects while its KV is being written, then B's requests take
                  the freed pages; mirrored
   cancel-decode  (churn) A disconnects after its first streamed token, then B; mirrored
-  load           (churn) A and B at once, near the smallest pool
+  load           (churn) A and B at once, near the smallest pool: the concurrent pair where its
+                 KV fills 80-100% of the smallest pool, else requests of its own
+
+What a check costs (issue 14): only the boundary and load scenarios need near-limit prompts, and
+they ride on requests the capacity checks send anyway. Every other scenario prompt is short
+(SCAN_PROMPT_FRACTION of the context, at least SCAN_PROMPT_MIN tokens): a canary on every page
+and a freed page reused by the other tenant need no long prompt. The exception is the abandoned
+request of cancel-transfer behind a prefill/decode pair, whose transfer must last long enough
+for the disconnect and the other tenant's requests to land while it is still writing.
 
 plus the prefix-cache controls (probes/prefix_cache.py): cold, same-tenant warm (must hit),
 cross-tenant (must not).
@@ -21,8 +30,9 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from kvpreflight.engines.errors import EngineError
@@ -53,16 +63,22 @@ from kvpreflight.probes.results import (
     Expect,
     IsolationRun,
     Limits,
+    ProbeResult,
+    ProbeRun,
     Scenario,
     Tenant,
     TenantRequest,
 )
-from kvpreflight.probes.tenants import TenantClient
+from kvpreflight.probes.tenants import TenantClient, TenantPrompts
 from kvpreflight.probes.tokens import valid_token_ids
 
 SCAN_MAX_TOKENS = 256  # answers long enough to reach past a lost first transfer batch
+MIN_SCAN_TOKENS = 16  # an answer shorter than this cannot hold a canary: not a scan (TenantRequest.scanned)
 CANCEL_DECODE_MAX_TOKENS = 512
 MAX_LOAD_REQUESTS = 8
+SCAN_PROMPT_FRACTION = 64  # a short scenario prompt: 1/64 of the context...
+SCAN_PROMPT_MIN = 256  # ...and at least this: more than one KV transfer batch (8 pages of 16), so a
+# transfer lost after its first batch leaves stale pages behind
 LOAD_POOL_FRACTION = 0.9  # the load scenario's prompts and answers fill this much of the smallest pool
 IDLE_WAIT_S = 12.0  # a cancelled bootstrap may hold pages ~10 s on SGLang-like engines
 CANCEL_PROPAGATION_S = 0.06  # router and decode notice a closed socket within ~40 ms
@@ -95,9 +111,13 @@ class IsolationSizes:
     load_count: int
     load_per: int  # prompt tokens of each load request
     load_max_tokens: int  # its answer: decode pages hold prompt and answer, so both count against the pool
+    short: int  # the short scenario prompt (normal twice over, over-capacity's long request, cancel-decode's twice over)
+    pair_is_load: bool  # the concurrent-capacity pair fills 80-100% of the smallest pool: it is the load scenario
+    cache_prefixes: int  # fresh prefixes of the prefix-cache controls
+    cache_tokens: int  # their prompt
 
     @classmethod
-    def of(cls, limits: Limits, snapshots: Sequence[EngineSnapshot]) -> IsolationSizes:
+    def of(cls, limits: Limits, snapshots: Sequence[EngineSnapshot], concurrency: int = 2) -> IsolationSizes:
         ctx = limits.served_context
         gen = max(16, min(SCAN_MAX_TOKENS, ctx // 4))
         longest = max(1, min(limits.max_accepted, ctx - gen - 1))
@@ -109,8 +129,12 @@ class IsolationSizes:
             where = f"over the {limits.pool_tokens:,}-token pool, within the served context"
         else:
             over, where = ctx + 1, "over the served context"
-        size = max(1, min(longest, min_pool // 2)) if min_pool else longest
-        decode_prompt = max(1, min(longest, ctx - CANCEL_DECODE_MAX_TOKENS - 1) // 2)
+        short = max(1, min(longest, max(SCAN_PROMPT_MIN, ctx // SCAN_PROMPT_FRACTION)))
+        if any(s.role is not Role.UNIFIED for s in snapshots):
+            size = max(1, min(longest, min_pool // 2)) if min_pool else longest
+        else:  # no transfer to race: the disconnect lands during prefill whatever the prompt
+            size = short
+        decode_prompt = max(1, min(short, ctx - CANCEL_DECODE_MAX_TOKENS - 1) // 2)
         per, count, load_gen = longest, 4, gen
         if min_pool:
             # Near the pool, never over it: an honest engine with more KV in flight than its pool
@@ -122,10 +146,19 @@ class IsolationSizes:
             share = target // count
             load_gen = max(1, min(gen, share // 2))
             per = max(1, min(longest, share - load_gen))
+        pair = max(1, concurrency) * limits.max_accepted  # the concurrent probes: prompt plus answer (capacity_plan)
+        off = caching_off(snapshots) is not None
+        pages = [s.page_size for s in snapshots if s.page_size]
         return cls(gen=gen, longest=longest, min_pool=min_pool, over=over, over_where=where, transfer_size=size,
                    transfer_victim=max(1, min(longest, int(size * 0.45))), decode_prompt=decode_prompt,
                    decode_max_tokens=max(gen, min(CANCEL_DECODE_MAX_TOKENS, ctx - decode_prompt - 1)),
-                   load_count=count, load_per=per, load_max_tokens=load_gen)
+                   load_count=count, load_per=per, load_max_tokens=load_gen, short=short,
+                   pair_is_load=min_pool is not None and concurrency >= 2 and 0.8 * min_pool <= pair <= min_pool,
+                   cache_prefixes=1 if off else CACHE_PREFIXES, cache_tokens=cache_prompt_tokens(longest, ctx, max(pages, default=None)))
+
+    @property
+    def normal_tokens(self) -> int:
+        return max(1, self.short // 2)
 
     def load_tokens(self) -> int:
         """The KV the load requests hold at once when all are decoding: prompts and answers."""
@@ -133,21 +166,22 @@ class IsolationSizes:
 
     def plan(self, *, churn: bool, timing_samples: int = DEFAULT_TIMING_SAMPLES) -> list[PlannedRequest]:
         """What the scenarios send, for the estimate (the scenarios below send exactly these sizes).
-        The timing audit is counted though it runs only where cache counters are silent: the
-        estimate (and the default deadline) must allow for it."""
+        The boundary scenario, and the load scenario where the concurrent pair is it, send
+        nothing of their own: they are the capacity probes' requests. The timing audit is counted
+        though it runs only where cache counters are silent: the estimate (and the default
+        deadline) must allow for it."""
         accept, reject = Expect.ACCEPT, Expect.REJECT
-        out = [PlannedRequest("normal", max(1, self.longest // 2), self.gen, accept) for _ in range(6)]
-        out += [PlannedRequest("boundary", self.longest, self.gen, accept) for _ in range(4)]
-        out += [PlannedRequest("over-capacity", self.longest, self.gen, accept) for _ in range(2)]
+        out = [PlannedRequest("normal", self.normal_tokens, self.gen, accept) for _ in range(6)]
+        out += [PlannedRequest("over-capacity", self.short, self.gen, accept) for _ in range(2)]
         out += [PlannedRequest("over-capacity", self.over, self.gen, reject) for _ in range(2)]
         if churn:
             out += [PlannedRequest("cancel-transfer", self.transfer_size, 1, accept) for _ in range(2)]
             out += [PlannedRequest("cancel-transfer", self.transfer_victim, self.gen, accept, 2) for _ in range(2)]
             out += [PlannedRequest("cancel-decode", self.decode_prompt, 2, accept) for _ in range(2)]
             out += [PlannedRequest("cancel-decode", self.decode_prompt, self.gen, accept) for _ in range(2)]
-            out.append(PlannedRequest("load", self.load_per, self.load_max_tokens, accept, self.load_count))
-        cache = cache_prompt_tokens(self.longest)
-        out += [PlannedRequest("prefix-cache", cache, 1, accept) for _ in range(1 + CACHE_PREFIXES * len(ORDER))]
+            if not self.pair_is_load:
+                out.append(PlannedRequest("load", self.load_per, self.load_max_tokens, accept, self.load_count))
+        out += [PlannedRequest("prefix-cache", self.cache_tokens, 1, accept) for _ in range(1 + self.cache_prefixes * len(ORDER))]
         timing = timing_prompt_tokens(self.longest)
         out += [PlannedRequest("prefix-cache-timing", timing, 1, accept)
                 for _ in range(TIMING_REQUESTS_PER_SAMPLE * timing_samples)]
@@ -168,10 +202,15 @@ class IsolationSettings:
 
 
 class IsolationProber:
-    def __init__(self, tenants: Sequence[TenantClient], engines: Mapping[str, EngineAdapter],
+    """`shared`: the capacity probes' run, whose near-limit requests carried these tenants'
+    canaries (CapacityProber with `tenants`): they are the boundary scenario, and the concurrent
+    pair the load scenario where it fills the pool. Without them both are sent here."""
+
+    def __init__(self, prompts: TenantPrompts, engines: Mapping[str, EngineAdapter],
                  snapshots: Sequence[EngineSnapshot], limits: Limits, settings: IsolationSettings, budget: Budget,
-                 progress: Callable[[str], None] = lambda _: None) -> None:
-        self.tenants = {t.tenant: t for t in tenants}
+                 progress: Callable[[str], None] = lambda _: None, shared: ProbeRun | None = None,
+                 concurrency: int = 2) -> None:
+        self.tenants = dict(prompts.clients)
         self.engines = engines
         self.state = EngineState(engines)
         self.snapshots = list(snapshots)
@@ -179,20 +218,17 @@ class IsolationProber:
         self.settings = settings
         self.budget = budget
         self.progress = progress
-        self.canaries = {tenant: new_marker(f"TENANT{tenant.label}") for tenant in Tenant}
-        self._ids: dict[Tenant, list[int]] = {}
-        self.sizes = IsolationSizes.of(limits, snapshots)
+        self.canaries = dict(prompts.canaries)
+        self._ids = dict(prompts.ids)
+        self.shared = [p for p in shared.probes if p.tenant is not None] if shared is not None else []
+        self.shared_idle = shared.idle_after if shared is not None else {}
+        self.sizes = IsolationSizes.of(limits, snapshots, concurrency)
         self.gen = self.sizes.gen
         self.longest = self.sizes.longest
         self.min_pool = self.sizes.min_pool
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> IsolationRun:
-        for tenant in Tenant:
-            # The canary back to back: an echoing model repeats it from any offset.
-            self._ids[tenant] = self._token_ids(self.tenants[tenant].adapter,
-                                                self.longest + 2 * self.gen + self.limits.served_context,
-                                                f"{self.canaries[tenant]} ")
         scenarios = [self._normal(), self._boundary(), self._over_capacity()]
         churn: dict[str, Callable[[], Scenario]] = {
             "cancel-transfer": self._cancel_transfer, "cancel-decode": self._cancel_decode, "load": self._load}
@@ -204,7 +240,8 @@ class IsolationProber:
                                           churn=True))
         self.progress("isolation: prefix cache (cold, same-tenant warm, cross-tenant)")
         self.budget.enter("the prefix-cache probes")
-        cache = probe_prefix_cache(self.tenants, self.state, self._token_ids, longest=self.longest, budget=self.budget,
+        cache = probe_prefix_cache(self.tenants, self.state, self._token_ids, longest=self.longest,
+                                   tokens=self.sizes.cache_tokens, prefixes=self.sizes.cache_prefixes, budget=self.budget,
                                    binding=self.settings.binding, off=caching_off(self.snapshots),
                                    timing_samples=self.settings.timing_samples)
         self.budget.wait_idle(self.state, IDLE_WAIT_S)
@@ -215,7 +252,7 @@ class IsolationProber:
 
     # -- scenarios -----------------------------------------------------------------------------
     def _normal(self) -> Scenario:
-        n = max(1, self.longest // 2)
+        n = self.sizes.normal_tokens
         order = (A, B, A, B, A, B)
         return self._scenario("normal", lambda: [self._send(t, f"normal-{t.value}{i // 2 + 1}", n)
                                                  for i, t in enumerate(order)],
@@ -223,6 +260,25 @@ class IsolationProber:
 
     def _boundary(self) -> Scenario:
         n = self.longest
+        if self.shared:
+            carried = self._carried("boundary", self.shared, "both tenants ran at the longest accepted prompt: the capacity "
+                                    "probes' near-limit requests carried their canaries (boundary-accept: a; concurrent: a and b)")
+            scanned = {r.tenant for r in carried.requests if r.served and r.scanned}
+            missing = [t for t in (A, B) if t not in scanned]
+            if not missing:
+                return carried
+            # The concurrent pair was not served for every tenant (it fails concurrent-capacity):
+            # the missing tenant's boundary request is sent here, so the scenario still scans both.
+            if not self.budget.may_send():
+                return replace(carried, stopped=self.budget.stopped)
+            self.progress("isolation: boundary (for tenant " + ", ".join(t.value for t in missing) + ")")
+            extra = [r for t in missing if (r := self._send(t, f"boundary-{t.value}", n)) is not None]
+            names = ", ".join(t.value for t in missing)
+            return replace(carried, requests=carried.requests + tuple(extra),
+                           occurred=True if carried.requests or extra else None,
+                           occurrence=(f"both tenants ran at the longest accepted prompt (tenant {names}: its own boundary "
+                                       "request, as the concurrent pair did not serve it)"),
+                           stopped=self.budget.stopped if len(extra) < len(missing) else None)
         order = (A, B, B, A)
         return self._scenario("boundary", lambda: [self._send(t, f"boundary-{t.value}{i + 1}", n)
                                                    for i, t in enumerate(order)],
@@ -235,7 +291,7 @@ class IsolationProber:
             out: list[TenantRequest | None] = []
             for first in (A, B):
                 second = first.other
-                out.append(self._send(first, f"over-capacity-{first.value}-long", self.longest))
+                out.append(self._send(first, f"over-capacity-{first.value}-long", self.sizes.short))
                 out.append(self._send(second, f"over-capacity-{second.value}-over", over, expect=Expect.REJECT))
             return out
 
@@ -299,6 +355,14 @@ class IsolationProber:
         return replace(scenario, occurred=occurred, occurrence=how)
 
     def _load(self) -> Scenario:
+        pair = [p for p in self.shared if p.name.startswith("concurrent-")]
+        if self.sizes.pair_is_load and {p.tenant for p in pair} == {A, B} and all(p.completion.served for p in pair):
+            kv = sum(p.completion.sent_tokens + p.completion.max_tokens for p in pair)
+            c = pair[0].completion
+            return replace(self._carried("load", pair, "", churn=True), occurred=True,
+                           occurrence=f"requests at once: {len(pair)} x ({c.sent_tokens:,} prompt + {c.max_tokens:,} answer) = "
+                                      f"{kv:,} tokens against a {self.min_pool:,}-token pool (the concurrent-capacity "
+                                      "requests, one per tenant)")
         count, per, answer = self.sizes.load_count, self.sizes.load_per, self.sizes.load_max_tokens
         total = self.sizes.load_tokens()
         order = [(A, B)[i % 2] for i in range(count)]
@@ -335,6 +399,22 @@ class IsolationProber:
                         occurrence=shown if ran else "unconfirmed: no request was answered",
                         idle_after=idle, counter_deltas=counter_deltas(before, after), churn=churn,
                         stopped=self.budget.stopped if len(requests) < len(sent) else None)
+
+    def _carried(self, name: str, probes: Sequence[ProbeResult], shown: str, churn: bool = False) -> Scenario:
+        """A scenario made of capacity probes that carried the tenants' canaries: scanned here,
+        sent once. Its counters are those of the probes' windows (the concurrent ones share one)."""
+        requests = tuple(replace(self._scan(p.tenant, f"{p.name}-{p.tenant.value}", p.completion, p.completion.text),
+                                 scanned=p.completion.max_tokens >= MIN_SCAN_TOKENS)
+                         for p in probes if p.tenant is not None)
+        deltas: dict[str, dict[str, float]] = {}
+        for p in {p.name.rstrip("0123456789").rstrip("-"): p for p in probes}.values():
+            for url, moved in p.counter_deltas.items():
+                into = deltas.setdefault(url, {})
+                for key, value in moved.items():
+                    into[key] = into.get(key, 0) + value
+        return Scenario(name=name, purpose=PURPOSES[name], requests=requests, occurred=True if requests else None,
+                        occurrence=shown if requests else "unconfirmed: no request was answered",
+                        idle_after=self.shared_idle, counter_deltas=deltas, churn=churn)
 
     # -- one request ---------------------------------------------------------------------------
     def _send(self, tenant: Tenant, name: str, tokens: int, *, expect: Expect = Expect.ACCEPT,
@@ -401,25 +481,46 @@ class IsolationProber:
         return valid_token_ids(adapter, self.engines.values(), count, seed)
 
 
-def run_isolation(entry: EngineAdapter, engines: Mapping[str, EngineAdapter], snapshots: Sequence[EngineSnapshot],
-                  limits: Limits, settings: IsolationSettings, budget: Budget, base_headers: Mapping[str, str],
-                  tenant_headers: Sequence[Mapping[str, str]], *, salted: bool,
-                  progress: Callable[[str], None] = lambda _: None) -> IsolationRun:
-    """Build tenants A and B (each its own connection and credentials, the entry's request shape,
-    a fresh cache_salt unless the deployment binds tenants itself) and run the probes."""
+@contextmanager
+def open_tenants(entry: EngineAdapter, engines: Mapping[str, EngineAdapter], limits: Limits, settings: IsolationSettings,
+                 base_headers: Mapping[str, str], tenant_headers: Sequence[Mapping[str, str]], *,
+                 salted: bool) -> Iterator[TenantPrompts]:
+    """Tenants A and B: each its own connection and credentials, the entry's request shape, a
+    fresh cache_salt unless the deployment binds tenants itself, a fresh canary, and its prompt.
+    Raises EngineError when a prompt cannot be tokenized."""
     clients: list[HttpClient] = []
     try:
-        tenants = []
+        tenants: dict[Tenant, TenantClient] = {}
         for tenant, extra in zip(Tenant, tenant_headers, strict=True):
             headers = {**base_headers, **extra}
             http = HttpClient(headers=headers, ca_bundle=settings.ca_bundle, timeout_s=settings.timeout_s,
                               client_cert=settings.client_cert, client_key=settings.client_key)
             clients.append(http)
             salt = f"kvpreflight-tenant-{tenant.value}-{secrets.token_hex(8)}" if salted else None
-            tenants.append(TenantClient(tenant=tenant, adapter=entry.with_client(http), headers=headers, salt=salt))
-        return IsolationProber(tenants, engines, snapshots, limits, settings, budget, progress).run()
-    except EngineError as exc:
-        return IsolationRun(not_run=f"isolation probes could not run: {exc}")
+            tenants[tenant] = TenantClient(tenant=tenant, adapter=entry.with_client(http), headers=headers, salt=salt)
+        canaries = {tenant: new_marker(f"TENANT{tenant.label}") for tenant in Tenant}
+        sizes = IsolationSizes.of(limits, [])
+        length = max(limits.max_accepted, sizes.longest + 2 * sizes.gen + limits.served_context)
+        # The canary back to back: an echoing model repeats it from any offset.
+        ids = {tenant: valid_token_ids(tenants[tenant].adapter, engines.values(), length, f"{canaries[tenant]} ")
+               for tenant in Tenant}
+        yield TenantPrompts(clients=tenants, canaries=canaries, ids=ids, answer_tokens=sizes.gen)
     finally:
         for http in clients:
             http.close()
+
+
+def run_isolation(entry: EngineAdapter, engines: Mapping[str, EngineAdapter], snapshots: Sequence[EngineSnapshot],
+                  limits: Limits, settings: IsolationSettings, budget: Budget, base_headers: Mapping[str, str],
+                  tenant_headers: Sequence[Mapping[str, str]], *, salted: bool,
+                  progress: Callable[[str], None] = lambda _: None, prompts: TenantPrompts | None = None,
+                  shared: ProbeRun | None = None, concurrency: int = 2) -> IsolationRun:
+    """Run the probes as tenants A and B: `prompts` (the capacity probes' tenants, whose
+    requests are in `shared`), or tenants opened here."""
+    try:
+        if prompts is not None:
+            return IsolationProber(prompts, engines, snapshots, limits, settings, budget, progress, shared, concurrency).run()
+        with open_tenants(entry, engines, limits, settings, base_headers, tenant_headers, salted=salted) as opened:
+            return IsolationProber(opened, engines, snapshots, limits, settings, budget, progress).run()
+    except EngineError as exc:
+        return IsolationRun(not_run=f"isolation probes could not run: {exc}")

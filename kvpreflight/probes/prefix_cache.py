@@ -27,8 +27,15 @@ from kvpreflight.probes.results import (
 )
 from kvpreflight.probes.tenants import TenantClient
 
-CACHE_PREFIXES = 3  # fresh shared prefixes (medians of TTFT)
+CACHE_PREFIXES = 3  # fresh shared prefixes (medians of TTFT); one where the engines state caching is off
 MAX_PROMPT_TOKENS = 1024
+# The controls' prompt: 1/256 of the context, at least 128 tokens and 4 of the engines' pages (a
+# repeat hits whole pages only, never the last token's: a prompt of one 128-token vLLM block got no
+# hit at all), at most MAX_PROMPT_TOKENS.
+PROMPT_FRACTION = 256
+MIN_PROMPT_TOKENS = 128
+MIN_PROMPT_PAGES = 4
+ASSUMED_PAGE_TOKENS = 128  # where no engine states its page size (vLLM's CPU default block)
 ORDER = ((CacheProbeKind.COLD, Tenant.A), (CacheProbeKind.WARM, Tenant.A), (CacheProbeKind.WARM, Tenant.A),
          (CacheProbeKind.CROSS, Tenant.B))
 DEFAULT_TIMING_SAMPLES = 30
@@ -46,8 +53,9 @@ def caching_off(snapshots: Sequence[EngineSnapshot]) -> str | None:
     return "; ".join(f"{url} reports it off" for url in off) or None
 
 
-def cache_prompt_tokens(longest: int) -> int:
-    return max(1, min(longest, MAX_PROMPT_TOKENS))
+def cache_prompt_tokens(longest: int, context: int, page_tokens: int | None) -> int:
+    pages = MIN_PROMPT_PAGES * (page_tokens or ASSUMED_PAGE_TOKENS)
+    return max(1, min(longest, MAX_PROMPT_TOKENS, max(MIN_PROMPT_TOKENS, pages, context // PROMPT_FRACTION)))
 
 
 def timing_prompt_tokens(longest: int) -> int:
@@ -60,9 +68,9 @@ def _fields(client: TenantClient) -> dict[str, Any]:
 
 
 def probe_prefix_cache(tenants: Mapping[Tenant, TenantClient], state: EngineState,
-                       token_ids: Callable[[EngineAdapter, int, str], list[int]], *, longest: int,
-                       budget: Budget, binding: str, off: str | None, timing_samples: int) -> PrefixCacheRun:
-    tokens = cache_prompt_tokens(longest)
+                       token_ids: Callable[[EngineAdapter, int, str], list[int]], *, longest: int, tokens: int,
+                       prefixes: int, budget: Budget, binding: str, off: str | None, timing_samples: int) -> PrefixCacheRun:
+    """`tokens`: the controls' prompt; `prefixes`: how many fresh prefixes (IsolationSizes)."""
     a = tenants[Tenant.A]
     if not budget.may_send():
         return PrefixCacheRun(binding=binding, caching_off=off, not_run=f"the prefix-cache probes were not sent: {budget.stopped}")
@@ -75,7 +83,7 @@ def probe_prefix_cache(tenants: Mapping[Tenant, TenantClient], state: EngineStat
         return PrefixCacheRun(probes=tuple(done), timing=tuple(timing), binding=binding, caching_off=off, prompt_tokens=tokens,
                               not_run=f"the prefix-cache probes ran only in part: {budget.stopped}")
 
-    for prefix in range(CACHE_PREFIXES):
+    for prefix in range(prefixes):
         ids = token_ids(a.adapter, tokens, f"{new_marker('SHARED')} ")  # fresh: nobody has it cached
         for kind, tenant in ORDER:
             sent = _send(tenants[tenant], ids, kind, prefix, state, budget, count_hits=True)

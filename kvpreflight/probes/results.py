@@ -76,6 +76,7 @@ class ProbeResult:
     counter_deltas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # url -> Counters field -> delta
     foreign_markers: tuple[str, ...] = ()  # synthetic markers in the response that this request never sent
     danger_lines: tuple[DangerLine, ...] = ()  # logged while this probe was in flight
+    tenant: Tenant | None = None  # sent as this synthetic tenant, its canary in the prompt (isolation reuses it)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -115,6 +116,9 @@ class TenantRequest:
     abandoned: str | None = None  # how we disconnected ("after transfer start", "after first token", ...)
     own_seen: bool = False  # the tenant's own canary surfaced (positive control)
     crossings: tuple[str, ...] = ()  # the other tenant's canary, fragments, other synthetic markers
+    # False: its answer had no room for a canary (prompt-integrity's probe at the limit, 1 token):
+    # it only wrote the tenant's canary into the pool, for the other tenant's later answers to show.
+    scanned: bool = True
 
     @property
     def served(self) -> bool:

@@ -22,3 +22,14 @@ class TenantClient:
     def extra(self) -> dict[str, Any] | None:
         """Request fields this tenant adds to every request."""
         return {"cache_salt": self.salt} if self.salt else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TenantPrompts:
+    """Tenants A and B as every probe that carries a canary sends them: the capacity probes'
+    near-limit requests and the isolation scenarios (probes/isolation.py opens them)."""
+
+    clients: Mapping[Tenant, TenantClient]
+    canaries: Mapping[Tenant, str]
+    ids: Mapping[Tenant, list[int]]  # the tenant's canary back to back, long enough for any probe
+    answer_tokens: int  # a scanned answer: long enough to show another tenant's stale pages

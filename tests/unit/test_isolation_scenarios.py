@@ -10,11 +10,12 @@ import pytest
 from support.fake_adapter import FakeAdapter, FakeEngine, Sent, snapshot
 
 from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks import CheckContext, run_checks
+from kvpreflight.checks import CheckContext, run_checks, tenant_isolation
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.model import Completion, EngineSnapshot, Role, Status
 from kvpreflight.probes import isolation
 from kvpreflight.probes.budget import Budget
+from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, deployment_limits
 from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN, Departure, RawTarget
 from kvpreflight.probes.isolation import IsolationSettings, run_isolation
 from kvpreflight.probes.results import (
@@ -31,6 +32,8 @@ URL = "http://engine:1"
 LIMITS = Limits(served_context=8192, pool_tokens=4096, max_accepted=4089)
 # gen = max(16, min(256, 8192 // 4)) = 256; longest = min(4089, 8192 - 256 - 1) = 4089
 LONGEST, GEN = 4089, 256
+# issue 14: scenario prompts that need not be near the limit are short: max(256, 8192 // 64) = 256
+SHORT = 256
 
 
 def tenant_of(sent: Sent) -> str:
@@ -83,12 +86,12 @@ def test_scenarios_send_interleaved_tenants_at_the_derived_sizes():
     assert [s.name for s in run.scenarios] == ["normal", "boundary", "over-capacity", "cancel-transfer", "cancel-decode", "load"]
     normal, boundary, over = (scenario(run, n) for n in ("normal", "boundary", "over-capacity"))
     assert [(r.tenant.value, r.completion.sent_tokens) for r in normal.requests] == [
-        (t, LONGEST // 2) for t in "ababab"]
+        (t, SHORT // 2) for t in "ababab"]
     assert [(r.tenant.value, r.completion.sent_tokens) for r in boundary.requests] == [(t, LONGEST) for t in "abba"]
     # over the pool, within the context: 4096 + (8192 - 4096) // 2
     assert [(r.name, r.expect, r.completion.sent_tokens) for r in over.requests] == [
-        ("over-capacity-a-long", Expect.ACCEPT, LONGEST), ("over-capacity-b-over", Expect.REJECT, 6144),
-        ("over-capacity-b-long", Expect.ACCEPT, LONGEST), ("over-capacity-a-over", Expect.REJECT, 6144)]
+        ("over-capacity-a-long", Expect.ACCEPT, SHORT), ("over-capacity-b-over", Expect.REJECT, 6144),
+        ("over-capacity-b-long", Expect.ACCEPT, SHORT), ("over-capacity-a-over", Expect.REJECT, 6144)]
     # every request carries its own tenant's salt and asks for a scanned answer
     scenario_sent = engine.sent[:14]
     assert [tenant_of(s) for s in scenario_sent] == list("ababab" + "abba" + "abba")
@@ -141,14 +144,15 @@ def test_without_a_salt_an_engine_shares_the_prefix_across_tenants():
 
 
 def test_prefix_cache_controls_send_cold_warm_warm_cross_per_fresh_prefix():
-    engine = FakeEngine(snapshot(URL))
+    engine = FakeEngine(snapshot(URL, page_size=16))
     run = isolate(engine)
     assert run.cache is not None
     assert [(p.kind, p.tenant, p.prefix) for p in run.cache.probes] == [
         (kind, tenant, prefix) for prefix in range(3)
         for kind, tenant in ((CacheProbeKind.COLD, Tenant.A), (CacheProbeKind.WARM, Tenant.A),
                              (CacheProbeKind.WARM, Tenant.A), (CacheProbeKind.CROSS, Tenant.B))]
-    assert run.cache.prompt_tokens == 1024 and all(p.completion.sent_tokens == 1024 for p in run.cache.probes)
+    # max(128, 4 pages of 16, 8192 // 256) tokens: a few pages, not 1/8 of the context
+    assert run.cache.prompt_tokens == 128 and all(p.completion.sent_tokens == 128 for p in run.cache.probes)
     assert all(p.hit_metric_delta == (1 if p.kind is CacheProbeKind.WARM else 0) for p in run.cache.probes)
 
 
@@ -195,11 +199,12 @@ def test_cancel_transfer_on_a_unified_engine_is_unconfirmed(departures):
     engine = FakeEngine(snapshot(URL, pool=4096))
     run = isolate(engine, churn=True)
     cancel = scenario(run, "cancel-transfer")
-    # the leaver's prompt is half the pool; the other tenant sends two of 45% of that
+    # no transfer to race on a unified engine: the leaver's prompt is short; the other tenant
+    # sends two of 45% of that
     assert [(r.name, r.completion.sent_tokens if r.completion else None) for r in cancel.requests] == [
-        ("cancel-transfer-a-left", None), ("cancel-transfer-b1", 921), ("cancel-transfer-b2", 921),
-        ("cancel-transfer-b-left", None), ("cancel-transfer-a1", 921), ("cancel-transfer-a2", 921)]
-    assert [len(t.request.body["input_ids"]) for how, t in departures if how == "transfer"] == [2048, 2048]
+        ("cancel-transfer-a-left", None), ("cancel-transfer-b1", 115), ("cancel-transfer-b2", 115),
+        ("cancel-transfer-b-left", None), ("cancel-transfer-a1", 115), ("cancel-transfer-a2", 115)]
+    assert [len(t.request.body["input_ids"]) for how, t in departures if how == "transfer"] == [SHORT, SHORT]
     assert cancel.occurred is None and "a unified engine shows no transfer" in cancel.occurrence
 
 
@@ -244,3 +249,75 @@ def test_load_prompts_and_answers_fit_the_smallest_pool(context: int, pool: int)
     assert sizes.load_tokens() <= 0.9 * pool
     assert sizes.load_count >= 4 and sizes.load_per >= 1 and sizes.load_max_tokens >= 1
     assert sizes.load_per + sizes.load_max_tokens < context
+
+
+def test_near_limit_prompts_are_sent_once_and_are_the_boundary_and_load_scenarios(departures):
+    # Issue 14: a check prefills each near-limit prompt once. The capacity probes' boundary-accept
+    # (tenant a) and concurrent pair (a and b at once) carry the canaries; the isolation prober
+    # scans them as its boundary scenario, and the pair (16,370 of a 16,384-token pool) as its load
+    # scenario, and sends only short prompts of its own (over-capacity requests apart).
+    engine = FakeEngine(snapshot(URL, pool=16384, context=8192, page_size=16))
+    client = HttpClient()
+    adapter = FakeAdapter(URL, client)
+    engines = {URL: adapter}
+    limits = deployment_limits(adapter, [engine.snap])
+    assert limits is not None and limits.max_accepted == 8185
+    settings = IsolationSettings(timeout_s=5, churn_allowed=True, binding="a cache_salt per tenant")
+    budget = Budget(timeout_s=5, fallback_tokens_per_second=20000)
+    with isolation.open_tenants(adapter, engines, limits, settings, {}, ({}, {}), salted=True) as prompts:
+        capacity = CapacityProber(adapter, engines, limits, ProbeSettings(), budget, tenants=prompts).run()
+        by_capacity = len(engine.sent)
+        run = run_isolation(adapter, engines, [engine.snap], limits, settings, budget, {}, ({}, {}), salted=True,
+                            prompts=prompts, shared=capacity)
+    carried = [(p.name, p.tenant) for p in capacity.probes if p.tenant is not None]
+    assert carried == [("boundary-accept", Tenant.A), ("concurrent-1", Tenant.A), ("concurrent-2", Tenant.B)]
+    # the pair leaves room for a scanned answer (256 tokens) in place of capacity's 4
+    near = [s for s in engine.sent if s.tokens in (8185, 8185 - GEN)]
+    assert sorted((tenant_of(s), s.tokens, s.max_tokens) for s in near) == [
+        ("a", 8185 - GEN, GEN), ("a", 8185, 1), ("b", 8185 - GEN, GEN)]
+    later_accepted = [s.tokens for s in engine.sent[by_capacity:] if s.tokens <= limits.max_accepted]
+    assert later_accepted and max(later_accepted) <= SHORT
+    boundary, load = scenario(run, "boundary"), scenario(run, "load")
+    assert sorted(r.tenant.value for r in boundary.requests) == ["a", "a", "b"] and boundary.occurred is True
+    assert all(r.own_seen and not r.crossings for r in boundary.requests)
+    # boundary-accept's 1-token answer cannot hold a canary: it plants tenant a's, it is no scan
+    assert [r.name for r in boundary.requests if not r.scanned] == ["boundary-accept-a"]
+    assert load.occurred is True and "the concurrent-capacity requests, one per tenant" in load.occurrence
+    assert judged(run, (engine.snap,), "tenant-isolation").status is Status.WARN  # cancel-transfer unconfirmed (unified)
+
+
+@pytest.mark.parametrize(("page_size", "tokens"), [(16, 128), (128, 512), (None, 512)])
+def test_prefix_cache_controls_span_four_pages_so_a_repeat_can_hit_whole_pages(page_size, tokens):
+    """A repeat hits whole pages only: a one-page prompt (vLLM's 128-token CPU block) got no hit at
+    all and made prefix-cache-isolation inconclusive on an honest vLLM. Unknown pages: 128 assumed."""
+    run = isolate(FakeEngine(snapshot(URL, page_size=page_size)))
+    assert run.cache is not None and run.cache.prompt_tokens == tokens
+
+
+def test_a_pair_that_refuses_tenant_b_leaves_the_boundary_scenario_its_own_request_for_b():
+    """A unified pool that cannot hold the concurrent pair refuses one of it (concurrent-capacity
+    fails): the boundary scenario then sends tenant b's boundary request itself, so it still scans
+    both tenants instead of going inconclusive."""
+    def refuse_pair_b(engine: FakeEngine, sent: Sent) -> Completion | None:
+        if sent.tokens == 8185 - GEN and tenant_of(sent) == "b":
+            return Completion(sent_tokens=sent.tokens, max_tokens=sent.max_tokens, streamed=False, status=500,
+                              elapsed_s=0.01, text="")
+        return None
+
+    engine = FakeEngine(snapshot(URL, pool=16384, context=8192, page_size=16), script=refuse_pair_b)
+    client = HttpClient()
+    adapter = FakeAdapter(URL, client)
+    engines = {URL: adapter}
+    limits = deployment_limits(adapter, [engine.snap])
+    assert limits is not None
+    settings = IsolationSettings(timeout_s=5, churn_allowed=True, binding="a cache_salt per tenant")
+    budget = Budget(timeout_s=5, fallback_tokens_per_second=20000)
+    with isolation.open_tenants(adapter, engines, limits, settings, {}, ({}, {}), salted=True) as prompts:
+        capacity = CapacityProber(adapter, engines, limits, ProbeSettings(), budget, tenants=prompts).run()
+        run = run_isolation(adapter, engines, [engine.snap], limits, settings, budget, {}, ({}, {}), salted=True,
+                            prompts=prompts, shared=capacity)
+    boundary = scenario(run, "boundary")
+    assert [(r.name, r.served) for r in boundary.requests] == [
+        ("boundary-accept-a", True), ("concurrent-1-a", True), ("concurrent-2-b", False), ("boundary-b", True)]
+    assert "tenant b: its own boundary request" in boundary.occurrence
+    assert tenant_isolation.scenario_verdict(boundary)[0] is Status.PASS
