@@ -57,11 +57,12 @@ def free_port(host: str = LOOPBACK, avoid: frozenset[int] | set[int] = frozenset
     ready), and a port from that range can meanwhile become the local end of any outgoing
     connection (readiness probes, prefill-to-decode transfers), so the engine's bind would fail."""
     low = _ephemeral_low()
-    rng = random.SystemRandom()
-    for _ in range(50):
-        port = rng.randrange(PRIVATE_PORTS_FROM, low) if low > PRIVATE_PORTS_FROM else 0
-        if port and port not in avoid and not port_in_use(port, host):
-            return port
+    if low > PRIVATE_PORTS_FROM:
+        rng = random.SystemRandom()
+        for _ in range(50):
+            port = rng.randrange(PRIVATE_PORTS_FROM, low)
+            if port not in avoid and not port_in_use(port, host):
+                return port
     for _ in range(50):  # no room below the ephemeral range: the kernel's pick
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             sock.bind((host, 0))

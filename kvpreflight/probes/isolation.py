@@ -271,9 +271,9 @@ class IsolationProber:
             # the missing tenant's boundary request is sent here, so the scenario still scans both.
             if not self.budget.may_send():
                 return replace(carried, stopped=self.budget.stopped)
-            self.progress("isolation: boundary (for tenant " + ", ".join(t.value for t in missing) + ")")
-            extra = [r for t in missing if (r := self._send(t, f"boundary-{t.value}", n)) is not None]
             names = ", ".join(t.value for t in missing)
+            self.progress(f"isolation: boundary (for tenant {names})")
+            extra = [r for t in missing if (r := self._send(t, f"boundary-{t.value}", n)) is not None]
             return replace(carried, requests=carried.requests + tuple(extra),
                            occurred=True if carried.requests or extra else None,
                            occurrence=(f"both tenants ran at the longest accepted prompt (tenant {names}: its own boundary "
