@@ -22,7 +22,7 @@ from kvpreflight.errors import ConfigError
 from kvpreflight.model import CheckResult, Cost, EngineCost, EngineSnapshot, Report, Role, Status
 from kvpreflight.plan import CheckPlan
 from kvpreflight.probeplan import GroupPlan, GroupPreview
-from kvpreflight.probes.budget import Budget, calibrate
+from kvpreflight.probes.budget import Budget, calibrate, calibrate_once
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, capacity_plan, deployment_limits
 from kvpreflight.probes.cost import CostMeter
 from kvpreflight.probes.engine_state import EngineState
@@ -105,8 +105,8 @@ def engine_cost(snapshots: Sequence[EngineSnapshot], before: Mapping[str, Counte
 
 def preview(options: CheckPlan, *, measure: bool, progress: Callable[[str], None] = lambda _: None) -> list[GroupPreview]:
     """`check --plan`: read the engines (as --capacity-only does), derive every probe run's
-    requests and, with `measure`, send the three short calibration requests per entry to estimate
-    the duration. No other request is sent."""
+    requests and, with `measure`, send one short calibration request per entry to estimate the
+    duration (an upper estimate: see `calibrate_once`). No other request is sent."""
     thresholds = load_thresholds()
     client = _client(options)
     try:
@@ -124,7 +124,8 @@ def preview(options: CheckPlan, *, measure: bool, progress: Callable[[str], None
             budget = Budget(timeout_s=options.timeout_s, fallback_tokens_per_second=thresholds.accepted_tokens_per_second)
             engines = [adapters[s.url] for s in group if s.url in adapters]
             try:
-                calibration = calibrate(entry, engines, budget, max_accepted=plan.limits.max_accepted, timeout_s=options.timeout_s)
+                calibration = calibrate_once(entry, engines, budget, max_accepted=plan.limits.max_accepted,
+                                             timeout_s=options.timeout_s)
             except EngineError as exc:
                 out.append(GroupPreview(plan=plan, calibration=f"failed: {exc}"))
                 continue
@@ -133,8 +134,7 @@ def preview(options: CheckPlan, *, measure: bool, progress: Callable[[str], None
             if calibration.speed is None:
                 out.append(GroupPreview(plan=plan, calibration=f"sent {sent}; no speed measured: {calibration.failure}"))
                 continue
-            retried = "".join(f"; {note}" for note in calibration.retried)
-            out.append(GroupPreview(plan=plan, speed=calibration.speed, calibration=f"sent {sent}{retried}",
+            out.append(GroupPreview(plan=plan, speed=calibration.speed, calibration=f"sent {sent}",
                                     estimate_s=budget.calibrated(calibration.speed, plan.requests)))
         return out
     finally:

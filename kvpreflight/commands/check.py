@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         fmt: str | None = typer.Option(None, "--format", help=f"{FORMAT_HELP} (default: table)."),
         output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
         timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for a rejection or a short request; accepted long prompts get more, from the engine's measured speed."),
-        plan_only: bool = typer.Option(False, "--plan", help="Print the probes it would send, their sizes, context-equivalents and expected duration; sends only three short calibration requests per entry (a warm-up, then two measured)."),
+        plan_only: bool = typer.Option(False, "--plan", help="Print the probes it would send, their sizes, context-equivalents and expected duration; sends only one short calibration request per entry (the duration is then an upper estimate)."),
         no_calibrate: bool = typer.Option(False, "--no-calibrate", help="With --plan: send no request at all (the duration is then unknown)."),
         max_context_equivalents: float | None = typer.Option(None, "--max-context-equivalents", help="Refuse (exit 2, before any request) a plan that submits more prompt tokens than N times the context."),
         deadline: float | None = typer.Option(None, "--deadline", help="Seconds the whole check may take (default: 3x the estimate printed after calibration, plus room for waits); past it, exit 3 naming the stage."),

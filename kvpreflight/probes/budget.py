@@ -139,6 +139,32 @@ def calibrate(entry: EngineAdapter, engines: Iterable[EngineAdapter], budget: Bu
     return Calibration(speed, tuple(sent), retried=tuple(retried))
 
 
+def calibrate_once(entry: EngineAdapter, engines: Iterable[EngineAdapter], budget: Budget, *, max_accepted: int,
+                   timeout_s: float) -> Calibration:
+    """`check --plan`'s calibration: ONE streamed short prompt through the entry, allowed the
+    warm-up's time (it may be the deployment's first request) and never sent again. One request
+    cannot separate the fixed cost of a request from prefill, so both are taken at their upper
+    bound (the fixed cost is at most its time to first token; prefill is at least as fast as its
+    prompt over that time): the plan's duration is an upper estimate, never an optimistic one."""
+    engines = list(engines)
+    short = max(TINY_TOKENS * 2, min(SHORT_MAX_PROMPT, max_accepted // 16))
+    try:
+        ids = valid_token_ids(entry, engines, short, _fresh("calibration"))
+    except EngineError as exc:
+        return Calibration(None, failure=f"no calibration prompt could be tokenized: {exc}")
+    answer = budget.send(entry, ids, max_tokens=SHORT_MAX_TOKENS, stream=True,
+                         timeout_s=min(WARM_UP_TIMEOUTS * timeout_s, max(timeout_s, budget.remaining_s())))
+    if not answer.served:
+        return Calibration(None, (answer,), _unserved(answer, f"a {short}-token calibration request"))
+    first_token = max(answer.ttft_s if answer.ttft_s is not None else answer.elapsed_s, MIN_MEASURABLE_S)
+    generated = answer.completion_tokens or 1
+    decode = max(0.0, answer.elapsed_s - first_token) / max(1, generated - 1)
+    speed = Speed(overhead_s=first_token, prefill_tokens_per_second=short / first_token, decode_s_per_token=decode,
+                  measured_on=f"one {short}-token request through the entry; an upper estimate: its fixed cost "
+                              "is not separated from prefill, and a cold deployment's one-time setup is included")
+    return Calibration(speed, (answer,))
+
+
 def _fresh(purpose: str) -> str:
     """A prompt no cache holds. Not marker-shaped: stale pages that still hold it later are not
     mistaken for another tenant's data (the probes' markers are what is scanned for)."""

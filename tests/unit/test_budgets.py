@@ -11,7 +11,7 @@ import pytest
 from support.fake_adapter import FakeEngine, Sent, snapshot
 
 from kvpreflight.model import Completion, Report, Status
-from kvpreflight.pipeline import run_check
+from kvpreflight.pipeline import preview, run_check
 from kvpreflight.plan import CheckPlan
 from kvpreflight.probes.budget import SLACK, TINY_TOKENS, Budget, PlannedRequest, Speed
 from kvpreflight.probes.results import Expect
@@ -198,3 +198,29 @@ def test_a_calibration_request_unanswered_twice_means_the_engine_is_not_answerin
     report = check(engine)
     assert [s.tokens for s in engine.sent][4:] == [TINY_TOKENS, TINY_TOKENS, TINY_TOKENS]
     assert "not answering" in result(report, "prompt-integrity").message
+
+
+def test_a_plan_sends_one_calibration_request_and_estimates_an_upper_bound():
+    """`check --plan` (issue 14): exactly one completion, streamed and short; one request cannot
+    separate the fixed cost from prefill, so both are bounded from above and the duration is never
+    below what the three-request calibration of `check` would estimate."""
+    engine = FakeEngine(snapshot(URL), script=slow(0.5, 1000))
+    (group,) = preview(CheckPlan(targets=(Target(URL),), engine="fake", timeout_s=5), measure=True)  # type: ignore[arg-type]
+    (sent,) = engine.sent
+    assert (sent.tokens, sent.max_tokens, sent.stream, sent.timeout_s) == (SHORT, 8, True, 15)
+    assert group.calibration == f"sent {SHORT}-token request, max_tokens 8 (streamed)"
+    assert group.speed is not None and "an upper estimate" in group.speed.describe()
+    # the first token came 0.5 + 255/1000 s in: the fixed cost is taken as that whole time
+    assert group.speed.overhead_s == pytest.approx(0.5 + SHORT / 1000)
+    assert group.speed.prefill_tokens_per_second == pytest.approx(SHORT / (0.5 + SHORT / 1000))
+    truth = Speed(overhead_s=0.5, prefill_tokens_per_second=1000, decode_s_per_token=0.001, measured_on="the script")
+    assert group.estimate_s is not None
+    assert group.estimate_s >= sum(truth.expected_s(p.prompt_tokens, p.max_tokens, p.concurrent)
+                                   for p in group.plan.requests if p.expect is Expect.ACCEPT)
+
+
+def test_a_plan_whose_calibration_request_hangs_sends_no_second_one():
+    engine = FakeEngine(snapshot(URL), script=lambda engine, sent: hang(sent))
+    (group,) = preview(CheckPlan(targets=(Target(URL),), engine="fake", timeout_s=5), measure=True)  # type: ignore[arg-type]
+    assert len(engine.sent) == 1 and group.speed is None and group.estimate_s is None
+    assert "got no answer within --timeout (15.0 s): the engine is not answering" in group.calibration
