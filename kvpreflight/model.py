@@ -163,6 +163,7 @@ class Completion:
     ttft_s: float | None = None
     empty_body: bool = False  # an HTTP 200 with nothing in its body: neither an answer nor a refusal
     text: str = field(default="", repr=False)
+    request_id: str | None = None  # the id kvpreflight gave it, where the engine takes one
 
     @property
     def rejected(self) -> bool:
@@ -184,7 +185,7 @@ class Completion:
             "elapsed_s": round(self.elapsed_s, 3),
         }
         for key in ("timed_out", "transport_error", "error_message", "error_kind", "completion_tokens",
-                    "prompt_tokens", "cached_tokens", "finish_reason", "truncated", "empty_body"):
+                    "prompt_tokens", "cached_tokens", "finish_reason", "truncated", "empty_body", "request_id"):
             value = getattr(self, key)
             if value not in (None, False):
                 out[key] = value.value if isinstance(value, enum.Enum) else value

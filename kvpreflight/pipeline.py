@@ -305,7 +305,7 @@ def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSn
             iso_settings = replace(iso_settings, known_markers=iso_settings.known_markers | run.own_markers)
             return run, run_isolation(entry, engines, group, run.limits, iso_settings, budget, options.headers,
                                       options.tenant_headers, salted=options.tenant_binding is None, progress=progress,
-                                      prompts=prompts, shared=run, concurrency=settings.concurrency)
+                                      prompts=prompts, shared=run, concurrency=settings.concurrency, logs=logs)
     except EngineError as exc:  # the tenants' prompts could not be built: capacity probes without them
         try:
             run = CapacityProber(entry, engines, limits, settings, budget, progress, logs).run(calibrate=measure)

@@ -59,7 +59,7 @@ def run(plan: CheckPlan, progress: Progress = _quiet) -> Report:
 
 def preview(plan: CheckPlan, *, measure: bool = True, progress: Progress = _quiet) -> list[GroupPreview]:
     """`check --plan`: what `run(plan)` would send and how long it should take; sends nothing but
-    the calibration requests (none without `measure`). A plan above the plan's
+    one calibration request per entry (none without `measure`). A plan above the plan's
     `max_context_equivalents` raises PlanTooCostly (exit 2) before anything is sent."""
     from kvpreflight.pipeline import preview as preview_groups
 

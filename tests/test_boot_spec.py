@@ -72,6 +72,9 @@ def test_vllm_pd_example_runs_nixl_producer_and_consumer_behind_vllm_router(monk
         argv = launch[name].argv
         roles[name] = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_role"]
         assert argv[argv.index("--max-model-len") + 1] == "1024"
+        # a pool of 18 x 128 tokens; VLLM_CPU_KVCACHE_SPACE would silently override it (see the spec)
+        assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(18 * 128 * 512)
+        assert "VLLM_CPU_KVCACHE_SPACE" not in launch[name].env
     assert roles == {"prefill": "kv_producer", "decode": "kv_consumer"}
     # two NIXL side channels on one host need two ports; one OpenMP core each (see the spec)
     env = {name: launch[name].env for name in ("prefill", "decode")}

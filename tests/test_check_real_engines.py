@@ -238,3 +238,32 @@ def test_llama_cpp_unified_pool_fails_concurrent_capacity(start_llama_server: Ca
     assert "500" in concurrent["message"]
     # one pool for both slots, yet neither tenant's canary reaches the other
     assert_isolation_passes_with_positive_controls(report)
+
+
+# -- check --plan on real engines (issue 14: exactly one completion, or none) -----------------------
+
+def metric_total(url: str, name: str) -> float:
+    client = HttpClient()
+    try:
+        text = client.get(f"{url}/metrics").text()
+    finally:
+        client.close()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name) and not line.startswith("#"))
+
+
+@pytest.mark.parametrize(("server", "counter"), [("vllm_server", "vllm:request_success_total"),
+                                                  ("llama_server", "llamacpp:prompt_tokens_total")])
+def test_plan_sends_exactly_one_short_completion_to_a_real_engine(server: str, counter: str,
+                                                                  request: pytest.FixtureRequest) -> None:
+    """vLLM counts finished requests; llama.cpp only prompt tokens processed (it is sent with
+    cache_prompt off, so they are the one request's own)."""
+    engine: EngineProcess = request.getfixturevalue(server)
+    before = metric_total(engine.url, counter)
+    proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--endpoint", engine.url, "--plan", "--format", "json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    (group,) = json.loads(proc.stdout)["plan"]
+    sent = int(group["calibration"].removeprefix("sent ").split("-token request")[0])
+    assert group["calibration"] == f"sent {sent}-token request, max_tokens 8 (streamed)" and group["expected_duration_s"] > 0
+    moved = metric_total(engine.url, counter) - before
+    assert moved == (1 if counter.startswith("vllm") else sent), (counter, moved)

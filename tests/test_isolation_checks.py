@@ -18,6 +18,7 @@ from kvpreflight.probes.markers import contains_marker, new_marker
 from kvpreflight.probes.results import (
     CacheProbe,
     CacheProbeKind,
+    DangerLine,
     Expect,
     IsolationRun,
     Limits,
@@ -128,6 +129,20 @@ def test_unconfirmed_scenario_warns():
                       occurrence="unconfirmed: no deferred-release counter moved and no page log is reachable over HTTP")
     r = one("tenant-isolation", iso(scenario("normal"), unsure))
     assert r.status is Status.WARN and "cancel-transfer: unconfirmed" in r.message
+
+
+def test_a_danger_line_logged_during_a_scenario_warns_and_is_quoted_with_the_request_it_names():
+    line = DangerLine(source=DECODE, what="Decode transfer failed for request", request_id="kvpreflight-00aa",
+                      names="tenant b's request load-b1")
+    r = one("tenant-isolation", iso(scenario("normal"), scenario("load", churn=True, danger_lines=(line,))))
+    assert r.status is Status.WARN
+    assert (f'load: 2 requests, no crossing; the logs say: {DECODE} log: "Decode transfer failed for request" '
+            "(logged during the load scenario, naming tenant b's request load-b1)") in r.message
+    (load,) = [s for s in r.evidence["scenarios"] if s["scenario"] == "load"]
+    assert load["danger_lines"] == [{"source": DECODE, "what": line.what, "request_id": "kvpreflight-00aa",
+                                     "when": "logged during the load scenario", "names": "tenant b's request load-b1"}]
+    crossed = scenario("load", (served("a"), served("b", "load-b1", crossings=(CANARY["a"],))), churn=True, danger_lines=(line,))
+    assert one("tenant-isolation", iso(crossed)).status is Status.FAIL  # with a crossing it is part of the failure
 
 
 def test_pages_not_back_to_idle_after_a_scenario_fail():

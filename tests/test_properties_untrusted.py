@@ -127,11 +127,12 @@ class CannedClient(HttpClient):
         self.frames = frames
 
     def request(self, method: str, url: str, *, json_body: Any = None, timeout_s: float | None = None,
-                max_bytes: int = BodyLimit.COMPLETION) -> HttpReply:
+                max_bytes: int = BodyLimit.COMPLETION, headers: Any = None) -> HttpReply:
         status, body = self.routes.get(f"{method} {url.removeprefix(URL)}", (404, b'{"detail": "Not Found"}'))
         return HttpReply(url, status, body, 0.01, "application/json", {"x-prompt-tokens": "12"})
 
-    def post_stream(self, url: str, body: Any, *, timeout_s: float, max_bytes: int = BodyLimit.EVENT_STREAM) -> StreamReply:
+    def post_stream(self, url: str, body: Any, *, timeout_s: float, max_bytes: int = BodyLimit.EVENT_STREAM,
+                    headers: Any = None) -> StreamReply:
         return StreamReply(url, 200, self.frames, "\n".join(self.frames).encode(), 0.01)
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpreflight.checks.interface import CheckContext, probe_run
+from kvpreflight.checks.probe_common import danger_entry, logged_lines
 from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, EngineSnapshot, Role, Status
 from kvpreflight.probes.results import DangerLine, Expect, ProbeResult
 
@@ -65,7 +66,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     dangers = _danger_lines(run.probes, run.untied_danger_lines)
     evidence: dict[str, Any] = {"probes": findings, "danger_lines": dangers[:MAX_DANGER_EVIDENCE],
                                 "danger_lines_count": len(dangers)}
-    logged = _logged(dangers)
+    logged = logged_lines(dangers)
     if not findings:
         why = run.missing("a served probe") if not windows else "no served probe moved a decode engine's counters"
         return [CheckResult(ID, Status.INCONCLUSIVE, f"no probe is known to have reached a decode engine: {why}{logged}",
@@ -86,18 +87,6 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
 MAX_DANGER_EVIDENCE = 50  # danger lines kept in the evidence (the message counts them all)
 
 
-def _logged(dangers: Sequence[Mapping[str, Any]]) -> str:
-    """The danger lines as the message quotes them: one entry per signal and moment, counted."""
-    if not dangers:
-        return ""
-    counted: dict[tuple[str, str, str], int] = {}
-    for d in dangers:
-        key = (d["source"], d["what"], d["when"])
-        counted[key] = counted.get(key, 0) + 1
-    return "; the logs say: " + "; ".join(f"{source} log: \"{what}\" {'x' + str(n) + ' ' if n > 1 else ''}({when})"
-                                          for (source, what, when), n in counted.items())
-
-
 def _danger_lines(probes: Sequence[ProbeResult], untied: Sequence[DangerLine]) -> list[dict[str, Any]]:
     """Every danger line once, with when it was logged: during which probe, or between probes."""
     out: list[dict[str, Any]] = []
@@ -107,12 +96,8 @@ def _danger_lines(probes: Sequence[ProbeResult], untied: Sequence[DangerLine]) -
             continue
         seen.add(id(probe.danger_lines))
         when = "concurrent probes" if probe.name.startswith("concurrent-") else f"probe {probe.name}"
-        out += [_entry(d, f"logged during {when}") for d in probe.danger_lines]
-    return out + [_entry(d, "logged between probes") for d in untied]
-
-
-def _entry(line: DangerLine, when: str) -> dict[str, Any]:
-    return {"source": line.source, "what": line.what, "request_id": line.request_id, "when": when}
+        out += [danger_entry(d, f"logged during {when}") for d in probe.danger_lines]
+    return out + [danger_entry(d, "logged between probes") for d in untied]
 
 
 def _windows(probes: Sequence[ProbeResult]) -> list[Window]:

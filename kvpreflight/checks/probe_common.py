@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kvpreflight.checks.interface import CheckContext
 from kvpreflight.model import CheckResult, Completion, ErrorKind, Role, Status
-from kvpreflight.probes.results import ProbeResult
+from kvpreflight.probes.results import DangerLine, ProbeResult
 
 
 def unreached(ctx: CheckContext, check_id: str) -> list[CheckResult]:
@@ -105,3 +105,21 @@ SEVERITY = (Status.FAIL, Status.INCONCLUSIVE, Status.WARN, Status.PASS, Status.S
 
 def worst_status(statuses: Iterable[Status]) -> Status:
     return min(statuses, key=SEVERITY.index)
+
+
+def danger_entry(line: DangerLine, when: str) -> dict[str, Any]:
+    out: dict[str, Any] = {"source": line.source, "what": line.what, "request_id": line.request_id, "when": when}
+    return out if line.names is None else {**out, "names": line.names}
+
+
+def logged_lines(dangers: Sequence[Mapping[str, Any]]) -> str:
+    """The danger lines as the message quotes them: one entry per signal and moment, counted."""
+    if not dangers:
+        return ""
+    counted: dict[tuple[str, str, str], int] = {}
+    for d in dangers:
+        when = d["when"] + (f", naming {d['names']}" if d.get("names") else "")
+        key = (d["source"], d["what"], when)
+        counted[key] = counted.get(key, 0) + 1
+    return "; the logs say: " + "; ".join(f"{source} log: \"{what}\" {'x' + str(n) + ' ' if n > 1 else ''}({when})"
+                                          for (source, what, when), n in counted.items())

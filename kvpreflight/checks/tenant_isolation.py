@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvpreflight.checks.interface import CheckContext, isolation_run
-from kvpreflight.checks.probe_common import worst_status
+from kvpreflight.checks.probe_common import danger_entry, logged_lines, worst_status
 from kvpreflight.model import CheckResult, Status
 from kvpreflight.probes.results import Expect, Scenario, Tenant, TenantRequest
 
@@ -33,6 +33,10 @@ def request_evidence(r: TenantRequest) -> dict[str, Any]:
     return ev
 
 
+def danger_entries(s: Scenario) -> list[dict[str, Any]]:
+    return [danger_entry(d, f"logged during the {s.name} scenario") for d in s.danger_lines]
+
+
 def scenario_verdict(s: Scenario) -> tuple[Status, str]:
     """One scenario's status and a one-line reason (crossings are judged by the caller)."""
     if s.skipped:
@@ -49,6 +53,8 @@ def scenario_verdict(s: Scenario) -> tuple[Status, str]:
     if set(Tenant) - tenants_served:
         missing = ", ".join(sorted(t.value for t in set(Tenant) - tenants_served))
         return Status.INCONCLUSIVE, f"{s.name}: no answer of tenant {missing} was served, so nothing of it was scanned"
+    if s.danger_lines:
+        return Status.WARN, f"{s.name}: {len(s.requests)} requests, no crossing{logged_lines(danger_entries(s))}"
     if not s.churn:
         moved = {u: {k: v for k, v in d.items() if k in ("transfer_failures", "bootstrap_failures") and v}
                  for u, d in s.counter_deltas.items()}
@@ -72,7 +78,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             {"scenario": s.name, "purpose": s.purpose, **({"skipped": s.skipped} if s.skipped else {
                 "occurrence": s.occurrence, "idle_after": dict(s.idle_after),
                 "counter_deltas": {u: dict(d) for u, d in s.counter_deltas.items()},
-                "requests": [request_evidence(r) for r in s.requests]}), **({"stopped": s.stopped} if s.stopped else {})}
+                "requests": [request_evidence(r) for r in s.requests]}), **({"stopped": s.stopped} if s.stopped else {}),
+             **({"danger_lines": danger_entries(s)} if s.danger_lines else {})}
             for s in run.scenarios
         ],
     }

@@ -135,13 +135,14 @@ class HttpClient:
     def close(self) -> None:
         self.session.close()
 
-    def _send(self, method: str, url: str, *, json_body: Any, timeout_s: float | None) -> tuple[requests.Response, Deadline]:
+    def _send(self, method: str, url: str, *, json_body: Any, timeout_s: float | None,
+              headers: Mapping[str, str] | None = None) -> tuple[requests.Response, Deadline]:
         """Send and read the headers; the returned deadline is running and the caller ends it."""
         deadline = Deadline(timeout_s if timeout_s is not None else self.timeout_s)
         current_request.deadline = deadline
         try:
             resp = self.session.request(method, url, json=json_body, timeout=(deadline.connect_s, deadline.timeout_s),
-                                        allow_redirects=False, stream=True)
+                                        allow_redirects=False, stream=True, headers=dict(headers) if headers else None)
         except Exception as exc:
             deadline.end()
             error = _transport_error(url, exc, deadline, client_cert=self.session.cert is not None)
@@ -158,11 +159,11 @@ class HttpClient:
         return resp, deadline
 
     def request(self, method: str, url: str, *, json_body: Any = None, timeout_s: float | None = None,
-                max_bytes: int = BodyLimit.COMPLETION) -> HttpReply:
+                max_bytes: int = BodyLimit.COMPLETION, headers: Mapping[str, str] | None = None) -> HttpReply:
         """One request read in full within `timeout_s` (else EngineTimeout) and `max_bytes` (else
         BodyTooLarge)."""
         start = time.monotonic()
-        resp, deadline = self._send(method, url, json_body=json_body, timeout_s=timeout_s)
+        resp, deadline = self._send(method, url, json_body=json_body, timeout_s=timeout_s, headers=headers)
         try:
             _refuse_declared_size(url, resp, max_bytes)
             body = bytearray()
@@ -181,8 +182,9 @@ class HttpClient:
         `max_bytes=BodyLimit.METRICS` (or `.JSON_INFO`) to have the kind named when it is hit."""
         return self.request("GET", url, timeout_s=timeout_s, max_bytes=max_bytes)
 
-    def post(self, url: str, body: Any, *, timeout_s: float | None = None, max_bytes: int = BodyLimit.COMPLETION) -> HttpReply:
-        return self.request("POST", url, json_body=body, timeout_s=timeout_s, max_bytes=max_bytes)
+    def post(self, url: str, body: Any, *, timeout_s: float | None = None, max_bytes: int = BodyLimit.COMPLETION,
+             headers: Mapping[str, str] | None = None) -> HttpReply:
+        return self.request("POST", url, json_body=body, timeout_s=timeout_s, max_bytes=max_bytes, headers=headers)
 
     def get_json(self, url: str, *, timeout_s: float | None = None, max_bytes: int = BodyLimit.JSON_INFO) -> Any:
         reply = self.get(url, timeout_s=timeout_s, max_bytes=max_bytes)
@@ -190,13 +192,14 @@ class HttpClient:
             raise EngineError(f"{url}: HTTP {reply.status}")
         return reply.json()
 
-    def post_stream(self, url: str, body: Any, *, timeout_s: float, max_bytes: int = BodyLimit.EVENT_STREAM) -> StreamReply:
+    def post_stream(self, url: str, body: Any, *, timeout_s: float, max_bytes: int = BodyLimit.EVENT_STREAM,
+                    headers: Mapping[str, str] | None = None) -> StreamReply:
         """POST and read a server-sent-event stream to its end, the deadline (then `timed_out`) or
         a broken connection (then `cut_off` says how), with the frames that came before. No
         headers by the deadline is EngineTimeout; a stream over `max_bytes` (or with more frames
         than one per _MIN_FRAME_BYTES of it) is BodyTooLarge."""
         start = time.monotonic()
-        resp, deadline = self._send("POST", url, json_body=body, timeout_s=timeout_s)
+        resp, deadline = self._send("POST", url, json_body=body, timeout_s=timeout_s, headers=headers)
         frames: list[str] = []
         max_frames = max(1, max_bytes // _MIN_FRAME_BYTES)
         raw = bytearray()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import abc
 import json
 import re
+import secrets
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -34,6 +35,8 @@ class EngineRequest:
     sent_tokens: int  # the prompt's length as the engine counts it
     max_tokens: int
     stream: bool
+    headers: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    request_id: str | None = None  # the id kvpreflight gave it, where the engine takes one
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -123,6 +126,10 @@ class EngineAdapter(abc.ABC):
     connection it was given: a tenant's adapter is `entry.with_client(tenant_client)`."""
 
     kind: ClassVar[str] = ""
+    # Where the engine takes a client's request id (a header, or a body field): the id kvpreflight
+    # gives each request then names it in the engine's log, so a danger line ties to its probe.
+    request_id_header: ClassVar[str | None] = None
+    request_id_field: ClassVar[str | None] = None
     # Regexes (case-insensitive) that mark an error message as about prompt LENGTH.
     length_error_patterns: ClassVar[tuple[str, ...]] = ()
     vocab_error_patterns: ClassVar[tuple[str, ...]] = (
@@ -188,15 +195,31 @@ class EngineAdapter(abc.ABC):
                  extra: Mapping[str, Any] | None = None) -> Completion:
         """Send one real generation request to this URL (an engine or the entry in front of it).
         A hang, a transport failure or a refusal comes back as a Completion (a finding)."""
-        request = self.build_request(ids, max_tokens=max_tokens, stream=stream, extra=extra)
+        request = self._with_request_id(self.build_request(ids, max_tokens=max_tokens, stream=stream, extra=extra))
+        completion = self._send(request, timeout_s)
+        return completion if request.request_id is None else replace(completion, request_id=request.request_id)
+
+    def _with_request_id(self, request: EngineRequest) -> EngineRequest:
+        """A fresh id, where this engine kind takes one (a caller's own id in `extra` is kept)."""
+        if self.request_id_field is not None:
+            if self.request_id_field in request.body:
+                return replace(request, request_id=str(request.body[self.request_id_field]))
+            rid = new_request_id()
+            return replace(request, body={**request.body, self.request_id_field: rid}, request_id=rid)
+        if self.request_id_header is not None:
+            rid = new_request_id()
+            return replace(request, headers={**request.headers, self.request_id_header: rid}, request_id=rid)
+        return request
+
+    def _send(self, request: EngineRequest, timeout_s: float) -> Completion:
         url = f"{self.url}{request.path}"
         start = time.monotonic()
         reply: HttpReply | StreamReply
         try:
-            if stream:
-                reply = self.client.post_stream(url, request.body, timeout_s=timeout_s)
+            if request.stream:
+                reply = self.client.post_stream(url, request.body, timeout_s=timeout_s, headers=request.headers)
             else:
-                reply = self.client.post(url, request.body, timeout_s=timeout_s)
+                reply = self.client.post(url, request.body, timeout_s=timeout_s, headers=request.headers)
         except EngineTimeout:
             return _unanswered(request, time.monotonic() - start, timed_out=True)
         except EngineError as exc:
@@ -288,6 +311,14 @@ class EngineAdapter(abc.ABC):
         if reply.status != 200:
             raise EngineError(f"{self.url}/metrics: HTTP {reply.status}")
         return parse_metrics(reply.url, reply.text())
+
+
+LOG_ID_PREFIX = "kvpreflight-"
+
+
+def new_request_id() -> str:
+    """Unique, and recognisable as kvpreflight's in an engine's log."""
+    return f"{LOG_ID_PREFIX}{secrets.token_hex(8)}"
 
 
 def _unanswered(request: EngineRequest, elapsed_s: float, *, timed_out: bool = False,

@@ -49,6 +49,7 @@ RANK_PREFIX = re.compile(r"\b((?:DP|TP|PP|EP)\d+(?:\s+(?:DP|TP|PP|EP)\d+)*)\]?")
 
 class SglangAdapter(EngineAdapter):
     kind = "sglang"
+    request_id_field = "rid"  # GenerateReqInput.rid (0.5.23): the id its log lines name
     # srt/disaggregation/decode.py and prefill.py (0.5.23): each aborts the request it names.
     log_signals = tuple(LogSignal(what, re.compile(pattern)) for what, pattern in (
         ("Decode handshake failed for request", r"Decode handshake failed for request .*?rid='?(?P<rid>[^'\s]+)"),

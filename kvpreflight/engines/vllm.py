@@ -36,6 +36,9 @@ CONSUMER_METRIC = "vllm:num_requests_kv_fetch_by_stage"
 
 class VllmAdapter(OpenAICompletionsMixin):
     kind = "vllm"
+    # entrypoints/serve/engine/serving.py (0.32): the header wins over the body's request_id; the
+    # engine's own id is then cmpl-<it>-<index>-<8 random characters>.
+    request_id_header = "X-Request-Id"
     # distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py (0.32): a decode reported a
     # transfer of blocks the prefill no longer tracks (lease expired, ids that do not match).
     log_signals = (LogSignal("Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker",

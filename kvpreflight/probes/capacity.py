@@ -15,7 +15,7 @@ from kvpreflight.engines.interface import Counters, EngineAdapter
 from kvpreflight.model import Completion, EngineSnapshot
 from kvpreflight.probes.budget import Budget, PlannedRequest
 from kvpreflight.probes.engine_state import EngineState, counter_deltas
-from kvpreflight.probes.logs import LogWatch
+from kvpreflight.probes.logs import LogWatch, named_by_request_id
 from kvpreflight.probes.markers import foreign_markers, new_marker
 from kvpreflight.probes.results import DangerLine, Expect, Limits, ProbeResult, ProbeRun, Tenant
 from kvpreflight.probes.tenants import TenantPrompts
@@ -148,9 +148,10 @@ class CapacityProber:
         healthy = {} if stopped else {url: adapter.healthy() for url, adapter in self.engines.items()}
         idle = self.budget.wait_idle(self.state, IDLE_WAIT_S)
         self._untied.extend(self.logs.take())
+        probes, untied = named_by_request_id(probes, self._untied)
         return ProbeRun(limits=limits, probes=tuple(probes), healthy_after=healthy, idle_after=idle,
                         small_request_after=small, own_markers=frozenset({self.marker}), stopped=stopped,
-                        speed_note=self.budget.rate_note(), untied_danger_lines=tuple(self._untied))
+                        speed_note=self.budget.rate_note(), untied_danger_lines=untied)
 
     def _token_ids(self, count: int, seed: str) -> list[int]:
         return valid_token_ids(self.entry, self.engines.values(), count, seed)

@@ -48,6 +48,7 @@ from kvpreflight.probes.disconnect import (
     leave_during_transfer,
 )
 from kvpreflight.probes.engine_state import EngineState, counter_deltas
+from kvpreflight.probes.logs import LogWatch, name_lines
 from kvpreflight.probes.markers import contains_marker, foreign_markers, new_marker
 from kvpreflight.probes.prefix_cache import (
     CACHE_PREFIXES,
@@ -209,8 +210,9 @@ class IsolationProber:
     def __init__(self, prompts: TenantPrompts, engines: Mapping[str, EngineAdapter],
                  snapshots: Sequence[EngineSnapshot], limits: Limits, settings: IsolationSettings, budget: Budget,
                  progress: Callable[[str], None] = lambda _: None, shared: ProbeRun | None = None,
-                 concurrency: int = 2) -> None:
+                 concurrency: int = 2, logs: LogWatch | None = None) -> None:
         self.tenants = dict(prompts.clients)
+        self.logs = logs or LogWatch({})
         self.engines = engines
         self.state = EngineState(engines)
         self.snapshots = list(snapshots)
@@ -390,15 +392,19 @@ class IsolationProber:
         self.progress(f"isolation: {name}")
         self.budget.enter(f"the isolation scenario {name}")
         before = self.state.counters()
+        self.logs.take()  # logged before it began: not this scenario's
         sent = steps()
         requests = [r for r in sent if r is not None]
         idle = self.budget.wait_idle(self.state, IDLE_WAIT_S)
         after = self.state.counters()
         ran = any(r.completion is not None for r in requests)
+        ids = {r.completion.request_id: f"tenant {r.tenant.value}'s request {r.name}" for r in requests
+               if r.completion is not None and r.completion.request_id}
         return Scenario(name=name, purpose=PURPOSES[name], requests=tuple(requests), occurred=True if ran else None,
                         occurrence=shown if ran else "unconfirmed: no request was answered",
                         idle_after=idle, counter_deltas=counter_deltas(before, after), churn=churn,
-                        stopped=self.budget.stopped if len(requests) < len(sent) else None)
+                        stopped=self.budget.stopped if len(requests) < len(sent) else None,
+                        danger_lines=name_lines(self.logs.take(), ids))
 
     def _carried(self, name: str, probes: Sequence[ProbeResult], shown: str, churn: bool = False) -> Scenario:
         """A scenario made of capacity probes that carried the tenants' canaries: scanned here,
@@ -412,9 +418,11 @@ class IsolationProber:
                 into = deltas.setdefault(url, {})
                 for key, value in moved.items():
                     into[key] = into.get(key, 0) + value
+        windows = {id(p.danger_lines): p.danger_lines for p in probes}  # the concurrent probes share one
         return Scenario(name=name, purpose=PURPOSES[name], requests=requests, occurred=True if requests else None,
                         occurrence=shown if requests else "unconfirmed: no request was answered",
-                        idle_after=self.shared_idle, counter_deltas=deltas, churn=churn)
+                        idle_after=self.shared_idle, counter_deltas=deltas, churn=churn,
+                        danger_lines=tuple(d for lines in windows.values() for d in lines))
 
     # -- one request ---------------------------------------------------------------------------
     def _send(self, tenant: Tenant, name: str, tokens: int, *, expect: Expect = Expect.ACCEPT,
@@ -514,13 +522,14 @@ def run_isolation(entry: EngineAdapter, engines: Mapping[str, EngineAdapter], sn
                   limits: Limits, settings: IsolationSettings, budget: Budget, base_headers: Mapping[str, str],
                   tenant_headers: Sequence[Mapping[str, str]], *, salted: bool,
                   progress: Callable[[str], None] = lambda _: None, prompts: TenantPrompts | None = None,
-                  shared: ProbeRun | None = None, concurrency: int = 2) -> IsolationRun:
+                  shared: ProbeRun | None = None, concurrency: int = 2, logs: LogWatch | None = None) -> IsolationRun:
     """Run the probes as tenants A and B: `prompts` (the capacity probes' tenants, whose
     requests are in `shared`), or tenants opened here."""
     try:
         if prompts is not None:
-            return IsolationProber(prompts, engines, snapshots, limits, settings, budget, progress, shared, concurrency).run()
+            return IsolationProber(prompts, engines, snapshots, limits, settings, budget, progress, shared, concurrency,
+                                   logs).run()
         with open_tenants(entry, engines, limits, settings, base_headers, tenant_headers, salted=salted) as opened:
-            return IsolationProber(opened, engines, snapshots, limits, settings, budget, progress).run()
+            return IsolationProber(opened, engines, snapshots, limits, settings, budget, progress, logs=logs).run()
     except EngineError as exc:
         return IsolationRun(not_run=f"isolation probes could not run: {exc}")

@@ -4,11 +4,12 @@ that tie to the probe in flight. Only the signal's fixed wording and the request
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
-from kvpreflight.engines.interface import LogSignal
-from kvpreflight.probes.results import DangerLine
+from kvpreflight.engines.interface import LOG_ID_PREFIX, LogSignal
+from kvpreflight.probes.results import DangerLine, ProbeResult
 
 MAX_READ_BYTES = 16 << 20  # of new log per look: a log that grows faster is read in part, from its newest end
 
@@ -46,6 +47,37 @@ class LogWatch:
         whole = data[: data.rfind(b"\n") + 1]  # a line still being written is read next time
         self._offsets[url] = start + len(whole)
         return whole.decode("utf-8", errors="replace").splitlines()
+
+
+def named_by_request_id(probes: Sequence[ProbeResult], untied: Iterable[DangerLine]
+                        ) -> tuple[list[ProbeResult], tuple[DangerLine, ...]]:
+    """The capacity probes' lines, each naming the probe whose request id it names, whenever it
+    was logged: an engine may log a request's trouble long after it (vLLM's prefill, when the KV
+    lease of a request the decode never read runs out, 30 s later). Concurrent probes keep sharing
+    one tuple of lines."""
+    ids = {p.completion.request_id: f"probe {p.name}'s request" for p in probes if p.completion.request_id}
+    done: dict[int, tuple[DangerLine, ...]] = {}
+    out = []
+    for probe in probes:
+        if id(probe.danger_lines) not in done:
+            done[id(probe.danger_lines)] = name_lines(probe.danger_lines, ids)
+        out.append(replace(probe, danger_lines=done[id(probe.danger_lines)]))
+    return out, name_lines(untied, ids)
+
+
+def name_lines(lines: Iterable[DangerLine], ids: Mapping[str, str]) -> tuple[DangerLine, ...]:
+    """Each line that names one of kvpreflight's request ids (`ids`: id -> which request) says
+    which request. Engines and routers that rewrite the id (vllm-router) leave lines tied by time."""
+    def named(line: DangerLine) -> DangerLine:
+        if not line.request_id:
+            return line
+        which = next((label for rid, label in ids.items() if rid in line.request_id), None)
+        if which is not None:
+            return replace(line, names=which)
+        if LOG_ID_PREFIX in line.request_id:
+            return replace(line, names="one of kvpreflight's requests other than the probes (calibration, health)")
+        return line
+    return tuple(named(d) for d in lines)
 
 
 def _size(path: Path) -> int:

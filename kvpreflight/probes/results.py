@@ -64,6 +64,7 @@ class DangerLine:
     source: str  # URL of the engine or router whose log it is
     what: str
     request_id: str | None = None
+    names: str | None = None  # which of kvpreflight's requests the id is, where it is one
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -137,6 +138,7 @@ class Scenario:
     idle_after: Mapping[str, bool | None] = field(default_factory=dict)
     counter_deltas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # url -> Counters field -> delta
     churn: bool = False
+    danger_lines: tuple[DangerLine, ...] = ()  # logged while it ran, or naming one of its requests
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,6 +12,7 @@ prefix cache keyed by (cache_salt, prompt) that reports `cached_tokens`.
 
 from __future__ import annotations
 
+import re
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -22,6 +23,7 @@ from kvpreflight.engines.interface import (
     Counters,
     EngineAdapter,
     EngineRequest,
+    LogSignal,
     ReplyFacts,
 )
 from kvpreflight.model import (
@@ -49,6 +51,7 @@ class Sent:
     model: str | None
     seed: str  # the text the prompt's ids were made from
     timeout_s: float = 0.0  # the budget kvpreflight gave the request
+    request_id: str | None = None  # the id kvpreflight gave it (the fake takes SGLang's `rid`)
 
 
 def snapshot(url: str, *, pool: int | None = 4096, context: int | None = 8192, role: Role = Role.UNIFIED,
@@ -115,6 +118,9 @@ class FakeEngine:
 
 class FakeAdapter(EngineAdapter):
     kind = "fake"
+    request_id_field = "rid"
+    log_signals = (LogSignal("Decode transfer failed for request",
+                             re.compile(r"Decode transfer failed for request rid=(?P<rid>\S+)")),)
     seeds: ClassVar[list[str]] = []  # every seed text token_ids() was asked for (shared, like a tokenizer)
 
     @property
@@ -159,10 +165,11 @@ class FakeAdapter(EngineAdapter):
 
     def complete(self, ids: list[int], *, max_tokens: int, stream: bool, timeout_s: float,
                  extra: Mapping[str, Any] | None = None) -> Completion:
-        request = self.build_request(ids, max_tokens=max_tokens, stream=stream, extra=extra)
+        request = self._with_request_id(self.build_request(ids, max_tokens=max_tokens, stream=stream, extra=extra))
         seed = self.seeds[ids[0] // ID_BASE] if ids else ""
-        return self.engine.answer(Sent(self.url, request.sent_tokens, max_tokens, stream, dict(extra or {}),
-                                       self.model, seed, timeout_s))
+        answer = self.engine.answer(Sent(self.url, request.sent_tokens, max_tokens, stream, dict(extra or {}),
+                                         self.model, seed, timeout_s, request.request_id))
+        return replace(answer, request_id=request.request_id)
 
     def parse_reply(self, request: EngineRequest, reply: HttpReply) -> ReplyFacts:
         raise AssertionError("the fake engine answers in complete(); nothing is parsed")

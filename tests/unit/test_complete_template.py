@@ -25,18 +25,20 @@ class CannedClient:
     def __init__(self, answer: HttpReply | StreamReply | Exception) -> None:
         self.answer = answer
         self.posted: list[tuple[str, Any]] = []
+        self.headers: list[Any] = []
 
-    def _reply(self, url: str, body: Any) -> Any:
+    def _reply(self, url: str, body: Any, headers: Any = None) -> Any:
         self.posted.append((url, body))
+        self.headers.append(dict(headers or {}))
         if isinstance(self.answer, Exception):
             raise self.answer
         return self.answer
 
-    def post(self, url: str, body: Any, *, timeout_s: float | None = None) -> HttpReply:
-        return self._reply(url, body)
+    def post(self, url: str, body: Any, *, timeout_s: float | None = None, headers: Any = None) -> HttpReply:
+        return self._reply(url, body, headers)
 
-    def post_stream(self, url: str, body: Any, *, timeout_s: float) -> StreamReply:
-        return self._reply(url, body)
+    def post_stream(self, url: str, body: Any, *, timeout_s: float, headers: Any = None) -> StreamReply:
+        return self._reply(url, body, headers)
 
 
 def sglang(answer: HttpReply | StreamReply | Exception, *, stream: bool = False, sent: int = 9000):
@@ -137,3 +139,18 @@ def test_a_stream_cut_off_keeps_the_tokens_that_came_before_the_break():
     assert (c.transport_error, c.completion_tokens, c.status) == (cut, 2, 200) and not c.served
     c, _ = sglang(frames(cut_off=cut), stream=True)  # broken before any frame: no token is known
     assert c.transport_error == cut and c.completion_tokens is None and not c.empty_body
+
+
+def test_each_request_carries_a_fresh_id_where_the_engine_reads_one_and_the_completion_keeps_it():
+    """The id names the request in the engine's log, so a danger line ties to its probe: SGLang
+    reads `rid` from the body, vLLM the X-Request-Id header (over the body's request_id)."""
+    answer = HttpReply("http://e:1/generate", 503, b"", 0.01)
+    first, client = sglang(answer)
+    second, _ = sglang(answer)
+    (_, body), = client.posted
+    assert body["rid"] == first.request_id and first.request_id.startswith("kvpreflight-")
+    assert second.request_id != first.request_id and first.evidence()["request_id"] == first.request_id
+    vclient = CannedClient(HttpReply("http://e:1/v1/completions", 503, b"", 0.01))
+    vllm = VllmAdapter("http://e:1", vclient)  # type: ignore[arg-type]
+    c = vllm.complete([1, 2, 3], max_tokens=4, stream=False, timeout_s=1)
+    assert vclient.headers == [{"X-Request-Id": c.request_id}] and "request_id" not in vclient.posted[0][1]

@@ -4,6 +4,7 @@ business: kv_transfer_tokens received, prefilled_tokens computed on the decode i
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,7 @@ from kvpreflight.engines.interface import LogSignal
 from kvpreflight.engines.sglang import SglangAdapter
 from kvpreflight.engines.vllm import VllmAdapter
 from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, Completion, EngineSnapshot, Role, Status
-from kvpreflight.probes.logs import LogWatch
+from kvpreflight.probes.logs import LogWatch, named_by_request_id
 from kvpreflight.probes.results import DangerLine, Expect, Limits, ProbeResult, ProbeRun
 from kvpreflight.routers.vllm_router import VllmRouter
 
@@ -117,6 +118,28 @@ def test_a_danger_line_by_itself_warns_and_is_quoted_with_its_probe() -> None:
             "x2 (logged during probe boundary-accept)") in result.message
     assert "(logged between probes)" in result.message
     assert result.evidence["danger_lines_count"] == 3 and result.evidence["danger_lines"][0]["request_id"] == "cmpl-1-0"
+
+
+def test_a_line_naming_a_probes_request_id_says_which_request_whenever_it_was_logged() -> None:
+    """vLLM's prefill logs "unrecognized request" when a KV lease ran out, up to 30 s after the
+    request: the id it names (vLLM decorates kvpreflight's: cmpl-<id>-0-<random>) ties it to its
+    probe even between probes; an id of another kvpreflight request and a stranger's are told apart."""
+    rid = "kvpreflight-0123456789abcdef"
+    boundary = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, purpose="test", reached=PD,
+                           completion=replace(served(1000), request_id=rid),
+                           counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}})
+    late = replace(UNRECOGNIZED, request_id=f"cmpl-{rid}-0-1a2b3c4d")
+    calibration = replace(UNRECOGNIZED, request_id="cmpl-kvpreflight-fedcba9876543210-0-00000000")
+    stranger = replace(UNRECOGNIZED, request_id="cmpl-4f1c-0-99999999")
+    probes, untied = named_by_request_id([boundary], (late, calibration, stranger))
+    assert [d.names for d in untied] == ["probe boundary-accept's request",
+                                         "one of kvpreflight's requests other than the probes (calibration, health)", None]
+    result = judge(run=ProbeRun(limits=Limits(1024, 4096, 1023), probes=tuple(probes), untied_danger_lines=untied))
+    assert result.status is Status.WARN
+    assert "x1" not in result.message and "(logged between probes, naming probe boundary-accept's request)" in result.message
+    assert result.evidence["danger_lines"][0] == {"source": PREFILL, "what": UNRECOGNIZED.what, "request_id": late.request_id,
+                                                  "when": "logged between probes", "names": "probe boundary-accept's request"}
+    assert "names" not in result.evidence["danger_lines"][2]
 
 
 def test_a_danger_line_beside_a_recompute_is_part_of_the_failure() -> None:

@@ -1,0 +1,83 @@
+"""The real vLLM prefill/decode pair of examples/specs/vllm-pd-nixl.yaml at a larger context (issue
+13: the 4,096-context run is a benchmark, not a test). The spec is booted as shipped except for the
+context (`--max-model-len`, `context_length`) and the pool, scaled with it so it stays 2.25x the
+context; each engine gets one plain request first (README Findings: a decode whose first request
+brings transferred KV died on the 2-core test machine); then `kvpreflight check --entry ROUTER
+--allow-disruptive` as a user runs it. Prints one JSON line: exit code, wall time, each check's
+status and the cost block.
+
+    source ~/.cache/kvpreflight/engines.env    # scripts/setup_engines.sh writes it
+    .venv/bin/python benchmarks/bench_vllm_pd.py [--context 4096]
+
+Needs the vLLM venv (KVPREFLIGHT_VLLM_PYTHON) with nixl and vllm-router, and the echo model
+(KVPREFLIGHT_ECHO_MODEL). benchmarks/RESULTS.md quotes the figures.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from dataclasses import replace
+from pathlib import Path
+
+import requests
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from kvpreflight.boot import boot_deployment, load_spec  # noqa: E402
+
+SPEC = Path(__file__).resolve().parents[1] / "examples" / "specs" / "vllm-pd-nixl.yaml"
+SPEC_CONTEXT = 1024
+SPEC_POOL_BYTES = 1179648  # 18 blocks of 128 tokens at 512 bytes per token: 2.25x the spec's context
+
+
+def scaled(argv: tuple[str, ...], context: int) -> tuple[str, ...]:
+    out = list(argv)
+    for flag, value in (("--max-model-len", context), ("--kv-cache-memory-bytes", SPEC_POOL_BYTES * context // SPEC_CONTEXT)):
+        if flag in out:
+            out[out.index(flag) + 1] = str(value)
+    return tuple(out)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--context", type=int, default=4096)
+    args = parser.parse_args()
+    vllm_python, router = os.environ["KVPREFLIGHT_VLLM_PYTHON"], os.environ["KVPREFLIGHT_VLLM_ROUTER"]
+    model = Path(os.environ["KVPREFLIGHT_ECHO_MODEL"]) / "hf"
+    with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(prefix="kvpf-rpc-", dir="/tmp") as rpc:
+        workdir = Path(tmp)
+        (workdir / "models" / "echo").mkdir(parents=True)
+        (workdir / "models" / "echo" / "hf").symlink_to(model)
+        env = {"PATH": os.pathsep.join([str(Path(vllm_python).parent), str(Path(router).parent), os.environ["PATH"]]),
+               "VLLM_RPC_BASE_PATH": rpc}
+        spec = load_spec(SPEC)
+        spec = replace(spec, context_length=args.context, engines=tuple(
+            replace(e, command=scaled(e.command, args.context), cwd=str(workdir),
+                    env=types.MappingProxyType({**e.env, **env})) for e in spec.engines))
+        booted = time.monotonic()
+        with boot_deployment(spec, workdir / "logs", stderr=sys.stderr) as deployment:
+            boot_s = time.monotonic() - booted
+            for name in ("prefill", "decode"):
+                url = deployment.engine(name).url
+                requests.post(f"{url}/v1/completions", json={"model": "tiny-llama", "prompt": "warm up", "max_tokens": 2},
+                              timeout=120).raise_for_status()
+            logs = [arg for e in deployment.engines for arg in ("--log", f"{e.url}={e.log_path}")]
+            started = time.monotonic()
+            proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--format", "json", "--entry",
+                                   deployment.engine("router").url, "--allow-disruptive", *logs],
+                                  capture_output=True, text=True, timeout=3600)
+            wall = time.monotonic() - started
+    report = json.loads(proc.stdout)
+    print(json.dumps({"bench": "vllm-pd check", "context": args.context, "exit_code": proc.returncode,
+                      "boot_s": round(boot_s), "check_wall_s": round(wall), "cost": report["cost"],
+                      "checks": [(c["id"], c["status"], c["message"][:160]) for c in report["checks"]]}), flush=True)
+
+
+if __name__ == "__main__":
+    main()
