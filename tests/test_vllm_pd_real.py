@@ -8,9 +8,11 @@ spec by kvpreflight's boot library and kept up while:
 - 100 fresh canaries go through the router (issue 15: at least 99 echoed);
 - a second vllm-router, whose prefill is a test proxy that strips `kv_transfer_params` from the
   same prefill's answers, makes the decode recompute every prompt: `pd-transfer` fails (issue 13);
+- smg in front of the same engines (`--backend vllm`) runs each request on both and refuses
+  token-id prompts: `check` through it stops at calibration, exit 3 (issue 13, item 1);
 - the last test stops the pair and finds none of its processes left.
 
-Needs ``scripts/setup_engines.sh`` (vLLM, then nixl and vllm-router into the same venv; conftest
+Needs ``scripts/setup_engines.sh`` (vLLM, then nixl and vllm-router into the same venv, and smg; conftest
 adds the real_engine marker for the fixtures used here)."""
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from support.echo_canaries import echoed_canaries
 from support.rewriting_proxy import Rewrites, rewriting_proxy
 
 from kvpreflight.boot import BootedDeployment, BootedEngine, boot_deployment, load_spec
+from kvpreflight.demo import find_smg
 
 SPEC = Path(__file__).parent.parent / "examples" / "specs" / "vllm-pd-nixl.yaml"
 # The probes alone; issue 13 sets 4 minutes for the whole check at context 1,024, this is the
@@ -206,8 +209,8 @@ def test_no_canary_crosses_and_each_tenant_gets_its_own_back(pd_check: CheckRun)
     # The spec's pool (18 blocks) is about twice the context, so the concurrent pair, one request
     # per tenant, holds 80-100% of it and is the load scenario. vLLM has no counter that shows a
     # disconnect landed mid-transfer, so cancel-transfer stays unconfirmed (warn); every other
-    # scenario is confirmed. The prefill's "unrecognized request" lines (README Findings) warn
-    # where they fall: in cancel-transfer every run so far, once in normal.
+    # scenario is confirmed. Danger lines (the prefill's "unrecognized request", vllm-router's "No
+    # kv_transfer_params": README Findings) warn where they fall and are quoted to the user.
     assert iso["status"] in ("pass", "warn"), iso["message"]
     load = next(s for s in scenarios if s["scenario"] == "load")
     assert "the concurrent-capacity requests, one per tenant" in load["occurrence"], load
@@ -215,7 +218,7 @@ def test_no_canary_crosses_and_each_tenant_gets_its_own_back(pd_check: CheckRun)
         if scenario["scenario"] != "cancel-transfer":
             assert not scenario["occurrence"].startswith("unconfirmed"), scenario
         for line in scenario.get("danger_lines", []):
-            assert line["what"].startswith("Potentially invalid KV blocks for unrecognized request"), line
+            assert f'"{line["what"]}"' in iso["message"] and f"during the {scenario['scenario']} scenario" in iso["message"]
     served = [r for r in requests if r.get("http_status") == 200 and not r.get("disconnected") and "own_canary_seen" in r]
     assert {r["tenant"] for r in served} == {"a", "b"}
     assert all(r["own_canary_seen"] for r in served), [r for r in served if not r["own_canary_seen"]]
@@ -274,6 +277,45 @@ def test_pd_transfer_fails_when_the_decode_gets_no_transfer_params(
         assert probe["decode_computed_tokens"] > probe["allowed_decode_compute_tokens"]
     assert "the decode recomputed the prompt" in transfer["message"]
     assert "no KV arrived (the transfer was skipped)" in transfer["message"]
+
+
+def finished_requests(url: str) -> float:
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:request_success_total"))
+
+
+def test_smg_in_front_of_the_vllm_pair_serves_degraded_and_refuses_token_id_prompts(pd_pair: BootedPair, tmp_path: Path) -> None:
+    """Issue 13, item 1: smg 1.13.0 with `--backend vllm` and the pair's HTTP URLs (its vLLM P/D
+    mode drives gRPC/ZMQ workers, not installed here). It serves a text completion with HTTP 200 by
+    SGLang's P/D protocol: the request goes to the prefill and the decode at once, with bootstrap
+    fields vLLM ignores, so each engine runs the whole request and no KV moves. It refuses a prompt
+    of token ids (OpenAI's `prompt: [ids]`, which kvpreflight sends so that its counts are exact),
+    so `check` through it stops at calibration: exit 3, fail-closed, naming smg's refusal."""
+    prefill, decode = pd_pair.prefill, pd_pair.decode
+    port, metrics_port = realengines.free_port(), realengines.free_port()
+    router = realengines.start_engine(  # its own metrics port: vllm-router holds the default 29000
+        "smg-vllm", [find_smg(), "launch", "--pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url,
+                     "--backend", "vllm", "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
+                     "--prometheus-port", str(metrics_port)],
+        port=port, log_path=tmp_path / "smg.log", ready_path="/readiness", ready_timeout_s=ROUTER_READY_TIMEOUT_S)
+    with router:
+        before = {url: finished_requests(url) for url in (prefill.url, decode.url)}
+        reply = requests.post(f"{router.url}/v1/completions", timeout=120,
+                              json={"model": "tiny-llama", "prompt": "hello world " * 20, "max_tokens": 4})
+        served = {url: finished_requests(url) - before[url] for url in before}
+        ids = requests.post(f"{router.url}/v1/completions", timeout=120,
+                            json={"model": "tiny-llama", "prompt": [1, 2, 3, 4], "max_tokens": 4})
+        run = run_check("--entry", router.url, "--log", f"{prefill.url}={prefill.log_path}",
+                        "--log", f"{decode.url}={decode.log_path}", "--deadline", str(STRIPPED_DEADLINE_S))
+    print(f"vllm-pd-nixl behind smg: text prompt HTTP {reply.status_code}, each engine served {served}; token ids HTTP "
+          f"{ids.status_code}; check exit {run.exit_code} in {run.wall_s:.0f} s", file=sys.stderr)
+    assert reply.status_code == 200 and reply.json()["choices"][0]["text"], reply.text[:300]
+    assert served == {prefill.url: 1, decode.url: 1}  # both engines ran it: no KV moved, the prompt computed twice
+    assert ids.status_code == 400 and "prompt: data did not match any variant" in ids.text, ids.text[:300]
+    assert {e["role"] for e in run.report["engines"]} == {"prefill", "decode"}, run.report["engines"]
+    assert run.exit_code == 3, (run.summary(), run.stderr[-2000:])
+    integrity = run.check("prompt-integrity")
+    assert integrity["status"] == "inconclusive" and "Failed to deserialize the JSON body" in integrity["message"]
 
 
 def test_every_engine_is_stopped_with_the_pair(pd_pair: BootedPair) -> None:

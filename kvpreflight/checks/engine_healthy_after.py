@@ -13,8 +13,12 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     run = probe_run(ctx, ID)
     if isinstance(run, CheckResult):
         return [run]
-    if run.stopped:
-        return [CheckResult(ID, Status.INCONCLUSIVE, f"not checked after the probes: {run.stopped}", s.url) for s in ctx.snapshots]
+    if run.stopped:  # an engine that is down now was up when the check read it: that much is measured
+        return [CheckResult(ID, Status.FAIL, f"{s.role.value} engine is not healthy after the probes, which stopped: {run.stopped}",
+                            s.url, {"health_ok": False})
+                if run.healthy_after.get(s.url) is False else
+                CheckResult(ID, Status.INCONCLUSIVE, f"not checked after the probes: {run.stopped}", s.url)
+                for s in ctx.snapshots]
     results = []
     small_ok = run.small_request_after is not None and run.small_request_after.served and bool(run.small_request_after.completion_tokens)
     for snap in ctx.snapshots:

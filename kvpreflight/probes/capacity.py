@@ -145,7 +145,9 @@ class CapacityProber:
             elif (result := self._one(planned, ids[: planned.prompt_tokens])) is not None:
                 probes.append(result)
         stopped = self.budget.stopped
-        healthy = {} if stopped else {url: adapter.healthy() for url, adapter in self.engines.items()}
+        # Read even when probing stopped: a /health read sends no completion, and an engine that
+        # died during the probes (vLLM's decode on its first transferred request) is a finding.
+        healthy = {url: adapter.healthy() for url, adapter in self.engines.items()}
         idle = self.budget.wait_idle(self.state, IDLE_WAIT_S)
         self._untied.extend(self.logs.take())
         probes, untied = named_by_request_id(probes, self._untied)

@@ -120,6 +120,22 @@ def test_an_engine_that_cannot_answer_the_calibration_is_probed_no_further():
         assert found.status is Status.INCONCLUSIVE and "not answering" in found.message, (check_id, found.message)
 
 
+def test_an_engine_that_died_while_probing_stopped_fails_engine_healthy_after():
+    """vLLM's P/D decode died on the calibration warm-up (README Findings): probing stops, and the
+    engine that was up when the check read it is down now. That is measured, not inconclusive."""
+    def died(engine: FakeEngine, sent: Sent) -> Completion | None:
+        if sent.tokens > SHORT:
+            return None  # the over-capacity probes are refused as they should be
+        engine.healthy = False
+        return Completion(sent_tokens=sent.tokens, max_tokens=sent.max_tokens, streamed=sent.stream, status=500,
+                          elapsed_s=0.01, error_message="EngineCore encountered an issue.")
+    report = check(FakeEngine(snapshot(URL), script=died))
+    healthy_after = result(report, "engine-healthy-after")
+    assert healthy_after.status is Status.FAIL and "not healthy after the probes, which stopped" in healthy_after.message
+    assert "HTTP 500: EngineCore encountered an issue." in healthy_after.message
+    assert result(report, "prompt-integrity").status is Status.INCONCLUSIVE  # nothing else is claimed
+
+
 class Clock:
     def __init__(self) -> None:
         self.now = 0.0
