@@ -84,13 +84,29 @@ class Calibration:
     retried: tuple[str, ...] = ()  # calibration requests that got no answer and were sent again
 
 
+def _short_prompt_tokens(max_accepted: int) -> int:
+    """The short calibration prompt: about 1/16 of the longest accepted prompt, 16 to 1,024 tokens."""
+    return max(TINY_TOKENS * 2, min(SHORT_MAX_PROMPT, max_accepted // 16))
+
+
+def _warm_up_timeout_s(budget: Budget, timeout_s: float) -> float:
+    """A deployment's first request may take WARM_UP_TIMEOUTS x --timeout (one-time set-up)."""
+    return min(WARM_UP_TIMEOUTS * timeout_s, max(timeout_s, budget.remaining_s()))
+
+
+def _first_token_and_decode_s(c: Completion) -> tuple[float, float]:
+    """A streamed answer's time to its first token, and the time per token generated after it."""
+    first_token = c.ttft_s if c.ttft_s is not None else c.elapsed_s
+    return first_token, max(0.0, c.elapsed_s - first_token) / max(1, (c.completion_tokens or 1) - 1)
+
+
 def calibrate(entry: EngineAdapter, engines: Iterable[EngineAdapter], budget: Budget, *, max_accepted: int,
               timeout_s: float) -> Calibration:
     """Two short accepted prompts through the entry (see the module docstring). Each must be
     served within --timeout: an engine that cannot answer eight tokens in that time is probed no
     further."""
     engines = list(engines)
-    short = max(TINY_TOKENS * 2, min(SHORT_MAX_PROMPT, max_accepted // 16))
+    short = _short_prompt_tokens(max_accepted)
     try:
         tiny_ids = valid_token_ids(entry, engines, TINY_TOKENS, _fresh("calibration"))
         short_ids = valid_token_ids(entry, engines, short, _fresh("calibration"))
@@ -99,8 +115,7 @@ def calibrate(entry: EngineAdapter, engines: Iterable[EngineAdapter], budget: Bu
     # The first request to a cold deployment pays one-time costs (a P/D pair's first KV transfer
     # sets up NIXL, which took over 30 s on 2 CPU cores): it is not the engine's speed. One
     # unmeasured warm-up, allowed 3x --timeout, must be served before anything is measured.
-    warm = budget.send(entry, tiny_ids, max_tokens=1, stream=False, timeout_s=min(WARM_UP_TIMEOUTS * timeout_s,
-                                                                                  max(timeout_s, budget.remaining_s())))
+    warm = budget.send(entry, tiny_ids, max_tokens=1, stream=False, timeout_s=_warm_up_timeout_s(budget, timeout_s))
     if not warm.served:
         return Calibration(None, (warm,), _unserved(warm, "an 8-token warm-up request"))
     sent: list[Completion] = [warm]
@@ -130,10 +145,8 @@ def calibrate(entry: EngineAdapter, engines: Iterable[EngineAdapter], budget: Bu
         return Calibration(None, tuple(sent), f"no calibration prompt could be tokenized: {exc}", tuple(retried))
     if not second.served:
         return Calibration(None, tuple(sent), _unserved(second, f"a {short}-token calibration request"), tuple(retried))
-    first_token = second.ttft_s if second.ttft_s is not None else second.elapsed_s
+    first_token, decode = _first_token_and_decode_s(second)
     prefill_s = max(first_token - tiny.elapsed_s, first_token * 0.05, MIN_MEASURABLE_S)
-    generated = second.completion_tokens or 1
-    decode = max(0.0, second.elapsed_s - first_token) / max(1, generated - 1)
     speed = Speed(overhead_s=tiny.elapsed_s, prefill_tokens_per_second=short / prefill_s, decode_s_per_token=decode,
                   measured_on=f"{TINY_TOKENS}- and {short}-token requests through the entry")
     return Calibration(speed, tuple(sent), retried=tuple(retried))
@@ -146,19 +159,17 @@ def calibrate_once(entry: EngineAdapter, engines: Iterable[EngineAdapter], budge
     cannot separate the fixed cost of a request from prefill, so both are taken at their upper
     bound (the fixed cost is at most its time to first token; prefill is at least as fast as its
     prompt over that time): the plan's duration is an upper estimate, never an optimistic one."""
-    engines = list(engines)
-    short = max(TINY_TOKENS * 2, min(SHORT_MAX_PROMPT, max_accepted // 16))
+    short = _short_prompt_tokens(max_accepted)
     try:
-        ids = valid_token_ids(entry, engines, short, _fresh("calibration"))
+        ids = valid_token_ids(entry, list(engines), short, _fresh("calibration"))
     except EngineError as exc:
         return Calibration(None, failure=f"no calibration prompt could be tokenized: {exc}")
     answer = budget.send(entry, ids, max_tokens=SHORT_MAX_TOKENS, stream=True,
-                         timeout_s=min(WARM_UP_TIMEOUTS * timeout_s, max(timeout_s, budget.remaining_s())))
+                         timeout_s=_warm_up_timeout_s(budget, timeout_s))
     if not answer.served:
         return Calibration(None, (answer,), _unserved(answer, f"a {short}-token calibration request"))
-    first_token = max(answer.ttft_s if answer.ttft_s is not None else answer.elapsed_s, MIN_MEASURABLE_S)
-    generated = answer.completion_tokens or 1
-    decode = max(0.0, answer.elapsed_s - first_token) / max(1, generated - 1)
+    first_token, decode = _first_token_and_decode_s(answer)
+    first_token = max(first_token, MIN_MEASURABLE_S)
     speed = Speed(overhead_s=first_token, prefill_tokens_per_second=short / first_token, decode_s_per_token=decode,
                   measured_on=f"one {short}-token request through the entry; an upper estimate: its fixed cost "
                               "is not separated from prefill, and a cold deployment's one-time setup is included")

@@ -404,7 +404,7 @@ class IsolationProber:
                         occurrence=shown if ran else "unconfirmed: no request was answered",
                         idle_after=idle, counter_deltas=counter_deltas(before, after), churn=churn,
                         stopped=self.budget.stopped if len(requests) < len(sent) else None,
-                        danger_lines=name_lines(self.logs.take(), ids))
+                        danger_lines=name_lines(self.logs.take(), ids, other="one of kvpreflight's requests outside this scenario"))
 
     def _carried(self, name: str, probes: Sequence[ProbeResult], shown: str, churn: bool = False) -> Scenario:
         """A scenario made of capacity probes that carried the tenants' canaries: scanned here,

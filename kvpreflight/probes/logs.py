@@ -65,9 +65,12 @@ def named_by_request_id(probes: Sequence[ProbeResult], untied: Iterable[DangerLi
     return out, name_lines(untied, ids)
 
 
-def name_lines(lines: Iterable[DangerLine], ids: Mapping[str, str]) -> tuple[DangerLine, ...]:
+def name_lines(lines: Iterable[DangerLine], ids: Mapping[str, str],
+               other: str = "one of kvpreflight's requests other than the probes (calibration, health)"
+               ) -> tuple[DangerLine, ...]:
     """Each line that names one of kvpreflight's request ids (`ids`: id -> which request) says
-    which request. Engines and routers that rewrite the id (vllm-router) leave lines tied by time."""
+    which request; `other` names one of kvpreflight's ids outside `ids`. Engines and routers that
+    rewrite the id (vllm-router) leave lines tied by time."""
     def named(line: DangerLine) -> DangerLine:
         if not line.request_id:
             return line
@@ -75,7 +78,7 @@ def name_lines(lines: Iterable[DangerLine], ids: Mapping[str, str]) -> tuple[Dan
         if which is not None:
             return replace(line, names=which)
         if LOG_ID_PREFIX in line.request_id:
-            return replace(line, names="one of kvpreflight's requests other than the probes (calibration, health)")
+            return replace(line, names=other)
         return line
     return tuple(named(d) for d in lines)
 
