@@ -6,7 +6,8 @@ Skipped where there is no prefill/decode pair; inconclusive where no counter mea
 
 Danger lines in the engines' and the router's logs (a transfer failed, KV of an unknown request
 was read, the decode got no transfer parameters) are quoted with the probe they were logged
-during: a warning by themselves, part of the failure beside a recompute."""
+during: a warning by themselves, part of the failure beside a recompute. So are stale KV reads an
+engine counts (a decode read KV its prefill no longer held), which need no log."""
 
 from __future__ import annotations
 
@@ -16,9 +17,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpreflight.checks.interface import CheckContext, probe_run
-from kvpreflight.checks.probe_common import danger_entry, logged_lines
+from kvpreflight.checks.probe_common import counted_stale_reads, danger_entry, logged_lines
 from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, EngineSnapshot, Role, Status
-from kvpreflight.probes.results import DangerLine, Expect, ProbeResult
+from kvpreflight.probes.results import DangerLine, Expect, ProbeResult, stale_reads
 
 ID = "pd-transfer"
 
@@ -64,9 +65,12 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             if snap.url in window.probes[0].reached:
                 findings.append(_judge(window, snap, ctx.thresholds.decode_compute_allowance_pages))
     dangers = _danger_lines(run.probes, run.untied_danger_lines)
+    stale = [(url, n, f"during {w.name}") for w in windows for url, n in stale_reads(w.deltas).items()]
     evidence: dict[str, Any] = {"probes": findings, "danger_lines": dangers[:MAX_DANGER_EVIDENCE],
                                 "danger_lines_count": len(dangers)}
-    logged = logged_lines(dangers)
+    if stale:
+        evidence["stale_kv_reads"] = [{"engine": url, "reads": n, "when": when} for url, n, when in stale]
+    logged = logged_lines(dangers) + counted_stale_reads(stale)
     if not findings:
         why = run.missing("a served probe") if not windows else "no served probe moved a decode engine's counters"
         return [CheckResult(ID, Status.INCONCLUSIVE, f"no probe is known to have reached a decode engine: {why}{logged}",
@@ -81,7 +85,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     unmeasured = len(findings) - len(moved)
     also = f"; {unmeasured} more not measured" if unmeasured else ""
     said = f"KV moved from prefill to decode for {len(moved)} served probe(s): " + "; ".join(f["finding"] for f in moved) + also
-    return [CheckResult(ID, Status.WARN if dangers else Status.PASS, said + logged, ctx.entry, evidence)]
+    return [CheckResult(ID, Status.WARN if dangers or stale else Status.PASS, said + logged, ctx.entry, evidence)]
 
 
 MAX_DANGER_EVIDENCE = 50  # danger lines kept in the evidence (the message counts them all)

@@ -123,3 +123,12 @@ def logged_lines(dangers: Sequence[Mapping[str, Any]]) -> str:
         counted[key] = counted.get(key, 0) + 1
     return "; the logs say: " + "; ".join(f"{source} log: \"{what}\" {'x' + str(n) + ' ' if n > 1 else ''}({when})"
                                           for (source, what, when), n in counted.items())
+
+
+def counted_stale_reads(counted: Sequence[tuple[str, int, str]]) -> str:
+    """(engine url, reads, when) as the message quotes them."""
+    if not counted:
+        return ""
+    return "; the counters say: " + "; ".join(
+        f"a decode read {n} request(s)' KV that {url} no longer held, so those pages may have been reused ({when})"
+        for url, n, when in counted)

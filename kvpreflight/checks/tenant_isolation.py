@@ -11,9 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from kvpreflight.checks.interface import CheckContext, isolation_run
-from kvpreflight.checks.probe_common import danger_entry, logged_lines, worst_status
+from kvpreflight.checks.probe_common import counted_stale_reads, danger_entry, logged_lines, worst_status
 from kvpreflight.model import CheckResult, Status
-from kvpreflight.probes.results import Expect, Scenario, Tenant, TenantRequest
+from kvpreflight.probes.results import Expect, Scenario, Tenant, TenantRequest, stale_reads
 
 ID = "tenant-isolation"
 
@@ -53,8 +53,10 @@ def scenario_verdict(s: Scenario) -> tuple[Status, str]:
     if set(Tenant) - tenants_served:
         missing = ", ".join(sorted(t.value for t in set(Tenant) - tenants_served))
         return Status.INCONCLUSIVE, f"{s.name}: no answer of tenant {missing} was served, so nothing of it was scanned"
-    if s.danger_lines:
-        return Status.WARN, f"{s.name}: {len(s.requests)} requests, no crossing{logged_lines(danger_entries(s))}"
+    stale = [(url, n, f"during the {s.name} scenario") for url, n in stale_reads(s.counter_deltas).items()]
+    if s.danger_lines or stale:
+        return Status.WARN, (f"{s.name}: {len(s.requests)} requests, no crossing"
+                             f"{logged_lines(danger_entries(s))}{counted_stale_reads(stale)}")
     if not s.churn:
         moved = {u: {k: v for k, v in d.items() if k in ("transfer_failures", "bootstrap_failures") and v}
                  for u, d in s.counter_deltas.items()}
@@ -108,6 +110,10 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         results.append((Status.FAIL, f"KV pages still held after the isolation probes at {', '.join(stuck)}"))
     for s in run.scenarios:
         results.append(scenario_verdict(s))
+    between = [danger_entry(d, "logged between the scenarios or during the prefix-cache probes") for d in run.untied_danger_lines]
+    if between:
+        evidence["danger_lines_between_scenarios"] = between
+        results.append((Status.WARN, f"no scenario was running{logged_lines(between)}"))
     judged = [(st, m) for st, m in results if st is not Status.SKIP]
     worst = worst_status(st for st, _ in judged) if judged else Status.INCONCLUSIVE
     reasons: dict[str, list[str]] = {}

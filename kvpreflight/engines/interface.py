@@ -66,6 +66,9 @@ class Counters:
     transfer_failures: float | None = None  # KV transfers that failed
     bootstrap_failures: float | None = None  # prefill/decode handshakes that failed
     deferred_releases: float | None = None  # decode KV releases held back until a transfer drained
+    # A decode finished reading KV its prefill no longer held (the lease expired or the request
+    # was gone): those pages may have been reused before the read, another request's KV in them.
+    stale_kv_reads: float | None = None
     kv_transfers: float | None = None  # KV transfers completed
     kv_transfer_tokens: float | None = None  # tokens moved by KV transfers
     prefix_cache_hits: float | None = None  # prefix-cache hits (lookups or tokens, as the engine counts)
@@ -101,7 +104,7 @@ def transfer_time(seconds: float | None, count: float | None) -> dict[str, float
 
 
 COUNTER_FIELDS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "bootstrap_failures",
-                  "deferred_releases", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens",
+                  "deferred_releases", "stale_kv_reads", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens",
                   "cached_prompt_tokens")
 
 

@@ -137,6 +137,9 @@ class VllmAdapter(OpenAICompletionsMixin):
             cached_prompt_tokens=by_source.get("local_cache_hit", hits),
             kv_transfer_tokens=by_source.get("external_kv_transfer"),
             transfer_failures=metric_sum(metrics, "vllm:nixl_num_failed_transfers_total"),
+            # The prefill's count of its "Potentially invalid KV blocks for unrecognized request"
+            # log line (nixl/pull_worker.py): readable without the log.
+            stale_kv_reads=metric_sum(metrics, "vllm:nixl_num_notifications_after_expiry_total"),
             extra=transfer_time(metric_sum(metrics, "vllm:nixl_xfer_time_seconds_sum"),
                                 metric_sum(metrics, "vllm:nixl_xfer_time_seconds_count")),
             generation_tokens=metric_sum(metrics, "vllm:generation_tokens_total"),

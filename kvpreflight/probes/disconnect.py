@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from kvpreflight.engines.interface import EngineAdapter, EngineRequest
 
-TRANSFER_START_WAIT_S = 2.0  # then leave anyway (the scenario is reported unconfirmed)
+TRANSFER_START_WAIT_S = 2.0  # at least; then leave anyway (the scenario is reported unconfirmed)
 UNIFIED_CANCEL_AFTER_S = 0.02  # a unified engine shows no transfer: leave during prefill
 NO_GAUGE_CANCEL_AFTER_S = 0.01
 AFTER_FIRST_TOKEN = "after the first streamed token"
@@ -44,16 +44,19 @@ class RawTarget:
     client_key: str | None = None
 
 
-def leave_during_transfer(target: RawTarget, pages_reserved: Callable[[], bool | None], *, unified: bool) -> Departure:
+def leave_during_transfer(target: RawTarget, pages_reserved: Callable[[], bool | None], *, unified: bool,
+                          wait_s: float = TRANSFER_START_WAIT_S) -> Departure:
     """Send, then close once `pages_reserved()` says the engine reserved pages for the request
-    (its KV is being written). `pages_reserved` answers None when there is no gauge to watch."""
+    (its KV is being written), or after `wait_s` without that. `pages_reserved` answers None when
+    there is no gauge to watch."""
+    wait_s = max(wait_s, TRANSFER_START_WAIT_S)
     try:
         with _connection(target) as conn:
             _send(conn, target)
             if unified:
                 time.sleep(UNIFIED_CANCEL_AFTER_S)
                 return Departure(f"{UNIFIED_CANCEL_AFTER_S * 1000:.0f} ms after sending (during prefill)", b"")
-            deadline = time.monotonic() + TRANSFER_START_WAIT_S
+            deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline:
                 reserved = pages_reserved()
                 if reserved:
@@ -62,7 +65,7 @@ def leave_during_transfer(target: RawTarget, pages_reserved: Callable[[], bool |
                     time.sleep(NO_GAUGE_CANCEL_AFTER_S)
                     return Departure(f"{NO_GAUGE_CANCEL_AFTER_S * 1000:.0f} ms after sending (no used-token gauge to watch)", b"")
                 time.sleep(0.002)
-            return Departure(None, b"", f"no used-token gauge rose within {TRANSFER_START_WAIT_S:g} s")
+            return Departure(None, b"", f"no used-token gauge rose within {wait_s:.1f} s")
     except (OSError, http.client.HTTPException) as exc:
         return Departure(None, b"", f"{type(exc).__name__} before the disconnect")
 

@@ -61,6 +61,7 @@ from kvpreflight.probes.prefix_cache import (
     timing_prompt_tokens,
 )
 from kvpreflight.probes.results import (
+    DangerLine,
     Expect,
     IsolationRun,
     Limits,
@@ -69,6 +70,7 @@ from kvpreflight.probes.results import (
     Scenario,
     Tenant,
     TenantRequest,
+    stale_reads,
 )
 from kvpreflight.probes.tenants import TenantClient, TenantPrompts
 from kvpreflight.probes.tokens import valid_token_ids
@@ -213,6 +215,7 @@ class IsolationProber:
                  concurrency: int = 2, logs: LogWatch | None = None) -> None:
         self.tenants = dict(prompts.clients)
         self.logs = logs or LogWatch({})
+        self._untied: list[DangerLine] = []  # logged between scenarios or during the prefix-cache probes
         self.engines = engines
         self.state = EngineState(engines)
         self.snapshots = list(snapshots)
@@ -249,8 +252,14 @@ class IsolationProber:
         self.budget.wait_idle(self.state, IDLE_WAIT_S)
         healthy = {} if self.budget.stopped else {url: adapter.healthy() for url, adapter in self.engines.items()}
         idle = self.budget.wait_idle(self.state, IDLE_WAIT_S)
+        self._untied.extend(self.logs.take())
+        # A line logged late (vLLM: up to a lease after the request) still names its request.
+        ids = {r.completion.request_id: f"tenant {r.tenant.value}'s request {r.name} ({s.name})"
+               for s in scenarios for r in s.requests if r.completion is not None and r.completion.request_id}
+        untied = name_lines(self._untied, ids, other="one of kvpreflight's requests outside the isolation scenarios")
         return IsolationRun(scenarios=tuple(scenarios), cache=cache, canaries=dict(self.canaries),
-                            binding=self.settings.binding, healthy_after=healthy, idle_after=idle)
+                            binding=self.settings.binding, healthy_after=healthy, idle_after=idle,
+                            untied_danger_lines=untied)
 
     # -- scenarios -----------------------------------------------------------------------------
     def _normal(self) -> Scenario:
@@ -325,6 +334,11 @@ class IsolationProber:
             how = (f"confirmed: decode deferred {int(deferred_after - deferred_before)} release(s) until the "
                    "transfer drained (its deferred-release counter moved), so the disconnect landed mid-transfer")
             occurred = True
+        elif stale := stale_reads(scenario.counter_deltas):
+            how = (f"confirmed by the engines: a decode read {sum(stale.values())} request(s)' KV that "
+                   f"{', '.join(stale)} no longer held (stale-KV-read counter), which happens when a request ends "
+                   "while its KV is in flight")
+            occurred = True
         elif any(r.crossings for r in scenario.requests):
             how, occurred = "confirmed by the canary crossing itself", True
         elif not pd:
@@ -392,7 +406,7 @@ class IsolationProber:
         self.progress(f"isolation: {name}")
         self.budget.enter(f"the isolation scenario {name}")
         before = self.state.counters()
-        self.logs.take()  # logged before it began: not this scenario's
+        self._untied.extend(self.logs.take())  # logged before it began: not this scenario's
         sent = steps()
         requests = [r for r in sent if r is not None]
         idle = self.budget.wait_idle(self.state, IDLE_WAIT_S)
@@ -476,7 +490,10 @@ class IsolationProber:
                     return None
                 return any((v := self.state.used(url)) is not None and v > (baseline[url] or 0) for url in watch)
 
-            departure = leave_during_transfer(target, pages_reserved, unified=not decoders)
+            # A decode reserves pages only once the prefill is done (vLLM: after the router's
+            # hop too): wait as long as the engine's measured speed says a prefill takes.
+            departure = leave_during_transfer(target, pages_reserved, unified=not decoders,
+                                              wait_s=self.budget.request_s(tokens, Expect.ACCEPT))
         else:
             departure = leave_after_first_token(target, self.budget.request_s(tokens, Expect.ACCEPT, max_tokens=2))
         self.budget.cost.add_abandoned(tokens)

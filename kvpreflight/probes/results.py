@@ -67,6 +67,12 @@ class DangerLine:
     names: str | None = None  # which of kvpreflight's requests the id is, where it is one
 
 
+def stale_reads(deltas: Mapping[str, Mapping[str, float]]) -> dict[str, int]:
+    """Engines whose stale-KV-read counter moved over one window: url -> how many reads. The
+    counter form of a danger line, so it is seen without access to the engine's log."""
+    return {url: int(d["stale_kv_reads"]) for url, d in deltas.items() if d.get("stale_kv_reads", 0) > 0}
+
+
 @dataclass(frozen=True, kw_only=True)
 class ProbeResult:
     name: str  # stable: boundary-accept, boundary-reject, over-pool, over-context, clamp, concurrent-N, ...
@@ -182,6 +188,7 @@ class IsolationRun:
     not_run: str | None = None
     healthy_after: Mapping[str, bool] = field(default_factory=dict)
     idle_after: Mapping[str, bool | None] = field(default_factory=dict)
+    untied_danger_lines: tuple[DangerLine, ...] = ()  # logged between scenarios or during the prefix-cache probes
 
     def requests(self) -> list[TenantRequest]:
         return [r for s in self.scenarios for r in s.requests]

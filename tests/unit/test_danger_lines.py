@@ -37,3 +37,32 @@ def test_a_line_naming_a_tenants_request_ties_to_that_request_in_its_scenario(tm
     assert named == {f"tenant {r['tenant']}'s request {r['request']}" for r in normal["requests"]}, normal
     assert all(d["when"] == "logged during the normal scenario" and d["source"] == URL for d in normal["danger_lines"])
     assert 'the logs say: http://engine:1 log: "Decode transfer failed for request"' in iso.message
+
+
+def test_a_line_logged_after_its_scenario_is_kept_and_still_names_its_request(tmp_path: Path) -> None:
+    """vLLM logs "unrecognized request" up to a lease after the request: a line that lands while no
+    scenario runs (here: during the prefix-cache probes) is quoted, naming the scenario's request,
+    instead of being dropped."""
+    log = tmp_path / "engine.log"
+    log.write_text("started\n")
+    first: list[str] = []
+
+    def script(engine: FakeEngine, sent: Sent) -> Completion | None:
+        if "cache_salt" in sent.extra and sent.max_tokens > 1 and not first:
+            first.append(sent.request_id or "")
+        elif "cache_salt" in sent.extra and sent.stream and sent.max_tokens == 1 and len(first) == 1:  # a prefix-cache probe
+            first.append("logged")
+            with log.open("a") as fh:
+                fh.write(f"Decode transfer failed for request rid={first[0]} bootstrap_room=1\n")
+        return None
+
+    FakeEngine(snapshot(URL), script=script)
+    report = run_check(CheckPlan(targets=(Target(URL),), engine="fake", timeout_s=5, logs={URL: log}))  # type: ignore[arg-type]
+    (iso,) = [c for c in report.checks if c.id == "tenant-isolation"]
+    assert iso.status is Status.WARN, iso.message
+    (late,) = iso.evidence["danger_lines_between_scenarios"]
+    # the first tenant request is the capacity probes' concurrent one, which the boundary scenario carries
+    assert late["names"] == "tenant a's request concurrent-1-a (boundary)" and late["request_id"] == first[0]
+    assert ("no scenario was running; the logs say: http://engine:1 log: \"Decode transfer failed for request\" (logged "
+            "between the scenarios or during the prefix-cache probes, naming tenant a's request concurrent-1-a (boundary))") in iso.message
+    assert all("danger_lines" not in s for s in iso.evidence["scenarios"])

@@ -67,7 +67,8 @@ def departures(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, RawT
     """The raw disconnects, recorded instead of sent; each leaves at the intended moment."""
     seen: list[tuple[str, RawTarget]] = []
 
-    def during_transfer(target: RawTarget, pages_reserved, *, unified: bool) -> Departure:
+    def during_transfer(target: RawTarget, pages_reserved, *, unified: bool, wait_s: float) -> Departure:
+        assert wait_s >= 5  # the budget's: at least --timeout, never a fixed 2 s an engine on CPU misses
         seen.append(("transfer", target))
         return Departure("after its pages were reserved (used-token gauge rose)", b"")
 
@@ -223,6 +224,26 @@ def test_cancel_transfer_is_confirmed_by_the_decode_deferred_release_counter(dep
     assert cancel.occurred is True and "deferred" in cancel.occurrence
 
 
+def test_cancel_transfer_is_confirmed_by_a_stale_kv_read_on_the_prefill(departures):
+    """vLLM over NIXL: the client leaves, the decode still reads the abandoned request's KV from a
+    prefill that has dropped it, and the prefill counts that read. No deferred-release counter."""
+    def stale_read(engine: FakeEngine, sent: Sent) -> Completion | None:
+        if not sent.stream and "tenant" in sent.extra.get("cache_salt", ""):  # the victims' windows, here
+            engine.counters = replace(engine.counters, stale_kv_reads=(engine.counters.stale_kv_reads or 0) + 1)
+        return None
+
+    prefill = FakeEngine(snapshot("http://prefill:1", role=Role.PREFILL), script=stale_read)
+    prefill.counters = replace(prefill.counters, stale_kv_reads=0)
+    decode = FakeEngine(snapshot("http://decode:2", role=Role.DECODE))
+    router = FakeEngine(snapshot("http://router:0"), forwards_to=(prefill, decode))
+    run = isolate(prefill, decode, entry=router, churn=True)
+    cancel = scenario(run, "cancel-transfer")
+    assert cancel.occurred is True, cancel.occurrence
+    assert "confirmed by the engines: a decode read 4 request(s)' KV that http://prefill:1 no longer held" in cancel.occurrence
+    status, said = tenant_isolation.scenario_verdict(cancel)
+    assert status is Status.WARN and "so those pages may have been reused (during the cancel-transfer scenario)" in said
+
+
 def test_load_sends_both_tenants_at_once_near_the_smallest_pool():
     engine = FakeEngine(snapshot(URL, pool=4096))
     run = isolate(engine, churn=True)
@@ -321,3 +342,16 @@ def test_a_pair_that_refuses_tenant_b_leaves_the_boundary_scenario_its_own_reque
         ("boundary-accept-a", True), ("concurrent-1-a", True), ("concurrent-2-b", False), ("boundary-b", True)]
     assert "tenant b: its own boundary request" in boundary.occurrence
     assert tenant_isolation.scenario_verdict(boundary)[0] is Status.PASS
+
+
+def test_a_stale_kv_read_counted_during_a_scenario_warns_even_without_logs():
+    """vLLM's prefill counts a decode's read of KV it no longer held: the pages may have been
+    reused. Without --log the counter is the only sign; the scenario warns and says where."""
+    run = isolate(FakeEngine(snapshot(URL)))
+    normal = scenario(run, "normal")
+    assert tenant_isolation.scenario_verdict(normal)[0] is Status.PASS
+    stale = replace(normal, counter_deltas={**normal.counter_deltas, "http://prefill:1": {"stale_kv_reads": 1}})
+    status, said = tenant_isolation.scenario_verdict(stale)
+    assert status is Status.WARN
+    assert ("no crossing; the counters say: a decode read 1 request(s)' KV that http://prefill:1 no longer held, so those "
+            "pages may have been reused (during the normal scenario)") in said

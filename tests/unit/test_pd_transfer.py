@@ -12,7 +12,8 @@ import pytest
 
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CheckContext, run_checks
-from kvpreflight.engines.interface import LogSignal
+from kvpreflight.engines.http import HttpClient
+from kvpreflight.engines.interface import LogSignal, parse_metrics
 from kvpreflight.engines.sglang import SglangAdapter
 from kvpreflight.engines.vllm import VllmAdapter
 from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, Completion, EngineSnapshot, Role, Status
@@ -140,6 +141,29 @@ def test_a_line_naming_a_probes_request_id_says_which_request_whenever_it_was_lo
     assert result.evidence["danger_lines"][0] == {"source": PREFILL, "what": UNRECOGNIZED.what, "request_id": late.request_id,
                                                   "when": "logged between probes", "names": "probe boundary-accept's request"}
     assert "names" not in result.evidence["danger_lines"][2]
+
+
+def test_a_stale_kv_read_counted_by_the_prefill_warns_without_any_log() -> None:
+    """vLLM's prefill counts the reads its "unrecognized request" line logs: with no --log the
+    counter alone turns a pass into a warning, naming the engine and the probe."""
+    moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
+                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0},
+                                        PREFILL: {"prompt_tokens": 1000, "stale_kv_reads": 2}})
+    result = judge(moved)
+    assert result.status is Status.WARN, result.message
+    assert (f"the counters say: a decode read 2 request(s)' KV that {PREFILL} no longer held, so those pages may have "
+            "been reused (during boundary-accept)") in result.message
+    assert result.evidence["stale_kv_reads"] == [{"engine": PREFILL, "reads": 2, "when": "during boundary-accept"}]
+    quiet = replace(moved, counter_deltas={**moved.counter_deltas, PREFILL: {"prompt_tokens": 1000, "stale_kv_reads": 0}})
+    assert judge(quiet).status is Status.PASS
+
+
+def test_vllm_maps_its_notifications_after_expiry_counter_to_stale_kv_reads() -> None:
+    metrics = ('vllm:nixl_num_notifications_after_expiry_total{engine="0",model_name="m"} 3.0\n'
+               'vllm:prompt_tokens_total{engine="0",model_name="m"} 10.0\n')
+    adapter = VllmAdapter("http://p:1", HttpClient())
+    adapter.metrics = lambda: parse_metrics("http://p:1/metrics", metrics)  # type: ignore[method-assign]
+    assert adapter.counters().stale_kv_reads == 3.0
 
 
 def test_a_danger_line_beside_a_recompute_is_part_of_the_failure() -> None:
