@@ -26,7 +26,8 @@ from kvpreflight.probes.budget import Budget, calibrate, calibrate_once
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, capacity_plan, deployment_limits
 from kvpreflight.probes.cost import CostMeter
 from kvpreflight.probes.engine_state import EngineState
-from kvpreflight.probes.isolation import IsolationSettings, IsolationSizes, open_tenants, run_isolation
+from kvpreflight.probes.isolation import IsolationSettings, open_tenants, run_isolation
+from kvpreflight.probes.isolation_plan import IsolationSizes
 from kvpreflight.probes.logs import LogWatch
 from kvpreflight.probes.prefix_cache import DEFAULT_TIMING_SAMPLES
 from kvpreflight.probes.results import IsolationRun, Limits, ProbeRun

@@ -28,7 +28,8 @@ from support.properties import mutations, yaml_values
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.engines import adapter_class
 from kvpreflight.engines.http import BodyLimit, HttpClient, HttpReply, StreamReply
-from kvpreflight.engines.interface import EngineAdapter, EngineRequest, parse_metrics
+from kvpreflight.engines.interface import EngineAdapter, EngineRequest
+from kvpreflight.engines.untrusted import parse_metrics
 from kvpreflight.errors import KvpreflightError
 from kvpreflight.model import Completion, EngineSnapshot
 from kvpreflight.record.predicate import FLEET_PREDICATE_TYPE

@@ -26,6 +26,8 @@ def request_evidence(r: TenantRequest) -> dict[str, Any]:
         ev["scanned"] = "no: its answer had no room for a canary; it planted the tenant's canary in the pool"
     if r.abandoned:
         ev["disconnected"] = r.abandoned
+        if r.abandoned_id:
+            ev["request_id"] = r.abandoned_id
     if r.completion is not None:
         ev.update(r.completion.evidence())
     if r.crossings:

@@ -10,7 +10,6 @@ views of one computation.
 from __future__ import annotations
 
 import abc
-import json
 import re
 import secrets
 import time
@@ -19,10 +18,9 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, ClassVar, Self
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply, StreamReply
+from kvpreflight.engines.untrusted import error_in_event, error_message_of, parse_metrics
 from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, Completion, EngineSnapshot, ErrorKind, Role, RoleSource
 
 
@@ -198,11 +196,11 @@ class EngineAdapter(abc.ABC):
                  extra: Mapping[str, Any] | None = None) -> Completion:
         """Send one real generation request to this URL (an engine or the entry in front of it).
         A hang, a transport failure or a refusal comes back as a Completion (a finding)."""
-        request = self._with_request_id(self.build_request(ids, max_tokens=max_tokens, stream=stream, extra=extra))
+        request = self.with_request_id(self.build_request(ids, max_tokens=max_tokens, stream=stream, extra=extra))
         completion = self._send(request, timeout_s)
         return completion if request.request_id is None else replace(completion, request_id=request.request_id)
 
-    def _with_request_id(self, request: EngineRequest) -> EngineRequest:
+    def with_request_id(self, request: EngineRequest) -> EngineRequest:
         """A fresh id, where this engine kind takes one (a caller's own id in `extra` is kept)."""
         if self.request_id_field is not None:
             if self.request_id_field in request.body:
@@ -340,147 +338,8 @@ def role_of(override: Role | None, reported: Role | None) -> tuple[Role, RoleSou
     return Role.UNIFIED, RoleSource.ASSUMED
 
 
-def parse_metrics(url: str, text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
-    out: dict[str, list[tuple[dict[str, str], float]]] = {}
-    try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                out.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
-    except (ValueError, TypeError, IndexError, KeyError) as exc:
-        raise EngineError(f"{url}: malformed Prometheus text ({' '.join(str(exc).split())[:120]})") from None
-    return out
-
-
-def served_model(models: Any, url: str) -> tuple[str | None, int | None]:
-    """The first model /v1/models lists: its id and served context (the OpenAI list shape)."""
-    listed = json_list(json_object(models, "/v1/models answer", url).get("data"), "/v1/models data", url)
-    if not listed:
-        raise EngineError(f"{url}/v1/models: no model listed")
-    first = json_object(listed[0], "/v1/models data[0]", url)
-    return (optional_text(first.get("id"), "/v1/models data[0].id", url),
-            positive_int(first.get("max_model_len"), "/v1/models data[0].max_model_len", url))
-
-
-def metric_sum(metrics: Mapping[str, list[tuple[dict[str, str], float]]] | None, *names: str) -> float | None:
-    """Sum of every sample of the first name present (counters are split by labels)."""
-    if not metrics:
-        return None
-    for name in names:
-        if name in metrics:
-            return sum(v for _, v in metrics[name])
-    return None
-
-
 def cycle_to(ids: Iterable[int], count: int) -> list[int]:
     base = list(ids)
     if not base:
         raise EngineError("the engine's tokenizer returned no tokens for the probe text")
     return (base * (count // len(base) + 1))[:count]
-
-
-_MAX_TOKENS = 1 << 40  # no engine counts this many tokens: a larger number is not a count
-_EXCERPT_CHARS = 60  # what of an engine's value a message quotes
-
-
-def excerpt(value: Any) -> str:
-    """An engine's value as a message quotes it: its repr, cut short (a body may be megabytes)."""
-    text = repr(value)
-    return text if len(text) <= _EXCERPT_CHARS else f"{text[:_EXCERPT_CHARS]}... ({len(text):,} chars)"
-
-
-def _json_kind(value: Any) -> str:
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "true/false"
-    return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}.get(type(value), type(value).__name__)
-
-
-def json_object(value: Any, what: str, url: str) -> dict[str, Any]:
-    """`value` when it is a JSON object; else the EngineError naming the field (a 200 of the wrong
-    shape measured nothing)."""
-    if isinstance(value, dict):
-        return value
-    raise EngineError(f"{url}: {what} is {_json_kind(value)}, not a JSON object")
-
-
-def optional_object(value: Any, what: str, url: str) -> dict[str, Any]:
-    """A JSON object that may be absent (null): {} then."""
-    return {} if value is None else json_object(value, what, url)
-
-
-def json_list(value: Any, what: str, url: str) -> list[Any]:
-    if isinstance(value, list):
-        return value
-    raise EngineError(f"{url}: {what} is {_json_kind(value)}, not a JSON list")
-
-
-def optional_text(value: Any, what: str, url: str) -> str | None:
-    """A name or label the engine gives (a model id, a finish reason); None when absent."""
-    if value is None or isinstance(value, str):
-        return value
-    raise EngineError(f"{url}: {what} is {_json_kind(value)}, not a string")
-
-
-def token_count(value: Any, what: str, url: str) -> int | None:
-    """A count of tokens in a reply (zero allowed), or None when absent."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= _MAX_TOKENS:
-        raise EngineError(f"{url}: {what} = {excerpt(value)} is not a token count")
-    return value
-
-
-def log_count(digits: str, what: str) -> int:
-    """A count an engine's log line states (the digits a pattern matched): plausible, else EngineError.
-    Checked before converting: Python refuses to convert thousands of digits."""
-    if not digits.isdigit() or len(digits) > len(str(_MAX_TOKENS)) or int(digits) > _MAX_TOKENS:
-        raise EngineError(f"engine log: {what} = {digits[:20]}{'...' if len(digits) > 20 else ''} "
-                          f"({len(digits):,} digits) is not a plausible token count")
-    return int(digits)
-
-
-def positive_int(value: Any, what: str, url: str) -> int | None:
-    """A sane token count, or None when absent; negative or absurd values are an error."""
-    if value is None:
-        return None
-    if isinstance(value, bool):  # JSON true is not the number 1
-        raise EngineError(f"{url}: {what} is true/false, not a number")
-    try:
-        number = int(value)
-        whole = number == float(value)
-    except (TypeError, ValueError, OverflowError):  # not a number, NaN, infinite, or past any float
-        raise EngineError(f"{url}: {what} is not a number ({excerpt(value)})") from None
-    if not whole or number <= 0 or number > _MAX_TOKENS:
-        raise EngineError(f"{url}: {what} = {excerpt(value)} is not a plausible token count")
-    return number
-
-
-def error_message_of(body: bytes) -> str | None:
-    """The error message in an engine's JSON error body, in any of the engines' shapes."""
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than Python reads
-        return None
-    return _message_in(data)
-
-
-def _message_in(data: Any) -> str | None:
-    if isinstance(data, dict):
-        if "error" in data:
-            err = data["error"]
-            if isinstance(err, dict):
-                return str(err.get("message") or json.dumps(err)[:300])
-            return str(err)
-        if "message" in data:  # OpenAI routes: {"object": "error", "message": ...}
-            return str(data["message"])
-        if "detail" in data:
-            return str(data["detail"])
-    return None
-
-
-def error_in_event(event: Any) -> str | None:
-    """An error frame inside a 200 event stream (SGLang, vLLM send them)."""
-    if isinstance(event, dict) and ("error" in event or event.get("object") == "error"):
-        return _message_in(event)
-    return None

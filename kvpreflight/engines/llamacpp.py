@@ -14,12 +14,8 @@ from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
-from kvpreflight.engines.interface import (
-    Counters,
-    EngineAdapter,
-    EngineRequest,
-    ReplyFacts,
-    cycle_to,
+from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, cycle_to, role_of
+from kvpreflight.engines.untrusted import (
     excerpt,
     json_list,
     json_object,
@@ -28,7 +24,6 @@ from kvpreflight.engines.interface import (
     optional_object,
     optional_text,
     positive_int,
-    role_of,
     served_model,
     token_count,
 )

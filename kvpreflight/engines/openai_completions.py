@@ -6,16 +6,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from kvpreflight.engines.http import HttpReply
-from kvpreflight.engines.interface import (
-    EngineAdapter,
-    EngineRequest,
-    ReplyFacts,
-    json_list,
-    json_object,
-    optional_object,
-    optional_text,
-    token_count,
-)
+from kvpreflight.engines.interface import EngineAdapter, EngineRequest, ReplyFacts
+from kvpreflight.engines.untrusted import json_list, json_object, optional_object, optional_text, token_count
 
 
 class OpenAICompletionsMixin(EngineAdapter):

@@ -14,13 +14,8 @@ from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
-from kvpreflight.engines.interface import (
-    Counters,
-    EngineAdapter,
-    EngineRequest,
-    LogSignal,
-    ReplyFacts,
-    cycle_to,
+from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, LogSignal, ReplyFacts, cycle_to, role_of, transfer_time
+from kvpreflight.engines.untrusted import (
     json_list,
     json_object,
     log_count,
@@ -28,10 +23,8 @@ from kvpreflight.engines.interface import (
     optional_object,
     optional_text,
     positive_int,
-    role_of,
     served_model,
     token_count,
-    transfer_time,
 )
 from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
 

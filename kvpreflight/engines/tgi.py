@@ -23,11 +23,8 @@ from typing import Any, Self
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
-from kvpreflight.engines.interface import (
-    Counters,
-    EngineAdapter,
-    EngineRequest,
-    ReplyFacts,
+from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, role_of
+from kvpreflight.engines.untrusted import (
     error_message_of,
     json_object,
     log_count,
@@ -35,7 +32,6 @@ from kvpreflight.engines.interface import (
     optional_object,
     optional_text,
     positive_int,
-    role_of,
     token_count,
 )
 from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role

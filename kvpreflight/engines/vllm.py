@@ -9,19 +9,9 @@ import re
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
-from kvpreflight.engines.interface import (
-    Counters,
-    LogSignal,
-    cycle_to,
-    json_object,
-    log_count,
-    metric_sum,
-    positive_int,
-    role_of,
-    served_model,
-    transfer_time,
-)
+from kvpreflight.engines.interface import Counters, LogSignal, cycle_to, role_of, transfer_time
 from kvpreflight.engines.openai_completions import OpenAICompletionsMixin
+from kvpreflight.engines.untrusted import json_object, log_count, metric_sum, positive_int, served_model
 from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
 
 ALLOCATOR_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: (?P<tokens>[\d,]+) tokens")

@@ -117,5 +117,5 @@ def _connection(target: RawTarget) -> Iterator[http.client.HTTPConnection]:
 
 def _send(conn: http.client.HTTPConnection, target: RawTarget) -> None:
     path = urlsplit(target.adapter.url).path + target.request.path
-    headers = {"Content-Type": "application/json", "User-Agent": "kvpreflight", **target.headers}
+    headers = {"Content-Type": "application/json", "User-Agent": "kvpreflight", **target.headers, **target.request.headers}
     conn.request("POST", path, body=json.dumps(target.request.body), headers=headers)

@@ -14,15 +14,8 @@ Scenarios (the incident's paths, issue 4):
   load           (churn) A and B at once, near the smallest pool: the concurrent pair where its
                  KV fills 80-100% of the smallest pool, else requests of its own
 
-What a check costs (issue 14): only the boundary and load scenarios need near-limit prompts, and
-they ride on requests the capacity checks send anyway. Every other scenario prompt is short
-(SCAN_PROMPT_FRACTION of the context, at least SCAN_PROMPT_MIN tokens): a canary on every page
-and a freed page reused by the other tenant need no long prompt. The exception is the abandoned
-request of cancel-transfer behind a prefill/decode pair, whose transfer must last long enough
-for the disconnect and the other tenant's requests to land while it is still writing.
-
 plus the prefix-cache controls (probes/prefix_cache.py): cold, same-tenant warm (must hit),
-cross-tenant (must not).
+cross-tenant (must not). How large each request is, and what a check costs: probes/isolation_plan.py.
 """
 
 from __future__ import annotations
@@ -39,7 +32,7 @@ from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import Completion, EngineSnapshot, Role
-from kvpreflight.probes.budget import Budget, PlannedRequest
+from kvpreflight.probes.budget import Budget
 from kvpreflight.probes.disconnect import (
     AFTER_FIRST_TOKEN,
     Departure,
@@ -48,17 +41,13 @@ from kvpreflight.probes.disconnect import (
     leave_during_transfer,
 )
 from kvpreflight.probes.engine_state import EngineState, counter_deltas
+from kvpreflight.probes.isolation_plan import MIN_SCAN_TOKENS, PURPOSES, IsolationSizes
 from kvpreflight.probes.logs import LogWatch, name_lines
 from kvpreflight.probes.markers import contains_marker, foreign_markers, new_marker
 from kvpreflight.probes.prefix_cache import (
-    CACHE_PREFIXES,
     DEFAULT_TIMING_SAMPLES,
-    ORDER,
-    TIMING_REQUESTS_PER_SAMPLE,
-    cache_prompt_tokens,
     caching_off,
     probe_prefix_cache,
-    timing_prompt_tokens,
 )
 from kvpreflight.probes.results import (
     DangerLine,
@@ -75,120 +64,9 @@ from kvpreflight.probes.results import (
 from kvpreflight.probes.tenants import TenantClient, TenantPrompts
 from kvpreflight.probes.tokens import valid_token_ids
 
-SCAN_MAX_TOKENS = 256  # answers long enough to reach past a lost first transfer batch
-MIN_SCAN_TOKENS = 16  # an answer shorter than this cannot hold a canary: not a scan (TenantRequest.scanned)
-CANCEL_DECODE_MAX_TOKENS = 512
-MAX_LOAD_REQUESTS = 8
-SCAN_PROMPT_FRACTION = 64  # a short scenario prompt: 1/64 of the context...
-SCAN_PROMPT_MIN = 256  # ...and at least this: more than one KV transfer batch (8 pages of 16), so a
-# transfer lost after its first batch leaves stale pages behind
-LOAD_POOL_FRACTION = 0.9  # the load scenario's prompts and answers fill this much of the smallest pool
 IDLE_WAIT_S = 12.0  # a cancelled bootstrap may hold pages ~10 s on SGLang-like engines
 CANCEL_PROPAGATION_S = 0.06  # router and decode notice a closed socket within ~40 ms
 A, B = Tenant.A, Tenant.B
-
-PURPOSES = {
-    "normal": "long prompts of both tenants, interleaved (A B A B A B): each reuses pages the other just freed",
-    "boundary": "the longest accepted prompt, interleaved (A B B A)",
-    "over-capacity": "a long request of one tenant, then an over-capacity request of the other (the incident path), and mirrored",
-    "cancel-transfer": "one tenant disconnects while its KV is being written; the other tenant's requests take the freed pages",
-    "cancel-decode": "one tenant disconnects after its first streamed token; the other tenant follows at once",
-    "load": "both tenants at once, near the smallest KV pool",
-}
-
-
-@dataclass(frozen=True)
-class IsolationSizes:
-    """Every scenario's request sizes, from the limits and the smallest pool: what is sent, and
-    what the estimate before the run counts."""
-
-    gen: int  # tokens generated per scanned answer
-    longest: int  # the longest scanned prompt: within the stated limits, with room for the answer
-    min_pool: int | None
-    over: int  # the over-capacity request
-    over_where: str
-    transfer_size: int  # cancel-transfer: the abandoned request
-    transfer_victim: int  # cancel-transfer: the other tenant's requests after it
-    decode_prompt: int  # cancel-decode
-    decode_max_tokens: int
-    load_count: int
-    load_per: int  # prompt tokens of each load request
-    load_max_tokens: int  # its answer: decode pages hold prompt and answer, so both count against the pool
-    short: int  # the short scenario prompt (normal twice over, over-capacity's long request, cancel-decode's twice over)
-    pair_is_load: bool  # the concurrent-capacity pair fills 80-100% of the smallest pool: it is the load scenario
-    cache_prefixes: int  # fresh prefixes of the prefix-cache controls
-    cache_tokens: int  # their prompt
-
-    @classmethod
-    def of(cls, limits: Limits, snapshots: Sequence[EngineSnapshot], concurrency: int = 2) -> IsolationSizes:
-        ctx = limits.served_context
-        gen = max(16, min(SCAN_MAX_TOKENS, ctx // 4))
-        longest = max(1, min(limits.max_accepted, ctx - gen - 1))
-        pools = [p for s in snapshots if (p := s.pool_tokens()) is not None]
-        min_pool = min(pools) if pools else None
-        if limits.pool_bound and limits.pool_tokens is not None:
-            over = limits.pool_tokens + max(1, (ctx - limits.pool_tokens) // 2)
-            over = max(limits.max_accepted + 1, min(over, ctx - gen))
-            where = f"over the {limits.pool_tokens:,}-token pool, within the served context"
-        else:
-            over, where = ctx + 1, "over the served context"
-        short = max(1, min(longest, max(SCAN_PROMPT_MIN, ctx // SCAN_PROMPT_FRACTION)))
-        if any(s.role is not Role.UNIFIED for s in snapshots):
-            size = max(1, min(longest, min_pool // 2)) if min_pool else longest
-        else:  # no transfer to race: the disconnect lands during prefill whatever the prompt
-            size = short
-        decode_prompt = max(1, min(short, ctx - CANCEL_DECODE_MAX_TOKENS - 1) // 2)
-        per, count, load_gen = longest, 4, gen
-        if min_pool:
-            # Near the pool, never over it: an honest engine with more KV in flight than its pool
-            # holds must preempt or refuse (the builtin engine answered 503 mid-decode), and a
-            # refused tenant leaves the scenario unscanned. Each request's share holds its prompt
-            # and its answer; the answer takes at most half of it.
-            target = int(min_pool * LOAD_POOL_FRACTION)
-            count = min(MAX_LOAD_REQUESTS, max(4, -(-target // (longest + gen))))
-            share = target // count
-            load_gen = max(1, min(gen, share // 2))
-            per = max(1, min(longest, share - load_gen))
-        pair = max(1, concurrency) * limits.max_accepted  # the concurrent probes: prompt plus answer (capacity_plan)
-        off = caching_off(snapshots) is not None
-        pages = [s.page_size for s in snapshots if s.page_size]
-        return cls(gen=gen, longest=longest, min_pool=min_pool, over=over, over_where=where, transfer_size=size,
-                   transfer_victim=max(1, min(longest, int(size * 0.45))), decode_prompt=decode_prompt,
-                   decode_max_tokens=max(gen, min(CANCEL_DECODE_MAX_TOKENS, ctx - decode_prompt - 1)),
-                   load_count=count, load_per=per, load_max_tokens=load_gen, short=short,
-                   pair_is_load=min_pool is not None and concurrency >= 2 and 0.8 * min_pool <= pair <= min_pool,
-                   cache_prefixes=1 if off else CACHE_PREFIXES, cache_tokens=cache_prompt_tokens(longest, ctx, max(pages, default=None)))
-
-    @property
-    def normal_tokens(self) -> int:
-        return max(1, self.short // 2)
-
-    def load_tokens(self) -> int:
-        """The KV the load requests hold at once when all are decoding: prompts and answers."""
-        return self.load_count * (self.load_per + self.load_max_tokens)
-
-    def plan(self, *, churn: bool, timing_samples: int = DEFAULT_TIMING_SAMPLES) -> list[PlannedRequest]:
-        """What the scenarios send, for the estimate (the scenarios below send exactly these sizes).
-        The boundary scenario, and the load scenario where the concurrent pair is it, send
-        nothing of their own: they are the capacity probes' requests. The timing audit is counted
-        though it runs only where cache counters are silent: the estimate (and the default
-        deadline) must allow for it."""
-        accept, reject = Expect.ACCEPT, Expect.REJECT
-        out = [PlannedRequest("normal", self.normal_tokens, self.gen, accept) for _ in range(6)]
-        out += [PlannedRequest("over-capacity", self.short, self.gen, accept) for _ in range(2)]
-        out += [PlannedRequest("over-capacity", self.over, self.gen, reject) for _ in range(2)]
-        if churn:
-            out += [PlannedRequest("cancel-transfer", self.transfer_size, 1, accept) for _ in range(2)]
-            out += [PlannedRequest("cancel-transfer", self.transfer_victim, self.gen, accept, 2) for _ in range(2)]
-            out += [PlannedRequest("cancel-decode", self.decode_prompt, 2, accept) for _ in range(2)]
-            out += [PlannedRequest("cancel-decode", self.decode_prompt, self.gen, accept) for _ in range(2)]
-            if not self.pair_is_load:
-                out.append(PlannedRequest("load", self.load_per, self.load_max_tokens, accept, self.load_count))
-        out += [PlannedRequest("prefix-cache", self.cache_tokens, 1, accept) for _ in range(1 + self.cache_prefixes * len(ORDER))]
-        timing = timing_prompt_tokens(self.longest)
-        out += [PlannedRequest("prefix-cache-timing", timing, 1, accept)
-                for _ in range(TIMING_REQUESTS_PER_SAMPLE * timing_samples)]
-        return out
 
 
 @dataclass(frozen=True)
@@ -254,8 +132,8 @@ class IsolationProber:
         idle = self.budget.wait_idle(self.state, IDLE_WAIT_S)
         self._untied.extend(self.logs.take())
         # A line logged late (vLLM: up to a lease after the request) still names its request.
-        ids = {r.completion.request_id: f"tenant {r.tenant.value}'s request {r.name} ({s.name})"
-               for s in scenarios for r in s.requests if r.completion is not None and r.completion.request_id}
+        ids = {r.request_id: f"tenant {r.tenant.value}'s request {r.name} ({s.name})"
+               for s in scenarios for r in s.requests if r.request_id}
         untied = name_lines(self._untied, ids, other="one of kvpreflight's requests outside the isolation scenarios")
         return IsolationRun(scenarios=tuple(scenarios), cache=cache, canaries=dict(self.canaries),
                             binding=self.settings.binding, healthy_after=healthy, idle_after=idle,
@@ -412,8 +290,7 @@ class IsolationProber:
         idle = self.budget.wait_idle(self.state, IDLE_WAIT_S)
         after = self.state.counters()
         ran = any(r.completion is not None for r in requests)
-        ids = {r.completion.request_id: f"tenant {r.tenant.value}'s request {r.name}" for r in requests
-               if r.completion is not None and r.completion.request_id}
+        ids = {r.request_id: f"tenant {r.tenant.value}'s request {r.name}" for r in requests if r.request_id}
         return Scenario(name=name, purpose=PURPOSES[name], requests=tuple(requests), occurred=True if ran else None,
                         occurrence=shown if ran else "unconfirmed: no request was answered",
                         idle_after=idle, counter_deltas=counter_deltas(before, after), churn=churn,
@@ -475,8 +352,8 @@ class IsolationProber:
         client = self.tenants[tenant]
         # A disconnect during the transfer needs no stream, and a router may not pass a streamed
         # client's disconnect on (smg 1.13.0 does not): only the after-first-token case streams.
-        request = client.adapter.build_request(self._ids[tenant][:tokens], max_tokens=max_tokens or self.gen,
-                                               stream=not during_transfer, extra=client.extra)
+        request = client.adapter.with_request_id(client.adapter.build_request(
+            self._ids[tenant][:tokens], max_tokens=max_tokens or self.gen, stream=not during_transfer, extra=client.extra))
         target = RawTarget(client.adapter, request, client.headers, self.settings.timeout_s, self.settings.ca_bundle,
                            self.settings.client_cert, self.settings.client_key)
         departure: Departure
@@ -499,8 +376,9 @@ class IsolationProber:
         self.budget.cost.add_abandoned(tokens)
         if departure.note:
             notes.append(f"{name}: {departure.note}")
-        return self._scan(tenant, name, None, departure.received.decode("utf-8", errors="replace"),
-                          abandoned=departure.left or "without the intended timing")
+        scanned = self._scan(tenant, name, None, departure.received.decode("utf-8", errors="replace"),
+                             abandoned=departure.left or "without the intended timing")
+        return replace(scanned, abandoned_id=request.request_id)
 
     def _token_ids(self, adapter: EngineAdapter, count: int, seed: str) -> list[int]:
         return valid_token_ids(adapter, self.engines.values(), count, seed)

@@ -126,10 +126,15 @@ class TenantRequest:
     # False: its answer had no room for a canary (prompt-integrity's probe at the limit, 1 token):
     # it only wrote the tenant's canary into the pool, for the other tenant's later answers to show.
     scanned: bool = True
+    abandoned_id: str | None = None  # the id an abandoned request carried (a served one's is in its completion)
 
     @property
     def served(self) -> bool:
         return self.completion is not None and self.completion.served
+
+    @property
+    def request_id(self) -> str | None:
+        return self.completion.request_id if self.completion is not None else self.abandoned_id
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, HttpClient
-from kvpreflight.engines.interface import LogSignal, excerpt, json_list, json_object, optional_text
+from kvpreflight.engines.interface import LogSignal
+from kvpreflight.engines.untrusted import excerpt, json_list, json_object, optional_text
 from kvpreflight.model import EngineSnapshot, Role, RoleSource
 
 # worker_type as the sgl-router lineage names it; "regular" is a worker that does both.

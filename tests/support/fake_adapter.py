@@ -165,7 +165,7 @@ class FakeAdapter(EngineAdapter):
 
     def complete(self, ids: list[int], *, max_tokens: int, stream: bool, timeout_s: float,
                  extra: Mapping[str, Any] | None = None) -> Completion:
-        request = self._with_request_id(self.build_request(ids, max_tokens=max_tokens, stream=stream, extra=extra))
+        request = self.with_request_id(self.build_request(ids, max_tokens=max_tokens, stream=stream, extra=extra))
         seed = self.seeds[ids[0] // ID_BASE] if ids else ""
         answer = self.engine.answer(Sent(self.url, request.sent_tokens, max_tokens, stream, dict(extra or {}),
                                          self.model, seed, timeout_s, request.request_id))

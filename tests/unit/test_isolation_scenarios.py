@@ -18,6 +18,7 @@ from kvpreflight.probes.budget import Budget
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, deployment_limits
 from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN, Departure, RawTarget
 from kvpreflight.probes.isolation import IsolationSettings, run_isolation
+from kvpreflight.probes.isolation_plan import IsolationSizes
 from kvpreflight.probes.results import (
     CacheProbeKind,
     Expect,
@@ -266,7 +267,7 @@ def test_load_prompts_and_answers_fit_the_smallest_pool(context: int, pool: int)
     # tokens plus 4 x 256 answer tokens at a 2,048-token decode pool: the builtin engine ran out of
     # pages mid-decode and refused a tenant's requests (503), an inconclusive on an honest engine.
     limits = Limits(served_context=context, pool_tokens=pool, max_accepted=min(context, pool) - 7)
-    sizes = isolation.IsolationSizes.of(limits, [snapshot(URL, pool=pool)])
+    sizes = IsolationSizes.of(limits, [snapshot(URL, pool=pool)])
     assert sizes.load_tokens() <= 0.9 * pool
     assert sizes.load_count >= 4 and sizes.load_per >= 1 and sizes.load_max_tokens >= 1
     assert sizes.load_per + sizes.load_max_tokens < context
@@ -355,3 +356,13 @@ def test_a_stale_kv_read_counted_during_a_scenario_warns_even_without_logs():
     assert status is Status.WARN
     assert ("no crossing; the counters say: a decode read 1 request(s)' KV that http://prefill:1 no longer held, so those "
             "pages may have been reused (during the normal scenario)") in said
+
+
+def test_abandoned_requests_carry_a_fresh_request_id_a_danger_line_can_name(departures):
+    run = isolate(FakeEngine(snapshot(URL)), churn=True)
+    left = [r for s in run.scenarios for r in s.requests if r.abandoned]
+    sent = [t.request for _, t in departures]
+    assert len(left) == len(sent) == 4
+    assert [r.request_id for r in left] == [q.request_id for q in sent]
+    assert all(q.request_id and q.request_id.startswith("kvpreflight-") and q.body["rid"] == q.request_id for q in sent)
+    assert len({q.request_id for q in sent}) == 4

@@ -13,8 +13,9 @@ import pytest
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CheckContext, run_checks
 from kvpreflight.engines.http import HttpClient
-from kvpreflight.engines.interface import LogSignal, parse_metrics
+from kvpreflight.engines.interface import LogSignal
 from kvpreflight.engines.sglang import SglangAdapter
+from kvpreflight.engines.untrusted import parse_metrics
 from kvpreflight.engines.vllm import VllmAdapter
 from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, Completion, EngineSnapshot, Role, Status
 from kvpreflight.probes.logs import LogWatch, named_by_request_id

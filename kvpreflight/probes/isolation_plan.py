@@ -1,0 +1,139 @@
+"""How large each isolation scenario's requests are, and the plan of what the scenarios send.
+
+What a check costs (issue 14): only the boundary and load scenarios need near-limit prompts, and
+they ride on requests the capacity checks send anyway. Every other scenario prompt is short
+(SCAN_PROMPT_FRACTION of the context, at least SCAN_PROMPT_MIN tokens): a canary on every page
+and a freed page reused by the other tenant need no long prompt. The exception is the abandoned
+request of cancel-transfer behind a prefill/decode pair, whose transfer must last long enough
+for the disconnect and the other tenant's requests to land while it is still writing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from kvpreflight.model import EngineSnapshot, Role
+from kvpreflight.probes.budget import PlannedRequest
+from kvpreflight.probes.prefix_cache import (
+    CACHE_PREFIXES,
+    DEFAULT_TIMING_SAMPLES,
+    ORDER,
+    TIMING_REQUESTS_PER_SAMPLE,
+    cache_prompt_tokens,
+    caching_off,
+    timing_prompt_tokens,
+)
+from kvpreflight.probes.results import Expect, Limits
+
+SCAN_MAX_TOKENS = 256  # answers long enough to reach past a lost first transfer batch
+MIN_SCAN_TOKENS = 16  # an answer shorter than this cannot hold a canary: not a scan (TenantRequest.scanned)
+CANCEL_DECODE_MAX_TOKENS = 512
+MAX_LOAD_REQUESTS = 8
+SCAN_PROMPT_FRACTION = 64  # a short scenario prompt: 1/64 of the context...
+SCAN_PROMPT_MIN = 256  # ...and at least this: more than one KV transfer batch (8 pages of 16), so a
+# transfer lost after its first batch leaves stale pages behind
+LOAD_POOL_FRACTION = 0.9  # the load scenario's prompts and answers fill this much of the smallest pool
+
+PURPOSES = {
+    "normal": "long prompts of both tenants, interleaved (A B A B A B): each reuses pages the other just freed",
+    "boundary": "the longest accepted prompt, interleaved (A B B A)",
+    "over-capacity": "a long request of one tenant, then an over-capacity request of the other (the incident path), and mirrored",
+    "cancel-transfer": "one tenant disconnects while its KV is being written; the other tenant's requests take the freed pages",
+    "cancel-decode": "one tenant disconnects after its first streamed token; the other tenant follows at once",
+    "load": "both tenants at once, near the smallest KV pool",
+}
+
+
+@dataclass(frozen=True)
+class IsolationSizes:
+    """Every scenario's request sizes, from the limits and the smallest pool: what is sent, and
+    what the estimate before the run counts."""
+
+    gen: int  # tokens generated per scanned answer
+    longest: int  # the longest scanned prompt: within the stated limits, with room for the answer
+    min_pool: int | None
+    over: int  # the over-capacity request
+    over_where: str
+    transfer_size: int  # cancel-transfer: the abandoned request
+    transfer_victim: int  # cancel-transfer: the other tenant's requests after it
+    decode_prompt: int  # cancel-decode
+    decode_max_tokens: int
+    load_count: int
+    load_per: int  # prompt tokens of each load request
+    load_max_tokens: int  # its answer: decode pages hold prompt and answer, so both count against the pool
+    short: int  # the short scenario prompt (normal twice over, over-capacity's long request, cancel-decode's twice over)
+    pair_is_load: bool  # the concurrent-capacity pair fills 80-100% of the smallest pool: it is the load scenario
+    cache_prefixes: int  # fresh prefixes of the prefix-cache controls
+    cache_tokens: int  # their prompt
+
+    @classmethod
+    def of(cls, limits: Limits, snapshots: Sequence[EngineSnapshot], concurrency: int = 2) -> IsolationSizes:
+        ctx = limits.served_context
+        gen = max(16, min(SCAN_MAX_TOKENS, ctx // 4))
+        longest = max(1, min(limits.max_accepted, ctx - gen - 1))
+        pools = [p for s in snapshots if (p := s.pool_tokens()) is not None]
+        min_pool = min(pools) if pools else None
+        if limits.pool_bound and limits.pool_tokens is not None:
+            over = limits.pool_tokens + max(1, (ctx - limits.pool_tokens) // 2)
+            over = max(limits.max_accepted + 1, min(over, ctx - gen))
+            where = f"over the {limits.pool_tokens:,}-token pool, within the served context"
+        else:
+            over, where = ctx + 1, "over the served context"
+        short = max(1, min(longest, max(SCAN_PROMPT_MIN, ctx // SCAN_PROMPT_FRACTION)))
+        if any(s.role is not Role.UNIFIED for s in snapshots):
+            size = max(1, min(longest, min_pool // 2)) if min_pool else longest
+        else:  # no transfer to race: the disconnect lands during prefill whatever the prompt
+            size = short
+        decode_prompt = max(1, min(short, ctx - CANCEL_DECODE_MAX_TOKENS - 1) // 2)
+        per, count, load_gen = longest, 4, gen
+        if min_pool:
+            # Near the pool, never over it: an honest engine with more KV in flight than its pool
+            # holds must preempt or refuse (the builtin engine answered 503 mid-decode), and a
+            # refused tenant leaves the scenario unscanned. Each request's share holds its prompt
+            # and its answer; the answer takes at most half of it.
+            target = int(min_pool * LOAD_POOL_FRACTION)
+            count = min(MAX_LOAD_REQUESTS, max(4, -(-target // (longest + gen))))
+            share = target // count
+            load_gen = max(1, min(gen, share // 2))
+            per = max(1, min(longest, share - load_gen))
+        pair = max(1, concurrency) * limits.max_accepted  # the concurrent probes: prompt plus answer (capacity_plan)
+        off = caching_off(snapshots) is not None
+        pages = [s.page_size for s in snapshots if s.page_size]
+        return cls(gen=gen, longest=longest, min_pool=min_pool, over=over, over_where=where, transfer_size=size,
+                   transfer_victim=max(1, min(longest, int(size * 0.45))), decode_prompt=decode_prompt,
+                   decode_max_tokens=max(gen, min(CANCEL_DECODE_MAX_TOKENS, ctx - decode_prompt - 1)),
+                   load_count=count, load_per=per, load_max_tokens=load_gen, short=short,
+                   pair_is_load=min_pool is not None and concurrency >= 2 and 0.8 * min_pool <= pair <= min_pool,
+                   cache_prefixes=1 if off else CACHE_PREFIXES, cache_tokens=cache_prompt_tokens(longest, ctx, max(pages, default=None)))
+
+    @property
+    def normal_tokens(self) -> int:
+        return max(1, self.short // 2)
+
+    def load_tokens(self) -> int:
+        """The KV the load requests hold at once when all are decoding: prompts and answers."""
+        return self.load_count * (self.load_per + self.load_max_tokens)
+
+    def plan(self, *, churn: bool, timing_samples: int = DEFAULT_TIMING_SAMPLES) -> list[PlannedRequest]:
+        """What the scenarios send, for the estimate (the scenarios below send exactly these sizes).
+        The boundary scenario, and the load scenario where the concurrent pair is it, send
+        nothing of their own: they are the capacity probes' requests. The timing audit is counted
+        though it runs only where cache counters are silent: the estimate (and the default
+        deadline) must allow for it."""
+        accept, reject = Expect.ACCEPT, Expect.REJECT
+        out = [PlannedRequest("normal", self.normal_tokens, self.gen, accept) for _ in range(6)]
+        out += [PlannedRequest("over-capacity", self.short, self.gen, accept) for _ in range(2)]
+        out += [PlannedRequest("over-capacity", self.over, self.gen, reject) for _ in range(2)]
+        if churn:
+            out += [PlannedRequest("cancel-transfer", self.transfer_size, 1, accept) for _ in range(2)]
+            out += [PlannedRequest("cancel-transfer", self.transfer_victim, self.gen, accept, 2) for _ in range(2)]
+            out += [PlannedRequest("cancel-decode", self.decode_prompt, 2, accept) for _ in range(2)]
+            out += [PlannedRequest("cancel-decode", self.decode_prompt, self.gen, accept) for _ in range(2)]
+            if not self.pair_is_load:
+                out.append(PlannedRequest("load", self.load_per, self.load_max_tokens, accept, self.load_count))
+        out += [PlannedRequest("prefix-cache", self.cache_tokens, 1, accept) for _ in range(1 + self.cache_prefixes * len(ORDER))]
+        timing = timing_prompt_tokens(self.longest)
+        out += [PlannedRequest("prefix-cache-timing", timing, 1, accept)
+                for _ in range(TIMING_REQUESTS_PER_SAMPLE * timing_samples)]
+        return out

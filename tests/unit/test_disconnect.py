@@ -1,0 +1,43 @@
+"""The raw disconnect probes send the adapter's own request, its request-id header included (vLLM
+takes the id as `X-Request-Id`), so a danger line naming an abandoned request can say which."""
+
+from __future__ import annotations
+
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from kvpreflight.engines.http import HttpClient
+from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN, RawTarget, leave_after_first_token
+
+
+def test_an_abandoned_request_carries_the_adapters_request_id_header() -> None:
+    seen: dict[str, str] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 - stdlib name
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            seen.update({k.lower(): v for k, v in self.headers.items()})
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            self.wfile.write(b'data: {"choices": [{"text": "x"}]}\n\n')
+            self.wfile.flush()
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        adapter = VllmAdapter(f"http://127.0.0.1:{server.server_address[1]}", HttpClient())
+        request = adapter.with_request_id(adapter.build_request([1, 2, 3], max_tokens=4, stream=True))
+        departure = leave_after_first_token(RawTarget(adapter, request, {"X-Tenant": "a"}, timeout_s=5), read_budget_s=5)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    assert departure.left == AFTER_FIRST_TOKEN
+    assert request.request_id and request.request_id.startswith("kvpreflight-")
+    assert seen["x-request-id"] == request.request_id and seen["x-tenant"] == "a"
