@@ -211,18 +211,18 @@ def test_no_canary_crosses_and_each_tenant_gets_its_own_back(pd_check: CheckRun)
     requests = [r for s in scenarios for r in s.get("requests", [])]
     assert not [r for r in requests if "foreign_markers" in r], iso["message"]
     # The spec's pool (18 blocks) is about twice the context, so the concurrent pair, one request
-    # per tenant, holds 80-100% of it and is the load scenario. cancel-transfer is confirmed when
-    # the prefill counts a stale KV read (vLLM's notifications-after-expiry: the decode read an
-    # abandoned request's KV after the prefill dropped it); vLLM has no other sign that a disconnect
-    # landed mid-transfer. Every other scenario is confirmed. Danger lines (the prefill's
-    # "unrecognized request", vllm-router's "No kv_transfer_params": README Findings) and stale
-    # reads warn where they fall and are quoted to the user.
+    # per tenant, holds 80-100% of it and is the load scenario. vLLM has nothing that shows a
+    # disconnect landed mid-transfer, so cancel-transfer stays unconfirmed (warn); every other
+    # scenario is confirmed. Danger lines (the prefill's "unrecognized request", vllm-router's "No
+    # kv_transfer_params": README Findings) and the prefill's count of stale KV reads (vLLM's
+    # notifications-after-expiry, which moves in both disconnect scenarios) warn where they fall
+    # and are quoted to the user.
     assert iso["status"] in ("pass", "warn"), iso["message"]
     load = next(s for s in scenarios if s["scenario"] == "load")
     assert "the concurrent-capacity requests, one per tenant" in load["occurrence"], load
     for scenario in scenarios:
         stale = {url: d["stale_kv_reads"] for url, d in scenario.get("counter_deltas", {}).items() if d.get("stale_kv_reads")}
-        if scenario["scenario"] != "cancel-transfer" or stale:
+        if scenario["scenario"] != "cancel-transfer":
             assert not scenario["occurrence"].startswith("unconfirmed"), scenario
         for url, n in stale.items():
             assert f"a decode read {int(n)} request(s)' KV that {url} no longer held" in iso["message"], iso["message"]

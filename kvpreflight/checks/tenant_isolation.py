@@ -57,8 +57,8 @@ def scenario_verdict(s: Scenario) -> tuple[Status, str]:
         return Status.INCONCLUSIVE, f"{s.name}: no answer of tenant {missing} was served, so nothing of it was scanned"
     stale = [(url, n, f"during the {s.name} scenario") for url, n in stale_reads(s.counter_deltas).items()]
     if s.danger_lines or stale:
-        return Status.WARN, (f"{s.name}: {len(s.requests)} requests, no crossing"
-                             f"{logged_lines(danger_entries(s))}{counted_stale_reads(stale)}")
+        said = f"{s.name}: {len(s.requests)} requests, no crossing{logged_lines(danger_entries(s))}{counted_stale_reads(stale)}"
+        return Status.WARN, said if s.occurred is True else f"{said}; {s.occurrence or 'unconfirmed'}"
     if not s.churn:
         moved = {u: {k: v for k, v in d.items() if k in ("transfer_failures", "bootstrap_failures") and v}
                  for u, d in s.counter_deltas.items()}

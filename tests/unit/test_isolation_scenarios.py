@@ -225,9 +225,11 @@ def test_cancel_transfer_is_confirmed_by_the_decode_deferred_release_counter(dep
     assert cancel.occurred is True and "deferred" in cancel.occurrence
 
 
-def test_cancel_transfer_is_confirmed_by_a_stale_kv_read_on_the_prefill(departures):
-    """vLLM over NIXL: the client leaves, the decode still reads the abandoned request's KV from a
-    prefill that has dropped it, and the prefill counts that read. No deferred-release counter."""
+def test_a_stale_kv_read_during_cancel_transfer_warns_and_leaves_it_unconfirmed(departures):
+    """vLLM over NIXL: the prefill counts reads of KV it no longer held while clients leave. On the
+    real pair it counts them after a disconnect that came after the first token as well (the
+    transfer long done), so the count shows a hazard, not that the disconnect landed mid-transfer:
+    the scenario warns on both."""
     def stale_read(engine: FakeEngine, sent: Sent) -> Completion | None:
         if not sent.stream and "tenant" in sent.extra.get("cache_salt", ""):  # the victims' windows, here
             engine.counters = replace(engine.counters, stale_kv_reads=(engine.counters.stale_kv_reads or 0) + 1)
@@ -239,10 +241,11 @@ def test_cancel_transfer_is_confirmed_by_a_stale_kv_read_on_the_prefill(departur
     router = FakeEngine(snapshot("http://router:0"), forwards_to=(prefill, decode))
     run = isolate(prefill, decode, entry=router, churn=True)
     cancel = scenario(run, "cancel-transfer")
-    assert cancel.occurred is True, cancel.occurrence
-    assert "confirmed by the engines: a decode read 4 request(s)' KV that http://prefill:1 no longer held" in cancel.occurrence
+    assert cancel.occurred is None and cancel.occurrence.startswith("unconfirmed"), cancel.occurrence
     status, said = tenant_isolation.scenario_verdict(cancel)
-    assert status is Status.WARN and "so those pages may have been reused (during the cancel-transfer scenario)" in said
+    assert status is Status.WARN
+    assert ("a decode read 4 request(s)' KV that http://prefill:1 no longer held, so those pages may have been reused "
+            "(during the cancel-transfer scenario); unconfirmed: no deferred-release counter moved") in said
 
 
 def test_load_sends_both_tenants_at_once_near_the_smallest_pool():
