@@ -58,6 +58,7 @@ CANARY_CONCURRENCY = 2
 # probe to judge). --timeout covers two leases; the deadline stops the check after the capacity
 # probes that pd-transfer judges, before the isolation probes (minutes, nothing asserted there).
 STRIPPED_TIMEOUT_S = 75
+PD_TIMEOUT_S = 60
 STRIPPED_DEADLINE_S = 120
 
 pytestmark = pytest.mark.real_engine
@@ -171,7 +172,10 @@ def pd_check(pd_pair: BootedPair) -> CheckRun:
     """`kvpreflight check` against the running pair as a user would: the router as --entry (it
     names both engines and their roles), every log kvpreflight could read, the churn scenarios on."""
     logs = [arg for e in pd_pair.deployment.engines for arg in ("--log", f"{e.url}={e.log_path}")]
-    run = run_check("--entry", pd_pair.router.url, "--allow-disruptive", *logs)
+    # --timeout past the prefill's 30 s NIXL KV lease: after the disconnect scenarios a request can
+    # wait for a lease to run out (README Findings); with the default 30 s, cancel-decode's streamed
+    # request once timed out before its first token (unconfirmed, warn) in CI's rehearsal.
+    run = run_check("--entry", pd_pair.router.url, "--allow-disruptive", "--timeout", str(PD_TIMEOUT_S), *logs)
     # the figure issue 13 asks for, in the test log
     print(f"vllm-pd-nixl check: exit {run.exit_code} in {run.wall_s:.0f} s", file=sys.stderr)
     report_dir = Path(os.environ.get("KVPF_PD_REPORT_DIR", Path(pd_pair.decode.log_path).parent))

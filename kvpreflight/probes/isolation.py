@@ -348,8 +348,11 @@ class IsolationProber:
         # client's disconnect on (smg 1.13.0 does not): only the after-first-token case streams.
         request = client.adapter.with_request_id(client.adapter.build_request(
             self._ids[tenant][:tokens], max_tokens=max_tokens or self.gen, stream=not during_transfer, extra=client.extra))
-        target = RawTarget(client.adapter, request, client.headers, self.settings.timeout_s, self.settings.ca_bundle,
-                           self.settings.client_cert, self.settings.client_key)
+        # The request's own budget, from the measured speed: the socket must not time out first
+        # (a vLLM P/D pair answered after its prefill's 30 s KV lease ran out, past --timeout).
+        budget_s = self.budget.request_s(tokens, Expect.ACCEPT, max_tokens=2)
+        target = RawTarget(client.adapter, request, client.headers, max(self.settings.timeout_s, budget_s),
+                           self.settings.ca_bundle, self.settings.client_cert, self.settings.client_key)
         departure: Departure
         if during_transfer:
             decoders = [s.url for s in self.snapshots if s.role is Role.DECODE and s.url in self.engines]
@@ -366,7 +369,7 @@ class IsolationProber:
             departure = leave_during_transfer(target, pages_reserved, unified=not decoders,
                                               wait_s=self.budget.request_s(tokens, Expect.ACCEPT))
         else:
-            departure = leave_after_first_token(target, self.budget.request_s(tokens, Expect.ACCEPT, max_tokens=2))
+            departure = leave_after_first_token(target, budget_s)
         self.budget.cost.add_abandoned(tokens)
         if departure.note:
             notes.append(f"{name}: {departure.note}")
