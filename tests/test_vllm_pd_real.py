@@ -3,9 +3,9 @@ decode) moving KV over NIXL (UCX over TCP/shared memory) behind vLLM's PD router
 context 1,024, serving the echo model. ONE pair and router for the module, booted from the shipped
 spec by kvpreflight's boot library and kept up while:
 
+- 100 fresh canaries go through the router first (issue 15: at least 99 echoed);
 - `kvpreflight check --entry ROUTER --allow-disruptive` runs against it as a user would (the router
   names both engines and their roles); most tests read that one report;
-- 100 fresh canaries go through the router (issue 15: at least 99 echoed);
 - a second vllm-router, whose prefill is a test proxy that strips `kv_transfer_params` from the
   same prefill's answers, makes the decode recompute every prompt: `pd-transfer` fails (issue 13);
 - smg in front of the same engines (`--backend vllm`) runs each request on both and refuses
@@ -167,6 +167,16 @@ def warm_each_engine(pair: BootedPair) -> None:
         assert reply.status_code == 200, (engine.name, reply.status_code, reply.text[:300])
 
 
+def test_the_pair_echoes_99_of_100_fresh_canaries(pd_pair: BootedPair) -> None:
+    """Issue 15's positive control, through the router: the decode answers from KV it received.
+    First in the module: after the check's disconnect scenarios the pair may stall about 30 s per
+    request for a while (README Findings), which made this test take up to 964 s instead of ~200."""
+    started = time.monotonic()
+    echoed = echoed_canaries(pd_pair.router.url, engine_url=pd_pair.decode.url, concurrency=CANARY_CONCURRENCY)
+    print(f"vllm-pd-nixl canaries: {echoed}/100 echoed in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    assert echoed >= 99
+
+
 @pytest.fixture(scope="module")
 def pd_check(pd_pair: BootedPair) -> CheckRun:
     """`kvpreflight check` against the running pair as a user would: the router as --entry (it
@@ -242,14 +252,6 @@ def test_pd_transfer_sees_the_kv_move_from_prefill_to_decode(pd_check: CheckRun)
     moved = [p for p in transfer["evidence"].get("probes", []) if p["verdict"] == "moved"]
     assert transfer["status"] in ("pass", "warn") and moved, transfer["message"]
     assert all(p["decode_kv_received_tokens"] for p in moved), transfer["evidence"]["probes"]
-
-
-def test_the_pair_echoes_99_of_100_fresh_canaries(pd_pair: BootedPair, pd_check: CheckRun) -> None:
-    """Issue 15's positive control, through the router: the decode answers from KV it received."""
-    started = time.monotonic()
-    echoed = echoed_canaries(pd_pair.router.url, engine_url=pd_pair.decode.url, concurrency=CANARY_CONCURRENCY)
-    print(f"vllm-pd-nixl canaries: {echoed}/100 echoed in {time.monotonic() - started:.0f} s", file=sys.stderr)
-    assert echoed >= 99
 
 
 def without_kv_transfer_params(_path: str, body: Any) -> Any:
