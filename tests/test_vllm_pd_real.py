@@ -169,8 +169,8 @@ def warm_each_engine(pair: BootedPair) -> None:
 
 def test_the_pair_echoes_99_of_100_fresh_canaries(pd_pair: BootedPair) -> None:
     """Issue 15's positive control, through the router: the decode answers from KV it received.
-    First in the module: after the check's disconnect scenarios the pair may stall about 30 s per
-    request for a while (README Findings), which made this test take up to 964 s instead of ~200."""
+    It took 193-964 s: the pair sometimes stalls about 30 s per request, with or without the
+    check's disconnects before it (README Findings)."""
     started = time.monotonic()
     echoed = echoed_canaries(pd_pair.router.url, engine_url=pd_pair.decode.url, concurrency=CANARY_CONCURRENCY)
     print(f"vllm-pd-nixl canaries: {echoed}/100 echoed in {time.monotonic() - started:.0f} s", file=sys.stderr)
