@@ -26,8 +26,8 @@ def request_evidence(r: TenantRequest) -> dict[str, Any]:
         ev["scanned"] = "no: its answer had no room for a canary; it planted the tenant's canary in the pool"
     if r.abandoned:
         ev["disconnected"] = r.abandoned
-        if r.abandoned_id:
-            ev["request_id"] = r.abandoned_id
+        if r.completion is None and r.request_id:  # a served request's id is in its completion's evidence
+            ev["request_id"] = r.request_id
     if r.completion is not None:
         ev.update(r.completion.evidence())
     if r.crossings:
@@ -87,6 +87,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             for s in run.scenarios
         ],
     }
+    between = [danger_entry(d, "logged between the scenarios or during the prefix-cache probes") for d in run.untied_danger_lines]
+    if between:  # in the evidence of a failure too
+        evidence["danger_lines_between_scenarios"] = between
     crossed = [(s, r) for s in run.scenarios for r in s.requests if r.crossings]
     if crossed:
         lines = [f"tenant {r.tenant.label}'s {r.name} ({s.name}) carried {', '.join(r.crossings)}" for s, r in crossed]
@@ -112,9 +115,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         results.append((Status.FAIL, f"KV pages still held after the isolation probes at {', '.join(stuck)}"))
     for s in run.scenarios:
         results.append(scenario_verdict(s))
-    between = [danger_entry(d, "logged between the scenarios or during the prefix-cache probes") for d in run.untied_danger_lines]
     if between:
-        evidence["danger_lines_between_scenarios"] = between
         results.append((Status.WARN, f"no scenario was running{logged_lines(between)}"))
     judged = [(st, m) for st, m in results if st is not Status.SKIP]
     worst = worst_status(st for st, _ in judged) if judged else Status.INCONCLUSIVE
