@@ -5,4 +5,4 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 HYPOTHESIS_PROFILE=long exec .venv/bin/python -m pytest -q -p no:cacheprovider \
-    tests/test_properties_config.py tests/test_properties_untrusted.py "$@"
+    tests/unit/test_properties_config.py tests/unit/test_properties_untrusted.py "$@"

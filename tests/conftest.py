@@ -1,9 +1,16 @@
-"""Shared pytest setup: real-engine fixtures (vLLM on CPU, llama.cpp) and their marker.
+"""Shared pytest setup: the three tiers, and the real-engine fixtures (vLLM on CPU, llama.cpp).
 
-Real-engine tests are marked ``@pytest.mark.real_engine`` (any test that uses an engine fixture
-gets the marker automatically). They FAIL, never skip, when the engines are not set up; deselect
-them with ``-m "not real_engine"``. ``$KVPREFLIGHT_CACHE/engines.env`` (written by
-``scripts/setup_engines.sh``) is loaded here, so ``pytest`` works right after the setup script.
+The suite is three tiers, one folder and one marker each (``scripts/test.sh unit|builtin|real``):
+
+- ``tests/unit/`` (``unit``): in-process, no child process (tests/unit/conftest.py enforces it);
+- ``tests/builtin/`` (``builtin``): the builtin engine, the demo and the CLI as real processes;
+- ``tests/real/`` (``real``): real vLLM, the vLLM P/D pair, llama.cpp, smg and sglang-router.
+
+A test that uses a real-engine fixture is a ``real`` test wherever it is collected; one under
+unit/ or builtin/ is a collection error (it would hide minutes of engine time in a fast tier).
+Real-engine tests FAIL, never skip, when the engines are not set up.
+``$KVPREFLIGHT_CACHE/engines.env`` (written by ``scripts/setup_engines.sh``) is loaded here, so
+``pytest`` works right after the setup script.
 """
 
 from __future__ import annotations
@@ -18,15 +25,18 @@ from hypothesis import HealthCheck, settings
 from realengines import EngineNotSetUp, EngineProcess
 
 realengines.load_engines_env()
+# The table format wraps to COLUMNS when it is set (a user's shell, pytest-xdist's workers): the
+# suite's expectations are for output to a pipe, which is never wrapped.
+os.environ.pop("COLUMNS", None)
 
-# Property-based tests (tests/test_properties_*.py): `ci`, the default, is derandomized with a fixed
+# Property-based tests (tests/unit/test_properties_*.py): `ci`, the default, is derandomized with a fixed
 # number of examples, so CI is repeatable and fast; HYPOTHESIS_PROFILE=long (benchmarks/) explores more.
 settings.register_profile("ci", derandomize=True, max_examples=300, deadline=None,
                           suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("long", max_examples=5000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
-# Fixtures that boot or need a real engine; a test using one is a real_engine test.
+# Fixtures that boot or need a real engine; a test using one is a `real` test.
 ENGINE_FIXTURES = {
     "vllm_python",
     "llama_server_binary",
@@ -41,11 +51,34 @@ ENGINE_FIXTURES = {
 }
 
 
+TIERS = ("unit", "builtin", "real")
+TESTS = Path(__file__).resolve().parent
+
+
+def tier_of(path: Path) -> str | None:
+    """The tier a test file belongs to: the folder under tests/ it lives in (None outside them)."""
+    try:
+        folder = Path(path).resolve().relative_to(TESTS).parts[0]
+    except ValueError:
+        return None
+    return folder if folder in TIERS else None
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
+    misplaced = []
     for item in items:
-        if ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())):
-            item.add_marker(pytest.mark.real_engine)
+        tier = tier_of(item.path)
+        uses_engine = bool(ENGINE_FIXTURES.intersection(getattr(item, "fixturenames", ())))
+        if uses_engine and tier not in (None, "real"):
+            misplaced.append(item.nodeid)
+        if tier or uses_engine:
+            item.add_marker(getattr(pytest.mark, tier or "real"))
+    if misplaced:
+        raise pytest.UsageError(f"real-engine tests outside tests/real/ (move them there): {', '.join(misplaced)}")
+    # unit, then builtin, then real: the fast tiers fail first (a stable sort keeps each module's order)
+    order = {name: i for i, name in enumerate(TIERS)}
+    items.sort(key=lambda item: order.get(tier_of(item.path) or "real", len(TIERS)))
 
 
 def _require(getter: Callable[[], str]) -> str:

@@ -11,6 +11,8 @@ import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+from support.cli import invoke
+
 from kvpreflight.model import CheckResult, EngineSnapshot, Origin, PoolReading, Report, Role, Status, Waiver
 from kvpreflight.record import build_statement, generate, parse_subject, sign_statement, write_keypair, write_record
 
@@ -78,10 +80,16 @@ def hours_ago(hours: float) -> datetime:
     return datetime.now(UTC) - timedelta(hours=hours)
 
 
-def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    """The installed console script, as a user or a pipeline runs it."""
+def run_console_script(*args: object, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The installed console script, as a user or a pipeline runs it (the process tiers)."""
     return subprocess.run([str(KVPREFLIGHT), *map(str, args)], capture_output=True, text=True, timeout=60,
                           env={**os.environ, **(env or {})})
+
+
+def run_cli(*args: object, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The CLI in this process (tests/support/cli.py): the same app and exit codes as the console
+    script, which tests/builtin/test_console_script.py runs as a process."""
+    return invoke(*args, env=env)
 
 
 def load(path: Path) -> dict:

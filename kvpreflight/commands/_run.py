@@ -15,11 +15,11 @@ def error(message: str) -> None:
     sys.stderr.write(f"kvpreflight: error: {first}\n")
 
 
-def run_app(app: typer.Typer) -> int:
+def run_app(app: typer.Typer, args: list[str] | None = None) -> int:
     # typer (standalone mode) handles its own usage errors (exit 2) and typer.Exit; anything of
-    # ours that escapes a command becomes one line and its exit code.
+    # ours that escapes a command becomes one line and its exit code. `args` None: sys.argv[1:].
     try:
-        app()
+        app(args=args)
     except KvpreflightError as exc:
         error(str(exc))
         return exc.exit_code

@@ -27,7 +27,8 @@ def echoed_canaries(url: str, count: int = 100, *, engine_url: str | None = None
         prompts = []
         for i in range(count):
             canary = new_marker(f"TENANT{'AB'[i % 2]}")
-            prompts.append((canary, engine.token_ids(1000, f"{canary} ")[:100 + 7 * i]))
+            # 100 to 793 tokens whatever the count: a smaller sample still reaches the long prompts
+            prompts.append((canary, engine.token_ids(1000, f"{canary} ")[:100 + (693 * i) // max(count - 1, 1)]))
 
         def echoed(prompt: tuple[str, list[int]]) -> bool:
             canary, ids = prompt

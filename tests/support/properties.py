@@ -1,4 +1,4 @@
-"""Strategies shared by the property-based tests (tests/test_properties_*.py): any value a YAML or
+"""Strategies shared by the property-based tests (tests/unit/test_properties_*.py): any value a YAML or
 JSON file can hold, and a valid document with one value anywhere replaced by anything."""
 
 from __future__ import annotations

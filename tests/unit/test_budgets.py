@@ -240,3 +240,20 @@ def test_a_plan_whose_calibration_request_hangs_sends_no_second_one():
     (group,) = preview(CheckPlan(targets=(Target(URL),), engine="fake", timeout_s=5), measure=True)  # type: ignore[arg-type]
     assert len(engine.sent) == 1 and group.speed is None and group.estimate_s is None
     assert "got no answer within --timeout (15.0 s): the engine is not answering" in group.calibration
+
+
+def test_a_small_request_after_the_probes_that_times_out_is_inconclusive_never_a_fail():
+    """An honest engine still busy (or slow on a loaded machine) when the check sends its small
+    request after the probes: the engine is healthy, the request ran out of time. Not measured as
+    broken: inconclusive (seen on the builtin engine at 1,500 prompt tokens/s under a --deadline)."""
+    health = []
+
+    def busy_after_the_probes(engine: FakeEngine, sent: Sent) -> Completion | None:
+        if sent.seed.startswith("kvpreflight health check"):
+            health.append(sent)
+            return hang(sent)
+        return None
+    report = check(FakeEngine(snapshot(URL), script=busy_after_the_probes))
+    healthy_after = result(report, "engine-healthy-after")
+    assert len(health) == 1
+    assert healthy_after.status is Status.INCONCLUSIVE and "timed out after the probes" in healthy_after.message, healthy_after.message

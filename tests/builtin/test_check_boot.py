@@ -1,0 +1,42 @@
+"""`kvpreflight check --boot SPEC`: boot, check, stop — with real processes, and nothing left behind."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from support.boot_check import boot_check, spec_file
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_builtin_pd_example_spec_boots_checks_and_stops(tmp_path):
+    proc, report = boot_check(ROOT / "examples" / "specs" / "builtin-pd.yaml", tmp_path)
+    assert report is not None, proc.stderr[-2000:]
+    roles = [e["role"] for e in report["engines"]]
+    assert roles == ["prefill", "decode"]
+    for engine in report["engines"]:
+        assert "allocator" in engine["kv_pool_origins"]  # read from the log boot mode captured
+    capacity = [c for c in report["checks"] if c["id"] == "kv-capacity"]
+    assert {c["status"] for c in capacity} == {"pass"}
+    assert "stopping 3 engine(s)" in proc.stderr
+
+
+def test_engine_that_crashes_on_start_is_inconclusive_with_its_last_words(tmp_path):
+    crash = [sys.executable, "-c", "import sys; print('loading weights'); print('RuntimeError: CUDA out of memory'); sys.exit(7)"]
+    spec = spec_file(tmp_path, [{"name": "prefill", "role": "unified", "port": "auto", "command": crash, "ready_timeout_s": 30}])
+    proc, report = boot_check(spec, tmp_path)
+    assert proc.returncode == 3 and report is None
+    assert "Traceback" not in proc.stderr
+    error = [l for l in proc.stderr.splitlines() if l.startswith("kvpreflight: error:")]
+    assert len(error) == 1 and "status 7" in error[0] and "CUDA out of memory" in error[0]
+
+
+def test_engine_that_never_becomes_ready_is_stopped_at_its_deadline(tmp_path):
+    # Listens, but /health is 404 forever.
+    server = [sys.executable, "-m", "http.server", "--bind", "127.0.0.1", "{port}"]
+    spec = spec_file(tmp_path, [{"name": "decode", "role": "unified", "port": "auto", "command": server, "ready_timeout_s": 3}])
+    proc, report = boot_check(spec, tmp_path)
+    assert proc.returncode == 3 and report is None
+    error = [l for l in proc.stderr.splitlines() if l.startswith("kvpreflight: error:")]
+    assert len(error) == 1 and "not ready within" in error[0]

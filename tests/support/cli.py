@@ -1,0 +1,78 @@
+"""The CLI in-process, as the unit tier runs it: the same typer app and the same error mapping as
+the console script (`kvpreflight.commands._run.run_app`), without starting a Python process.
+
+`invoke(...)` returns a `subprocess.CompletedProcess` so a test reads it exactly as it would read
+the console script's result; the process-level guarantees (the console script itself, no torch at
+`--help`) are tested in the builtin tier (tests/builtin/test_console_script.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import subprocess
+import traceback
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+
+
+@contextlib.contextmanager
+def _environment(env: Mapping[str, str] | None, env_exact: Mapping[str, str] | None,
+                 cwd: Path | str | None) -> Iterator[None]:
+    saved_env, saved_cwd = dict(os.environ), os.getcwd()
+    try:
+        if env_exact is not None:
+            os.environ.clear()
+            os.environ.update({k: str(v) for k, v in env_exact.items()})
+        if env is not None:
+            os.environ.update({k: str(v) for k, v in env.items()})
+        if cwd is not None:
+            os.chdir(cwd)
+        yield
+    finally:
+        os.chdir(saved_cwd)
+        os.environ.clear()
+        os.environ.update(saved_env)
+
+
+def invoke(*args: object, env: Mapping[str, str] | None = None, env_exact: Mapping[str, str] | None = None,
+           unset: tuple[str, ...] = (), cwd: Path | str | None = None, stdin: str = "",
+           check_ok: bool = False) -> subprocess.CompletedProcess:
+    """`kvpreflight ARGS` in this process: exit code, stdout and stderr as the console script gives
+    them (an unexpected exception prints its traceback and exits 1, as Python would). `env` adds
+    to this process's environment for the call, `env_exact` replaces it, `unset` removes names;
+    `check_ok` raises CalledProcessError on a non-zero exit, as subprocess.run(check=True)."""
+    from kvpreflight.cli import app
+    from kvpreflight.commands._run import run_app
+
+    argv = [str(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    with _environment(env, env_exact, cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
+            _stdin(stdin):
+        for name in unset:
+            os.environ.pop(name, None)
+        try:
+            code = run_app(app, argv)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+            if isinstance(exc.code, str):
+                err.write(exc.code + "\n")
+        except Exception:  # what the console script would print: a traceback (a defect a test should see)
+            traceback.print_exc(file=err)
+            code = 1
+    result = subprocess.CompletedProcess(["kvpreflight", *argv], code, out.getvalue(), err.getvalue())
+    if check_ok:
+        result.check_returncode()
+    return result
+
+
+@contextlib.contextmanager
+def _stdin(text: str) -> Iterator[None]:
+    import sys
+
+    saved = sys.stdin
+    sys.stdin = io.StringIO(text)
+    try:
+        yield
+    finally:
+        sys.stdin = saved

@@ -1,0 +1,121 @@
+"""Every usage or configuration problem is found before any engine is contacted or booted: one line,
+exit 2, no report on stdout, no request seen by the engine, no engine process started."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from static_server import static_server
+from support.cli import invoke
+
+KVPF = [sys.executable, "-m", "kvpreflight"]
+
+
+def run(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return invoke(*args, cwd=cwd, env_exact={k: v for k, v in os.environ.items() if k != "KVPREFLIGHT_SIGN_KEY"})
+
+
+def assert_refused_early(proc: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stdout[-500:], proc.stderr[-800:])
+    assert proc.stdout == ""  # no report
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvpreflight: error: "), proc.stderr
+    for fragment in fragments:
+        assert fragment in lines[0]
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("keys")
+    invoke("keygen", "--out", str(folder), check_ok=True)
+    return folder / "kvpreflight.key"
+
+
+def test_a_record_without_any_subject_is_refused_before_the_engine_is_contacted(tmp_path: Path, keys: Path) -> None:
+    with static_server({}) as url:
+        proc = run("check", "--endpoint", url, "--record", str(tmp_path / "r.json"), "--sign-key", str(keys))
+        seen = list(static_server.seen)  # type: ignore[attr-defined]
+    assert_refused_early(proc, "at least one subject", "--subject")
+    assert seen == [] and not (tmp_path / "r.json").exists()
+
+
+def test_an_unknown_waiver_id_is_refused_before_the_engine_is_contacted() -> None:
+    with static_server({}) as url:
+        proc = run("check", "--endpoint", url, "--skip", "kv-capacty", "--reason", "typo")
+        seen = list(static_server.seen)  # type: ignore[attr-defined]
+    assert_refused_early(proc, "--skip", "kv-capacty", "no such check")
+    assert seen == []
+
+
+def test_a_malformed_advisory_folder_is_exit_2_in_one_line_before_any_request(tmp_path: Path) -> None:
+    folder = tmp_path / "advisories"
+    folder.mkdir()
+    (folder / "broken.yaml").write_text("- id: X\n  engine: [unclosed\n")
+    with static_server({}) as url:
+        proc = run("check", "--endpoint", url, "--advisories", str(folder))
+        seen = list(static_server.seen)  # type: ignore[attr-defined]
+    assert_refused_early(proc, "broken.yaml")
+    assert "Traceback" not in proc.stderr and seen == []
+
+
+def _spec(tmp_path: Path, marker: Path, **extra: object) -> Path:
+    # The "engine" would create `marker` if it were ever started.
+    spec = {
+        "deployment": "never-booted",
+        "engines": [{"name": "solo", "role": "unified", "port": "auto",
+                     "command": [sys.executable, "-c", f"open({str(marker)!r}, 'w').close()"]}],
+        **extra,
+    }
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.mark.parametrize("extra,fragments", [
+    ({"checks": {"skip": [{"id": "isolation.cancel", "reason": "no cancel here"}]}}, ["checks.skip[0].id", "isolation.cancel"]),
+    ({"checks": {"boundary": {"n": 3}}}, ["checks.boundary", "unknown key"]),
+    ({"contex_length": 4096}, ["contex_length", "unknown key"]),
+])
+def test_a_boot_spec_with_an_unknown_key_or_check_id_boots_nothing(tmp_path: Path, extra: dict, fragments: list[str]) -> None:
+    marker = tmp_path / "started"
+    proc = run("check", "--boot", str(_spec(tmp_path, marker, **extra)), "--log-dir", str(tmp_path / "logs"))
+    assert_refused_early(proc, *fragments)
+    assert not marker.exists() and not (tmp_path / "logs").exists()
+
+
+def test_a_record_problem_in_boot_mode_boots_nothing(tmp_path: Path) -> None:
+    marker = tmp_path / "started"
+    proc = run("check", "--boot", str(_spec(tmp_path, marker)), "--log-dir", str(tmp_path / "logs"),
+               "--record", str(tmp_path / "r.json"))
+    assert_refused_early(proc, "--sign-key")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("args,env,fragments", [
+    (["--api-key-env", "KVPF_SHORT"], {"KVPF_SHORT": "abc"}, ["KVPF_SHORT", "shorter than 8"]),
+    (["--header", "X-Gateway-Token: short"], {}, ["X-Gateway-Token", "shorter than 8"]),
+    (["--header", "X-Tenant-Pin: 1234", "--secret-header", "x-tenant-pin"], {}, ["X-Tenant-Pin", "shorter than 8"]),
+])
+def test_a_secret_too_short_to_scrub_by_value_is_refused(args: list[str], env: dict[str, str], fragments: list[str]) -> None:
+    with static_server({}) as url:
+        proc = invoke("check", "--endpoint", url, *args, env=env)
+        seen = list(static_server.seen)  # type: ignore[attr-defined]
+    assert_refused_early(proc, *fragments)
+    assert seen == [] and "abc" not in proc.stderr and "1234" not in proc.stderr
+
+
+@pytest.mark.parametrize("args,fragments", [
+    (["--client-cert", "/nonexistent/client.pem"], ["--client-cert"]),
+    (["--client-key", "/nonexistent/client.key"], ["--client-key needs --client-cert"]),
+])
+def test_client_certificate_problems_are_found_before_any_request(args: list[str], fragments: list[str]) -> None:
+    with static_server({}) as url:
+        proc = run("check", "--endpoint", url, *args)
+        seen = list(static_server.seen)  # type: ignore[attr-defined]
+    assert_refused_early(proc, *fragments)
+    assert seen == [] and "/nonexistent/client.pem" not in proc.stderr

@@ -1,0 +1,75 @@
+"""The package's layers, read from the source with `ast` (imports inside functions included):
+checks judge probe results and engine facts, never the machinery that produced them, and only
+the engine adapters (plus the engines kvpreflight models itself) know an engine's metric and
+setting names."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "kvpreflight"
+
+# What a check may import from kvpreflight: the shared result types, the probe results, the
+# thresholds and advisory data it judges against, and the checks' own interface.
+CHECKS_MAY_IMPORT = ("kvpreflight.model", "kvpreflight.probes.results", "kvpreflight.checkdata", "kvpreflight.checks")
+
+# Engine metric names and engine settings keys: engine facts that adapters turn into typed fields.
+ENGINE_NAME = re.compile(r"\b(?:sglang|vllm):[a-z_]+|kv_dedicated_per_slot|enable_prefix_caching|disable_radix_cache|kv_unified")
+# What models an engine itself: the adapters, the builtin engine and its command line, the config reviewer.
+ENGINE_MODULES = ("engines", "builtin_engine", "review", "commands/engine.py")
+
+
+def modules(under: Path = PACKAGE) -> list[Path]:
+    return sorted(under.rglob("*.py"))
+
+
+def imported(path: Path, root: Path = PACKAGE.parent) -> list[tuple[int, str]]:
+    """Every module `path` imports, anywhere in it, as (line, absolute dotted name)."""
+    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        if isinstance(node, ast.Import):
+            out.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            # `from kvpreflight.probes import results` imports the module kvpreflight.probes.results
+            out.extend((node.lineno, f"{base}.{alias.name}") for alias in node.names)
+    return out
+
+
+def _allowed(name: str, allowed: tuple[str, ...]) -> bool:
+    return any(name == a or name.startswith(a + ".") for a in allowed)
+
+
+def test_checks_import_only_results_and_model():
+    wrong = []
+    for path in modules(PACKAGE / "checks"):
+        for line, name in imported(path):
+            if name.startswith("kvpreflight") and not _allowed(name, CHECKS_MAY_IMPORT):
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}")
+    assert not wrong, "checks may import only " + ", ".join(CHECKS_MAY_IMPORT) + ":\n" + "\n".join(wrong)
+
+
+def test_the_import_walk_sees_function_level_and_relative_imports(tmp_path):
+    # The rule above is only as good as the walk: a lazy or relative import counts too.
+    sample = tmp_path / "kvpreflight" / "checks" / "x.py"
+    sample.parent.mkdir(parents=True)
+    sample.write_text("def f():\n    from ..engines import http\n    import kvpreflight.pipeline\n")
+    assert [name for _, name in imported(sample, tmp_path)] == ["kvpreflight.engines.http", "kvpreflight.pipeline"]
+
+
+def test_no_engine_metric_or_setting_name_outside_the_adapters():
+    hits = []
+    for path in modules():
+        relative = path.relative_to(PACKAGE).as_posix()
+        if any(relative == m or relative.startswith(m + "/") for m in ENGINE_MODULES):
+            continue
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for found in ENGINE_NAME.findall(line):
+                hits.append(f"{path.relative_to(PACKAGE.parent)}:{number}: {found}")
+    assert not hits, "engine facts belong in kvpreflight/engines/ (typed Counters/EngineSnapshot fields):\n" + "\n".join(hits)

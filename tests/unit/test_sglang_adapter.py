@@ -1,0 +1,137 @@
+"""The SGLang adapter against bodies and log lines copied from SGLang 0.5.23's source
+(tests/fixtures/sglang/README.md says where each comes from). SGLang cannot run on this machine."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from static_server import static_server
+from support.cli import invoke
+
+from kvpreflight.checkdata import load_thresholds
+from kvpreflight.checks import CheckContext, run_checks
+from kvpreflight.checks.advisory_data import load_advisories
+from kvpreflight.engines import HttpClient, open_adapter
+from kvpreflight.model import ErrorKind, Origin, Role, Status
+
+FIX = Path(__file__).parents[1] / "fixtures" / "sglang"
+JSON = "application/json"
+
+
+def routes(server_info: dict | None = None, generate=None):
+    info = server_info or json.loads((FIX / "server_info_prefill.json").read_text())
+    r = {
+        "GET /health": (200, JSON, b""),
+        "GET /server_info": (200, JSON, info),
+        "GET /v1/models": (200, JSON, (FIX / "v1_models.json").read_text()),
+        "GET /metrics": (200, "text/plain; version=0.0.4", (FIX / "metrics_prefill.txt").read_text()),
+    }
+    if generate:
+        r["POST /generate"] = generate
+    return r
+
+
+def test_snapshot_reads_every_source_with_its_origin_and_skips_the_draft_pool():
+    with static_server(routes()) as url:
+        adapter = open_adapter(url, HttpClient())
+        assert adapter.kind == "sglang"
+        snap = adapter.snapshot(log_text=(FIX / "prefill.log").read_text())
+    assert snap.role is Role.PREFILL  # from disaggregation_mode
+    assert snap.version == "0.5.20"
+    assert snap.served_context == 1_048_576
+    assert snap.page_size == 64
+    by_source = {(r.source, r.rank): (r.origin, r.tokens) for r in snap.pool_readings}
+    assert by_source[("/server_info max_total_num_tokens", None)] == (Origin.SCHEDULER, 681_280)
+    assert by_source[("metrics sglang:max_total_num_tokens", "tp1 pp0")] == (Origin.SCHEDULER, 681_280)
+    assert by_source[("log: KV Cache is allocated #tokens", "tp0")] == (Origin.ALLOCATOR, 681_280)
+    assert by_source[("log: KV Cache is allocated #tokens", "tp1")] == (Origin.ALLOCATOR, 681_280)
+    assert all(r.tokens != 9_999_999 for r in snap.pool_readings), "the draft model's pool is not the main pool"
+    assert snap.pool_tokens() == 681_280
+    assert any("fewer than --context-length 1048576" in n for n in snap.notes)
+
+
+def test_incident_config_fails_capacity_and_the_advisory_but_sources_agree():
+    with static_server(routes()) as url:
+        snap = open_adapter(url, HttpClient()).snapshot(log_text=(FIX / "prefill.log").read_text())
+    ctx = CheckContext((snap,), load_thresholds(), None, None, None, load_advisories())
+    results = {r.id: r for r in run_checks(ctx, ["kv-capacity", "kv-sources-agree", "engine-advisories"])}
+    assert results["kv-capacity"].status is Status.FAIL
+    assert "681,280" in results["kv-capacity"].message and "0.65x" in results["kv-capacity"].message
+    assert results["kv-sources-agree"].status is Status.PASS
+    assert results["engine-advisories"].status is Status.FAIL
+    assert "KVPF-SGLANG-2026-001" in results["engine-advisories"].message
+
+
+def test_one_origin_only_is_a_warning_naming_the_missing_log():
+    with static_server(routes()) as url:
+        snap = open_adapter(url, HttpClient()).snapshot()
+    ctx = CheckContext((snap,), load_thresholds())
+    (result,) = run_checks(ctx, ["kv-sources-agree"])
+    assert result.status is Status.WARN
+    assert "--log" in result.message
+
+
+def test_allocator_and_scheduler_disagreeing_fails():
+    log = (FIX / "prefill.log").read_text().replace("#tokens: 681280", "#tokens: 340640")
+    with static_server(routes()) as url:
+        snap = open_adapter(url, HttpClient()).snapshot(log_text=log)
+    (result,) = run_checks(CheckContext((snap,), load_thresholds()), ["kv-sources-agree"])
+    assert result.status is Status.FAIL
+    assert "340,640" in result.message and "681,280" in result.message
+
+
+def test_error_inside_a_200_stream_is_read_as_a_length_rejection():
+    over_pool = json.loads((FIX / "error_over_pool.json").read_text())
+    stream = f"data: {json.dumps(over_pool)}\n\ndata: [DONE]\n\n"
+    with static_server(routes(generate=(200, "text/event-stream", stream))) as url:
+        adapter = open_adapter(url, HttpClient())
+        c = adapter.complete([1, 2, 3], max_tokens=4, stream=True, timeout_s=5)
+    assert c.status == 200
+    assert c.rejected and c.error_kind == ErrorKind.LENGTH
+    assert "exceeds the maximum allowed length (681274 tokens)" in c.error_message
+
+
+@pytest.mark.parametrize("fixture", ["error_over_pool.json", "error_over_context.json"])
+def test_both_sglang_length_messages_classify_as_length(fixture):
+    body = (FIX / fixture).read_text()
+    with static_server(routes(generate=(400, JSON, body))) as url:
+        c = open_adapter(url, HttpClient()).complete([1, 2], max_tokens=1, stream=False, timeout_s=5)
+    assert c.status == 400 and c.error_kind == ErrorKind.LENGTH and c.completion_tokens is None
+
+
+def test_http_200_with_generated_text_is_not_a_rejection():
+    served = {"text": "fluent text", "output_ids": [5, 6, 7],
+              "meta_info": {"prompt_tokens": 1, "completion_tokens": 3, "finish_reason": {"type": "length", "length": 3}}}
+    with static_server(routes(generate=(200, JSON, served))) as url:
+        c = open_adapter(url, HttpClient()).complete(list(range(100)), max_tokens=3, stream=False, timeout_s=5)
+    assert not c.rejected
+    assert c.prompt_tokens == 1 and c.completion_tokens == 3  # the placeholder: 1 of 100 tokens
+
+
+def test_check_cli_capacity_only_on_the_incident_config_exits_1(tmp_path):
+    with static_server(routes()) as url:
+        proc = invoke("check", "--endpoint", url, "--capacity-only",
+             "--log", f"{url}={FIX / 'prefill.log'}", "--format", "json")
+    assert proc.returncode == 1, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["verdict"] == "fail"
+    statuses = {c["id"]: c["status"] for c in report["checks"]}
+    assert statuses["kv-capacity"] == "fail"
+    assert statuses["overcapacity-rejected"] == "skip"  # read-only mode sends nothing
+    assert report["engines"][0]["kv_pool_tokens"] == 681_280
+    assert report["engines"][0]["role"] == "prefill"
+
+
+def test_pd_without_entry_checks_capacity_and_says_why_no_probe_ran():
+    with static_server(routes()) as url:
+        proc = invoke("check", "--endpoint", url, "--format", "json")
+    assert "Traceback" not in proc.stderr
+    assert proc.returncode == 1  # the incident's pool fails; the probes were not sent
+    report = json.loads(proc.stdout)
+    by_id = {c["id"]: c for c in report["checks"]}
+    assert by_id["kv-capacity"]["status"] == "fail"
+    for probe_check in ("overcapacity-rejected", "tenant-isolation"):
+        assert by_id[probe_check]["status"] == "inconclusive"
+        assert "--entry" in by_id[probe_check]["message"]
