@@ -1,7 +1,7 @@
 """The real vLLM prefill/decode pair of examples/specs/vllm-pd-nixl.yaml at a larger context (issue
 13: the 4,096-context run is a benchmark, not a test). The spec is booted as shipped except for the
 context (`--max-model-len`, `context_length`) and the pool, scaled with it so it stays 2.25x the
-context; each engine gets one plain request first (README Findings: a decode whose first request
+context; each engine gets one plain request first (docs/FINDINGS.md: a decode whose first request
 brings transferred KV died on the 2-core test machine); then `kvpreflight check --entry ROUTER
 --allow-disruptive` as a user runs it. Prints one JSON line: exit code, wall time, each check's
 status and the cost block.

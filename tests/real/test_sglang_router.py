@@ -1,7 +1,7 @@
 """sglang-router 0.3.2 (SGLang's older PD router) in front of a builtin prefill/decode pair, which
 speaks SGLang's PD protocol. Real processes on 127.0.0.1, stopped by PID.
 
-Finding (README "Findings"): sglang-router 0.3.2 re-serialises /generate through a typed request
+Finding (docs/FINDINGS.md): sglang-router 0.3.2 re-serialises /generate through a typed request
 that has SGLang's `extra_key` but no `cache_salt`, so a per-tenant `cache_salt` never reaches the
 engine and tenants share cached prefixes; kvpreflight's prefix-cache-isolation check fails on it.
 

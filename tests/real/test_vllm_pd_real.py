@@ -48,7 +48,7 @@ ROUTER_READY_TIMEOUT_S = 60.0
 # Canaries in flight at once through the router: what the spec's 2,304-token pools hold (a canary
 # prompt is 100-793 tokens plus an 80-token answer, up to 7 blocks of 128; 17 blocks usable). 25 at
 # once left the pools queueing them past their 120 s budget (48 of 100 echoed in 427 s); 3 at once
-# got vllm-router's bare HTTP 503 for the 17 longest (83 of 100, README Findings).
+# got vllm-router's bare HTTP 503 for the 17 longest (83 of 100, docs/FINDINGS.md).
 CANARY_CONCURRENCY = 2
 CANARIES = 20
 # The stripped pair is slow by vLLM's design, not by chance: its prefill keeps every request's KV for
@@ -169,7 +169,7 @@ def warm_each_engine(pair: BootedPair) -> None:
 def test_the_pair_echoes_20_of_20_fresh_canaries(pd_pair: BootedPair) -> None:
     """Issue 15's positive control, through the router: the decode answers from KV it received.
     20 canaries, 100 to 793 tokens; the 100-canary figure (193-964 s: the pair sometimes stalls
-    about 30 s per request, README Findings) is benchmarks/bench_canaries.py."""
+    about 30 s per request, docs/FINDINGS.md) is benchmarks/bench_canaries.py."""
     started = time.monotonic()
     echoed = echoed_canaries(pd_pair.router.url, CANARIES, engine_url=pd_pair.decode.url, concurrency=CANARY_CONCURRENCY)
     print(f"vllm-pd-nixl canaries: {echoed}/{CANARIES} echoed in {time.monotonic() - started:.0f} s", file=sys.stderr)
@@ -182,7 +182,7 @@ def pd_check(pd_pair: BootedPair) -> CheckRun:
     names both engines and their roles), every log kvpreflight could read, the churn scenarios on."""
     logs = [arg for e in pd_pair.deployment.engines for arg in ("--log", f"{e.url}={e.log_path}")]
     # --timeout past the prefill's 30 s NIXL KV lease: after the disconnect scenarios a request can
-    # wait for a lease to run out (README Findings); with the default 30 s, cancel-decode's streamed
+    # wait for a lease to run out (docs/FINDINGS.md); with the default 30 s, cancel-decode's streamed
     # request once timed out before its first token (unconfirmed, warn) in CI's rehearsal.
     run = run_check("--entry", pd_pair.router.url, "--allow-disruptive", "--timeout", str(PD_TIMEOUT_S), *logs)
     # the figure issue 13 asks for, in the test log
@@ -229,7 +229,7 @@ def test_no_canary_crosses_and_each_tenant_gets_its_own_back(pd_check: CheckRun)
     # per tenant, holds 80-100% of it and is the load scenario. vLLM has nothing that shows a
     # disconnect landed mid-transfer, so cancel-transfer stays unconfirmed (warn); every other
     # scenario is confirmed. Danger lines (the prefill's "unrecognized request", vllm-router's "No
-    # kv_transfer_params": README Findings) and the prefill's count of stale KV reads (vLLM's
+    # kv_transfer_params": docs/FINDINGS.md) and the prefill's count of stale KV reads (vLLM's
     # notifications-after-expiry, which moves in both disconnect scenarios) warn where they fall
     # and are quoted to the user.
     assert iso["status"] in ("pass", "warn"), iso["message"]

@@ -11,6 +11,7 @@ import contextlib
 import io
 import os
 import subprocess
+import sys
 import traceback
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -36,12 +37,11 @@ def _environment(env: Mapping[str, str] | None, env_exact: Mapping[str, str] | N
 
 
 def invoke(*args: object, env: Mapping[str, str] | None = None, env_exact: Mapping[str, str] | None = None,
-           unset: tuple[str, ...] = (), cwd: Path | str | None = None, stdin: str = "",
+           cwd: Path | str | None = None, stdin: str = "",
            check_ok: bool = False) -> subprocess.CompletedProcess:
     """`kvpreflight ARGS` in this process: exit code, stdout and stderr as the console script gives
     them (an unexpected exception prints its traceback and exits 1, as Python would). `env` adds
-    to this process's environment for the call, `env_exact` replaces it, `unset` removes names;
-    `check_ok` raises CalledProcessError on a non-zero exit, as subprocess.run(check=True)."""
+    to this process's environment for the call, `env_exact` replaces it; `check_ok` raises CalledProcessError on a non-zero exit, as subprocess.run(check=True)."""
     from kvpreflight.cli import app
     from kvpreflight.commands._run import run_app
 
@@ -49,8 +49,6 @@ def invoke(*args: object, env: Mapping[str, str] | None = None, env_exact: Mappi
     out, err = io.StringIO(), io.StringIO()
     with _environment(env, env_exact, cwd), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
             _stdin(stdin):
-        for name in unset:
-            os.environ.pop(name, None)
         try:
             code = run_app(app, argv)
         except SystemExit as exc:
@@ -68,8 +66,6 @@ def invoke(*args: object, env: Mapping[str, str] | None = None, env_exact: Mappi
 
 @contextlib.contextmanager
 def _stdin(text: str) -> Iterator[None]:
-    import sys
-
     saved = sys.stdin
     sys.stdin = io.StringIO(text)
     try:

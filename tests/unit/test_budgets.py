@@ -121,7 +121,7 @@ def test_an_engine_that_cannot_answer_the_calibration_is_probed_no_further():
 
 
 def test_an_engine_that_died_while_probing_stopped_fails_engine_healthy_after():
-    """vLLM's P/D decode died on the calibration warm-up (README Findings): probing stops, and the
+    """vLLM's P/D decode died on the calibration warm-up (docs/FINDINGS.md): probing stops, and the
     engine that was up when the check read it is down now. That is measured, not inconclusive."""
     def died(engine: FakeEngine, sent: Sent) -> Completion | None:
         if sent.tokens > SHORT:
