@@ -43,7 +43,6 @@ ENGINE_FIXTURES = {
     "echo_hf_model",
     "echo_gguf",
     "vllm_server",
-    "start_vllm_server",
     "llama_server",
     "start_llama_server",
     "shared_llama_server",
@@ -53,6 +52,7 @@ ENGINE_FIXTURES = {
 
 TIERS = ("unit", "builtin", "real")
 TESTS = Path(__file__).resolve().parent
+VLLM_SINGLE_SPEC = TESTS.parent / "examples" / "specs" / "vllm-single.yaml"
 
 
 def tier_of(path: Path) -> str | None:
@@ -121,11 +121,12 @@ def echo_gguf(llama_server_binary) -> Path:
 
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory, echo_hf_model) -> Iterator[EngineProcess]:
-    """One shared vLLM server for the session: max-model-len 4096, 1 GiB KV, -O0 --enforce-eager,
-    prefix caching on (vLLM's default, stated) with cached-token counts in `usage`. Every test that
-    can share it does: each vLLM start costs about a minute of the suite on 2 cores."""
-    engine = realengines.start_vllm(echo_hf_model, tmp_path_factory.mktemp("vllm-shared"),
-                                    "--enable-prefix-caching", "--enable-prompt-tokens-details")
+    """One shared vLLM server for the session: the shipped examples/specs/vllm-single.yaml (context
+    4096, 1 GiB KV, prefix caching on with cached-token counts in `usage`) as the boot library plans
+    it, with -O0 --enforce-eager added (they only shorten start-up on this CPU). Every test that can
+    share it does: each vLLM start costs 1.5-2 minutes of the suite on 2 cores."""
+    engine = realengines.start_vllm_spec(VLLM_SINGLE_SPEC, echo_hf_model, tmp_path_factory.mktemp("vllm-shared"),
+                                         "-O0", "--enforce-eager")
     pids = engine.group_pids()
     try:
         yield engine
@@ -135,17 +136,6 @@ def vllm_server(tmp_path_factory, echo_hf_model) -> Iterator[EngineProcess]:
     # here fails the session's last vLLM test)
     survivors = [pid for pid in pids if realengines.pid_alive(pid)] + realengines.process_group_members(engine.pgid)
     assert not survivors, f"vLLM processes {survivors} survived stop()"
-
-
-@pytest.fixture
-def start_vllm_server(tmp_path, echo_hf_model) -> Iterator[Callable[..., EngineProcess]]:
-    """Factory: ``start_vllm_server(*extra_args, **kw)`` -> EngineProcess, stopped after the test.
-
-    Keyword arguments are those of ``realengines.start_vllm`` (max_model_len, kv_space_gib,
-    fast_start, wait_ready, ready_timeout_s, log_name). ``wait_ready=False`` returns at once
-    (for servers expected to refuse to start: see ``realengines.run_to_exit``).
-    """
-    yield from _engine_factory(realengines.start_vllm, echo_hf_model, tmp_path, "vllm")
 
 
 @pytest.fixture(scope="session")

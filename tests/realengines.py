@@ -32,7 +32,8 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from kvpreflight.boot.plan import free_port  # below the ephemeral range (see there)
+from kvpreflight.boot import load_spec
+from kvpreflight.boot.plan import free_port, plan_deployment  # free_port: below the ephemeral range (see there)
 
 TESTS_DIR = Path(__file__).resolve().parent
 TINY_MODELS = TESTS_DIR / "tiny_models.py"
@@ -295,8 +296,10 @@ def start_engine(
     ready_timeout_s: float,
     env_overrides: dict[str, str] | None = None,
     wait_ready: bool = True,
+    cwd: Path | None = None,
 ) -> EngineProcess:
-    """Start ``argv`` in a new process group, log to ``log_path``, wait for ``ready_path`` -> 200.
+    """Start ``argv`` in a new process group (in ``cwd``), log to ``log_path``, wait for
+    ``ready_path`` -> 200.
 
     On exit or timeout before readiness the process group is stopped and ``EngineStartError``
     carries the last log lines. With ``wait_ready=False`` the caller polls for itself.
@@ -314,6 +317,7 @@ def start_engine(
             stdout=log_file,
             stderr=subprocess.STDOUT,
             env=env,
+            cwd=cwd,
             start_new_session=True,
         )
     except BaseException:
@@ -468,6 +472,24 @@ def start_vllm(
         env_overrides=vllm_env(workdir, kv_space_gib),
         wait_ready=wait_ready,
     )
+
+
+def start_vllm_spec(spec_path: Path, model_dir: Path, workdir: Path, *extra_args: str,
+                    ready_timeout_s: float = VLLM_READY_TIMEOUT_S) -> EngineProcess:
+    """The one engine of a shipped spec (examples/specs/vllm-single.yaml), started as kvpreflight's
+    boot library plans it: the spec's own command and environment, run from a folder holding
+    ./models/echo/hf with vLLM's python3 first on PATH, ``extra_args`` appended. The suite's shared
+    vLLM server is the shipped example, so the example is proven to boot without a boot of its own."""
+    (plan,) = plan_deployment(load_spec(spec_path)).engines
+    workdir = Path(workdir)
+    (workdir / "models" / "echo").mkdir(parents=True, exist_ok=True)
+    (workdir / "models" / "echo" / "hf").symlink_to(model_dir)
+    env = {**vllm_env(workdir, 1), **plan.env,
+           "PATH": os.pathsep.join([str(Path(vllm_python()).parent), os.environ.get("PATH", "")])}
+    assert plan.port is not None, f"{spec_path}: the engine needs a port"
+    return start_engine("vllm", [*plan.argv, *extra_args], port=plan.port, log_path=workdir / "vllm.log",
+                        ready_path=plan.ready_url.removeprefix(plan.url), ready_timeout_s=ready_timeout_s,
+                        env_overrides=env, cwd=workdir)
 
 
 # ---------------------------------------------------------------- llama.cpp

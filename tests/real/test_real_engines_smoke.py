@@ -27,12 +27,13 @@ def _inner_pytest(test_file: Path, *args: str) -> list[str]:
 
 
 def test_vllm_fixture_serves_models_and_logs_capacity(vllm_server):
-    """The session's shared server (its teardown asserts that stop() leaves no vLLM process)."""
+    """The session's shared server, the shipped examples/specs/vllm-single.yaml (its teardown asserts
+    that stop() leaves no vLLM process)."""
     engine = vllm_server
     assert engine.url.startswith("http://127.0.0.1:")
     assert engine.alive() and engine.pid > 0
     models = _models(engine)
-    assert models["data"][0]["id"] == "tiny-llama"
+    assert models["data"][0]["id"] == "./models/echo/hf"  # the spec's --model, from its folder
     assert models["data"][0]["max_model_len"] == 4096
     # The capacity line kvpreflight parses is in the exposed log file.
     assert re.search(r"CPU KV cache size: [\d,]+ tokens", engine.log_text())

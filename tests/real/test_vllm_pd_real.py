@@ -17,6 +17,7 @@ Needs ``scripts/setup_engines.sh`` (vLLM, then nixl and vllm-router into the sam
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import os
 import subprocess
@@ -81,6 +82,7 @@ class CheckRun:
 class BootedPair:
     deployment: BootedDeployment
     stop: Callable[[], None]  # stops every engine of the pair (idempotent)
+    progress: io.StringIO  # what the boot library said while booting and stopping it (also on stderr)
 
     @property
     def prefill(self) -> BootedEngine:
@@ -148,11 +150,18 @@ def pd_pair(tmp_path_factory: pytest.TempPathFactory, vllm_python: str, vllm_rou
         spec = replace(spec, engines=tuple(
             replace(e, cwd=str(workdir), env=types.MappingProxyType({**e.env, **env})) for e in spec.engines))
         started = time.monotonic()
-        deployment = stack.enter_context(boot_deployment(spec, workdir / "logs", stderr=sys.stderr))
+        progress = TeeToStderr()
+        deployment = stack.enter_context(boot_deployment(spec, workdir / "logs", stderr=progress))
         print(f"vllm-pd-nixl boot: {time.monotonic() - started:.0f} s", file=sys.stderr)
-        pair = BootedPair(deployment, stop=stack.close)
+        pair = BootedPair(deployment, stop=stack.close, progress=progress)
         warm_each_engine(pair)
         yield pair
+
+
+class TeeToStderr(io.StringIO):
+    def write(self, text: str) -> int:
+        sys.stderr.write(text)
+        return super().write(text)
 
 
 def warm_each_engine(pair: BootedPair) -> None:
@@ -343,3 +352,7 @@ def test_every_engine_is_stopped_with_the_pair(pd_pair: BootedPair) -> None:
     assert len(engines) == 3 and {e.pid for e in engines} <= processes
     pd_pair.stop()
     assert not processes & live_pids(), sorted(processes & live_pids())
+    # what a user of `check --boot` with this spec reads: each engine's readiness, then the stop
+    said = pd_pair.progress.getvalue()
+    assert all(f"{name} ready after" in said for name in ("prefill", "decode", "router")), said[-2000:]
+    assert said.rstrip().endswith("all engines stopped"), said[-2000:]

@@ -12,7 +12,7 @@ from typing import Any
 
 from support.rewriting_proxy import Rewrites
 
-HIDDEN_FIELDS = {"cached_tokens", "prompt_tokens_details", "disable_radix_cache"}
+HIDDEN_FIELDS = {"cached_tokens", "prompt_tokens_details", "disable_radix_cache", "cache_n", "tokens_cached"}
 CACHE_SETTING_LABEL = re.compile(r'enable_prefix_caching="[^"]*",?')
 
 
