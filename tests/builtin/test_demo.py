@@ -115,8 +115,14 @@ def test_isolation_faults_leak_the_other_tenants_canary(demo_run, args, scenario
     assert "text" not in leaked
 
 
+# Three faults that touch three different checks, in one demo (one boot instead of three): each must
+# still be caught by its own check, whatever else the engine does wrong (a real engine can have more
+# than one defect).
+THREE_FAULTS = ("--fault", "prefix-cache-no-salt", "--fault", "misreport-pool", "--fault", "decode-recompute")
+
+
 def test_unsalted_prefix_cache_fails_prefix_cache_isolation(demo_run):
-    code, report, _, _ = demo_run("--fault", "prefix-cache-no-salt")
+    code, report, _, _ = demo_run(*THREE_FAULTS)
     assert code == 1
     cache = check_of(report, "prefix-cache-isolation")
     assert cache["status"] == "fail", cache["message"]
@@ -166,7 +172,7 @@ def test_incident_leaks_another_tenants_marker_and_fails(demo_run):
 
 
 def test_misreported_pool_is_caught_by_sources_agree(demo_run):
-    code, report, _, _ = demo_run("--fault", "misreport-pool")
+    code, report, _, _ = demo_run(*THREE_FAULTS)
     assert code == 1
     assert "fail" in statuses(report, "kv-sources-agree")
     assert "allocator" in message(report, "kv-sources-agree")
@@ -183,7 +189,7 @@ def test_auto_truncate_is_caught(demo_run):
 
 
 def test_decode_recompute_is_caught_by_pd_transfer(demo_run):
-    code, report, _, _ = demo_run("--fault", "decode-recompute")
+    code, report, _, _ = demo_run(*THREE_FAULTS)
     assert code == 1
     assert statuses(report, "pd-transfer") == {"fail"}
     assert "the decode recomputed the prompt" in message(report, "pd-transfer")
