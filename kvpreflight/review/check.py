@@ -24,8 +24,9 @@ def judge(est: Estimate, thresholds: Thresholds) -> CheckResult:
     status = _status(ratio, thresholds)
     high = est.pool_tokens_high
     high_ratio = high / est.context_checked if high is not None else None
-    if high_ratio is not None and _status(high_ratio, thresholds) is not status:
-        # The verdict turns on a term only the GPU measures: say so, and never pass.
+    if status is Status.FAIL and high_ratio is not None and _status(high_ratio, thresholds) is Status.PASS:
+        # The low end is judged; when the band's two ends part between fail and pass, the
+        # verdict turns on what only the GPU measures: say so, and never pass.
         status = Status.WARN
         verdict = (
             f"the verdict depends on memory {est.engine} measures at start-up: the pool is "

@@ -219,3 +219,16 @@ def test_vllm_max_model_len_over_the_model_fails_naming_its_override(tmp_path):
 def test_a_context_within_the_model_has_no_limit_finding():
     report = results(FIX / "k8s-llama8b-vllm.yaml")  # --max-model-len 131072 = the model's own
     assert by_id(report, "model-context-limit") == []
+
+
+def test_a_band_that_fails_at_its_low_end_and_warns_at_its_high_end_fails(tmp_path):
+    # 70B at TP 2 with 20,480 tokens: the high end, 24,224 tokens, is 1.18x (warn), the low end 0
+    (c,) = by_id(results(_context(tmp_path, 20_480), gpu="H100"), "kv-capacity-estimate")
+    assert c.evidence["estimated_pool_tokens_high"] / 20_480 < 1.2
+    assert c.status is Status.FAIL and "(band up to 24,224)" in c.message
+
+
+def _context(tmp_path, tokens):
+    f = tmp_path / "serve.sh"
+    f.write_text(f"vllm serve meta-llama/Llama-3.1-70B-Instruct --tensor-parallel-size 2 --max-model-len {tokens}\n")
+    return f
