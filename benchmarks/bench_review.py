@@ -3,7 +3,8 @@
     .venv/bin/python benchmarks/bench_review.py --planners-venv /tmp/planners
 
 The planners go in a throwaway venv of their own, not the project's:
-``python3 -m venv /tmp/planners && /tmp/planners/bin/pip install kvfit==0.3.0 llm-d-planner==0.3.3``.
+``python3 -m venv /tmp/planners && /tmp/planners/bin/pip install kvfit==0.3.0 'llm-d-planner[estimation]==0.3.3'``
+(the extra brings the transformers it reads configs with; this run had transformers 5.24.0).
 Each is fed the local config.json from tests/fixtures/review/models (no hub download) and the
 same weight bytes review uses (both planners otherwise read safetensors metadata from the hub),
 so the table compares sizing rules, not weight look-ups. Nothing here needs a GPU.
