@@ -17,7 +17,7 @@ from kvpreflight.checks.advisory_data import load_advisories
 from kvpreflight.clock import utc_now
 from kvpreflight.model import CheckResult, Report
 from kvpreflight.review.advisories import review_advisories
-from kvpreflight.review.check import judge, skipped
+from kvpreflight.review.check import judge, judge_context_limit, skipped
 from kvpreflight.review.commandline import find_launches
 from kvpreflight.review.engines import estimator
 from kvpreflight.review.estimate import Estimate, ReviewInputs
@@ -58,9 +58,14 @@ def review(files: Sequence[Path], inputs: ReviewInputs, thresholds: Thresholds |
     results = estimate_files(files, inputs, launches)
     if all(isinstance(r, tuple) for r in results):
         raise ReviewError(f"no engine launch command in {', '.join(map(str, files))}; looked for {ENGINE_WORDS}")
-    checks: list[CheckResult] = [
-        skipped(*r) if isinstance(r, tuple) else judge(r, thresholds) for r in results
-    ]
+    checks: list[CheckResult] = []
+    for r in results:
+        if isinstance(r, tuple):
+            checks.append(skipped(*r))
+            continue
+        checks.append(judge(r, thresholds))
+        if (limit := judge_context_limit(r)) is not None:
+            checks.append(limit)
     checks.extend(review_advisories([l for found in launches for l in found], advisories))
     return Report(
         tool_version=version,

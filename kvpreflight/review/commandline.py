@@ -137,9 +137,17 @@ def find_launches(site: CommandSite, env: Mapping[str, str] | None = None) -> li
     return list(_launches(site, [list(site.tokens)], site.env if env is None else env))
 
 
+_ASSIGNMENT = re.compile(r"^([A-Za-z_][A-Za-z0-9_]*)=(.*)$", re.S)
+
+
 def _launches(site: CommandSite, commands: Iterable[list[Token]], env: Mapping[str, str]) -> Iterator[Launch]:
+    env = dict(env)
     for words in commands:
         words = [substitute(t, env) for t in words]
+        assigns = words[1:] if words and words[0].text == "export" else words
+        if assigns and all(_ASSIGNMENT.match(w.text) for w in assigns):
+            env.update((m.group(1), m.group(2)) for w in assigns if (m := _ASSIGNMENT.match(w.text)))
+            continue
         found = False
         for i, tok in enumerate(words):
             base = posixpath.basename(tok.text)
@@ -152,7 +160,8 @@ def _launches(site: CommandSite, commands: Iterable[list[Token]], env: Mapping[s
             engine, skip = _launch_at(words, i)
             if engine:
                 rest = tuple(words[i + skip :])
-                yield Launch(engine=engine, site=site, line=tok.line, args=rest)
+                prefix = {m.group(1): m.group(2) for w in words[:i] if (m := _ASSIGNMENT.match(w.text))}
+                yield Launch(engine=engine, site=site, line=tok.line, args=rest, env={**env, **prefix})
                 found = True
                 break
         if not found and len(words) == 1 and "\n" in words[0].text:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvpreflight.review import gpus
+from kvpreflight.review.context_limit import ContextLimit
 from kvpreflight.review.hfconfig import ModelShape, load_model
 from kvpreflight.review.interface import Launch, ReviewError
 
@@ -44,6 +45,10 @@ class Estimate:
     numbers: Mapping[str, object] = field(default_factory=dict)  # engine-specific inputs, for evidence
     flag_lines: Mapping[str, int] = field(default_factory=dict)
     consequence: str = ""  # what happens at run time when the pool is too small
+    # When terms only the GPU can measure decide the pool, pool_tokens is the band's low end and
+    # this its high end; None when the pool follows from the files alone.
+    pool_tokens_high: int | None = None
+    context_limit: ContextLimit | None = None  # the engine's own limit for the model, when it has one
 
     @property
     def ratio(self) -> float:

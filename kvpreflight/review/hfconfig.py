@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +34,15 @@ class ModelShape:
     weight_bytes: int
     weight_source: str
     sliding_note: str | None  # set when the config declares sliding-window layers
+    hidden_size: int = 0
+    intermediate_size: int = 0
+    moe_intermediate_size: int = 0  # MoE only
+    experts_per_token: int = 0  # MoE only
+    vocab_size: int = 0
+    # the length keys the config states (key -> value) and its rope_scaling, for the engines'
+    # context-limit rules
+    length_keys: Mapping[str, int] = field(default_factory=dict)
+    rope_scaling: Mapping[str, Any] | None = None
 
     @property
     def is_mla(self) -> bool:
@@ -131,7 +141,38 @@ def load_model(path: Path) -> ModelShape:
         weight_bytes=weight_bytes,
         weight_source=weight_source,
         sliding_note=_sliding(cfg),
+        hidden_size=hidden,
+        intermediate_size=_whole(cfg.get("intermediate_size")) or 4 * hidden,
+        moe_intermediate_size=_whole(cfg.get("moe_intermediate_size")),
+        experts_per_token=_whole(cfg.get("num_experts_per_tok")) or _whole(cfg.get("num_experts_per_token")),
+        vocab_size=_whole(cfg.get("vocab_size")),
+        length_keys={k: v for k in LENGTH_KEYS if (v := _whole(cfg.get(k)))},
+        rope_scaling=_rope_scaling(cfg),
     )
+
+
+# Every key an engine reads the model's own length from, in vLLM's order (its
+# derive_max_model_len_and_key possible_keys; SGLang's CONTEXT_LENGTH_KEYS are among them).
+LENGTH_KEYS = (
+    "max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+    "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len",
+)
+
+
+def _whole(value: object) -> int:
+    """A positive integer the config states, else 0 (the size is optional here)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else 0
+
+
+def _rope_scaling(cfg: dict[str, Any]) -> Mapping[str, Any] | None:
+    """``rope_scaling`` (or Transformers 5's ``rope_parameters``), with ``type`` read as ``rope_type``."""
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if not isinstance(rope, dict):
+        return None
+    out = dict(rope)
+    if "rope_type" not in out and "type" in out:
+        out["rope_type"] = out["type"]
+    return out
 
 
 def _sliding(cfg: dict[str, Any]) -> str | None:

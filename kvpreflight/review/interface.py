@@ -60,3 +60,6 @@ class Launch:
     site: CommandSite
     line: int  # the line of the launch word (python -m sglang.launch_server, vllm serve ...)
     args: tuple[Token, ...]  # everything after the launch words
+    # literal environment the launch runs with: the file's, a script's `export`s before it, and
+    # `NAME=value` words in front of the launch words
+    env: Mapping[str, str] = field(default_factory=dict)

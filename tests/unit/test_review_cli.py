@@ -35,7 +35,12 @@ def test_github_format_annotates_the_context_flag_line():
     r = run(INCIDENT, "--model-dir", str(MODELS / "DeepSeek-V3"), "--format", "github")
     assert r.returncode == 1
     errors = [l for l in r.stdout.splitlines() if l.startswith("::error")]
-    assert len(errors) == 1 and f"file={INCIDENT}" in errors[0] and "line=27" in errors[0]
+    capacity = [l for l in errors if "title=kv-capacity-estimate" in l]
+    assert len(capacity) == 1 and f"file={INCIDENT}" in capacity[0] and "line=27" in capacity[0]
+    # both engines' --context-length lines are over DeepSeek-V3's 163,840 (prefill 27, decode 64)
+    limits = [l for l in errors if "title=model-context-limit" in l]
+    assert [("line=27" in l, "line=64" in l) for l in limits] == [(True, False), (False, True)]
+    assert all("SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1" in l for l in limits)
 
 
 def test_sarif_points_at_the_file_and_line(tmp_path):
@@ -102,7 +107,8 @@ def test_under_github_actions_the_summary_is_written(tmp_path):
 def test_the_fixed_incident_manifest_passes():
     r = run("examples/review/incident-pd-lws.fixed.yaml", "--model-dir", str(MODELS / "DeepSeek-V3"))
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "1.30x of context 524,288" in r.stdout
+    assert "4.16x of context 163,840" in r.stdout
+    assert "model-context-limit" not in r.stdout
 
 
 @pytest.mark.parametrize("key,value", [("num_key_value_heads", -8), ("head_dim", 0), ("num_key_value_heads", "8"), ("kv_lora_rank", -1)])

@@ -15,6 +15,7 @@ post-capture sizing off as by default):
 
 from __future__ import annotations
 
+from kvpreflight.review.context_limit import context_limit
 from kvpreflight.review.estimate import (
     GIB,
     Estimate,
@@ -162,6 +163,9 @@ def estimate(launch: Launch, inputs: ReviewInputs, models: dict) -> Estimate:
     ctx_flag = a.number(launch, "context")
     context, source = checked_context(inputs, launch, int(ctx_flag) if ctx_flag else None, "--context-length", model)
     line = a.line("context") if source.startswith("engine flag") else None
+    limit = None
+    if ctx_flag:
+        limit = context_limit("sglang", model, int(ctx_flag), "--context-length", a.line("context") or launch.line, launch.env)
     return Estimate(
         engine="sglang", role=role, file=launch.site.file,
         line=line or a.line("mfs") or launch.line, where=launch.site.where,
@@ -173,6 +177,7 @@ def estimate(launch: Launch, inputs: ReviewInputs, models: dict) -> Estimate:
             "gpu_memory_bytes": gpu.memory_bytes, "kv_pool_bytes": max(rest, 0),
         },
         flag_lines={f.name: f.line for f in a.flags.values()},
+        context_limit=limit,
         consequence=(
             "SGLang 0.5.23 only logs a warning and serves the promised context; before 0.5.21 an over-pool "
             "prompt in PD mode leaked other requests' KV (the incident)"

@@ -1,14 +1,18 @@
 """vLLM: how `vllm serve` / `python -m vllm.entrypoints.openai.api_server` sizes its KV cache.
 
-``kv_bytes = total * gpu_memory_utilization - (weights + peak activations + non-torch memory)``
-(``--kv-cache-memory-bytes`` replaces the whole computation); the pool is whole blocks of
-``--block-size`` tokens. vLLM measures activations with a profiling run at start-up; review
-cannot, so it assumes ``PROFILE_OVERHEAD_BYTES`` and says so. vLLM refuses to start when one
-max-model-len request does not fit (``ValueError: To serve at least one request ...``).
+``kv_bytes = ceil(total * gpu_memory_utilization) - (weights + workspaces and NCCL buffers +
+activation peak + CUDA-graph estimate)``, vLLM 0.32's ``determine_available_memory`` term by
+term (``vllm_memory``); ``--kv-cache-memory-bytes`` replaces the whole computation. vLLM
+measures every term but the weights at start-up, so review gives the pool as a band and the
+check judges its low end. The pool is whole blocks of ``--block-size`` tokens. vLLM refuses to
+start when one max-model-len request does not fit (``ValueError: To serve at least one request
+...``).
 """
 
 from __future__ import annotations
 
+from kvpreflight.review.context_limit import context_limit
+from kvpreflight.review.engines.vllm_memory import batch_defaults, requested_bytes, reserve_terms
 from kvpreflight.review.estimate import (
     GIB,
     Estimate,
@@ -22,7 +26,6 @@ from kvpreflight.review.estimate import (
 from kvpreflight.review.flags import parse_args
 from kvpreflight.review.interface import Launch, ReviewError
 
-PROFILE_OVERHEAD_BYTES = 2 * GIB  # peak activations + CUDA context/NCCL, per GPU (assumed)
 DEFAULT_GPU_MEMORY_UTILIZATION = 0.9
 DEFAULT_BLOCK_SIZE = 16
 
@@ -37,10 +40,12 @@ ALIASES = {
     "--block-size": "block",
     "--kv-cache-memory-bytes": "kv_bytes",
     "--kv-cache-memory": "kv_bytes",
-    "--trust-remote-code": "_switch", "--enforce-eager": "_switch", "--enable-prefix-caching": "_switch",
+    "--max-num-batched-tokens": "max_batched", "--max-num-seqs": "max_seqs",
+    "--enforce-eager": "eager",
+    "--trust-remote-code": "_switch", "--enable-prefix-caching": "_switch",
     "--enable-chunked-prefill": "_switch", "--disable-log-requests": "_switch", "--enable-expert-parallel": "_switch",
 }
-SWITCHES = frozenset({"_switch"})
+SWITCHES = frozenset({"_switch", "eager"})
 
 
 def _normalise(flag: str) -> str:
@@ -65,6 +70,7 @@ def estimate(launch: Launch, inputs: ReviewInputs, models: dict) -> Estimate:
     weights = model.weight_bytes // (tp * pp)
     gpu = None
     numbers: dict[str, object] = {"tp": tp, "pp": pp, "dp": dp, "block_size": block}
+    pool_high: int | None = None
     if a.has("kv_bytes"):
         kv_bytes = parse_size(a.value("kv_bytes") or "", launch, "--kv-cache-memory-bytes")
         assumptions.append(f"--kv-cache-memory-bytes {kv_bytes:,} sets the pool; GPU memory not consulted")
@@ -78,14 +84,35 @@ def estimate(launch: Launch, inputs: ReviewInputs, models: dict) -> Estimate:
             raise ReviewError(f"{launch.site.file}:{a.line('gmu')}: --gpu-memory-utilization {gmu} must be between 0 and 1")
         if gmu_flag is None:
             assumptions.append(f"gpu_memory_utilization {DEFAULT_GPU_MEMORY_UTILIZATION} (vLLM's default)")
+        defaults = batch_defaults(gpu.memory_bytes, gpu.name)
+        batched = int(a.number(launch, "max_batched") or defaults.max_num_batched_tokens)
+        seqs = int(a.number(launch, "max_seqs") or defaults.max_num_seqs)
+        if not a.has("max_batched") or not a.has("max_seqs"):
+            assumptions.append(f"max_num_batched_tokens {batched:,}, max_num_seqs {seqs:,} ({defaults.how})")
+        eager = a.has("eager") and (a.value("eager") or "true").lower() != "false"
+        terms = reserve_terms(model, tp=tp, pp=pp, enforce_eager=eager, max_num_batched_tokens=batched,
+                              max_num_seqs=seqs, blackwell=gpu.name.startswith("B"))
+        requested = requested_bytes(gpu.memory_bytes, gmu)
+        reserve_low, reserve_high = sum(t.low for t in terms), sum(t.high for t in terms)
         assumptions.append(
-            f"GPU {gpu.name}: {gpu.memory_mib:,} MiB as NVML reports it; peak activations + non-torch memory "
-            f"assumed {PROFILE_OVERHEAD_BYTES / GIB:g} GiB per GPU (vLLM profiles this at start-up)"
+            f"GPU {gpu.name}: {gpu.memory_mib:,} MiB as NVML reports it; vLLM requests ceil(total x {gmu}) = "
+            f"{requested:,} B and takes from it weights and {reserve_low / GIB:.2f}-{reserve_high / GIB:.2f} GiB it "
+            "measures at start-up: " + "; ".join(f"{t.how}: {t.low / GIB:.2f}-{t.high / GIB:.2f} GiB" for t in terms)
         )
+        if eager:
+            assumptions.append("--enforce-eager: no CUDA graphs, no graph memory")
         assumptions.append(f"weights {model.weight_bytes:,} B ({model.weight_source}) split evenly over TP {tp} x PP {pp}")
-        kv_bytes = int(gpu.memory_bytes * gmu) - weights - PROFILE_OVERHEAD_BYTES
+        kv_bytes = requested - weights - reserve_high
+        kv_bytes_high = requested - weights - reserve_low
         numbers["gpu_memory_utilization"] = gmu
         numbers["gpu_memory_bytes"] = gpu.memory_bytes
+        numbers["requested_bytes"] = requested
+        numbers["max_num_batched_tokens"] = batched
+        numbers["max_num_seqs"] = seqs
+        numbers["enforce_eager"] = eager
+        numbers["reserve_bytes"] = {t.name: [t.low, t.high] for t in terms}
+        numbers["kv_pool_bytes_high"] = max(kv_bytes_high, 0)
+        pool_high = max(kv_bytes_high, 0) // (bpt * block) * block
     pool = max(kv_bytes, 0) // (bpt * block) * block
     numbers["kv_pool_bytes"] = max(kv_bytes, 0)
     if model.sliding_note:
@@ -94,6 +121,9 @@ def estimate(launch: Launch, inputs: ReviewInputs, models: dict) -> Estimate:
     ctx = parse_size(ctx_flag, launch, "--max-model-len") if ctx_flag else None
     context, source = checked_context(inputs, launch, ctx, "--max-model-len", model)
     line = a.line("context") if source.startswith("engine flag") else None
+    limit = None
+    if ctx is not None and ctx > 0:
+        limit = context_limit("vllm", model, ctx, "--max-model-len", a.line("context") or launch.line, launch.env)
     return Estimate(
         engine="vllm", role=launch.site.role or "unified", file=launch.site.file,
         line=line or a.line("gmu") or a.line("kv_bytes") or launch.line, where=launch.site.where,
@@ -101,5 +131,6 @@ def estimate(launch: Launch, inputs: ReviewInputs, models: dict) -> Estimate:
         kv_bytes_formula=model.formula(kv_b, tp, pp), weights_bytes_per_gpu=weights,
         context_checked=context, context_source=source, assumptions=tuple(assumptions), numbers=numbers,
         flag_lines={f.name: f.line for f in a.flags.values()},
+        pool_tokens_high=pool_high, context_limit=limit,
         consequence="vLLM refuses to start (\"To serve at least one request with the model's max seq len ...\")",
     )
