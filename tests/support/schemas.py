@@ -1,7 +1,7 @@
-"""The published JSON Schemas (kvpreflight/schemas/, copied to docs/schemas/) applied to every JSON
-report and fleet report the suite makes in-process: tests/conftest.py wraps the two functions that
-build them, so a key the schema does not describe, or a value of the wrong type, fails the test
-that produced it."""
+"""The published JSON Schemas (kvpreflight/schemas/, copied to docs/schemas/) applied to the JSON
+reports and fleet reports the suite makes: in-process, tests/conftest.py wraps the two functions
+that build them; a report a kvpreflight process wrote is read with `parsed(...)`. A key the schema
+does not describe, or a value of the wrong type, fails the test that produced it."""
 
 from __future__ import annotations
 
@@ -27,6 +27,13 @@ def assert_valid(name: str, document: Any) -> None:
     errors = sorted(validator(name).iter_errors(document), key=lambda e: list(e.absolute_path))
     assert not errors, f"{name} does not follow kvpreflight/schemas/{name}.schema.json: " + "; ".join(
         f"{'/'.join(map(str, e.absolute_path)) or '(top)'}: {e.message}" for e in errors[:5])
+
+
+def parsed(text: str, name: str = "report") -> Any:
+    """A JSON output of a kvpreflight process, parsed and checked against its published schema."""
+    document = json.loads(text)
+    assert_valid(name, document)
+    return document
 
 
 @contextlib.contextmanager

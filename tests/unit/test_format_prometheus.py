@@ -71,3 +71,11 @@ def test_the_textfile_collector_reads_what_was_written_atomically(tmp_path: Path
     assert [p.name for p in collector_dir.iterdir()] == ["kvpreflight.prom"]  # no temporary file left for the collector
     assert [v for _, v in first["kvpreflight_verdict"]] == [4.0] and [v for _, v in second["kvpreflight_verdict"]] == [0.0]
     assert "kvpreflight_cost_requests" not in second
+
+
+def test_an_empty_name_is_a_usage_error_before_any_request() -> None:
+    from support.cli import invoke
+
+    done = invoke("check", "--endpoint", "http://127.0.0.1:9", "--capacity-only", "--name", " ", "--format", "prometheus")
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.strip() == "kvpreflight: error: --name is empty; give the deployment a name (for example prod-eu-1) or leave --name out"
