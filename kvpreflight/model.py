@@ -262,6 +262,8 @@ class Report:
     gpus: tuple[Mapping[str, Any], ...] = ()
     schema_version: int = REPORT_SCHEMA_VERSION
     cost: Cost | None = None  # None: no request was sent (--capacity-only) or an old report
+    name: str | None = None  # the deployment's name (--name); None: its entry URL names it
+    spec: str | None = None  # the --boot spec file checked, as given (SARIF's physical location)
 
     @property
     def verdict(self) -> Status:

@@ -84,3 +84,5 @@ class OutputPlan:
     format: str = "table"
     path: Path | None = None  # None: stdout
     record: RecordPlan | None = None
+    name: str | None = None  # --name: the deployment's name in the report (Prometheus labels, SARIF paths)
+    spec: Path | None = None  # the --boot spec, named in the report

@@ -155,7 +155,7 @@ def publish(report: Report, output: OutputPlan, *, files_read: Iterable[Path] = 
     from kvpreflight.redact import redact_report
 
     secrets = frozenset(secrets)
-    report = redact_report(report, secrets)
+    report = redact_report(replace(report, name=output.name, spec=None if output.spec is None else str(output.spec)), secrets)
     from kvpreflight.formats import write_report
     from kvpreflight.formats.ci import github_actions_side_effects
 

@@ -86,6 +86,8 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "started_at": report.started_at,
         "finished_at": report.finished_at,
         "entry": report.entry,
+        "name": report.name,
+        "spec": report.spec,
         "context_length_promised": report.context_length_promised,
         "engines": [engine_to_dict(e) for e in report.engines],
         "checks": [check_to_dict(c) for c in report.checks],
@@ -232,4 +234,6 @@ def report_from_dict(data: Any) -> Report:
         gpus=tuple(dict(_mapping(g, f"gpus[{i}]")) for i, g in enumerate(_items(d, "gpus", ""))),
         schema_version=version or SCHEMA_VERSION,
         cost=cost_from_dict(d["cost"]) if d.get("cost") is not None else None,
+        name=_get(d, "name", str, ""),
+        spec=_get(d, "spec", str, ""),
     )

@@ -12,7 +12,9 @@
 # Installs: .venv (kvpreflight editable, with the engine and test extras; torch is pinned to the
 # local CPU build), and the real engines (vLLM on CPU, llama.cpp, the P/D stack, the SGLang routers)
 # cached under ${KVPREFLIGHT_CACHE:-~/.cache/kvpreflight} by scripts/setup_engines.sh (only when
-# the real tier runs).
+# the real tier runs), and the programs that consume kvpreflight's outputs (node_exporter, promtool,
+# Sarif.Multitool, actionlint, shellcheck, zizmor) by scripts/setup_consumers.sh (only when the
+# builtin tier runs; each installed once, when missing).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python3}"
@@ -31,6 +33,9 @@ if [[ ! -x .venv/bin/python ]]; then
     "$PY" -m venv .venv
 fi
 .venv/bin/python -m pip install --quiet --disable-pip-version-check -e '.[engine,test]'
+if [[ " ${TIERS[*]} " == *" builtin "* ]]; then
+    scripts/setup_consumers.sh
+fi
 if [[ " ${TIERS[*]} " == *" real "* ]]; then
     scripts/setup_engines.sh
 fi

@@ -25,6 +25,15 @@ from hypothesis import HealthCheck, settings
 from realengines import EngineNotSetUp, EngineProcess
 
 realengines.load_engines_env()
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _json_reports_follow_the_published_schema() -> Iterator[None]:
+    """Every JSON report and fleet report made in-process is validated against kvpreflight/schemas/."""
+    from support.schemas import validating
+
+    with validating():
+        yield
 # The table format wraps to COLUMNS when it is set (a user's shell, pytest-xdist's workers): the
 # suite's expectations are for output to a pipe, which is never wrapped.
 os.environ.pop("COLUMNS", None)

@@ -130,4 +130,4 @@ def merged_report(report: FleetReport) -> Report:
         checks.extend(replace(c, message=f"[{o.deployment}] {c.message}", endpoint=c.endpoint or o.deployment)
                       for c in o.report.checks)
     return Report(tool_version=report.tool_version, engines=(), checks=tuple(checks),
-                  started_at=report.started_at, finished_at=report.finished_at)
+                  started_at=report.started_at, finished_at=report.finished_at, name=report.name, spec=report.inventory)

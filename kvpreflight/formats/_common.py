@@ -10,6 +10,7 @@ import os
 import re
 from collections.abc import Mapping
 from typing import IO, Any
+from urllib.parse import urlsplit
 
 from kvpreflight.model import CheckResult, EngineSnapshot, Report, RoleSource, Status
 
@@ -108,6 +109,28 @@ def engine_facts(report: Report, engine: EngineSnapshot) -> list[tuple[str, str]
     return facts
 
 
+def label_url(url: str | None) -> str:
+    """A URL fit for a label or a name: scheme, host, port and path only (no credentials, no query)."""
+    if not url:
+        return ""
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname or ""
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        return "unparseable-url"
+    return f"{parts.scheme}://{host}{port}{parts.path}" if parts.scheme else url.split("?")[0].split("@")[-1]
+
+
+def deployment_name(report: Report) -> str:
+    """What names the deployment across runs: --name, else the entry URL, else the first engine's
+    or check's endpoint (URLs without credentials or query), else "kvpreflight". Never empty."""
+    for candidate in (report.name, report.entry, *(e.url for e in report.engines), *(c.endpoint for c in report.checks)):
+        if candidate and (text := candidate if candidate is report.name else label_url(candidate)):
+            return text
+    return "kvpreflight"
+
+
 def check_name(check: CheckResult) -> str:
     """What identifies one result: the check id, and the endpoint when there is one."""
     return f"{check.id} {check.endpoint}" if check.endpoint else check.id
@@ -177,16 +200,28 @@ def output_width(stream: IO[str], environ: Mapping[str, str] = os.environ) -> in
     return None
 
 
+_SGR = re.compile("\x1b\\[[0-9;]*m")  # the colour codes the table writes (values' own are escaped)
+
+
+def strip_colour(text: str) -> str:
+    return _SGR.sub("", text)
+
+
+def visible_len(text: str) -> int:
+    """Columns `text` takes on a terminal: its colour codes take none."""
+    return len(strip_colour(text))
+
+
 def fit(text: str, width: int | None) -> str:
-    """Every line no wider than `width`: long lines wrap under their own indentation (nothing is
-    cut; the full text stays in JSON and Markdown)."""
+    """Every line no wider than `width` (measured without colour codes): long lines wrap under
+    their own indentation (nothing is cut; the full text stays in JSON and Markdown)."""
     if not width:
         return text
     import textwrap
 
     out = []
     for line in text.split("\n"):
-        if len(line) <= width:
+        if visible_len(line) <= width:
             out.append(line)
             continue
         indent = " " * (len(line) - len(line.lstrip(" ")))

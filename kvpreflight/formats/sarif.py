@@ -7,19 +7,27 @@ SARIF's own way to say "could not tell" (kind "open") forces level "none", which
 drop entirely. Each inconclusive result says so in its message and in properties.status.
 pass and skip produce no result; their rules are still listed, so the rule set shows what ran.
 
-Location: a check whose evidence has `file` (and `line`) - what `review` reports about a config
-file - gets a physicalLocation; otherwise the endpoint URL is a logicalLocation.
+Location: every result has a physicalLocation, which GitHub code scanning requires. A check whose
+evidence has `file` (and `line`) - what `review` reports about a config file - points there; a
+`check` result points at the --boot spec (or the fleet inventory) when there is one, else at
+`kvpreflight/deployments/<deployment>` (--name, else the entry URL), a stable path that stands for
+the deployment: no such file need exist. The endpoint URL is also a logicalLocation.
+partialFingerprints (rule, deployment, endpoint) let code scanning track an alert across runs.
+Rules carry fullDescription, help (text and Markdown, with the fix) and helpUri (formats/rule_help.py).
 A waived check's result carries a suppression with the waiver's reason.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
+import re
 from pathlib import PurePosixPath, PureWindowsPath
 from typing import Any
 
 from kvpreflight.formats import _common
 from kvpreflight.formats.interface import ReportFormat
+from kvpreflight.formats.rule_help import INFORMATION_URL, help_uri, rule_help, rule_name
 from kvpreflight.model import CheckResult, Report, Status
 
 SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -36,19 +44,44 @@ def _uri(path: str) -> str:
     return path.replace("\\", "/")
 
 
-def _location(check: CheckResult) -> dict[str, Any] | None:
+def deployment_path(report: Report) -> str:
+    """The artifact a `check` result is about when no file names the deployment: one stable,
+    repository-relative path per deployment name."""
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", re.sub(r"^[a-z][a-z0-9+.-]*://", "", _common.deployment_name(report))).strip("-.")
+    return f"kvpreflight/deployments/{slug or 'deployment'}"
+
+
+def _location(check: CheckResult, report: Report) -> dict[str, Any]:
     where = _common.source_location(check)
-    if where is not None:
-        physical: dict[str, Any] = {"artifactLocation": {"uri": _uri(where[0])}}
-        if where[1] is not None:
-            physical["region"] = {"startLine": where[1]}
-        return {"physicalLocation": physical}
-    if check.endpoint:
-        return {"logicalLocations": [{"fullyQualifiedName": check.endpoint, "kind": "resource"}]}
-    return None
+    physical: dict[str, Any] = {"artifactLocation": {"uri": _uri(where[0] if where else report.spec or deployment_path(report))}}
+    if where is not None and where[1] is not None:
+        physical["region"] = {"startLine": where[1]}
+    location: dict[str, Any] = {"physicalLocation": physical}
+    if check.endpoint and where is None:
+        location["logicalLocations"] = [{"fullyQualifiedName": check.endpoint, "kind": "resource"}]
+    return location
 
 
-def _result(check: CheckResult, rule_index: int, waivers: dict[str, str]) -> dict[str, Any]:
+def _fingerprint(check: CheckResult, report: Report) -> str:
+    """What stays the same across runs for one finding: the rule, the deployment, the endpoint
+    (not the message, whose numbers change)."""
+    key = "\0".join((check.id, _common.deployment_name(report), _common.label_url(check.endpoint)))
+    return hashlib.sha256(key.encode("utf-8")).hexdigest()
+
+
+def _rule(check_id: str) -> dict[str, Any]:
+    about = rule_help(check_id)
+    return {
+        "id": check_id,
+        "name": rule_name(check_id),
+        "shortDescription": {"text": about.summary},
+        "fullDescription": {"text": about.description},
+        "help": {"text": about.text(), "markdown": about.markdown(check_id)},
+        "helpUri": help_uri(check_id),
+    }
+
+
+def _result(check: CheckResult, rule_index: int, waivers: dict[str, str], report: Report) -> dict[str, Any]:
     text = check.message
     if check.status is Status.INCONCLUSIVE:
         text = f"inconclusive (nothing proved safe): {text}"
@@ -60,10 +93,9 @@ def _result(check: CheckResult, rule_index: int, waivers: dict[str, str]) -> dic
         "level": LEVELS[check.status],
         "message": {"text": text},
         "properties": {"status": check.status.value, "evidence": dict(check.evidence)},
+        "locations": [_location(check, report)],
+        "partialFingerprints": {"kvpreflightFinding/v1": _fingerprint(check, report)},
     }
-    location = _location(check)
-    if location is not None:
-        result["locations"] = [location]
     if check.id in waivers:
         result["suppressions"] = [{"kind": "external", "justification": waivers[check.id]}]
     return result
@@ -71,9 +103,9 @@ def _result(check: CheckResult, rule_index: int, waivers: dict[str, str]) -> dic
 
 def report_to_sarif(report: Report) -> dict[str, Any]:
     rule_ids = list(dict.fromkeys(c.id for c in report.checks))
-    rules = [{"id": rid, "name": rid, "shortDescription": {"text": f"kvpreflight check {rid}"}} for rid in rule_ids]
+    rules = [_rule(rid) for rid in rule_ids]
     waivers = {w.check_id: w.reason for w in report.waivers}
-    results = [_result(c, rule_ids.index(c.id), waivers) for c in report.checks if c.status in LEVELS]
+    results = [_result(c, rule_ids.index(c.id), waivers, report) for c in report.checks if c.status in LEVELS]
     invocation: dict[str, Any] = {
         "executionSuccessful": True,
         "exitCode": report.exit_code,
@@ -92,6 +124,7 @@ def report_to_sarif(report: Report) -> dict[str, Any]:
                     "driver": {
                         "name": "kvpreflight",
                         "version": report.tool_version,
+                        "informationUri": INFORMATION_URL,
                         "rules": rules,
                     }
                 },

@@ -1,8 +1,11 @@
 """The human report: a block per engine, the checks, the waivers, then one verdict line.
 
 Colour only on a terminal (and never with NO_COLOR). Messages are never cut: on a terminal the
-message column wraps to the terminal's width; anywhere else each message is kept whole. Control
-characters in any value are written out as \\xNN, so a value cannot drive the terminal.
+checks are one row each, their columns measured without colour codes and summing to the terminal's
+width, and a long message wraps inside the message column only (a long endpoint inside its own);
+below STACK_BELOW columns each check stacks (status and id, then its endpoint and message
+indented). Anywhere else each message is kept whole on its row. Control characters in any value
+are written out as \\xNN, so a value cannot drive the terminal.
 """
 
 from __future__ import annotations
@@ -24,6 +27,9 @@ _COLOUR = {
 }
 _RESET = "\x1b[0m"
 _MIN_MESSAGE_WIDTH = 24
+_MIN_ENDPOINT_WIDTH = 16
+_GAP = "  "
+STACK_BELOW = 60  # columns: narrower than this, a row of four columns leaves the message no room
 
 
 class TableFormat(ReportFormat):
@@ -66,22 +72,55 @@ class TableFormat(ReportFormat):
             for c in report.checks
         ]
         headers = ["status", "check", "endpoint", "message"]
-        maxcolwidths = None
-        if width:
-            # Room left for the message once the other columns fit: tabulate pads each header by
-            # 2 and puts 2 spaces between columns.
-            used = sum(
-                max(len(h) + 2, *(len(_strip(str(r[i]))) for r in rows)) + 2 for i, h in enumerate(headers[:3])
-            )
-            maxcolwidths = [None, None, None, max(_MIN_MESSAGE_WIDTH, width - used)]
-        table = tabulate(rows, headers=headers, tablefmt="simple", maxcolwidths=maxcolwidths)
+        table = _columns(headers, rows, width)
         return f"Checks ({_common.counts_text(report)})\n" + table
 
 
-def _strip(text: str) -> str:
-    for code in (*_COLOUR.values(), _RESET):
-        text = text.replace(code, "")
-    return text
+def _columns(headers: list[str], rows: list[list[str]], width: int | None) -> str:
+    """The checks, one row each, in tabulate's "simple" look. With a width: the message column
+    takes what the others leave and wraps within itself (the endpoint shrinks to its minimum and
+    wraps within itself first); below STACK_BELOW, or when even that leaves no room, each row
+    stacks. Without one (a pipe, a file) nothing wraps."""
+    widths = [max(_common.visible_len(text) for text in [h, *(r[i] for r in rows)]) for i, h in enumerate(headers)]
+    if width:
+        fixed = widths[0] + widths[1] + 3 * len(_GAP)
+        room = width - fixed - widths[2]
+        if room < _MIN_MESSAGE_WIDTH:
+            widths[2] = max(_MIN_ENDPOINT_WIDTH, min(widths[2], width - fixed - _MIN_MESSAGE_WIDTH))
+            room = width - fixed - widths[2]
+        if width < STACK_BELOW or room < _MIN_MESSAGE_WIDTH:
+            return _stacked(rows, width)
+        widths[3] = min(widths[3], room)
+    lines = [_line(headers, widths), _GAP.join("-" * w for w in widths)]
+    for row in rows:
+        cells = [[row[0]], [row[1]], _wrap(row[2], widths[2] if width else None), _wrap(row[3], widths[3] if width else None)]
+        for i in range(max(len(c) for c in cells)):
+            lines.append(_line([c[i] if i < len(c) else "" for c in cells], widths))
+    return "\n".join(lines)
+
+
+def _line(cells: list[str], widths: list[int]) -> str:
+    padded = [cell + " " * (w - _common.visible_len(cell)) for cell, w in zip(cells, widths, strict=True)]
+    return _GAP.join(padded).rstrip()
+
+
+def _wrap(text: str, width: int | None) -> list[str]:
+    if not width:
+        return text.split("\n")
+    import textwrap
+
+    return [piece for line in text.split("\n")
+            for piece in (textwrap.wrap(line, width, break_long_words=True, break_on_hyphens=False) or [""])]
+
+
+def _stacked(rows: list[list[str]], width: int) -> str:
+    """A narrow terminal: per check, status and id, then endpoint and message indented under them."""
+    lines = []
+    for status, check_id, endpoint, message in rows:
+        lines += _wrap(f"{status} {check_id}", None)
+        for text in (endpoint, message) if endpoint != "-" else (message,):
+            lines += ["    " + piece for piece in _wrap(text, max(width - 4, 20))]
+    return "\n".join(lines)
 
 
 def _indent(text: str) -> str:

@@ -2,8 +2,11 @@
 
 Keys are PEM files: the private key PKCS#8 (optionally encrypted), the public key
 SubjectPublicKeyInfo. ECDSA P-256 with SHA-256 is the default (what cosign handles best with a
-plain key); Ed25519 is the alternative. A key's id is the lower-case hex SHA-256 of its public key
-DER, the same for signer and verifier.
+plain key); Ed25519 is the alternative. A key's id is the one securesystemslib computes for the
+same public key (`SSlibKey.from_pem` / `from_crypto`: SHA-256 of the canonical JSON of keytype,
+scheme and public value), so a DSSE verifier that loads the key the standard way finds the
+signature. Records from earlier builds named the key by the SHA-256 of its DER; verify still
+accepts that id.
 
 A signing key is named by a path: ``--sign-key PATH``, or the environment variable
 ``KVPREFLIGHT_SIGN_KEY`` holding a PATH (never the key itself). An encrypted key's password comes
@@ -38,6 +41,20 @@ def _spki_der(public: PublicKeyType) -> bytes:
     return public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
 
 
+def _sslib_keyid(public: PublicKeyType) -> str:
+    """securesystemslib's default keyid: sha256 of the OLPC canonical JSON of
+    {keytype, keyval: {public}, scheme}; that canonical form escapes only backslash and quote."""
+    if isinstance(public, ec.EllipticCurvePublicKey):
+        keytype, scheme = "ecdsa", "ecdsa-sha2-nistp256"
+        value = public.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo).decode()
+    else:
+        keytype, scheme = "ed25519", "ed25519"
+        value = public.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+    value = value.replace("\\", "\\\\").replace('"', '\\"')
+    canonical = f'{{"keytype":"{keytype}","keyval":{{"public":"{value}"}},"scheme":"{scheme}"}}'
+    return hashlib.sha256(canonical.encode("utf-8")).hexdigest()
+
+
 def _check_supported(key: object, source: str) -> str:
     if isinstance(key, (ec.EllipticCurvePrivateKey, ec.EllipticCurvePublicKey)):
         if not isinstance(key.curve, ec.SECP256R1):
@@ -60,7 +77,13 @@ class PublicKey:
     @classmethod
     def from_crypto(cls, key: PublicKeyType, source: str = "<memory>") -> PublicKey:
         algorithm = _check_supported(key, source)
-        return cls(key=key, algorithm=algorithm, keyid=hashlib.sha256(_spki_der(key)).hexdigest(), source=source)
+        return cls(key=key, algorithm=algorithm, keyid=_sslib_keyid(key), source=source)
+
+    @property
+    def keyids(self) -> tuple[str, str]:
+        """The ids a signature by this key may carry: securesystemslib's, then the SHA-256 of the
+        DER that records written before that change carry."""
+        return self.keyid, hashlib.sha256(_spki_der(self.key)).hexdigest()
 
     def pem(self) -> bytes:
         return self.key.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)

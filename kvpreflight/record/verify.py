@@ -119,12 +119,12 @@ def _check_signature(envelope: Envelope, key: PublicKey) -> str:
     if envelope.payload_type != IN_TOTO_PAYLOAD_TYPE:
         raise refusal(f"payloadType is {envelope.payload_type!r}, expected {IN_TOTO_PAYLOAD_TYPE!r}; not a kvpreflight record, or altered")
     named = [s for s in envelope.signatures if s.keyid]
-    if named and all(s.keyid != key.keyid for s in named) and len(named) == len(envelope.signatures):
+    if named and all(s.keyid not in key.keyids for s in named) and len(named) == len(envelope.signatures):
         ids = ", ".join(sorted({s.keyid[:16] for s in named}))
         raise refusal(f"record is signed by keyid {ids}…, not by the --key {key.source} (keyid {key.keyid[:16]}…); wrong key or a record from another signer")
     data = envelope.pae()
     for s in envelope.signatures:
-        if (not s.keyid or s.keyid == key.keyid) and key.verify(s.sig, data):
+        if (not s.keyid or s.keyid in key.keyids) and key.verify(s.sig, data):
             return key.keyid
     raise refusal(f"signature does not verify with {key.source}: the payload or the signature was altered after signing")
 

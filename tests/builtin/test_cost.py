@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import requests
+from support.schemas import parsed
 
 from kvpreflight.builtin_engine.testbed import RunningEngine, unified_engine
 
@@ -41,7 +42,7 @@ def test_the_cost_block_matches_the_engines_own_counters_in_every_output(engine:
                           capture_output=True, text=True, timeout=600)
     after = counters(engine.url)
     assert proc.returncode in (0, 3), proc.stderr[-2000:]
-    cost = json.loads(proc.stdout)["cost"]
+    cost = parsed(proc.stdout)["cost"]
     prompt = after["sglang:prompt_tokens_total"] - before["sglang:prompt_tokens_total"]
     cached = after["sglang:cached_tokens_total"] - before["sglang:cached_tokens_total"]
     (mine,) = cost["engines"]

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from record_support import make_keys, record_text, run_console_script
+from support.schemas import parsed
 
 from kvpreflight.model import Status
 
@@ -111,7 +112,7 @@ def test_deployments_sharing_an_engine_never_run_at_once_while_others_run_in_par
         result = fleet(inv, "--parallel", "3", "--format", "json")
         elapsed = time.monotonic() - started
     assert result.returncode == 3, result.stderr  # nothing could be read: inconclusive, never pass
-    report = json.loads(result.stdout)
+    report = parsed(result.stdout, "fleet-report")
     assert [d["name"] for d in report["deployments"]] == ["blue", "green", "canary"]
     assert {d["verdict"] for d in report["deployments"]} == {"inconclusive"}
     assert state["seen"] >= 2 and state["most"] == 1, "two kvpreflight runs hit one engine at the same time"
@@ -130,7 +131,7 @@ def test_a_deployment_past_its_deadline_is_inconclusive_with_the_reason_and_the_
         result = fleet(inv, "--parallel", "2", "--format", "json")
         elapsed = time.monotonic() - started
     assert result.returncode == 3
-    rows = {d["name"]: d for d in json.loads(result.stdout)["deployments"]}
+    rows = {d["name"]: d for d in parsed(result.stdout, "fleet-report")["deployments"]}
     assert rows["stuck"]["verdict"] == "inconclusive"
     assert "did not finish within its deadline of 6s" in rows["stuck"]["reason"]
     assert rows["quick"]["verdict"] == "inconclusive" and rows["quick"]["reason"] is None  # measured: engine unreadable

@@ -11,6 +11,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from record_support import record_text
+from support.schemas import parsed
 
 from kvpreflight.builtin_engine.testbed import PDTrio, pd_trio, unified_engine
 
@@ -18,7 +19,7 @@ from kvpreflight.builtin_engine.testbed import PDTrio, pd_trio, unified_engine
 def check(*args: str, env: dict | None = None) -> tuple[int, dict, str]:
     proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--format", "json", *args],
                           capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})})
-    report = json.loads(proc.stdout) if proc.stdout.strip() else {}
+    report = parsed(proc.stdout) if proc.stdout.strip() else {}
     return proc.returncode, report, proc.stderr
 
 

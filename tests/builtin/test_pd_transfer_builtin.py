@@ -5,10 +5,11 @@ decode recomputes the prompt (fault decode-recompute), which only pd-transfer ca
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 from pathlib import Path
+
+from support.schemas import parsed
 
 from kvpreflight.builtin_engine.testbed import pd_trio
 
@@ -18,7 +19,7 @@ CONTEXT, POOL = 2048, 4096
 def check(*args: str) -> tuple[int, dict, str]:
     proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--format", "json", "--timeout", "20", *args],
                           capture_output=True, text=True, timeout=300)
-    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}, proc.stderr
+    return proc.returncode, parsed(proc.stdout) if proc.stdout.strip() else {}, proc.stderr
 
 
 def result(report: dict, check_id: str) -> dict:

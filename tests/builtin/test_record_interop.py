@@ -16,6 +16,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.serialization import load_pem_public_key
 from record_support import APP, APP_DIGEST, load, make_keys, run_console_script, sample_report, write_signed
 from securesystemslib.dsse import Envelope as SslibEnvelope
 from securesystemslib.exceptions import VerificationError
@@ -62,8 +63,8 @@ console.log('sigstore-js: verified');
 
 
 def sslib_key(public_path: Path) -> SSlibKey:
-    ours = load_public_key(public_path)
-    return SSlibKey.from_crypto(ours.key, keyid=ours.keyid)
+    """The public key loaded the way securesystemslib's users load one: its own default keyid, not ours."""
+    return SSlibKey.from_crypto(load_pem_public_key(public_path.read_bytes()))
 
 
 @pytest.mark.parametrize("algorithm", ["ecdsa-p256", "ed25519"])
@@ -81,7 +82,7 @@ def test_securesystemslib_verifies_our_envelope(tmp_path, algorithm):
 def test_we_verify_an_envelope_that_securesystemslib_signed(tmp_path):
     key, _, public = make_keys(tmp_path / "k")
     ours = load_public_key(public)
-    signer = CryptoSigner(key.key, SSlibKey.from_crypto(ours.key, keyid=ours.keyid))
+    signer = CryptoSigner(key.key, sslib_key(public))
     statement = build_statement(sample_report(), command_line=[], subjects=[APP])
     env = SslibEnvelope(payload=statement_bytes(statement), payload_type="application/vnd.in-toto+json", signatures={})
     env.sign(signer)

@@ -87,3 +87,44 @@ def test_in_a_ci_log_progress_is_one_plain_line_per_step() -> None:
     assert "\x1b" not in proc.stderr + proc.stdout
     probes = [line for line in proc.stderr.splitlines() if line.startswith("kvpreflight: probe ")]
     assert len(probes) == len(set(probes)) >= 5
+
+
+def _tmux(socket: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["tmux", "-S", str(socket), *args], capture_output=True, text=True, timeout=30)
+
+
+def test_a_tmux_pane_of_80_columns_shows_every_row_of_the_table_on_whole_lines(tmp_path: Path) -> None:
+    """A real terminal (tmux, colour on, no COLUMNS): the width comes from the pane itself, and
+    no line of the table is wrapped by the terminal (a soft-wrapped line shows only when joined)."""
+    from support.consumers import consumer
+
+    consumer("tmux")
+    socket, done = tmp_path / "tmux.sock", tmp_path / "done"
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "NO_COLOR", "TMUX")}
+    with fake_engine(DIALECTS["sglang"]) as url:
+        command = (f"{sys.executable} -m kvpreflight check --endpoint {url} --timeout 2 --capacity-only 2>/dev/null;"
+                   f" touch {done}; sleep 60")
+        started = subprocess.run(["tmux", "-S", str(socket), "-f", "/dev/null", "new-session", "-d", "-x", "80", "-y", "200",
+                                  command], env={**env, "TERM": "xterm-256color"}, capture_output=True, text=True, timeout=30)
+        assert started.returncode == 0, started.stderr
+        try:
+            deadline = time.monotonic() + 60
+            while not done.exists():
+                assert time.monotonic() < deadline, _tmux(socket, "capture-pane", "-p").stdout
+                time.sleep(0.2)
+            shown = _tmux(socket, "capture-pane", "-p", "-e", "-S", "0").stdout  # as displayed, with colour
+            joined = _tmux(socket, "capture-pane", "-p", "-J", "-S", "0").stdout  # wrapped lines joined again
+        finally:
+            _tmux(socket, "kill-server")
+    lines = [line for line in shown.rstrip("\n").splitlines()]
+    assert any(SGR.search(line) for line in lines), "no colour: the pane is not a terminal to kvpreflight"
+    plain = [SGR.sub("", line) for line in lines]
+    assert joined.rstrip("\n").splitlines() == [line.rstrip() for line in plain]  # no line wrapped by the terminal
+    heading = next(line for line in plain if line.startswith("Checks ("))  # "Checks (2 pass, 1 warn, 9 skip)"
+    expected = sum(int(count.split()[0]) for count in heading.removeprefix("Checks (").rstrip(")").split(", "))
+    table = plain[plain.index(heading) + 3:]
+    table = table[:table.index("")]
+    starts = [line for line in table if not line.startswith(" ")]
+    assert len(starts) == expected >= 10, table  # one row per result
+    assert len(table) > len(starts), table  # and a long message wrapped, within its column
+    assert all(len(line) <= 80 for line in plain)

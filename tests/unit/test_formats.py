@@ -6,10 +6,11 @@ import io
 import json
 import xml.etree.ElementTree as ET
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
-from kvpreflight.formats import FORMATS, FormatError, get_format, write_report
+from kvpreflight.formats import FORMATS, FormatError, _common, get_format, write_report
 from kvpreflight.formats.ci import github_actions_side_effects
 from kvpreflight.formats.github import GithubFormat
 from kvpreflight.formats.junit import JunitFormat
@@ -230,13 +231,35 @@ def test_sarif_structure_rules_and_levels():
     assert run["invocations"][0]["exitCode"] == 1
 
 
-def test_sarif_locations_file_line_else_endpoint():
+def test_sarif_locations_file_line_else_the_deployment_path_with_the_endpoint():
     results = sarif(report(FAIL, WARN_FILE))["runs"][0]["results"]
     failing = results[0]["locations"][0]
-    assert failing == {"logicalLocations": [{"fullyQualifiedName": PREFILL, "kind": "resource"}]}
+    # GitHub code scanning refuses a result without an artifact location: the deployment stands in
+    assert failing == {"physicalLocation": {"artifactLocation": {"uri": "kvpreflight/deployments/prefill-0-30000"}},
+                       "logicalLocations": [{"fullyQualifiedName": PREFILL, "kind": "resource"}]}
+    named = sarif(replace(report(FAIL), name="prod eu/1"))["runs"][0]["results"][0]["locations"][0]
+    assert named["physicalLocation"]["artifactLocation"]["uri"] == "kvpreflight/deployments/prod-eu-1"
+    booted = sarif(replace(report(FAIL), spec="deploy/kvpreflight-spec.yaml"))["runs"][0]["results"][0]["locations"][0]
+    assert booted["physicalLocation"]["artifactLocation"]["uri"] == "deploy/kvpreflight-spec.yaml"
     physical = results[1]["locations"][0]["physicalLocation"]
     assert physical["artifactLocation"]["uri"] == "deploy/sglang, prod:v2.yaml"
     assert physical["region"]["startLine"] == 12
+
+
+def test_sarif_rules_carry_what_code_scanning_shows_and_fingerprints_track_a_finding_across_runs():
+    run = sarif(report(FAIL, FAIL_DECODE, replace(FAIL, id="kv-capacity")))["runs"][0]
+    assert run["tool"]["driver"]["informationUri"].startswith("https://")
+    for rule in run["tool"]["driver"]["rules"]:
+        assert rule["name"] != rule["id"] and rule["fullDescription"]["text"] and rule["helpUri"].endswith("#" + rule["id"])
+        assert rule["help"]["text"] and "**Fix:**" in rule["help"]["markdown"]
+    capacity = next(r for r in run["tool"]["driver"]["rules"] if r["id"] == "kv-capacity")
+    assert "memory" in capacity["help"]["text"]  # the fix, not only the description
+    prints = [r["partialFingerprints"]["kvpreflightFinding/v1"] for r in run["results"]]
+    assert len(set(prints)) == 3  # two endpoints of one rule, and another rule
+    again = sarif(report(replace(FAIL, message="the engine accepted 199,999 tokens")))["runs"][0]["results"][0]
+    assert again["partialFingerprints"]["kvpreflightFinding/v1"] == prints[0]  # the numbers changed, the alert is the same
+    other = sarif(replace(report(FAIL), name="staging"))["runs"][0]["results"][0]
+    assert other["partialFingerprints"]["kvpreflightFinding/v1"] != prints[0]
 
 
 def test_sarif_failing_review_check_points_at_the_config_line():
@@ -400,3 +423,45 @@ def test_markdown_charts_each_known_pool_against_its_context_and_names_the_unkno
     assert '    x-axis ["prefill prefill-0:30000", "decode decode-0:30001"]' in chart
     assert "    bar [139264, 150000]" in chart and "    line [131072, 131072]" in chart
     assert "Pool unknown, not charted: http://decode-1:30001." in text
+
+
+def test_every_check_id_has_help_and_a_section_in_docs_checks_md():
+    from kvpreflight.checks import CHECK_IDS
+    from kvpreflight.formats.rule_help import RULES
+
+    assert set(CHECK_IDS) <= set(RULES)
+    docs = (Path(__file__).resolve().parents[2] / "docs" / "checks.md").read_text()
+    for check_id, about in RULES.items():
+        section = docs.split(f"\n## {check_id}\n", 1)[1].split("\n## ", 1)[0]  # the helpUri anchor is the heading
+        assert about.description in section and about.fix in section, check_id
+
+
+def _check_rows(out: str) -> list[str]:
+    return _common.strip_colour(out).split("Checks (")[1].split("\n\n")[0].splitlines()[3:]
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_table_on_a_colour_terminal_keeps_one_row_per_result_and_wraps_a_message_in_its_column_only(width):
+    r = report(PASS, FAIL, FAIL_DECODE, INCONCLUSIVE, WARN_FILE)
+    out = TableFormat(color=True, width=width).render(r)
+    assert "\x1b[1;31mFAIL" in out
+    assert max(_common.visible_len(line) for line in out.splitlines()) <= width  # colour codes take no column
+    rows = _check_rows(out)
+    header = _common.strip_colour(out).split("Checks (")[1].splitlines()[1]
+    message_column = header.index("message")
+    starts = [line for line in rows if not line.startswith(" ")]
+    assert [line.split()[0] for line in starts] == ["PASS", "FAIL", "FAIL", "INCONCLUSIVE", "WARN"]  # one row each
+    for line in rows:
+        if line.startswith(" "):  # a continuation: only the message (or endpoint) column has text
+            assert line[:header.index("endpoint")].strip() == "", line
+    assert "".join(LONG.split()) in "".join("".join(line[message_column:] for line in rows).split())
+    if width == 120:  # a short message is not wrapped just because its row carries colour
+        assert any(line.endswith("decode accepted 70,000 tokens") for line in rows)
+
+
+def test_table_below_60_columns_stacks_each_check_and_fits():
+    out = TableFormat(color=True, width=50).render(report(PASS, FAIL))
+    assert max(_common.visible_len(line) for line in out.splitlines()) <= 50
+    rows = _common.strip_colour(out).split("Checks (")[1].split("\n\n")[0].splitlines()[1:]
+    assert rows[0].split() == ["PASS", PASS.id] and rows[1] == f"    {PASS.endpoint}"
+    assert [line.split()[0] for line in rows if not line.startswith(" ")] == ["PASS", "FAIL"]

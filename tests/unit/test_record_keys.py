@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import json
 import os
 import stat
+from datetime import timedelta
+from pathlib import Path
 
 import pytest
 from record_support import APP_DIGEST, make_keys, run_cli, write_signed
 
-from kvpreflight.record import RecordError, load_public_key, load_signing_key, resolve_sign_key_path
+from kvpreflight.record import Policy, RecordError, load_public_key, load_signing_key, resolve_sign_key_path, verify_envelope
+from kvpreflight.record.dsse import envelope_from_dict
 
 
 def test_keygen_writes_a_0600_private_key_and_a_public_key(tmp_path):
@@ -102,3 +106,14 @@ def test_loading_wrong_files_as_signing_key_says_what_is_wrong(tmp_path):
     with pytest.raises(RecordError, match="does not exist; create one with `kvpreflight keygen"):
         load_signing_key(tmp_path / "missing.key")
     assert "PRIVATE" not in repr(load_signing_key(private))
+
+
+def test_a_record_signed_under_the_old_der_keyid_still_verifies():
+    # examples/records was signed when the keyid was the SHA-256 of the key's DER
+    examples = Path(__file__).resolve().parents[2] / "examples" / "records"
+    record, public = examples / "demo-pass.dsse.json", examples / "kvpreflight.pub"
+    assert json.loads(record.read_text())["signatures"][0]["keyid"] != load_public_key(public).keyid
+    # the demo ran without tenant keys, so the default required checks are relaxed to what it ran
+    policy = Policy(any_subject=True, max_age=timedelta(days=3650), required=())
+    verified = verify_envelope(envelope_from_dict(json.loads(record.read_text())), load_public_key(public), policy)
+    assert verified.verdict == "pass"
