@@ -5,6 +5,7 @@ an EngineError naming the field (a 200 of the wrong shape measured nothing)."""
 from __future__ import annotations
 
 import json
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -120,6 +121,32 @@ def positive_int(value: Any, what: str, url: str) -> int | None:
     if not whole or number <= 0 or number > _MAX_TOKENS:
         raise EngineError(f"{url}: {what} = {excerpt(value)} is not a plausible token count")
     return number
+
+
+_TEXT_KEYS = frozenset({"text", "content", "generated_text", "reasoning_content"})
+_TEXT_CHARS = 1 << 20  # what of a malformed answer's text is kept for the canary scan
+
+
+def answer_text(body: bytes) -> str:
+    """The generated text in a JSON answer whose other fields did not read: every string under a
+    key engines put text in, at any depth (an answer with text was served, whatever its counts say)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return ""
+    found: list[str] = []
+    size = 0
+    queue: deque[Any] = deque([data])  # in document order, so a canary split across fields still reads
+    while queue and size < _TEXT_CHARS:
+        item = queue.popleft()
+        if isinstance(item, dict):
+            texts = [v for k, v in item.items() if k in _TEXT_KEYS and isinstance(v, str)]
+            found += texts
+            size += sum(map(len, texts))
+            queue.extend(v for v in item.values() if isinstance(v, (dict, list)))
+        elif isinstance(item, list):
+            queue.extend(v for v in item if isinstance(v, (dict, list)))
+    return "".join(found)[:_TEXT_CHARS]
 
 
 def error_message_of(body: bytes) -> str | None:
