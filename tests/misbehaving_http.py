@@ -407,11 +407,14 @@ def tokens_then_frame(count: int, frame: bytes | Mapping[str, Any]) -> Answer:
 
 
 def text_with_count(value: Any) -> Answer:
-    """Not streamed: a 200 answer with generated text whose completion token count is `value`
-    (not a sane count: negative, a string, absurd). Streamed: the honest answer."""
+    """A 200 answer with two generated tokens whose completion token count is `value` (not a
+    sane count: negative, a string, absurd): in the whole answer, or in the stream's last frame."""
     def answer(g: Generate) -> Behaviour:
         if g.stream:
-            return honest(g)
+            frames = g.dialect.frames(g, 2, "length")
+            counts = frames[-1]["meta_info"] if isinstance(g.dialect, Sglang) else frames[-1]["usage"]
+            counts["completion_tokens"] = value
+            return _streamed(frames)
         body = g.dialect.answer(g, 2, "length")
         counts = body["meta_info"] if isinstance(g.dialect, Sglang) else body["usage"]
         counts["completion_tokens"] = value
