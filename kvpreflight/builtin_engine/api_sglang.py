@@ -107,6 +107,10 @@ def generate(h: EngineHandler, body: dict[str, Any]) -> None:
         if stream and Fault.TOKENS_THEN_GARBAGE in h.engine.faults and exc.status == 400:
             _tokens_then_garbage(h, params.rid, len(ids), exc)
             return
+        if not stream and Fault.TEXT_WITH_BAD_COUNT in h.engine.faults and exc.status == 400:
+            h.reply_json(200, {"text": "ok ok ok", "meta_info": {"id": params.rid, "finish_reason": {"type": "length", "length": 3},
+                                                                 "prompt_tokens": len(ids), "completion_tokens": -1}})
+            return
         _error(h, exc, stream, headers_sent=stream)
         return
     except (BrokenPipeError, ConnectionResetError):

@@ -3,7 +3,7 @@ real `check` CLI (engine processes on 127.0.0.1, stopped by PID): a leak confine
 answers and one confined to answers that are not streamed fail tenant-isolation; a prompt
 silently shortened while the answer reports its full length fails prompt-integrity on the
 engine's counters; tokens and then a frame cut mid-JSON fail overcapacity-rejected quoting the
-frame. Honest background traffic during the check does not fail prompt-integrity. The whole
+frame, and an answer with text whose token count is -1 fails it too. Honest background traffic during the check does not fail prompt-integrity. The whole
 matrix (every cell, the honest engine on each) is benchmarks/bench_detection.py."""
 
 from __future__ import annotations
@@ -32,8 +32,8 @@ def read_to_the_end(iso: dict) -> list[dict]:
     return [r for r in iso["evidence"]["crossings"] if "disconnected" not in r]
 
 
-def test_streamed_leak_shortened_prompt_and_tokens_then_a_cut_frame_each_fail_their_check(tmp_path):
-    faults = ["leak-streamed", "shortened-prompt", "tokens-then-garbage"]
+def test_streamed_leak_shortened_prompt_cut_frame_and_bad_count_each_fail_their_check(tmp_path):
+    faults = ["leak-streamed", "shortened-prompt", "tokens-then-garbage", "text-with-bad-count"]
     with unified_engine(tmp_path, context_length=CONTEXT, pool_tokens=POOL, faults=faults) as engine:
         code, checks = check(engine.url)
     assert code == 1
@@ -41,6 +41,9 @@ def test_streamed_leak_shortened_prompt_and_tokens_then_a_cut_frame_each_fail_th
     assert over["status"] == "fail" and "over-context-stream" in over["message"], over["message"]
     assert "3 tokens were served before a part of the reply that does not read" in over["message"]
     assert "stream frame is not JSON" in over["message"]
+    # Not streamed: an answer with text whose token count is -1 was served, whatever its count.
+    assert "over-context (2,049 tokens): HTTP 200: an answer with text, its counts not readable" in over["message"]
+    assert "completion_tokens = -1 is not a token count" in over["message"]
     integrity = checks["prompt-integrity"]
     assert integrity["status"] == "fail", integrity["message"]
     assert "the engines' counters do not" in integrity["message"] and "never computed, cached or received" in integrity["message"]
