@@ -32,7 +32,7 @@ import urllib3
 
 from kvpreflight.engines.deadline import Deadline, DeadlineAdapter, EngineTimeout, current_request
 from kvpreflight.engines.errors import EngineConfigError, EngineError
-from kvpreflight.engines.untrusted import excerpt
+from kvpreflight.engines.untrusted import shape
 
 MiB = 1 << 20
 
@@ -256,7 +256,7 @@ class StreamReply:
             try:
                 yield json.loads(frame)
             except (ValueError, RecursionError):
-                raise EngineError(f"{self.url}: stream frame is not JSON ({len(frame)} bytes: {excerpt(frame)})") from None
+                raise EngineError(f"{self.url}: stream frame is not JSON ({len(frame)} bytes: {shape(frame)})") from None
 
 
 # -- reading bodies -------------------------------------------------------------------------------

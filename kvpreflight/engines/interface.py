@@ -10,6 +10,7 @@ views of one computation.
 from __future__ import annotations
 
 import abc
+import json
 import re
 import secrets
 import time
@@ -20,7 +21,7 @@ from typing import Any, ClassVar, Self
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply, StreamReply
-from kvpreflight.engines.untrusted import answer_text, error_in_event, error_message_of, excerpt, parse_metrics
+from kvpreflight.engines.untrusted import answer_text, error_in_event, error_message_of, parse_metrics, shape
 from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, Completion, EngineSnapshot, ErrorKind, Role, RoleSource
 
 
@@ -355,7 +356,7 @@ def readable_error(adapter: EngineAdapter, request: EngineRequest, event: Any) -
         adapter.parse_events(request, [event])
     except EngineError as exc:
         return str(exc)
-    return f"{adapter.url}{request.path}: stream frame {excerpt(event)} does not read with the frames before it"
+    return f"{adapter.url}{request.path}: stream frame {shape(json.dumps(event))} does not read with the frames before it"
 
 
 LOG_ID_PREFIX = "kvpreflight-"

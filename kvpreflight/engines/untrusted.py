@@ -5,6 +5,7 @@ an EngineError naming the field (a 200 of the wrong shape measured nothing)."""
 from __future__ import annotations
 
 import json
+import re
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -61,6 +62,26 @@ def _json_kind(value: Any) -> str:
     if isinstance(value, bool):
         return "true/false"
     return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+_SHAPE_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"(?:\s*:)?|"[^"]*$|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null|[{}\[\],:\s]|[^"{}\[\],:\s]+')
+_SHAPE_CHARS = 80
+
+
+def shape(frame: str) -> str:
+    """A frame as a report may quote it: its structure (braces, key names, numbers) with every
+    string value and any other text shown as "...", since an answer may hold another tenant's data."""
+    out: list[str] = []
+    for token in _SHAPE_TOKEN.findall(frame[:4096]):
+        if token.startswith('"'):
+            key = token.rstrip().endswith(":") and token.endswith(":")
+            out.append(token[:24] + ('":' if len(token) > 24 else "") if key else '"..."' if token.endswith('"') else '"...')
+        elif token[0].isdigit() or token[0] == "-" or token in ("true", "false", "null") or token in "{}[],: ":
+            out.append(token if not token.isspace() else " ")
+        else:
+            out.append("...")
+    text = "".join(out)
+    return text if len(text) <= _SHAPE_CHARS else text[:_SHAPE_CHARS] + "..."
 
 
 def json_object(value: Any, what: str, url: str) -> dict[str, Any]:
