@@ -8,6 +8,16 @@ tree), so the old and the new plan face the same engines.
 
     .venv/bin/python benchmarks/bench_detection.py [--runs 20] [--probability 0.3] [--checkout DIR]
 
+`--matrix` runs issue 26's fault matrix instead: each builtin fault of the answer-path classes on
+a fresh unified engine (context 2,048, pool 8,192, metrics on), one `check` each, every cell the
+fault can fire in judged from that run's evidence (MATRIX below: which check must fail, and the
+requests that show the cell), then the honest engine, whose checks must all pass or warn; then
+`--runs` runs of fault leak-streamed firing with `--probability` per request, with the least
+miss probability the plan implies ((1 - p) to the power of the streamed answers read to the end:
+not every one of them follows the other tenant's prompt, so the true one is higher).
+
+    .venv/bin/python benchmarks/bench_detection.py --matrix [--runs 20] [--probability 0.3]
+
 One JSON line per run, then a summary line; benchmarks/RESULTS.md quotes them.
 """
 
@@ -25,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from kvpreflight.builtin_engine.config import FAULT_PROBABILITY_ENV  # noqa: E402
-from kvpreflight.builtin_engine.testbed import pd_trio  # noqa: E402
+from kvpreflight.builtin_engine.testbed import pd_trio, unified_engine  # noqa: E402
 
 FAULT = "early-free-on-cancel"
 TRANSFER_DELAY_MS = 6  # as the demo: a paced link, so a disconnect can land mid-transfer
@@ -63,14 +73,122 @@ def one(checkout: Path, context: int) -> dict[str, object]:
             "context_equivalents_prefilled": cost.get("context_equivalents_prefilled")}
 
 
+# Issue 26's answer-path faults: fault -> (the check that must fail, {cell: does this run's
+# report show the fault caught in that cell}). Cells the fault cannot fire in are in NOT_LISTED.
+MATRIX_CONTEXT, MATRIX_POOL = 2048, 8192
+
+
+def _crossed(report: dict, *, streamed: bool, where: tuple[str, ...]) -> bool:
+    """A request read to its end (or, for cancel-*, abandoned and scanned), of the given mode and
+    named with one of `where`, carried the other tenant's canary."""
+    iso = _check(report, "tenant-isolation")
+    for c in iso.get("evidence", {}).get("crossings", []):
+        mode = c.get("stream", True)  # an abandoned request streamed unless it left during the transfer
+        if mode is streamed and any(w in c["request"] for w in where):
+            return True
+    return False
+
+
+def _tally(report: dict, window: str) -> str | None:
+    counts = _check(report, "prompt-integrity").get("evidence", {}).get("engine_counts", {})
+    return counts.get(window, {}).get("tally")
+
+
+def _check(report: dict, check_id: str) -> dict:
+    return next((c for c in report.get("checks", []) if c["id"] == check_id), {})
+
+
+ALONE, CONCURRENT, AFTER = ("normal-", "over-capacity-", "boundary-"), ("concurrent-", "load-"), ("cancel-",)
+MATRIX = {
+    "leak-streamed": ("tenant-isolation", {
+        "unified, streamed, alone": lambda r: _crossed(r, streamed=True, where=ALONE),
+        "unified, streamed, concurrent": lambda r: _crossed(r, streamed=True, where=CONCURRENT + ("cancel-transfer-",)),
+        "unified, streamed, after a client disconnect": lambda r: _crossed(r, streamed=True, where=AFTER)}),
+    "leak-not-streamed": ("tenant-isolation", {
+        "unified, not streamed, alone": lambda r: _crossed(r, streamed=False, where=ALONE),
+        "unified, not streamed, concurrent": lambda r: _crossed(r, streamed=False, where=CONCURRENT + ("cancel-transfer-",)),
+        "unified, not streamed, after a client disconnect": lambda r: _crossed(r, streamed=False, where=AFTER)}),
+    "shortened-prompt": ("prompt-integrity", {
+        "unified, streamed, alone (the limit prompt)": lambda r: _tally(r, "boundary-accept") == "short",
+        "unified, streamed and not, concurrent (the pair)": lambda r: _tally(r, "concurrent (x2)") == "short"}),
+    "tokens-then-garbage": ("overcapacity-rejected", {
+        "unified, streamed, alone (over-context-stream)": lambda r: "over-context-stream" in _check(r, "overcapacity-rejected").get("message", "")
+        and "does not read" in _check(r, "overcapacity-rejected").get("message", "")}),
+    "text-with-bad-count": ("overcapacity-rejected", {
+        "unified, not streamed, alone (over-context)": lambda r: "its counts not readable" in _check(r, "overcapacity-rejected").get("message", "")}),
+}
+NOT_LISTED = {
+    "leak-streamed": "not streamed: by definition; prefill/decode: the fault lives in the unified engine's run path only",
+    "leak-not-streamed": "streamed: by definition; prefill/decode: the unified run path only",
+    "shortened-prompt": ("not streamed alone: no near-limit request is sent alone unstreamed (prompt-integrity reads the limit "
+                         "prompt and the pair; shorter prompts, under 256 tokens, pass whole); prefill/decode: unified run path only"),
+    "tokens-then-garbage": "not streamed: a whole answer has no frames; concurrent / after a disconnect: only over-limit prompts "
+                           "fire it, and they are sent alone; prefill/decode: the engine's own /generate only",
+    "text-with-bad-count": "streamed: tokens-then-garbage is that path's cell; concurrent / after a disconnect: only over-limit "
+                           "prompts fire it, sent alone; prefill/decode: the engine's own /generate only",
+}
+
+
+def matrix_run(faults: list[str]) -> tuple[int, dict, float]:
+    with tempfile.TemporaryDirectory() as workdir, unified_engine(
+            Path(workdir), context_length=MATRIX_CONTEXT, pool_tokens=MATRIX_POOL, faults=faults, wait_s=300) as engine:
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--endpoint", engine.url, "--format", "json"],
+                              capture_output=True, text=True, timeout=1800)
+        wall = time.monotonic() - start
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}, wall
+
+
+def streamed_chances(report: dict) -> int:
+    """Streamed answers read to the end with room for a canary: the chances a streamed-only leak has."""
+    iso = _check(report, "tenant-isolation")
+    return sum(1 for s in iso.get("evidence", {}).get("scenarios", []) for r in s.get("requests", [])
+               if r.get("stream") and r.get("http_status") == 200 and "scanned" not in r)
+
+
+def matrix(runs: int, probability: float) -> None:
+    start = time.monotonic()
+    for fault, (check_id, cells) in MATRIX.items():
+        code, report, wall = matrix_run([fault])
+        status = _check(report, check_id).get("status")
+        for cell, caught in cells.items():
+            print(json.dumps({"fault": fault, "cell": cell, "check": check_id, "check_status": status,
+                              "caught": bool(status == "fail" and caught(report)), "exit_code": code,
+                              "wall_s": round(wall, 1)}), flush=True)
+        print(json.dumps({"fault": fault, "not_listed": NOT_LISTED[fault]}), flush=True)
+    code, report, wall = matrix_run([])
+    bad = {c["id"]: c["status"] for c in report.get("checks", []) if c["status"] in ("fail", "inconclusive")}
+    print(json.dumps({"fault": None, "cell": "honest engine, every cell", "exit_code": code, "failing_or_inconclusive": bad,
+                      "wall_s": round(wall, 1)}), flush=True)
+    os.environ[FAULT_PROBABILITY_ENV] = str(probability)
+    hits, chances = 0, []
+    for run in range(runs):
+        code, report, wall = matrix_run(["leak-streamed"])
+        caught = _check(report, "tenant-isolation").get("status") == "fail"
+        hits += caught
+        chances.append(streamed_chances(report))
+        print(json.dumps({"run": run + 1, "fault": "leak-streamed", "probability": probability, "caught": caught,
+                          "streamed_answers": chances[-1], "wall_s": round(wall, 1)}), flush=True)
+    os.environ.pop(FAULT_PROBABILITY_ENV)
+    fewest = min(chances, default=0)
+    print(json.dumps({"bench": "fault matrix", "racy_fault": "leak-streamed", "probability": probability, "runs": runs,
+                      "caught": hits, "streamed_answers_fewest": fewest,
+                      "miss_probability_per_run_at_least": round((1 - probability) ** fewest, 4),
+                      "wall_s": round(time.monotonic() - start, 1)}), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--matrix", action="store_true", help="issue 26's fault matrix (see the module docstring)")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--probability", type=float, default=0.3)
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--checkout", type=Path, default=ROOT, help="the tree whose `kvpreflight check` probes")
     parser.add_argument("--label", default="", help="what --checkout is (default: its git commit)")
     args = parser.parse_args()
+    if args.matrix:
+        matrix(args.runs, args.probability)
+        return
     os.environ[FAULT_PROBABILITY_ENV] = str(args.probability)  # the engines inherit it
     checkout = args.checkout.resolve()
     commit = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"],

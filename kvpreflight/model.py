@@ -164,6 +164,9 @@ class Completion:
     empty_body: bool = False  # an HTTP 200 with nothing in its body: neither an answer nor a refusal
     text: str = field(default="", repr=False)
     request_id: str | None = None  # the id kvpreflight gave it, where the engine takes one
+    # A reply kvpreflight could not read whole (a frame that is not JSON, a count that is not a
+    # count): what it says. What came before it (text, tokens) is kept; nothing else of it is believed.
+    malformed: str | None = None
 
     @property
     def rejected(self) -> bool:
@@ -173,7 +176,7 @@ class Completion:
     def served(self) -> bool:
         """Answered with HTTP 200, no error, in time: the one meaning of "served cleanly"."""
         return (self.status == 200 and self.error_message is None and not self.timed_out and not self.transport_error
-                and not self.empty_body)
+                and not self.empty_body and self.malformed is None)
 
     def evidence(self) -> dict[str, Any]:
         """Numbers only, plus the engine's error message; never the generated text."""
@@ -185,7 +188,7 @@ class Completion:
             "elapsed_s": round(self.elapsed_s, 3),
         }
         for key in ("timed_out", "transport_error", "error_message", "error_kind", "completion_tokens",
-                    "prompt_tokens", "cached_tokens", "finish_reason", "truncated", "empty_body", "request_id"):
+                    "prompt_tokens", "cached_tokens", "finish_reason", "truncated", "empty_body", "request_id", "malformed"):
             value = getattr(self, key)
             if value not in (None, False):
                 out[key] = value.value if isinstance(value, enum.Enum) else value

@@ -396,6 +396,32 @@ def tokens_then_error(count: int, message: str) -> Answer:
     return answer
 
 
+def tokens_then_frame(count: int, frame: bytes | Mapping[str, Any]) -> Answer:
+    """Streamed: `count` token frames, then `frame` (raw bytes that are not JSON, or JSON of the
+    wrong shape), then the stream's end. Not streamed: the honest answer."""
+    def answer(g: Generate) -> Behaviour:
+        if g.stream:
+            return _streamed([*g.dialect.frames(g, count, None), frame])
+        return honest(g)
+    return answer
+
+
+def text_with_count(value: Any) -> Answer:
+    """A 200 answer with two generated tokens whose completion token count is `value` (not a
+    sane count: negative, a string, absurd): in the whole answer, or in the stream's last frame."""
+    def answer(g: Generate) -> Behaviour:
+        if g.stream:
+            frames = g.dialect.frames(g, 2, "length")
+            counts = frames[-1]["meta_info"] if isinstance(g.dialect, Sglang) else frames[-1]["usage"]
+            counts["completion_tokens"] = value
+            return _streamed(frames)
+        body = g.dialect.answer(g, 2, "length")
+        counts = body["meta_info"] if isinstance(g.dialect, Sglang) else body["usage"]
+        counts["completion_tokens"] = value
+        return _json(body)
+    return answer
+
+
 def empty_ok(g: Generate) -> Behaviour:
     """HTTP 200 with an empty body."""
     return fixed(b"", "text/event-stream" if g.stream else "application/json")

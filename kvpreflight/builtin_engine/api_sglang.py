@@ -10,7 +10,7 @@ import uuid
 from typing import TYPE_CHECKING, Any
 
 from kvpreflight.builtin_engine import metrics, tokenizer
-from kvpreflight.builtin_engine.config import GB, MAX_RUNNING_REQUESTS
+from kvpreflight.builtin_engine.config import GB, MAX_RUNNING_REQUESTS, Fault
 from kvpreflight.builtin_engine.protocol import (
     Generation,
     GenParams,
@@ -104,6 +104,13 @@ def generate(h: EngineHandler, body: dict[str, Any]) -> None:
     try:
         gen = h.run(ids, params, body, on_token)
     except RequestError as exc:
+        if stream and Fault.TOKENS_THEN_GARBAGE in h.engine.faults and exc.status == 400:
+            _tokens_then_garbage(h, params.rid, len(ids), exc)
+            return
+        if not stream and Fault.TEXT_WITH_BAD_COUNT in h.engine.faults and exc.status == 400:
+            h.reply_json(200, {"text": "ok ok ok", "meta_info": {"id": params.rid, "finish_reason": {"type": "length", "length": 3},
+                                                                 "prompt_tokens": len(ids), "completion_tokens": -1}})
+            return
         _error(h, exc, stream, headers_sent=stream)
         return
     except (BrokenPipeError, ConnectionResetError):
@@ -126,6 +133,18 @@ def _error(h: EngineHandler, exc: RequestError, stream: bool, headers_sent: bool
     if not headers_sent:
         h.start_stream()
     h.frame({"error": {"message": str(exc), "type": "invalid_request_error", "code": exc.status, "retryable": False}})
+    h.done()
+
+
+def _tokens_then_garbage(h: EngineHandler, rid: str, prompt_tokens: int, exc: RequestError) -> None:
+    """Fault tokens-then-garbage: a refused streamed prompt is answered with tokens anyway, then
+    an error frame cut off mid-JSON, as a relay that loses the end of a frame sends it."""
+    sent: list[int] = []
+    for token in tokenizer.encode("ok ok ")[:3]:
+        sent.append(token)
+        h.frame({"text": tokenizer.decode(sent), "output_ids": list(sent),
+                 "meta_info": {"id": rid, "finish_reason": None, "prompt_tokens": prompt_tokens, "completion_tokens": len(sent)}})
+    h.wfile.write(b'data: {"error": {"message": "' + str(exc)[:40].encode() + b"\n\n")
     h.done()
 
 

@@ -10,6 +10,7 @@ import random
 import threading
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 
 import torch
 
@@ -24,6 +25,8 @@ from kvpreflight.builtin_engine.protocol import FinishReason, Generation, GenPar
 from kvpreflight.model import ProcessRole
 
 ALLOC_WAIT_S = 30.0  # a request waits this long for pages held by others (SGLang queues)
+LEAK_TOKENS = 96  # faults leak-*: the tail another tenant's prompt lends (the copy head reads 38 back)
+SHORTEN_FROM = 256  # fault shortened-prompt: shorter prompts pass whole (calibration, health checks)
 
 
 class Engine:
@@ -46,6 +49,7 @@ class Engine:
             PrefixCache(self.pool, self.page_size, Fault.PREFIX_CACHE_NO_SALT in self.faults) if use_cache else None
         )
         self._transfer_seq = 0
+        self._last_prompts: dict[str | None, list[int]] = {}  # cache_salt -> its last prompt (faults leak-*)
 
     # ---- what the engine says about itself -------------------------------------------------
 
@@ -279,14 +283,35 @@ class Engine:
 
     def run_unified(self, ids: list[int], params: GenParams, on_token: OnToken | None = None) -> Generation:
         ids, _ = self.admit(ids, params.max_new_tokens)
-        pages, cached = self.prefill(ids, params)
+        computed = self._faulty_prompt(ids, params, streamed=on_token is not None)
+        pages, cached = self.prefill(computed, params)
         try:
-            return self.generate_from_pages(ids, pages, params, cached, on_token)
+            # The answer reports the prompt as it was sent, whatever was computed.
+            return replace(self.generate_from_pages(computed, pages, params, cached, on_token), prompt_ids=tuple(ids))
         finally:
-            prompt_pages = -(-len(ids) // self.page_size)
+            prompt_pages = -(-len(computed) // self.page_size)
             if len(pages) > prompt_pages:
                 self.release(pages[prompt_pages:], params.rid)
-            self.finish_prefill_pages(ids, pages[:prompt_pages], params)
+            self.finish_prefill_pages(computed, pages[:prompt_pages], params)
+
+    def _faulty_prompt(self, ids: list[int], params: GenParams, *, streamed: bool) -> list[int]:
+        """The prompt the faults let through: shortened, or its tail taken from another tenant's
+        last prompt (the answer path named by the fault only). The honest engine computes `ids`."""
+        leak = Fault.LEAK_STREAMED if streamed else Fault.LEAK_NOT_STREAMED
+        other: list[int] | None = None
+        if self.faults & {Fault.LEAK_STREAMED, Fault.LEAK_NOT_STREAMED}:
+            with self._counter_lock:
+                other = next((p for salt, p in reversed(self._last_prompts.items()) if salt != params.cache_salt), None)
+                self._last_prompts.pop(params.cache_salt, None)
+                self._last_prompts[params.cache_salt] = list(ids)
+                while len(self._last_prompts) > 4:  # the latest few tenants are enough to leak from
+                    del self._last_prompts[next(iter(self._last_prompts))]
+        if leak in self.faults and other is not None and self.fault_fires():
+            tail = min(LEAK_TOKENS, len(other), len(ids) // 2)
+            return ids[: len(ids) - tail] + other[len(other) - tail:] if tail else ids
+        if Fault.SHORTENED_PROMPT in self.faults and len(ids) > SHORTEN_FROM and self.fault_fires():
+            return ids[: len(ids) // 2]
+        return ids
 
 
 def device_for(choice: str) -> str:

@@ -18,8 +18,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         return [CheckResult(ID, Status.INCONCLUSIVE, run.missing("the clamp probe"), ctx.entry)]
     c, ev = p.completion, probe_evidence(p)
     served = run.limits.served_context
-    if c.timed_out or c.transport_error:
-        return [CheckResult(ID, Status.INCONCLUSIVE, f"no answer to the clamp probe ({c.transport_error or 'timed out'})", ctx.entry, ev)]
+    if c.timed_out or c.transport_error or c.malformed:
+        return [CheckResult(ID, Status.INCONCLUSIVE, f"no answer to the clamp probe ({c.transport_error or c.malformed or 'timed out'})", ctx.entry, ev)]
     if c.error_message is not None:
         if c.error_kind is ErrorKind.LENGTH and (c.status or 0) < 500:
             return [CheckResult(ID, Status.PASS, "prompt + max_tokens over the context is refused explicitly", ctx.entry, ev)]

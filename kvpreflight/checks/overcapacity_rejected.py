@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import (
+    accepted,
     decode_urls,
     probe_evidence,
     refusal_verdict,
@@ -50,7 +51,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if twin is None:
         verdicts.append((Status.INCONCLUSIVE, run.missing("the shorter twin (boundary-accept)")
                          + ", so a refusal cannot be shown to be about length", {}))
-    elif not twin.completion.served:
+    elif not accepted(twin.completion):
         verdicts.append((Status.INCONCLUSIVE,
                          "the shorter twin (boundary-accept) was not accepted, so a refusal cannot be shown to be about length",
                          probe_evidence(twin)))
@@ -60,5 +61,5 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if run.limits and not run.limits.pool_bound:
         gap = " (the pool holds the served context: no over-pool gap exists, only over-context was probed)"
     result = CheckResult(ID, worst, "; ".join(lines) + gap, ctx.entry,
-                         {"probes": [e for _, _, e in verdicts], "twin_accepted": bool(twin and twin.completion.served)})
+                         {"probes": [e for _, _, e in verdicts], "twin_accepted": bool(twin and accepted(twin.completion))})
     return [result, *unreached(ctx, ID)]

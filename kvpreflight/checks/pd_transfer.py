@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvpreflight.checks.counts import DEFAULT_PAGE, Tally, prompt_count
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import counted_stale_reads, danger_entry, logged_lines
 from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, EngineSnapshot, Role, Status
@@ -31,7 +32,6 @@ class Transfer(enum.StrEnum):
     RECOMPUTED = "recomputed"  # the decode computed the prompt itself
     NOT_MOVED = "not-moved"  # KV for part of the prompt never arrived
     UNMEASURED = "unmeasured"
-DEFAULT_PAGE = 16  # tokens per page where an engine does not say
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -130,8 +130,9 @@ def _judge(window: Window, decode: EngineSnapshot, allowance_pages: int) -> dict
     if computed is not None and computed > allowance:
         return {**counted, "verdict": Transfer.RECOMPUTED, "finding": f"{said}: the decode recomputed the prompt "
                 f"(computed {computed:,.0f} > {allowance:,} allowed){_skipped(received)}"}
-    if received is not None and received + cached + allowance < prompt:
-        return {**counted, "verdict": Transfer.NOT_MOVED, "finding": f"{said}: the KV of {prompt - received - cached:,.0f} prompt tokens "
+    count = prompt_count(prompt, requests, window.deltas, (decode,), allowance=allowance)
+    if count.tally is Tally.SHORT or (received is not None and count.tally is Tally.UNMEASURED):
+        return {**counted, "verdict": Transfer.NOT_MOVED, "finding": f"{said}: the KV of {prompt - count.accounted:,.0f} prompt tokens "
                 "never reached the decode (the transfer was skipped or cut short)"}
     if received is None and computed is None:
         return {**counted, "verdict": Transfer.UNMEASURED, "finding": f"{window.name}: not measured at {decode.url}"}

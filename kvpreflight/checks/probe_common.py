@@ -33,6 +33,14 @@ def refusal_verdict(c: Completion) -> tuple[Status, str]:
     """How a request that must be refused was answered."""
     if c.timed_out:
         return Status.FAIL, f"no answer within the timeout ({c.elapsed_s:.1f}s): a hang, not a rejection"
+    if c.malformed is not None:  # what came before the bad part was served; the rest is not believed
+        if c.completion_tokens:
+            return Status.FAIL, (f"HTTP {c.status}: {c.completion_tokens} tokens were served before a part of the reply "
+                                 f"that does not read ({c.malformed}): the over-capacity request was served, not rejected")
+        if c.text:
+            return Status.FAIL, (f"HTTP {c.status}: an answer with text, its counts not readable ({c.malformed}): "
+                                 "the over-capacity request was served, not rejected")
+        return Status.INCONCLUSIVE, f"HTTP {c.status}: a reply that does not read, nothing measured from it: {c.malformed}"
     if c.transport_error:
         if c.completion_tokens:  # tokens before the break: the engine was answering it
             return Status.FAIL, (f"HTTP {c.status}: {c.completion_tokens} tokens were generated before the connection broke "
@@ -62,6 +70,12 @@ def refusal_verdict(c: Completion) -> tuple[Status, str]:
                          f"generated tokens{finish}: the over-capacity request was served, not rejected")
 
 
+def accepted(c: Completion) -> bool:
+    """Taken on and answered: served cleanly, or answered with text in a reply whose counts do
+    not read (a bad count voids the counts, not the answer)."""
+    return c.served or (c.malformed is not None and c.status == 200 and bool(c.text or c.completion_tokens))
+
+
 def not_served(c: Completion) -> str:
     """Why a request that had to be served was not, in a few words."""
     if c.empty_body:
@@ -82,6 +96,8 @@ def stalled_or_broken(c: Completion, speed_note: str = "") -> str | None:
         return f"stalled: no complete answer within its {c.elapsed_s:.1f}s budget{how}, nothing measured"
     if c.transport_error:
         return f"the connection broke, nothing measured: {c.transport_error}"
+    if c.malformed is not None:
+        return f"the reply does not read, nothing measured from it: {c.malformed}"
     return None
 
 

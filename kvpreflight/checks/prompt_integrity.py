@@ -1,11 +1,16 @@
 """prompt-integrity: a request just under the limit succeeds AND the engine processed exactly
-the tokens sent (no silent truncation, no placeholder)."""
+the tokens sent (no silent truncation, no placeholder): by the answer's own usage, and by the
+engines' counters over the near-limit requests (the boundary one and the concurrent ones), which
+must account for every token sent (kvpreflight.checks.counts): an engine that shortens a prompt
+and reports its full length in the answer fails on its counters."""
 
 from __future__ import annotations
 
+from kvpreflight.checks.counts import PromptCount, Tally, computing_tier, prompt_count
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import not_served, probe_evidence, stalled_or_broken
-from kvpreflight.model import CheckResult, Status
+from kvpreflight.model import CheckResult, EngineSnapshot, Status
+from kvpreflight.probes.results import ProbeResult, ProbeRun
 
 ID = "prompt-integrity"
 
@@ -30,4 +35,33 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         return [CheckResult(ID, Status.FAIL, f"sent {c.sent_tokens:,} tokens, the engine processed {c.prompt_tokens:,}", ctx.entry, ev)]
     if not c.completion_tokens:
         return [CheckResult(ID, Status.FAIL, f"a {c.sent_tokens:,}-token prompt within the stated limits was not served ({not_served(c)})", ctx.entry, ev)]
-    return [CheckResult(ID, Status.PASS, f"a {c.sent_tokens:,}-token prompt (the stated maximum) was served with every token processed", ctx.entry, ev)]
+    counted = _counted(run, computing_tier(ctx.snapshots))
+    ev = {**ev, "engine_counts": {name: count.evidence() for name, count in counted}}
+    short = [f"{name}: {count.describe()}" for name, count in counted if count.tally is Tally.SHORT]
+    if short:
+        return [CheckResult(ID, Status.FAIL, f"the answer reports all {c.sent_tokens:,} prompt tokens processed, but the engines' "
+                            "counters do not: " + "; ".join(short) + " (the prompt was shortened silently)", ctx.entry, ev)]
+    unmeasured = [f"{name}: {count.describe()}" for name, count in counted if count.tally is Tally.UNMEASURED]
+    also = "; not cross-checked with the engines' counters: " + "; ".join(unmeasured) if unmeasured else ""
+    if not counted:
+        also = "; no engine counter moved over it, so only the answer's own count says so"
+    return [CheckResult(ID, Status.PASS, f"a {c.sent_tokens:,}-token prompt (the stated maximum) was served with every token "
+                        f"processed{also}", ctx.entry, ev)]
+
+
+def _counted(run: ProbeRun, tier: tuple[EngineSnapshot, ...]) -> list[tuple[str, PromptCount]]:
+    """The computing engines' account of each served near-limit window: the boundary request
+    alone, the concurrent ones together (they share one window)."""
+    windows: list[tuple[str, list[ProbeResult]]] = []
+    if (p := run.get("boundary-accept")) is not None and p.completion.served:
+        windows.append((p.name, [p]))
+    concurrent = [p for p in run.named("concurrent-") if p.completion.served]
+    if concurrent and len(concurrent) == len(run.named("concurrent-")):  # a refused one moved no counter of ours
+        windows.append((f"concurrent (x{len(concurrent)})", concurrent))
+    out = []
+    for name, probes in windows:
+        deltas = probes[0].counter_deltas
+        if not deltas:
+            continue
+        out.append((name, prompt_count(sum(p.completion.sent_tokens for p in probes), len(probes), deltas, tier)))
+    return out

@@ -32,6 +32,7 @@ import urllib3
 
 from kvpreflight.engines.deadline import Deadline, DeadlineAdapter, EngineTimeout, current_request
 from kvpreflight.engines.errors import EngineConfigError, EngineError
+from kvpreflight.engines.untrusted import shape
 
 MiB = 1 << 20
 
@@ -255,7 +256,7 @@ class StreamReply:
             try:
                 yield json.loads(frame)
             except (ValueError, RecursionError):
-                raise EngineError(f"{self.url}: stream frame is not JSON ({len(frame)} bytes)") from None
+                raise EngineError(f"{self.url}: stream frame is not JSON ({len(frame)} bytes: {shape(frame)})") from None
 
 
 # -- reading bodies -------------------------------------------------------------------------------

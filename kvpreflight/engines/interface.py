@@ -10,6 +10,7 @@ views of one computation.
 from __future__ import annotations
 
 import abc
+import json
 import re
 import secrets
 import time
@@ -20,7 +21,7 @@ from typing import Any, ClassVar, Self
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply, StreamReply
-from kvpreflight.engines.untrusted import error_in_event, error_message_of, parse_metrics
+from kvpreflight.engines.untrusted import answer_text, error_in_event, error_message_of, parse_metrics, shape
 from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, Completion, EngineSnapshot, ErrorKind, Role, RoleSource
 
 
@@ -230,7 +231,11 @@ class EngineAdapter(abc.ABC):
         if isinstance(reply, HttpReply):
             if not reply.body:
                 return self._empty(request, reply)
-            return self._answered(request, reply, self.parse_reply(request, reply), ttft_s=None, timed_out=False)
+            try:
+                facts = self.parse_reply(request, reply)
+            except EngineError as exc:  # one bad field voids this reply's counts, not its text
+                return self._malformed(request, reply, str(exc), ReplyFacts(text=answer_text(reply.body)), None)
+            return self._answered(request, reply, facts, ttft_s=None, timed_out=False)
         if not reply.body and not reply.timed_out and reply.cut_off is None:
             return self._empty(request, reply)
         events: list[Any] = []
@@ -239,12 +244,12 @@ class EngineAdapter(abc.ABC):
                 if (message := error_in_event(event)) is not None:  # an error inside the 200 stream
                     return self._error_after(request, reply, message, events)
                 events.append(event)
-        except EngineError as exc:  # a frame that is not JSON
-            return Completion(sent_tokens=request.sent_tokens, max_tokens=request.max_tokens, streamed=True,
-                              status=reply.status, elapsed_s=reply.elapsed_s, transport_error=str(exc),
-                              body_bytes=len(reply.body), body_sha256=reply.sha256)
-        answered = self._answered(request, reply, self.parse_events(request, events), ttft_s=reply.first_frame_s,
-                                  timed_out=reply.timed_out)
+        except EngineError as exc:  # a frame that is not JSON: the frames before it were received
+            return self._malformed(request, reply, str(exc), *self._readable(request, events)[1:])
+        readable, facts, generated = self._readable(request, events)
+        if readable < len(events):  # a frame of the wrong shape: what came before it counts
+            return self._malformed(request, reply, readable_error(self, request, events[readable]), facts, generated)
+        answered = self._answered(request, reply, facts, ttft_s=reply.first_frame_s, timed_out=reply.timed_out)
         if reply.cut_off is not None:  # what came before the break counts (tokens mean it was served)
             return replace(answered, transport_error=reply.cut_off, completion_tokens=self._generated(request, events))
         return answered
@@ -275,6 +280,37 @@ class EngineAdapter(abc.ABC):
         facts = self.parse_events(request, events)
         return replace(refused, completion_tokens=self._generated(request, events), prompt_tokens=facts.prompt_tokens,
                        finish_reason=facts.finish_reason, ttft_s=reply.first_frame_s)
+
+    def _readable(self, request: EngineRequest, events: list[Any]) -> tuple[int, ReplyFacts, int | None]:
+        """How many frames from the first read cleanly, their facts, and the tokens they carried:
+        a frame of the wrong shape ends what is believed, never what was received before it."""
+        try:
+            return len(events), self.parse_events(request, events), self._generated(request, events)
+        except EngineError:
+            pass
+        good = 0
+        for event in events:
+            try:
+                self.parse_events(request, [event])
+            except EngineError:
+                break
+            good += 1
+        try:
+            return good, self.parse_events(request, events[:good]), self._generated(request, events[:good])
+        except EngineError:  # frames that read alone but not together: none is believed
+            return 0, ReplyFacts(), None
+
+    def _malformed(self, request: EngineRequest, reply: HttpReply | StreamReply, what: str, facts: ReplyFacts,
+                   generated: int | None) -> Completion:
+        """A 200 reply that could not be read whole: `what` says why; the text and tokens before it count."""
+        streamed = isinstance(reply, StreamReply)
+        return Completion(
+            sent_tokens=request.sent_tokens, max_tokens=request.max_tokens, streamed=request.stream,
+            status=reply.status, elapsed_s=reply.elapsed_s, malformed=what, text=facts.text,
+            completion_tokens=generated if streamed else None, prompt_tokens=facts.prompt_tokens if streamed else None,
+            finish_reason=facts.finish_reason, body_bytes=len(reply.body), body_sha256=reply.sha256,
+            ttft_s=reply.first_frame_s if isinstance(reply, StreamReply) else None,
+        )
 
     def _generated(self, request: EngineRequest, events: list[Any]) -> int | None:
         """Tokens generated in these frames: as the engine counts them, else the frames that carried text."""
@@ -312,6 +348,15 @@ class EngineAdapter(abc.ABC):
         if reply.status != 200:
             raise EngineError(f"{self.url}/metrics: HTTP {reply.status}")
         return parse_metrics(reply.url, reply.text())
+
+
+def readable_error(adapter: EngineAdapter, request: EngineRequest, event: Any) -> str:
+    """What is wrong with one stream frame, as its parser says it."""
+    try:
+        adapter.parse_events(request, [event])
+    except EngineError as exc:
+        return str(exc)
+    return f"{adapter.url}{request.path}: stream frame {shape(json.dumps(event))} does not read with the frames before it"
 
 
 LOG_ID_PREFIX = "kvpreflight-"

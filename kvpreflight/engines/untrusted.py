@@ -5,6 +5,8 @@ an EngineError naming the field (a 200 of the wrong shape measured nothing)."""
 from __future__ import annotations
 
 import json
+import re
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
@@ -60,6 +62,26 @@ def _json_kind(value: Any) -> str:
     if isinstance(value, bool):
         return "true/false"
     return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+
+
+_SHAPE_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"(?:\s*:)?|"[^"]*$|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null|[{}\[\],:\s]|[^"{}\[\],:\s]+')
+_SHAPE_CHARS = 80
+
+
+def shape(frame: str) -> str:
+    """A frame as a report may quote it: its structure (braces, key names, numbers) with every
+    string value and any other text shown as "...", since an answer may hold another tenant's data."""
+    out: list[str] = []
+    for token in _SHAPE_TOKEN.findall(frame[:4096]):
+        if token.startswith('"'):
+            key = token.rstrip().endswith(":") and token.endswith(":")
+            out.append(token[:24] + ('":' if len(token) > 24 else "") if key else '"..."' if token.endswith('"') else '"...')
+        elif token[0].isdigit() or token[0] == "-" or token in ("true", "false", "null") or token in "{}[],: ":
+            out.append(token if not token.isspace() else " ")
+        else:
+            out.append("...")
+    text = "".join(out)
+    return text if len(text) <= _SHAPE_CHARS else text[:_SHAPE_CHARS] + "..."
 
 
 def json_object(value: Any, what: str, url: str) -> dict[str, Any]:
@@ -120,6 +142,32 @@ def positive_int(value: Any, what: str, url: str) -> int | None:
     if not whole or number <= 0 or number > _MAX_TOKENS:
         raise EngineError(f"{url}: {what} = {excerpt(value)} is not a plausible token count")
     return number
+
+
+_TEXT_KEYS = frozenset({"text", "content", "generated_text", "reasoning_content"})
+_TEXT_CHARS = 1 << 20  # what of a malformed answer's text is kept for the canary scan
+
+
+def answer_text(body: bytes) -> str:
+    """The generated text in a JSON answer whose other fields did not read: every string under a
+    key engines put text in, at any depth (an answer with text was served, whatever its counts say)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError):
+        return ""
+    found: list[str] = []
+    size = 0
+    queue: deque[Any] = deque([data])  # in document order, so a canary split across fields still reads
+    while queue and size < _TEXT_CHARS:
+        item = queue.popleft()
+        if isinstance(item, dict):
+            texts = [v for k, v in item.items() if k in _TEXT_KEYS and isinstance(v, str)]
+            found += texts
+            size += sum(map(len, texts))
+            queue.extend(v for v in item.values() if isinstance(v, (dict, list)))
+        elif isinstance(item, list):
+            queue.extend(v for v in item if isinstance(v, (dict, list)))
+    return "".join(found)[:_TEXT_CHARS]
 
 
 def error_message_of(body: bytes) -> str | None:

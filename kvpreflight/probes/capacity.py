@@ -27,6 +27,9 @@ OVER_MAX_TOKENS = 96
 CONCURRENT_MAX_TOKENS = 4
 IDLE_WAIT_S = 10.0
 HEALTH_PROMPT = 16
+# Served probes sent streamed (besides the `-stream` ones): prompt-integrity's limit prompt is,
+# and every other concurrent request, so the served near-limit answers are read both ways.
+STREAMED = frozenset({"boundary-accept"})
 
 PURPOSES = {
     "over-pool": "longer than the KV pool but within the served context (the incident's danger zone)",
@@ -163,7 +166,7 @@ class CapacityProber:
         """Send one probe (as `tenant`, when given); None when it was not sent, or the deadline
         cut it short (it proves nothing)."""
         name, expect, max_tokens = planned.name, planned.expect, planned.max_tokens
-        stream = name.endswith("-stream")
+        stream = name.endswith("-stream") or name in STREAMED
         if not self.budget.may_send():
             return None
         self.budget.enter(f"the capacity probe {name}")
@@ -225,12 +228,13 @@ class CapacityProber:
             completions = self.budget.probe(self.entry, ids, name="concurrent", expect=Expect.ACCEPT,
                                             max_tokens=max_tokens, engines=self.engines.values(), copies=k,
                                             after_send=self._read_counters)
-        else:  # tenants A and B alternating, each its own canary prompt of the same size
+        else:  # tenants A and B alternating, each its own canary prompt of the same size; B's streamed
             prompts = self.tenants.ids
             alternating = [(Tenant.A, Tenant.B)[i % 2] for i in range(k)]
             tenants = list(alternating)
             with ThreadPoolExecutor(max_workers=k) as pool:
-                futures = [pool.submit(self._send_concurrent, t, prompts[t][: len(ids)], k, max_tokens) for t in alternating]
+                futures = [pool.submit(self._send_concurrent, t, prompts[t][: len(ids)], k, max_tokens, i % 2 == 1)
+                           for i, t in enumerate(alternating)]
                 each = [f.result() for f in futures]
             self._read_counters()
             completions = None if any(c is None for c in each) else tuple(c[0] for c in each if c is not None)
@@ -240,7 +244,8 @@ class CapacityProber:
         return [self._result(f"concurrent-{i + 1}", Expect.ACCEPT, c, purpose, before, self._latest or {}, tenants[i])
                 for i, c in enumerate(completions)]
 
-    def _send_concurrent(self, tenant: Tenant, ids: list[int], k: int, max_tokens: int) -> tuple[Completion, ...] | None:
+    def _send_concurrent(self, tenant: Tenant, ids: list[int], k: int, max_tokens: int,
+                         stream: bool) -> tuple[Completion, ...] | None:
         adapter, extra = self._sender(tenant)
         return self.budget.probe(adapter, ids, name="concurrent", expect=Expect.ACCEPT, max_tokens=max_tokens,
-                                 engines=self.engines.values(), extra=extra, at_once=k)
+                                 engines=self.engines.values(), extra=extra, at_once=k, stream=stream)

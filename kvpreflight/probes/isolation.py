@@ -66,6 +66,9 @@ from kvpreflight.probes.tokens import valid_token_ids
 IDLE_WAIT_S = 12.0  # a cancelled bootstrap may hold pages ~10 s on SGLang-like engines
 CANCEL_PROPAGATION_S = 0.06  # router and decode notice a closed socket within ~40 ms
 A, B = Tenant.A, Tenant.B
+# The normal scenario's requests, (tenant, streamed): each tenant's answers are read to the end
+# both streamed and not, since streaming is its own code path in every engine, router and gateway.
+NORMAL_ORDER = ((A, False), (B, False), (A, True), (B, True), (A, False), (B, False))
 
 
 @dataclass(frozen=True)
@@ -141,10 +144,9 @@ class IsolationProber:
     # -- scenarios -----------------------------------------------------------------------------
     def _normal(self) -> Scenario:
         n = self.sizes.normal_tokens
-        order = (A, B, A, B, A, B)
-        return self._scenario("normal", lambda: [self._send(t, f"normal-{t.value}{i // 2 + 1}", n)
-                                                 for i, t in enumerate(order)],
-                              "both tenants ran and were scanned")
+        return self._scenario("normal", lambda: [self._send(t, f"normal-{t.value}{i // 2 + 1}", n, stream=stream)
+                                                 for i, (t, stream) in enumerate(NORMAL_ORDER)],
+                              "both tenants ran and were scanned, streamed and not")
 
     def _boundary(self) -> Scenario:
         n = self.longest
@@ -177,10 +179,11 @@ class IsolationProber:
 
         def steps() -> list[TenantRequest | None]:
             out: list[TenantRequest | None] = []
-            for first in (A, B):
+            for stream, first in enumerate((A, B)):  # mirrored in the other mode: each path refuses, streamed or not
                 second = first.other
-                out.append(self._send(first, f"over-capacity-{first.value}-long", self.sizes.short))
-                out.append(self._send(second, f"over-capacity-{second.value}-over", over, expect=Expect.REJECT))
+                out.append(self._send(first, f"over-capacity-{first.value}-long", self.sizes.short, stream=bool(stream)))
+                out.append(self._send(second, f"over-capacity-{second.value}-over", over, expect=Expect.REJECT,
+                                      stream=bool(stream)))
             return out
 
         return self._scenario("over-capacity", steps, f"refusal path exercised right after the other tenant's pages were freed ({where})")
@@ -198,8 +201,8 @@ class IsolationProber:
                 out.append(self._abandon(leaver, f"cancel-transfer-{leaver.value}-left", size, notes, during_transfer=True))
                 time.sleep(CANCEL_PROPAGATION_S)
                 with ThreadPoolExecutor(max_workers=2) as pool:
-                    futures = [pool.submit(self._send, other, f"cancel-transfer-{other.value}{i + 1}", victim, at_once=2)
-                               for i in range(2)]
+                    futures = [pool.submit(self._send, other, f"cancel-transfer-{other.value}{i + 1}", victim, at_once=2,
+                                           stream=i == 1) for i in range(2)]
                     out.extend(f.result() for f in futures)
                 self.budget.wait_idle(self.state, IDLE_WAIT_S)
             return out
@@ -257,8 +260,8 @@ class IsolationProber:
 
         def steps() -> list[TenantRequest | None]:
             with ThreadPoolExecutor(max_workers=count) as pool:
-                futures = [pool.submit(self._send, t, f"load-{t.value}{i // 2 + 1}", per, max_tokens=answer, at_once=count)
-                           for i, t in enumerate(order)]
+                futures = [pool.submit(self._send, t, f"load-{t.value}{i // 2 + 1}", per, max_tokens=answer, at_once=count,
+                                       stream=(i // 2) % 2 == 1) for i, t in enumerate(order)]
                 return [f.result() for f in futures]
 
         scenario = self._scenario("load", steps, "", churn=True)
@@ -311,13 +314,13 @@ class IsolationProber:
 
     # -- one request ---------------------------------------------------------------------------
     def _send(self, tenant: Tenant, name: str, tokens: int, *, expect: Expect = Expect.ACCEPT,
-              max_tokens: int | None = None, at_once: int = 1) -> TenantRequest | None:
-        """One scanned request (one of `at_once` the scenario sends together); None when it was
-        not sent or the deadline cut it short."""
+              max_tokens: int | None = None, at_once: int = 1, stream: bool = False) -> TenantRequest | None:
+        """One scanned request (one of `at_once` the scenario sends together), streamed or not,
+        read to its end; None when it was not sent or the deadline cut it short."""
         client = self.tenants[tenant]
         sent = self.budget.probe(client.adapter, self._ids[tenant][:tokens], name=name, expect=expect,
                                  max_tokens=max_tokens or self.gen, engines=self.engines.values(), extra=client.extra,
-                                 at_once=at_once)
+                                 at_once=at_once, stream=stream)
         if sent is None:
             return None
         return self._scan(tenant, name, sent[0], sent[0].text, expect=expect)

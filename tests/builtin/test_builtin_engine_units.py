@@ -39,6 +39,7 @@ def test_fault_names_are_the_cli_and_environment_spellings():
     assert sorted(FAULTS) == sorted([
         "reject-continues", "no-transfer-check", "early-free-on-cancel", "transfer-fail-as-drained",
         "prefix-cache-no-salt", "auto-truncate", "misreport-pool", "decode-recompute",
+        "leak-streamed", "leak-not-streamed", "shortened-prompt", "tokens-then-garbage", "text-with-bad-count",
     ])
     assert faults_from_env({FAULTS_ENV: " auto-truncate , misreport-pool,"}) == {Fault.AUTO_TRUNCATE, Fault.MISREPORT_POOL}
     assert faults_from_env({}) == frozenset()

@@ -37,7 +37,7 @@ def test_pool_smaller_than_context_probes_over_the_pool_first():
     assert shape(engine.sent) == [
         (6144, 96, False), (6144, 96, True),  # over-pool, then streamed
         (8193, 96, False), (8193, 96, True),  # over-context: one token over the served context
-        (4089, 1, False),  # boundary-accept: the stated maximum
+        (4089, 1, True),  # boundary-accept: the stated maximum, streamed
         (4090, 1, False),  # boundary-reject: one more
         (4081, 8192 - 4081 + 8, False),  # clamp: prompt + max_tokens 8 over the context
         (4085, 4, False), (4085, 4, False),  # concurrent: leaves room for the 4 generated tokens
@@ -56,7 +56,7 @@ def test_context_smaller_than_pool_has_no_over_pool_probe():
     run = probe(engine, concurrency=3)
     assert run.limits == Limits(served_context=8192, pool_tokens=16384, max_accepted=8185)
     assert not run.named("over-pool")
-    assert shape(engine.sent) == [(8193, 96, False), (8193, 96, True), (8185, 1, False), (8186, 1, False),
+    assert shape(engine.sent) == [(8193, 96, False), (8193, 96, True), (8185, 1, True), (8186, 1, False),
                                   (8177, 23, False), *[(8181, 4, False)] * 3, (16, 4, False)]
 
 

@@ -93,9 +93,16 @@ def test_tokens_then_an_error_frame_are_counted_and_fail_the_rejection(before):
     assert refusal_verdict(clean)[0] is Status.PASS and clean.completion_tokens is None
 
 
-def test_a_frame_that_is_not_json_is_a_transport_error():
+def test_a_frame_that_is_not_json_marks_the_reply_malformed_and_keeps_what_came_before():
     c, _ = sglang(frames("{not json"), stream=True)
-    assert c.transport_error and "not JSON" in c.transport_error and not c.served
+    assert c.malformed and "not JSON (9 bytes: {... ...)" in c.malformed and not c.served
+    assert c.completion_tokens is None and not c.transport_error
+    # Issue 26: the tokens before it were received, and count.
+    before = {"text": "hello", "meta_info": {"prompt_tokens": 9000, "completion_tokens": 2}}
+    c, _ = sglang(frames(before, '{"text": "hello another tenant', "[DONE]"), stream=True)
+    assert c.malformed and c.completion_tokens == 2 and c.text == "hello" and not c.served
+    # The frame is quoted by its shape: what it says may be another tenant's data.
+    assert '{"text": "...' in c.malformed and "another tenant" not in c.malformed
 
 
 @pytest.mark.parametrize("timed_out", [False, True])

@@ -136,6 +136,43 @@ def test_engine_that_answers_b_with_as_pages_fails_tenant_isolation():
     assert run.canaries[Tenant.A] in result.message
 
 
+def test_each_tenant_is_read_to_the_end_streamed_and_not_and_every_answer_scanned():
+    engine = FakeEngine(snapshot(URL))
+    run = isolate(engine, churn=True)
+    read = [r for r in scenario(run, "normal").requests if r.served]
+    for tenant in Tenant:
+        assert {r.completion.streamed for r in read if r.tenant is tenant} == {True, False}, tenant
+    assert all(r.scanned and r.own_seen for r in read)
+    # The refusal path and the long request before it, once each way; the churn scenarios'
+    # answers read to the end take both modes too.
+    over = scenario(run, "over-capacity").requests
+    assert [(r.name, r.completion.streamed) for r in over] == [
+        ("over-capacity-a-long", False), ("over-capacity-b-over", False),
+        ("over-capacity-b-long", True), ("over-capacity-a-over", True)]
+    for name in ("cancel-transfer", "load"):
+        assert {r.completion.streamed for r in scenario(run, name).requests if r.served} == {True, False}, name
+
+
+@pytest.mark.parametrize("leaks_when", [True, False], ids=["only-streamed", "only-not-streamed"])
+def test_a_leak_confined_to_one_answer_mode_fails_tenant_isolation(leaks_when: bool):
+    """Issue 26: streaming is its own code path; a leak on either path alone is caught."""
+    last_of: dict[str, str] = {}
+
+    def leaky(engine: FakeEngine, sent: Sent) -> Completion | None:
+        tenant = tenant_of(sent)
+        other = last_of.get("a" if tenant == "b" else "b")
+        last_of[tenant] = sent.seed
+        if other is None or sent.tokens > engine.limit or sent.stream is not leaks_when:
+            return None
+        return Completion(sent_tokens=sent.tokens, max_tokens=sent.max_tokens, streamed=sent.stream, status=200, elapsed_s=0.01,
+                          completion_tokens=sent.max_tokens, prompt_tokens=sent.tokens, text=sent.seed + other)
+
+    engine = FakeEngine(snapshot(URL), script=leaky)
+    run = isolate(engine)
+    result = judged(run, (engine.snap,), "tenant-isolation")
+    assert result.status is Status.FAIL and "canary crossed tenants" in result.message, result.message
+
+
 def test_without_a_salt_an_engine_shares_the_prefix_across_tenants():
     engine = FakeEngine(snapshot(URL))
     run = isolate(engine, salted=False)
@@ -231,7 +268,7 @@ def test_a_stale_kv_read_during_cancel_transfer_warns_and_leaves_it_unconfirmed(
     transfer long done), so the count shows a hazard, not that the disconnect landed mid-transfer:
     the scenario warns on both."""
     def stale_read(engine: FakeEngine, sent: Sent) -> Completion | None:
-        if not sent.stream and "tenant" in sent.extra.get("cache_salt", ""):  # the victims' windows, here
+        if "tenant" in sent.extra.get("cache_salt", ""):  # the victims' windows, here (one of each pair streamed)
             engine.counters = replace(engine.counters, stale_kv_reads=(engine.counters.stale_kv_reads or 0) + 1)
         return None
 

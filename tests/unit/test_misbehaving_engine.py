@@ -33,7 +33,9 @@ from misbehaving_http import (
     fake_engine,
     finished_without_tokens,
     honest,
+    text_with_count,
     tokens_then_error,
+    tokens_then_frame,
 )
 from support.cli import invoke
 
@@ -42,6 +44,11 @@ ACCEPT = ("prompt-integrity", "concurrent-capacity")
 LENGTH_MESSAGE = f"The input ({FAKE_CONTEXT + 1} tokens) is longer than the model's context length ({FAKE_CONTEXT} tokens)."
 TIMEOUT_S = 2
 OVER = f"over-context-stream ({FAKE_CONTEXT + 1} tokens): "  # the streamed over-context probe's line
+OVER_WHOLE = f"over-context ({FAKE_CONTEXT + 1} tokens): "  # the non-streamed one's
+SERVED_THEN_BAD = "tokens were served before a part of the reply that does not read"
+# A frame of the wrong shape in each dialect: a count that is not one (SGLang), choices that are not a list (vLLM).
+WRONG_SHAPE = {"sglang": {"text": "ok ok ok ok", "meta_info": {"completion_tokens": -4, "prompt_tokens": 1}},
+               "vllm": {"id": "cmpl-fake", "object": "text_completion", "choices": "ok ok"}}
 
 
 @dataclass(frozen=True)
@@ -99,6 +106,27 @@ ROWS = {
                   "prompt-integrity": ("inconclusive", ("was not sent", "probed no further")),
                   "concurrent-capacity": ("inconclusive", ("was not sent", "probed no further")),
                   "tenant-isolation": ("inconclusive", ("probed no further",))}),
+    # Issue 26: what came before a frame that does not read was served (two shapes of frame).
+    "reject: tokens, then a frame that is not JSON": Row(
+        over=tokens_then_frame(3, b'{"text": "ok ok ok", "meta_info": {'),
+        verdicts={REJECT: ("fail", (OVER + "HTTP 200: 3 " + SERVED_THEN_BAD, "stream frame is not JSON",
+                                    "served, not rejected")), **served_honestly(*ACCEPT)}),
+    **{f"reject: tokens, then a {dialect} frame of the wrong shape": Row(
+        over=tokens_then_frame(3, frame), dialects=(dialect,),
+        verdicts={REJECT: ("fail", (OVER + "HTTP 200: 3 " + SERVED_THEN_BAD, "stream frame", "served, not rejected")),
+                  **served_honestly(*ACCEPT)}) for dialect, frame in WRONG_SHAPE.items()},
+    # A malformed count voids that reply's counts only: its text still shows it was served, and
+    # every other probe's verdict stands.
+    "reject: text with a negative token count": Row(
+        over=text_with_count(-1),
+        verdicts={REJECT: ("fail", (OVER_WHOLE + "HTTP 200: an answer with text, its counts not readable",
+                                    "completion_tokens = -1 is not a token count", "served, not rejected")),
+                  **served_honestly(*ACCEPT)}),
+    "reject: text with a token count that is a string": Row(
+        over=text_with_count("2"),
+        verdicts={REJECT: ("fail", (OVER_WHOLE + "HTTP 200: an answer with text, its counts not readable",
+                                    "completion_tokens = '2' is not a token count")),
+                  **served_honestly(*ACCEPT)}),
     "reject: connection reset before any token": Row(
         over=cut_off(0, reset=True), exit_code=3,
         verdicts={REJECT: ("inconclusive", (OVER + "transport failure, nothing measured", "Connection reset by peer")),
@@ -118,6 +146,11 @@ ROWS = {
         at=empty_ok,
         verdicts={"prompt-integrity": ("fail", ("was not served (HTTP 200 with an empty body)",)),
                   "concurrent-capacity": ("fail", ("concurrent-1: not served (HTTP 200 with an empty body)", "concurrent-2: not served"))}),
+    "accept: a token count that is not a count": Row(
+        at=text_with_count(1e300), exit_code=3,
+        verdicts={"prompt-integrity": ("inconclusive", ("the reply does not read, nothing measured from it", "is not a token count")),
+                  "concurrent-capacity": ("inconclusive", ("concurrent-1: the reply does not read",)),
+                  REJECT: ("pass", ("refused for length",))}),
     "accept: stall": Row(
         at=cut_off(1, reset=False), exit_code=3,
         verdicts={"prompt-integrity": ("inconclusive", ("stalled: no complete answer within its", "nothing measured")),
