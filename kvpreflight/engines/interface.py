@@ -21,7 +21,7 @@ from typing import Any, ClassVar, Self
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply, StreamReply
 from kvpreflight.engines.untrusted import error_in_event, error_message_of, parse_metrics
-from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, Completion, EngineSnapshot, ErrorKind, Role, RoleSource
+from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, Completion, EngineSnapshot, ErrorKind, Hazard, Role, RoleSource
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -67,6 +67,9 @@ class Counters:
     # A decode finished reading KV its prefill no longer held (the lease expired or the request
     # was gone): those pages may have been reused before the read, another request's KV in them.
     stale_kv_reads: float | None = None
+    # The prefill released a request's KV no decode had read within its lease (the decode, if it
+    # still wants it, recomputes the prompt: a prefill's work lost, and its pages pinned until then).
+    expired_kv: float | None = None
     kv_transfers: float | None = None  # KV transfers completed
     kv_transfer_tokens: float | None = None  # tokens moved by KV transfers
     prefix_cache_hits: float | None = None  # prefix-cache hits (lookups or tokens, as the engine counts)
@@ -102,7 +105,7 @@ def transfer_time(seconds: float | None, count: float | None) -> dict[str, float
 
 
 COUNTER_FIELDS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "bootstrap_failures",
-                  "deferred_releases", "stale_kv_reads", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens",
+                  "deferred_releases", "stale_kv_reads", "expired_kv", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens",
                   "cached_prompt_tokens")
 
 
@@ -113,6 +116,7 @@ class LogSignal:
 
     what: str  # the line's fixed wording, quoted in reports instead of the line itself
     pattern: re.Pattern[str]
+    hazard: Hazard = Hazard.TRANSFER
 
     def request_in(self, line: str) -> tuple[bool, str | None]:
         """Whether the line is this signal, and the request id it names."""

@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvpreflight.model import Completion
+from kvpreflight.model import Completion, Hazard
 
 
 class Expect(str, enum.Enum):
@@ -65,12 +65,18 @@ class DangerLine:
     what: str
     request_id: str | None = None
     names: str | None = None  # which of kvpreflight's requests the id is, where it is one
+    hazard: Hazard = Hazard.TRANSFER
 
 
 def stale_reads(deltas: Mapping[str, Mapping[str, float]]) -> dict[str, int]:
     """Engines whose stale-KV-read counter moved over one window: url -> how many reads. The
     counter form of a danger line, so it is seen without access to the engine's log."""
-    return {url: int(d["stale_kv_reads"]) for url, d in deltas.items() if d.get("stale_kv_reads", 0) > 0}
+    return counter_moved(deltas, "stale_kv_reads")
+
+
+def counter_moved(deltas: Mapping[str, Mapping[str, float]], name: str) -> dict[str, int]:
+    """Engines whose counter `name` (a Counters field) moved over one window: url -> by how much."""
+    return {url: int(d[name]) for url, d in deltas.items() if d.get(name, 0) > 0}
 
 
 @dataclass(frozen=True, kw_only=True)

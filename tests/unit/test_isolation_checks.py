@@ -140,7 +140,8 @@ def test_a_danger_line_logged_during_a_scenario_warns_and_is_quoted_with_the_req
             "(logged during the load scenario, naming tenant b's request load-b1)") in r.message
     (load,) = [s for s in r.evidence["scenarios"] if s["scenario"] == "load"]
     assert load["danger_lines"] == [{"source": DECODE, "what": line.what, "request_id": "kvpreflight-00aa",
-                                     "when": "logged during the load scenario", "names": "tenant b's request load-b1"}]
+                                     "when": "logged during the load scenario", "names": "tenant b's request load-b1",
+                                     "hazard": "transfer"}]
     crossed = scenario("load", (served("a"), served("b", "load-b1", crossings=(CANARY["a"],))), churn=True, danger_lines=(line,))
     assert one("tenant-isolation", iso(crossed)).status is Status.FAIL  # with a crossing it is part of the failure
 
