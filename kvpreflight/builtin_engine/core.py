@@ -23,6 +23,8 @@ from kvpreflight.builtin_engine.prefix_cache import PrefixCache
 from kvpreflight.builtin_engine.protocol import FinishReason, Generation, GenParams, LogprobEntry, OnToken, RequestError
 from kvpreflight.model import ProcessRole
 
+MAX_CANARY_LINES = 8  # violation lines logged per request (the count covers them all)
+
 ALLOC_WAIT_S = 30.0  # a request waits this long for pages held by others (SGLang queues)
 
 
@@ -241,6 +243,28 @@ class Engine:
             out.append((None if t == 0 else values[t], ids[t], None))
         return out
 
+    def verify_canary(self, pages: list[int], ids: list[int], rid: str) -> None:
+        """--kv-canary log|raise: before decoding, every prompt slot must hold the KV of the token
+        this request put there (SGLang's canary keeps a sidecar per slot; this model's KV names
+        its token). A mismatch is logged in SGLang's frozen format; raise also fails the request."""
+        if self.config.kv_canary == "none" or not ids:
+            return
+        slots = self.pool.slots(pages, len(ids))
+        with self.compute_lock:
+            stored = self.model.tokens_in(self.pool.flat()[slots]).tolist()
+        bad = [pos for pos, (got, want) in enumerate(zip(stored, ids, strict=True)) if got != want]
+        if not bad:
+            return
+        from kvpreflight.builtin_engine.startup import log  # startup imports this module
+
+        for pos in bad[:MAX_CANARY_LINES]:
+            # srt/kv_canary/runner/violation_reporter.py _format_violation (SGLang 0.5.13-0.5.23)
+            log(f"kv_canary violation: launch_tag=HEAD_K_FULL fail_reason=verify_token slot_idx={int(slots[pos])} "
+                f"position={pos} stored_token={stored[pos]} expected_token={ids[pos]} "
+                f"stored_chain_hash=0x0000000000000000 expected_aux=0x0000000000000000")
+        if self.config.kv_canary == "raise":
+            raise RequestError(f"KV cache canary violation detected for request {rid} ({len(bad)} slots)", status=500)
+
     def generate_from_pages(
         self,
         ids: list[int],
@@ -249,6 +273,7 @@ class Engine:
         cached_tokens: int,
         on_token: OnToken | None = None,
     ) -> Generation:
+        self.verify_canary(pages, ids, params.rid)
         in_lp = self.input_logprobs(pages, ids, params.logprob_start_len) if params.return_logprob else []
         out_ids: list[int] = []
         out_lp: list[LogprobEntry] = []

@@ -101,6 +101,9 @@ def build_server_info(engine: Engine, port: int, bootstrap_port: int | None, sta
         "pp_size": 1,
         "dp_size": 1,
         "enable_metrics": c.enable_metrics,
+        "kv_canary": c.kv_canary,  # SGLang 0.5.13+: none | log | raise, with the two below
+        "kv_canary_real_data": "none",
+        "kv_canary_sweep_interval": 0,
         "disaggregation_mode": disaggregation_mode(engine.role),
         "disaggregation_transfer_backend": TRANSFER_BACKEND,
         "disaggregation_bootstrap_port": bootstrap_port,

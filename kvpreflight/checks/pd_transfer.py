@@ -9,7 +9,7 @@ parameters) are quoted with the probe they were logged during: a warning by them
 the failure beside a recompute. A late read (a decode read KV its prefill had already released:
 vLLM's lease ran out; its log line or its counter, which needs no log) fails: every probe here was
 answered, so the client got text computed from released KV. An expired lease without a late read
-warns with its cost."""
+warns with its cost. A violation of the engine's own KV canary (SGLang --kv-canary) fails."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from typing import Any
 
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import (
+    canary_finding,
     counted_stale_reads,
     danger_entry,
     expiry_finding,
@@ -87,14 +88,16 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     # Every request of the capacity probes was meant to be answered: a late read among them is one
     # whose answer reached the client.
     late = late_read_finding(of_hazard(dangers, Hazard.LATE_READ), stale, ctx.snapshots)
+    canary = canary_finding(of_hazard(dangers, Hazard.KV_CANARY))
     expiry = expiry_finding(of_hazard(dangers, Hazard.KV_EXPIRED), expired)
     if late is not None:
         evidence["kv_lease"] = lease_in_force(ctx.snapshots)
     failed = [f for f in findings if f["verdict"] not in (Transfer.MOVED, Transfer.UNMEASURED)]
-    if failed or late is not None:
-        parts = [f["finding"] for f in failed] + ([late] if late is not None else [])
-        rest = [d for d in dangers if d["hazard"] != Hazard.LATE_READ.value]
-        quoted = logged if late is None else logged_lines(rest)  # the late reads are quoted in their finding
+    if failed or late is not None or canary is not None:
+        parts = [f["finding"] for f in failed] + [said for said in (late, canary) if said is not None]
+        own = {Hazard.LATE_READ.value, Hazard.KV_CANARY.value}  # quoted in their findings
+        rest = [d for d in dangers if d["hazard"] not in own]
+        quoted = logged if late is None and canary is None else logged_lines(rest)
         return [CheckResult(ID, Status.FAIL, "; ".join(parts) + quoted, ctx.entry, evidence)]
     if not findings:
         why = run.missing("a served probe") if not windows else "no served probe moved a decode engine's counters"

@@ -110,6 +110,8 @@ def worst_status(statuses: Iterable[Status]) -> Status:
 def danger_entry(line: DangerLine, when: str) -> dict[str, Any]:
     out: dict[str, Any] = {"source": line.source, "what": line.what, "request_id": line.request_id, "when": when,
                            "hazard": line.hazard.value}
+    if line.detail is not None:
+        out["detail"] = line.detail
     return out if line.names is None else {**out, "names": line.names}
 
 
@@ -120,7 +122,7 @@ def logged_lines(dangers: Sequence[Mapping[str, Any]]) -> str:
     counted: dict[tuple[str, str, str], int] = {}
     for d in dangers:
         when = d["when"] + (f", naming {d['names']}" if d.get("names") else "")
-        key = (d["source"], d["what"], when)
+        key = (d["source"], d["what"] + (f" ({d['detail']})" if d.get("detail") else ""), when)
         counted[key] = counted.get(key, 0) + 1
     return "; the logs say: " + "; ".join(f"{source} log: \"{what}\" {'x' + str(n) + ' ' if n > 1 else ''}({when})"
                                           for (source, what, when), n in counted.items())
@@ -171,6 +173,15 @@ def late_read_finding(late: Sequence[Mapping[str, Any]], counted: Sequence[tuple
     if not late and not counted:
         return None
     return f"{meaning}{logged_lines(late)}{counted_stale_reads(counted)}; {lease_in_force(snapshots)}; fix: {LEASE_FIX}"
+
+
+# SGLang's in-engine KV canary (--kv-canary log|raise): a slot's sidecar did not match on read.
+CANARY_MEANING = ("the engine's own KV canary found KV slots not holding what was written for the request reading them "
+                  "(another request's KV, or a page freed and reused under it)")
+
+
+def canary_finding(violations: Sequence[Mapping[str, Any]]) -> str | None:
+    return None if not violations else f"{CANARY_MEANING}{logged_lines(violations)}"
 
 
 def expiry_finding(expired: Sequence[Mapping[str, Any]], counted: Sequence[tuple[str, int, str]]) -> str | None:

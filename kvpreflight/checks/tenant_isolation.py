@@ -13,7 +13,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvpreflight.checks.interface import CheckContext, isolation_run
-from kvpreflight.checks.probe_common import CANCEL_PATH_MEANING, danger_entry, expiry_finding, late_read_finding, logged_lines, worst_status
+from kvpreflight.checks.probe_common import (
+    CANARY_MEANING,
+    CANCEL_PATH_MEANING,
+    canary_finding,
+    danger_entry,
+    expiry_finding,
+    late_read_finding,
+    logged_lines,
+    worst_status,
+)
 from kvpreflight.model import CheckResult, EngineSnapshot, Hazard, Status
 from kvpreflight.probes.results import DangerLine, Expect, Scenario, Tenant, TenantRequest, counter_moved, stale_reads
 
@@ -68,6 +77,10 @@ def scenario_verdict(s: Scenario, snapshots: Sequence[EngineSnapshot] = ()) -> t
     """One scenario's status and a one-line reason (crossings are judged by the caller)."""
     if s.skipped:
         return Status.SKIP, f"{s.name}: not run ({s.skipped})"
+    canary = canary_finding([danger_entry(d, f"logged during the {s.name} scenario") for d in s.danger_lines
+                             if d.hazard is Hazard.KV_CANARY])
+    if canary is not None:
+        return Status.FAIL, f"{s.name}: {canary}"
     late = late_read_verdict(s, snapshots)
     if late is not None and late[0] is Status.FAIL:
         return late
@@ -108,6 +121,9 @@ def between_verdict(lines: Sequence[DangerLine], requests: Sequence[TenantReques
     """Lines logged while no scenario ran (vLLM logs a late read when the decode's read ends, which
     can be after the scenario, or during the prefix-cache probes): a late read there fails unless
     it names a request whose client had left."""
+    canary = canary_finding([e for d, e in zip(lines, entries, strict=True) if d.hazard is Hazard.KV_CANARY])
+    if canary is not None:
+        return Status.FAIL, f"no scenario was running: {canary}"
     late = [(d, e) for d, e in zip(lines, entries, strict=True) if d.hazard is Hazard.LATE_READ]
     answered = [e for d, e in late if not names_abandoned(d, requests)]
     if answered:
@@ -138,6 +154,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     crossed = [(s, r) for s in run.scenarios for r in s.requests if r.crossings]
     if crossed:
         lines = [f"tenant {r.tenant.label}'s {r.name} ({s.name}) carried {', '.join(r.crossings)}" for s, r in crossed]
+        lines += [said for st, said in (scenario_verdict(s, ctx.snapshots) for s in run.scenarios)
+                  if st is Status.FAIL and CANARY_MEANING in said]  # the engine's own detector saw it too
         return [CheckResult(ID, Status.FAIL, "canary crossed tenants: " + "; ".join(lines), ctx.entry,
                             {**evidence, "crossings": [{"scenario": s.name, **request_evidence(r)} for s, r in crossed]})]
     results = []

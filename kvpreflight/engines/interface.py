@@ -117,6 +117,9 @@ class LogSignal:
     what: str  # the line's fixed wording, quoted in reports instead of the line itself
     pattern: re.Pattern[str]
     hazard: Hazard = Hazard.TRANSFER
+    # Groups of `pattern` quoted beside the wording (slot, position, reason): the pattern admits
+    # only numbers and fixed labels in them, so nothing else of the line travels on.
+    detail_groups: tuple[str, ...] = ()
 
     def request_in(self, line: str) -> tuple[bool, str | None]:
         """Whether the line is this signal, and the request id it names."""
@@ -124,6 +127,12 @@ class LogSignal:
         if m is None:
             return False, None
         return True, m.groupdict().get("rid")
+
+    def detail_in(self, line: str) -> str | None:
+        m = self.pattern.search(line) if self.detail_groups else None
+        if m is None:
+            return None
+        return " ".join(f"{g}={m[g]}" for g in self.detail_groups if m[g] is not None) or None
 
 
 class EngineAdapter(abc.ABC):

@@ -26,7 +26,7 @@ from kvpreflight.engines.untrusted import (
     served_model,
     token_count,
 )
-from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
+from kvpreflight.model import EngineSnapshot, Hazard, Origin, PoolReading, Role
 
 # memory_pool.py: "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 681280, KV size: 12.34 GB"
 # Only the main pool: labelled pools ("draft KV Cache", "MiniMax ... KV Cache") are other caches.
@@ -49,7 +49,21 @@ class SglangAdapter(EngineAdapter):
         ("Decode transfer failed for request", r"Decode transfer failed for request .*?rid='?(?P<rid>[^'\s]+)"),
         ("Prefill transfer failed for request", r"Prefill transfer failed for request .*?rid='?(?P<rid>[^'\s]+)"),
         ("Context corruption detected", r"Context corruption detected: Request (?P<rid>\S+)"),
-    ))
+    )) + (
+        # srt/kv_canary/runner/violation_reporter.py (0.5.23) _format_violation, "Format frozen":
+        # one line per violation, logged (--kv-canary log) or raised (raise); reasons are FailReason
+        # names, lower case, "_mismatch" dropped, joined by "+".
+        LogSignal("kv_canary violation", re.compile(
+            r"kv_canary violation: launch_tag=(?P<launch_tag>\w+(?:\(\d+\))?) fail_reason=(?P<fail_reason>[a-z_+]+) "
+            r"slot_idx=(?P<slot_idx>\d+) position=(?P<position>-?\d+) stored_token=(?P<stored_token>-?\d+) "
+            r"expected_token=(?P<expected_token>-?\d+)"),
+            Hazard.KV_CANARY, ("slot_idx", "position", "fail_reason", "stored_token", "expected_token", "launch_tag")),
+        # srt/kv_canary/runner/stats_logger.py (0.5.23), every SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS
+        # steps: the violations counted so far (a stats line with none is no signal).
+        LogSignal("[canary] ... violations=N (counted so far)", re.compile(
+            r"\[canary\] step=\d+ protected_tokens=\d+ sweep_passes=\d+ violations=(?P<violations>[1-9]\d*)"),
+            Hazard.KV_CANARY, ("violations",)),
+    )
     length_error_patterns = (
         r"is longer than the model's context length",
         r"exceeds the maximum allowed length",
@@ -120,6 +134,12 @@ class SglangAdapter(EngineAdapter):
             )
             if key in info
         }
+        # srt/arg_groups/fields/observability.py (0.5.14 to 0.5.23): kv_canary none|log|raise, default
+        # "none"; absent from builds before the canary.
+        canary = optional_text(info.get("kv_canary"), "/server_info kv_canary", self.url)
+        for key in ("kv_canary_real_data", "kv_canary_sweep_interval"):
+            if key in info:
+                settings[key] = info[key]
         radix_off = info.get("disable_radix_cache")  # --disable-radix-cache turns the prefix cache off
         if role is not None and reported_role is not None and role != reported_role:
             notes.append(f"role {role.value} given on the command line; the engine reports {reported_role.value}")
@@ -139,6 +159,7 @@ class SglangAdapter(EngineAdapter):
             settings=settings,
             notes=tuple(notes),
             prefix_caching=not radix_off if isinstance(radix_off, bool) else None,
+            kv_canary=canary.lower() if canary is not None else None,
         )
 
     def counters(self) -> Counters:

@@ -66,6 +66,7 @@ class DangerLine:
     request_id: str | None = None
     names: str | None = None  # which of kvpreflight's requests the id is, where it is one
     hazard: Hazard = Hazard.TRANSFER
+    detail: str | None = None  # the signal's numbers and labels (slot_idx=3 position=17 ...), where it has them
 
 
 def stale_reads(deltas: Mapping[str, Mapping[str, float]]) -> dict[str, int]:

@@ -170,6 +170,17 @@ def test_a_late_read_can_be_waived_with_a_reason_and_the_finding_stays() -> None
     assert "waived: lease raised in the next release (found: fail:" in result.message
 
 
+def test_a_kv_canary_violation_during_a_probe_fails_pd_transfer() -> None:
+    violation = DangerLine(source=DECODE, what="kv_canary violation", hazard=Hazard.KV_CANARY,
+                           detail="slot_idx=7 position=3 fail_reason=verify_chain_hash")
+    moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
+                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}}, danger_lines=(violation,))
+    result = judge(moved)
+    assert result.status is Status.FAIL, result.message
+    assert (f'{DECODE} log: "kv_canary violation (slot_idx=7 position=3 fail_reason=verify_chain_hash)" '
+            "(logged during probe boundary-accept)") in result.message
+
+
 def test_an_expired_lease_without_a_late_read_warns_naming_the_cost() -> None:
     moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
                         counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0},
