@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import torch
 
@@ -272,7 +272,8 @@ class Engine:
         params: GenParams,
         cached_tokens: int,
         on_token: OnToken | None = None,
-    ) -> Generation:
+        client_gone: Callable[[], bool] | None = None,
+    ) -> Generation | None:
         self.verify_canary(pages, ids, params.rid)
         in_lp = self.input_logprobs(pages, ids, params.logprob_start_len) if params.return_logprob else []
         out_ids: list[int] = []
@@ -280,6 +281,9 @@ class Engine:
         finish: FinishReason = {"type": "length", "length": 0}
         self.count(running=1)
         try:
+            if client_gone is not None and client_gone():  # left during prefill: not one token for it
+                self.count(aborted_requests=1)
+                return None
             for token, logprob, done in self.decode_tokens(pages, len(ids), params, params.rid):
                 out_ids.append(token)
                 out_lp.append((logprob, token, None))
@@ -287,6 +291,9 @@ class Engine:
                     on_token(token, logprob)
                 if done is not None:
                     finish = done
+                elif client_gone is not None and client_gone():  # as SGLang's scheduler aborts it
+                    self.count(aborted_requests=1, generation_tokens=len(out_ids))
+                    return None
         finally:
             self.count(running=-1)
         if params.max_new_tokens <= 0:
@@ -302,11 +309,13 @@ class Engine:
             output_logprobs=tuple(out_lp) if params.return_logprob else (),
         )
 
-    def run_unified(self, ids: list[int], params: GenParams, on_token: OnToken | None = None) -> Generation:
+    def run_unified(self, ids: list[int], params: GenParams, on_token: OnToken | None = None,
+                    client_gone: Callable[[], bool] | None = None) -> Generation | None:
+        """None: the client left before the answer was complete (counted as an abort)."""
         ids, _ = self.admit(ids, params.max_new_tokens)
         pages, cached = self.prefill(ids, params)
         try:
-            return self.generate_from_pages(ids, pages, params, cached, on_token)
+            return self.generate_from_pages(ids, pages, params, cached, on_token, client_gone)
         finally:
             prompt_pages = -(-len(ids) // self.page_size)
             if len(pages) > prompt_pages:

@@ -144,7 +144,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
                 "occurrence": s.occurrence, "idle_after": dict(s.idle_after),
                 "counter_deltas": {u: dict(d) for u, d in s.counter_deltas.items()},
                 "requests": [request_evidence(r) for r in s.requests]}), **({"stopped": s.stopped} if s.stopped else {}),
-             **({"danger_lines": danger_entries(s)} if s.danger_lines else {})}
+             **({"danger_lines": danger_entries(s)} if s.danger_lines else {}),
+             **({"not_applicable": s.not_applicable} if s.not_applicable else {})}
             for s in run.scenarios
         ],
     }

@@ -70,6 +70,7 @@ class Counters:
     # The prefill released a request's KV no decode had read within its lease (the decode, if it
     # still wants it, recomputes the prompt: a prefill's work lost, and its pages pinned until then).
     expired_kv: float | None = None
+    aborted_requests: float | None = None  # requests the engine ended as aborted (a client left)
     kv_transfers: float | None = None  # KV transfers completed
     kv_transfer_tokens: float | None = None  # tokens moved by KV transfers
     prefix_cache_hits: float | None = None  # prefix-cache hits (lookups or tokens, as the engine counts)
@@ -105,7 +106,7 @@ def transfer_time(seconds: float | None, count: float | None) -> dict[str, float
 
 
 COUNTER_FIELDS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "bootstrap_failures",
-                  "deferred_releases", "stale_kv_reads", "expired_kv", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens",
+                  "deferred_releases", "stale_kv_reads", "expired_kv", "aborted_requests", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens",
                   "cached_prompt_tokens")
 
 

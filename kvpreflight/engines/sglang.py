@@ -169,6 +169,8 @@ class SglangAdapter(EngineAdapter):
         latency_ms = metric_sum(metrics, "sglang:kv_transfer_latency_ms_sum")  # observability/metrics_collector.py (0.5.23)
         return Counters(
             requests=metric_sum(metrics, "sglang:num_requests_total"),
+            # srt/observability/metrics_collector.py (0.5.23), counted by the tokenizer manager on abort.
+            aborted_requests=metric_sum(metrics, "sglang:num_aborted_requests_total"),
             prompt_tokens=prompt,
             prefilled_tokens=prompt - cached if prompt is not None and cached is not None else None,
             cached_prompt_tokens=cached,

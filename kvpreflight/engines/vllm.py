@@ -143,8 +143,11 @@ class VllmAdapter(OpenAICompletionsMixin):
         computed = by_source.get("local_compute")
         if computed is None and prompt is not None and hits is not None:
             computed = prompt - hits  # older vLLM: no split by source (external KV counts as computed)
+        finished = _by_label(metrics, "vllm:request_success_total", "finished_reason")
         return Counters(
             requests=metric_sum(metrics, "vllm:request_success_total"),
+            # v1/metrics/loggers.py: one series per v1/engine FinishReason; "abort": the client left.
+            aborted_requests=finished.get("abort"),
             prompt_tokens=prompt,
             prefilled_tokens=computed,
             cached_prompt_tokens=by_source.get("local_cache_hit", hits),

@@ -157,6 +157,8 @@ class Scenario:
     counter_deltas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # url -> Counters field -> delta
     churn: bool = False
     danger_lines: tuple[DangerLine, ...] = ()  # logged while it ran, or naming one of its requests
+    # What of the scenario cannot apply to this deployment (neither shown nor a warning), and why.
+    not_applicable: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

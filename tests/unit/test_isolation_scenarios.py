@@ -207,7 +207,34 @@ def test_cancel_transfer_on_a_unified_engine_is_unconfirmed(departures):
         ("cancel-transfer-a-left", None), ("cancel-transfer-b1", 115), ("cancel-transfer-b2", 115),
         ("cancel-transfer-b-left", None), ("cancel-transfer-a1", 115), ("cancel-transfer-a2", 115)]
     assert [len(t.request.body["input_ids"]) for how, t in departures if how == "transfer"] == [SHORT, SHORT]
-    assert cancel.occurred is None and "a unified engine shows no transfer" in cancel.occurrence
+    assert cancel.occurred is None and "the engine counts no aborted requests" in cancel.occurrence
+    assert cancel.not_applicable == "a disconnect mid-transfer: a unified engine moves no KV between engines"
+
+
+@pytest.mark.parametrize("extra_tokens,confirmed", [(0, True), (3, False)])
+def test_cancel_during_prefill_on_a_unified_engine_is_confirmed_by_its_abort_counter(departures, monkeypatch, extra_tokens, confirmed):
+    """vLLM counts request_success{finished_reason="abort"}, SGLang num_aborted_requests: an abort
+    for each client that left, and generated tokens that moved by exactly the others' answers,
+    show each disconnect landed during prefill; tokens beyond them mean one did not."""
+    engine = FakeEngine(snapshot(URL, pool=4096))
+    engine.counters = replace(engine.counters, aborted_requests=0)
+    recorded = isolation.leave_during_transfer
+
+    def leaves_and_is_aborted(target, pages_reserved, *, unified, wait_s):
+        c = engine.counters
+        engine.counters = replace(c, aborted_requests=c.aborted_requests + 1, generation_tokens=c.generation_tokens + extra_tokens)
+        return recorded(target, pages_reserved, unified=unified, wait_s=wait_s)
+
+    monkeypatch.setattr(isolation, "leave_during_transfer", leaves_and_is_aborted)
+    cancel = scenario(isolate(engine, churn=True), "cancel-transfer")
+    status, said = tenant_isolation.scenario_verdict(cancel)
+    if confirmed:
+        assert cancel.occurred is True and cancel.occurrence.startswith(
+            "confirmed: the engine counted 2 aborted request(s) for the 2 that left, with no token generated for them"), cancel.occurrence
+        assert status is Status.PASS, said
+    else:
+        assert cancel.occurred is None and "6 generated token(s) beyond the answers the others got" in cancel.occurrence
+        assert status is Status.WARN
 
 
 def test_cancel_transfer_is_confirmed_by_the_decode_deferred_release_counter(departures):

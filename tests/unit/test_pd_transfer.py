@@ -237,13 +237,24 @@ def test_vllm_maps_its_notifications_after_expiry_counter_to_stale_kv_reads() ->
     assert adapter.counters().stale_kv_reads == 3.0
 
 
-def test_vllm_maps_its_expired_kv_counter() -> None:
+def test_vllm_maps_its_expired_kv_and_aborted_requests_counters() -> None:
     """vLLM 0.32's nixl/stats.py registers vllm:nixl_num_kv_expired_reqs (a Counter: /metrics
     says _total); tests/unit/test_roles.py reads the lease."""
-    metrics = 'vllm:nixl_num_kv_expired_reqs_total{engine="0",model_name="m"} 4.0\n'
+    metrics = ('vllm:nixl_num_kv_expired_reqs_total{engine="0",model_name="m"} 4.0\n'
+               # v1/metrics/loggers.py: one series per FinishReason (v1/engine/__init__.py), str() of it
+               'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 5.0\n'
+               'vllm:request_success_total{engine="0",finished_reason="abort",model_name="m"} 2.0\n')
     adapter = VllmAdapter("http://p:1", HttpClient())
     adapter.metrics = lambda: parse_metrics("http://p:1/metrics", metrics)  # type: ignore[method-assign]
-    assert adapter.counters().expired_kv == 4.0
+    counters = adapter.counters()
+    assert (counters.expired_kv, counters.aborted_requests, counters.requests) == (4.0, 2.0, 7.0)
+
+
+def test_sglang_maps_its_aborted_requests_counter() -> None:
+    metrics = 'sglang:num_aborted_requests_total{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 3.0\n'
+    adapter = SglangAdapter("http://s:1", HttpClient())
+    adapter.metrics = lambda: parse_metrics("http://s:1/metrics", metrics)  # type: ignore[method-assign]
+    assert adapter.counters().aborted_requests == 3.0
 
 
 def test_a_danger_line_beside_a_recompute_is_part_of_the_failure() -> None:
