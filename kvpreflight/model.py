@@ -102,8 +102,9 @@ class Hazard(enum.StrEnum):
 
 
 @dataclass(frozen=True, kw_only=True)
-class KvLease:
-    """How long a prefill keeps a request's KV for its decode to read (vLLM NIXL's lease)."""
+class KvDeadline:
+    """How long an engine keeps a request's KV handoff open: vLLM NIXL's lease (the prefill keeps
+    the KV for the decode to read), SGLang's PD timeouts (each side waits for the other)."""
 
     seconds: float
     setting: str  # what to change: kv_connector_extra_config.kv_lease_duration, ...
@@ -143,8 +144,12 @@ class EngineSnapshot:
     notes: tuple[str, ...] = ()  # what could not be read, and why
     prefix_caching: bool | None = None  # the engine says its prefix cache is on/off; None: not stated
     kv_per_slot: bool | None = None  # each request slot owns its KV cells (llama.cpp without --kv-unified)
-    kv_lease: KvLease | None = None  # None: not read (no log given, or not a lease-keeping connector)
+    kv_lease: KvDeadline | None = None  # None: not read (no log given, or not a lease-keeping connector)
+    pd_timeouts: tuple[KvDeadline, ...] = ()  # SGLang's PD waits, where a PD role states or implies them
     kv_canary: str | None = None  # the engine's in-engine KV canary mode as it states it (SGLang: none|log|raise)
+
+    def kv_deadlines(self) -> tuple[KvDeadline, ...]:
+        return ((self.kv_lease,) if self.kv_lease is not None else ()) + self.pd_timeouts
 
     def pool_tokens(self) -> int | None:
         """The pool that counts: the smallest non-behavioural reading (smallest rank counts)."""

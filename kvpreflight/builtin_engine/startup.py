@@ -107,6 +107,9 @@ def build_server_info(engine: Engine, port: int, bootstrap_port: int | None, sta
         "disaggregation_mode": disaggregation_mode(engine.role),
         "disaggregation_transfer_backend": TRANSFER_BACKEND,
         "disaggregation_bootstrap_port": bootstrap_port,
+        # Not SGLang's: it takes them from the environment and does not say (PD_WAIT_ENVS).
+        **({"disaggregation_bootstrap_timeout_s": round(c.pd_wait_s)} if engine.role is ProcessRole.PREFILL else {}),
+        **({"disaggregation_waiting_timeout_s": round(c.pd_wait_s)} if engine.role is ProcessRole.DECODE else {}),
         "launch_command": c.launch_command,
         "max_total_num_tokens": pool,
         "max_req_input_len": engine.max_req_input_len,

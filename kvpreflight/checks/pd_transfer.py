@@ -9,7 +9,8 @@ parameters) are quoted with the probe they were logged during: a warning by them
 the failure beside a recompute. A late read (a decode read KV its prefill had already released:
 vLLM's lease ran out; its log line or its counter, which needs no log) fails: every probe here was
 answered, so the client got text computed from released KV. An expired lease without a late read
-warns with its cost. A violation of the engine's own KV canary (SGLang --kv-canary) fails."""
+warns with its cost. A KV lease or PD timeout shorter than what the measured speed predicts one
+prompt at the limit takes fails (a warning where it is the engine's unstated default). A violation of the engine's own KV canary (SGLang --kv-canary) fails."""
 
 from __future__ import annotations
 
@@ -28,6 +29,7 @@ from kvpreflight.checks.probe_common import (
     lease_in_force,
     logged_lines,
     of_hazard,
+    outlived_deadlines,
 )
 from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, EngineSnapshot, Hazard, Role, Status
 from kvpreflight.probes.results import DangerLine, Expect, ProbeResult, counter_moved, stale_reads
@@ -92,9 +94,12 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     expiry = expiry_finding(of_hazard(dangers, Hazard.KV_EXPIRED), expired)
     if late is not None:
         evidence["kv_lease"] = lease_in_force(ctx.snapshots)
+    outlived, assumed = outlived_deadlines(ctx.snapshots, run.near_context_s, run.limits.max_accepted if run.limits else None)
+    if outlived or assumed:
+        evidence["outlived_deadlines"] = outlived + assumed
     failed = [f for f in findings if f["verdict"] not in (Transfer.MOVED, Transfer.UNMEASURED)]
-    if failed or late is not None or canary is not None:
-        parts = [f["finding"] for f in failed] + [said for said in (late, canary) if said is not None]
+    if failed or late is not None or canary is not None or outlived:
+        parts = [f["finding"] for f in failed] + [said for said in (late, canary) if said is not None] + outlived
         own = {Hazard.LATE_READ.value, Hazard.KV_CANARY.value}  # quoted in their findings
         rest = [d for d in dangers if d["hazard"] not in own]
         quoted = logged if late is None and canary is None else logged_lines(rest)
@@ -112,7 +117,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     said = f"KV moved from prefill to decode for {len(moved)} served probe(s): " + "; ".join(f["finding"] for f in moved) + also
     if expiry is not None:
         said += f"; {expiry}"
-    return [CheckResult(ID, Status.WARN if dangers or stale or expiry else Status.PASS, said + logged, ctx.entry, evidence)]
+    said += "".join(f"; {a}" for a in assumed)
+    return [CheckResult(ID, Status.WARN if dangers or stale or expiry or assumed else Status.PASS, said + logged, ctx.entry, evidence)]
 
 
 MAX_DANGER_EVIDENCE = 50  # danger lines kept in the evidence (the message counts them all)

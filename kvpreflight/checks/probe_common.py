@@ -184,6 +184,27 @@ def canary_finding(violations: Sequence[Mapping[str, Any]]) -> str | None:
     return None if not violations else f"{CANARY_MEANING}{logged_lines(violations)}"
 
 
+def outlived_deadlines(snapshots: Sequence[EngineSnapshot], near_context_s: float | None,
+                       max_accepted: int | None) -> tuple[list[str], list[str]]:
+    """KV handoff deadlines (vLLM's lease, SGLang's PD timeouts) shorter than what the measured
+    speed predicts one prompt at the limit takes: every prompt that long outlives them. Returns
+    (stated: a failure, the engine's unstated default: a warning)."""
+    stated: list[str] = []
+    assumed: list[str] = []
+    if near_context_s is None:
+        return stated, assumed
+    for s in snapshots:
+        for d in s.kv_deadlines():
+            if d.seconds >= near_context_s:
+                continue
+            said = (f"a prompt of {max_accepted:,} tokens takes about {near_context_s:.1f} s at the measured speed, longer than "
+                    f"{d.setting} {d.seconds:g} s at {s.url}" + ("" if d.stated else " (its default: the setting was not stated)")
+                    + f": every prompt that long outlives it; raise {d.setting} above the longest prompt's time, and size the "
+                    "pool for the KV a request pins that long")
+            (stated if d.stated else assumed).append(said)
+    return stated, assumed
+
+
 def expiry_finding(expired: Sequence[Mapping[str, Any]], counted: Sequence[tuple[str, int, str]]) -> str | None:
     if not expired and not counted:
         return None

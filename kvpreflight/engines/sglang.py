@@ -26,7 +26,7 @@ from kvpreflight.engines.untrusted import (
     served_model,
     token_count,
 )
-from kvpreflight.model import EngineSnapshot, Hazard, Origin, PoolReading, Role
+from kvpreflight.model import EngineSnapshot, Hazard, KvDeadline, Origin, PoolReading, Role
 
 # memory_pool.py: "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 681280, KV size: 12.34 GB"
 # Only the main pool: labelled pools ("draft KV Cache", "MiniMax ... KV Cache") are other caches.
@@ -160,6 +160,7 @@ class SglangAdapter(EngineAdapter):
             notes=tuple(notes),
             prefix_caching=not radix_off if isinstance(radix_off, bool) else None,
             kv_canary=canary.lower() if canary is not None else None,
+            pd_timeouts=pd_timeouts(info, final_role, self.url),
         )
 
     def counters(self) -> Counters:
@@ -275,6 +276,22 @@ def _rank_in_line(line: str) -> str | None:
 def _rank_of(labels: Mapping[str, str]) -> str | None:
     parts = [f"{k.split('_')[0]}{labels[k]}" for k in ("dp_rank", "tp_rank", "pp_rank") if k in labels and labels[k] != ""]
     return " ".join(parts) or None
+
+
+# srt/environ.py (0.5.23): EnvInt(300) each; the prefill waits BOOTSTRAP_TIMEOUT for its decode,
+# the decode WAITING_TIMEOUT for the KV. SGLang's /server_info does not state them (an environment
+# setting); the builtin engine does, under these keys.
+PD_TIMEOUTS = {Role.PREFILL: ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "disaggregation_bootstrap_timeout_s"),
+               Role.DECODE: ("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "disaggregation_waiting_timeout_s")}
+DEFAULT_PD_TIMEOUT_S = 300
+
+
+def pd_timeouts(info: Mapping[str, Any], role: Role, url: str) -> tuple[KvDeadline, ...]:
+    if role not in PD_TIMEOUTS:
+        return ()
+    setting, key = PD_TIMEOUTS[role]
+    stated = positive_int(info.get(key), f"/server_info {key}", url)
+    return (KvDeadline(seconds=stated if stated is not None else DEFAULT_PD_TIMEOUT_S, setting=setting, stated=stated is not None),)
 
 
 def _server_info(url: str, client: HttpClient, *, required: bool) -> dict[str, Any] | None:

@@ -12,7 +12,7 @@ from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
 from kvpreflight.engines.interface import Counters, LogSignal, cycle_to, role_of, transfer_time
 from kvpreflight.engines.openai_completions import OpenAICompletionsMixin
 from kvpreflight.engines.untrusted import json_object, log_count, metric_sum, positive_int, served_model
-from kvpreflight.model import EngineSnapshot, Hazard, KvLease, Origin, PoolReading, Role
+from kvpreflight.model import EngineSnapshot, Hazard, KvDeadline, Origin, PoolReading, Role
 
 ALLOCATOR_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: (?P<tokens>[\d,]+) tokens")
 REFUSAL_LINE = re.compile(r"estimated maximum model length is (\d+)")
@@ -123,7 +123,7 @@ class VllmAdapter(OpenAICompletionsMixin):
         final_role, role_source = role_of(role, reported_role)
         kv_lease = None
         if lease is not None or (nixl and final_role is not Role.DECODE):
-            kv_lease = KvLease(seconds=lease if lease is not None else DEFAULT_LEASE_S, setting=LEASE_SETTING,
+            kv_lease = KvDeadline(seconds=lease if lease is not None else DEFAULT_LEASE_S, setting=LEASE_SETTING,
                                stated=lease is not None)
             settings["kv_lease_duration"] = kv_lease.seconds
         return EngineSnapshot(

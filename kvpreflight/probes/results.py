@@ -105,6 +105,8 @@ class ProbeRun:
     stopped: str | None = None  # why later probes were not sent (an engine stopped answering, the deadline)
     speed_note: str = ""  # how the request budgets were set (the measured speed, or the assumed one)
     untied_danger_lines: tuple[DangerLine, ...] = ()  # logged between probes (calibration, waits)
+    # What the measured speed predicts one prompt at the served context takes (None: no speed).
+    near_context_s: float | None = None
 
     def missing(self, what: str) -> str:
         """Why a probe a check needs is absent."""

@@ -85,3 +85,20 @@ def test_a_kv_canary_violation_fails_the_check_it_falls_in(tmp_path: Path) -> No
     assert "fail_reason=verify_token" in transfer["message"]
     advisories = next(c for c in report["checks"] if c["id"] == "engine-advisories" and c["endpoint"] == trio.decode.url)
     assert "KVPF-BUILTIN-0003" not in [n["id"] for n in advisories["evidence"]["notes"]]  # on: nothing to recommend
+
+
+def test_plan_says_before_sending_that_a_near_context_prompt_outlives_the_decodes_pd_wait(tmp_path: Path, monkeypatch) -> None:
+    """A prefill throttled to 500 tokens/s (a slow accelerator) and a decode that waits 2 s for
+    the KV (SGLANG_DISAGGREGATION_WAITING_TIMEOUT, which the builtin engine states): `--plan`
+    measures the speed with its one calibration request and says, before any probe is sent, that
+    a prompt at the limit outlives the setting. (A check then fails pd-transfer naming it: the unit
+    tier shows that verdict, tests/unit/test_pd_transfer.py, without a minute of slow prefills.)"""
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "2")
+    with pd_trio(tmp_path, context_length=CONTEXT, prefill_pool=POOL, decode_pool=POOL,
+                 prefill_args=["--prefill-tokens-per-second", "500"]) as trio:
+        proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--entry", trio.router.url, "--plan"],
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    (said,) = [line for line in proc.stdout.splitlines() if "before sending:" in line]
+    assert "a prompt of 2,041 tokens takes about" in said, said
+    assert f"longer than SGLANG_DISAGGREGATION_WAITING_TIMEOUT 2 s at {trio.decode.url}: every prompt that long outlives it" in said

@@ -24,7 +24,7 @@ from kvpreflight.model import (
     Completion,
     EngineSnapshot,
     Hazard,
-    KvLease,
+    KvDeadline,
     Role,
     Status,
     Waiver,
@@ -139,7 +139,7 @@ def test_a_late_read_on_a_served_probe_fails_quoting_the_line_the_lease_and_the_
     moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
                         counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}},
                         danger_lines=(UNRECOGNIZED,))
-    prefill = replace(snap(PREFILL, Role.PREFILL), kv_lease=KvLease(seconds=6, setting=LEASE_SETTING, stated=True))
+    prefill = replace(snap(PREFILL, Role.PREFILL), kv_lease=KvDeadline(seconds=6, setting=LEASE_SETTING, stated=True))
     result = judge(moved, snapshots=(prefill, snap(DECODE, Role.DECODE)))
     assert result.status is Status.FAIL, result.message
     assert "the client got HTTP 200" in result.message
@@ -302,3 +302,34 @@ def test_prompt_found_in_the_decodes_own_prefix_cache_needed_no_transfer() -> No
     result = judge(probe("concurrent-1", 1019, deltas), probe("concurrent-2", 1019, deltas))
     assert result.status is Status.PASS, result.message
     assert "decode received KV for 246 tokens, found 1,792 in its own prefix cache and computed 0 tokens itself" in result.message
+
+
+def test_a_stated_handoff_deadline_shorter_than_a_near_context_prompt_fails_and_an_unstated_default_warns() -> None:
+    """The measured speed says one prompt at the limit takes 45 s: a decode that waits 20 s for its
+    KV (stated) aborts every such prompt in production; vLLM's lease at its unstated default of
+    30 s would run out under it too, but the setting may differ from the default: a warning."""
+    moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
+                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}})
+    run = ProbeRun(limits=Limits(1024, 4096, 1023), probes=(moved,), near_context_s=45.0)
+    waiting = KvDeadline(seconds=20, setting="SGLANG_DISAGGREGATION_WAITING_TIMEOUT", stated=True)
+    decode = replace(snap(DECODE, Role.DECODE), pd_timeouts=(waiting,))
+    prefill = replace(snap(PREFILL, Role.PREFILL), kv_lease=KvDeadline(seconds=30, setting=LEASE_SETTING, stated=False))
+    result = judge(run=run, snapshots=(prefill, decode))
+    assert result.status is Status.FAIL, result.message
+    assert (f"a prompt of 1,023 tokens takes about 45.0 s at the measured speed, longer than SGLANG_DISAGGREGATION_WAITING_TIMEOUT "
+            f"20 s at {DECODE}: every prompt that long outlives it; raise SGLANG_DISAGGREGATION_WAITING_TIMEOUT") in result.message
+    assert len(result.evidence["outlived_deadlines"]) == 2
+    assumed = judge(run=run, snapshots=(prefill, snap(DECODE, Role.DECODE)))
+    assert assumed.status is Status.WARN and f"{LEASE_SETTING} 30 s at {PREFILL} (its default: the setting was not stated)" in assumed.message
+    assert judge(run=replace(run, near_context_s=10.0), snapshots=(prefill, decode)).status is Status.PASS
+    assert judge(run=replace(run, near_context_s=None), snapshots=(prefill, decode)).status is Status.PASS  # no speed: nothing said
+
+
+def test_sglang_pd_roles_carry_their_pd_timeout_stated_or_at_sglangs_default() -> None:
+    from kvpreflight.engines.sglang import pd_timeouts
+
+    assert pd_timeouts({}, Role.DECODE, "http://d:2") == (
+        KvDeadline(seconds=300, setting="SGLANG_DISAGGREGATION_WAITING_TIMEOUT", stated=False),)
+    assert pd_timeouts({"disaggregation_bootstrap_timeout_s": 5}, Role.PREFILL, "http://p:1") == (
+        KvDeadline(seconds=5, setting="SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", stated=True),)
+    assert pd_timeouts({}, Role.UNIFIED, "http://u:1") == ()
