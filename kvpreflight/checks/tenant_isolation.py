@@ -2,9 +2,11 @@
 model could have shown one (positive control: each tenant's own canary comes back); every
 scenario really happened and left the engines idle with no failed transfers.
 
-Fail closed: a crossing fails; so does a late read (a decode read KV its prefill had released)
-of a request that was answered; one of a request whose client had left warns (the cancel path); a model that does not echo makes the probe powerless
-(inconclusive); a scenario that cannot be shown to have happened is "unconfirmed" (warn).
+Fail closed: a crossing fails; so do a late read (a decode read KV its prefill had released) of a
+request that was answered and a violation of the engine's own KV canary; a late read of a request
+whose client had left warns (the cancel path); a model that does not echo makes the probe
+powerless (inconclusive); a scenario that cannot be shown to have happened is "unconfirmed"
+(warn), one that cannot apply to the deployment says so in its evidence ("not_applicable").
 """
 
 from __future__ import annotations
@@ -99,10 +101,10 @@ def scenario_verdict(s: Scenario, snapshots: Sequence[EngineSnapshot] = ()) -> t
     if late is not None:
         return Status.WARN, late[1] if s.occurred is True else f"{late[1]}; {s.occurrence or 'unconfirmed'}"
     expired = [(url, n, f"during the {s.name} scenario") for url, n in counter_moved(s.counter_deltas, "expired_kv").items()]
-    expiry = expiry_finding([danger_entry(d, "") for d in s.danger_lines if d.hazard is Hazard.KV_EXPIRED], expired)
+    expiry = expiry_finding([], expired)  # the expiry lines are quoted with the scenario's other lines
     if s.danger_lines or expiry:
         said = f"{s.name}: {len(s.requests)} requests, no crossing{logged_lines(danger_entries(s))}"
-        if expired:
+        if expiry is not None:
             said += f"; {expiry}"
         return Status.WARN, said if s.occurred is True else f"{said}; {s.occurrence or 'unconfirmed'}"
     if not s.churn:

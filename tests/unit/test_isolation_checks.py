@@ -161,6 +161,14 @@ def test_a_kv_canary_violation_in_a_scenario_fails_quoting_slot_position_and_rea
     assert both.status is Status.FAIL and "carried" in both.message and "slot_idx=4123" in both.message
 
 
+def test_an_expired_kv_lease_counted_in_a_scenario_warns_naming_the_cost():
+    expired = {"http://prefill:1": {"expired_kv": 2.0}}
+    r = one("tenant-isolation", iso(scenario("normal"), scenario("cancel-decode", churn=True, counter_deltas=expired)))
+    assert r.status is Status.WARN, r.message
+    assert "cancel-decode: 2 requests, no crossing; the prefill released KV no decode had read within its lease" in r.message
+    assert "http://prefill:1 counted 2 request(s) whose KV lease ran out unread (during the cancel-decode scenario)" in r.message
+
+
 def test_pages_not_back_to_idle_after_a_scenario_fail():
     r = one("tenant-isolation", iso(scenario("cancel-decode", churn=True, idle_after={DECODE: False})))
     assert r.status is Status.FAIL and "still held" in r.message and DECODE in r.message
