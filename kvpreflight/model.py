@@ -92,6 +92,25 @@ EXIT_INCONCLUSIVE = 3
 REPORT_SCHEMA_VERSION = 1  # of the JSON report (kvpreflight.schema writes and reads it)
 
 
+class Hazard(enum.StrEnum):
+    """What an engine's own signal (a log line, a counter) says happened to a request's KV."""
+
+    TRANSFER = "transfer"  # a transfer or handshake failed, or was skipped
+    LATE_READ = "late-read"  # a decode read KV its prefill had already released (vLLM's lease ran out)
+    KV_EXPIRED = "kv-expired"  # the prefill released KV no decode had read within its lease
+    KV_CANARY = "kv-canary"  # the engine's own KV canary found a slot not holding what it should
+
+
+@dataclass(frozen=True, kw_only=True)
+class KvDeadline:
+    """How long an engine keeps a request's KV handoff open: vLLM NIXL's lease (the prefill keeps
+    the KV for the decode to read), SGLang's PD timeouts (each side waits for the other)."""
+
+    seconds: float
+    setting: str  # what to change: kv_connector_extra_config.kv_lease_duration, ...
+    stated: bool  # False: the engine's default, the setting was not seen
+
+
 @dataclass(frozen=True)
 class PoolReading:
     """One KV pool size, in tokens, with the exact source it came from."""
@@ -125,6 +144,12 @@ class EngineSnapshot:
     notes: tuple[str, ...] = ()  # what could not be read, and why
     prefix_caching: bool | None = None  # the engine says its prefix cache is on/off; None: not stated
     kv_per_slot: bool | None = None  # each request slot owns its KV cells (llama.cpp without --kv-unified)
+    kv_lease: KvDeadline | None = None  # None: not read (no log given, or not a lease-keeping connector)
+    pd_timeouts: tuple[KvDeadline, ...] = ()  # SGLang's PD waits, where a PD role states or implies them
+    kv_canary: str | None = None  # the engine's in-engine KV canary mode as it states it (SGLang: none|log|raise)
+
+    def kv_deadlines(self) -> tuple[KvDeadline, ...]:
+        return ((self.kv_lease,) if self.kv_lease is not None else ()) + self.pd_timeouts
 
     def pool_tokens(self) -> int | None:
         """The pool that counts: the smallest non-behavioural reading (smallest rank counts)."""

@@ -15,6 +15,7 @@ from kvpreflight import __version__
 from kvpreflight.checkdata import Thresholds, load_thresholds
 from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
 from kvpreflight.checks.advisory_data import load_advisories
+from kvpreflight.checks.probe_common import outlived_deadlines
 from kvpreflight.clock import utc_now
 from kvpreflight.engines import EngineConfigError, EngineError, HttpClient, adapter_class, open_adapter
 from kvpreflight.engines.interface import Counters, EngineAdapter
@@ -23,7 +24,7 @@ from kvpreflight.model import CheckResult, Cost, EngineCost, EngineSnapshot, Rep
 from kvpreflight.plan import CheckPlan
 from kvpreflight.probeplan import GroupPlan, GroupPreview
 from kvpreflight.probes.budget import Budget, calibrate, calibrate_once
-from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, capacity_plan, deployment_limits
+from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, capacity_plan, deployment_limits, near_context_s
 from kvpreflight.probes.cost import CostMeter
 from kvpreflight.probes.engine_state import EngineState
 from kvpreflight.probes.isolation import IsolationSettings, open_tenants, run_isolation
@@ -135,8 +136,10 @@ def preview(options: CheckPlan, *, measure: bool, progress: Callable[[str], None
             if calibration.speed is None:
                 out.append(GroupPreview(plan=plan, calibration=f"sent {sent}; no speed measured: {calibration.failure}"))
                 continue
+            stated, assumed = outlived_deadlines(group, near_context_s(calibration.speed, plan.limits), plan.limits.max_accepted)
             out.append(GroupPreview(plan=plan, speed=calibration.speed, calibration=f"sent {sent}",
-                                    estimate_s=budget.calibrated(calibration.speed, plan.requests)))
+                                    estimate_s=budget.calibrated(calibration.speed, plan.requests),
+                                    outlived=tuple(stated + assumed)))
         return out
     finally:
         client.close()
@@ -293,6 +296,9 @@ def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSn
         progress(f"measured {calibration.speed.describe()}: {count} probe requests, "
                  f"{plan.equivalents(plan.submitted_tokens):.1f} context-equivalents submitted, expected to take about "
                  f"{estimate:.0f} s{deadline}")
+        stated, assumed = outlived_deadlines(group, near_context_s(calibration.speed, limits), limits.max_accepted)
+        for said in stated + assumed:  # said before the near-context probes are sent; pd-transfer judges it
+            progress(f"warning: {said}")
 
     try:
         with open_tenants(entry, engines, limits, iso_settings, options.headers, options.tenant_headers,

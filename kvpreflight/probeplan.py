@@ -52,6 +52,7 @@ class GroupPreview:
     speed: Speed | None = None
     estimate_s: float | None = None
     calibration: str = ""  # what was sent to measure the speed, or why nothing was
+    outlived: tuple[str, ...] = ()  # KV handoff deadlines the longest planned prompt would outlive
 
 
 def to_dict(previews: list[GroupPreview]) -> dict[str, Any]:
@@ -73,6 +74,7 @@ def to_dict(previews: list[GroupPreview]) -> dict[str, Any]:
             "calibration": preview.calibration,
             "speed": None if preview.speed is None else preview.speed.describe(),
             "expected_duration_s": None if preview.estimate_s is None else round(preview.estimate_s, 1),
+            "outlived_deadlines": list(preview.outlived),
         })
     return {"plan": groups}
 
@@ -103,6 +105,7 @@ def render(previews: list[GroupPreview]) -> str:
             out.append("  expected duration: unknown (no speed measured)")
         else:
             out.append(f"  expected duration: about {preview.estimate_s:.0f} s at {preview.speed.describe()}")
+        out.extend(f"  before sending: {said}" for said in preview.outlived)
     return "\n".join(out) + "\n"
 
 

@@ -99,6 +99,9 @@ def parse_role(text: str) -> ProcessRole:
         raise EngineConfigError(f"--role {text!r} is not one of {known}") from None
 
 
+KV_CANARY_MODES = ("none", "log", "raise")  # SGLang's CanaryMode (srt/kv_canary/config.py, 0.5.13+)
+
+
 @dataclass(frozen=True, kw_only=True)
 class EngineConfig:
     role: ProcessRole
@@ -124,12 +127,15 @@ class EngineConfig:
     disable_radix_cache: bool = False
     prefill_tokens_per_second: float = 0.0  # test: prefill no faster than this (0: as fast as it runs)
     pd_wait_s: float = DEFAULT_PD_WAIT_S  # PD: how long one side waits for its peer (pd_wait_from_env)
+    kv_canary: str = "none"  # SGLang's --kv-canary: none | log | raise (builtin_engine/core.py verify_canary)
 
     def validate(self) -> None:
         if not (0 <= self.port <= 65535):
             raise EngineConfigError(f"--port {self.port} is not a TCP port (0-65535)")
         if not (0 <= self.bootstrap_port <= 65535):
             raise EngineConfigError(f"--disaggregation-bootstrap-port {self.bootstrap_port} is not a TCP port (0-65535)")
+        if self.kv_canary not in KV_CANARY_MODES:
+            raise EngineConfigError(f"--kv-canary {self.kv_canary!r} is not one of {', '.join(KV_CANARY_MODES)}")
         if self.role is ProcessRole.ROUTER:
             if not self.decode_url or not self.prefill_urls:
                 raise EngineConfigError("--role router needs --decode-url URL and at least one --prefill-url URL")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import torch
@@ -23,6 +23,8 @@ from kvpreflight.builtin_engine.pool import PagedKVPool
 from kvpreflight.builtin_engine.prefix_cache import PrefixCache
 from kvpreflight.builtin_engine.protocol import FinishReason, Generation, GenParams, LogprobEntry, OnToken, RequestError
 from kvpreflight.model import ProcessRole
+
+MAX_CANARY_LINES = 8  # violation lines logged per request (the count covers them all)
 
 ALLOC_WAIT_S = 30.0  # a request waits this long for pages held by others (SGLang queues)
 LEAK_TOKENS = 96  # faults leak-*: the tail another tenant's prompt lends (the copy head reads 38 back)
@@ -245,6 +247,28 @@ class Engine:
             out.append((None if t == 0 else values[t], ids[t], None))
         return out
 
+    def verify_canary(self, pages: list[int], ids: list[int], rid: str) -> None:
+        """--kv-canary log|raise: before decoding, every prompt slot must hold the KV of the token
+        this request put there (SGLang's canary keeps a sidecar per slot; this model's KV names
+        its token). A mismatch is logged in SGLang's frozen format; raise also fails the request."""
+        if self.config.kv_canary == "none" or not ids:
+            return
+        slots = self.pool.slots(pages, len(ids))
+        with self.compute_lock:
+            stored = self.model.tokens_in(self.pool.flat()[slots]).tolist()
+        bad = [pos for pos, (got, want) in enumerate(zip(stored, ids, strict=True)) if got != want]
+        if not bad:
+            return
+        from kvpreflight.builtin_engine.startup import log  # startup imports this module
+
+        for pos in bad[:MAX_CANARY_LINES]:
+            # srt/kv_canary/runner/violation_reporter.py _format_violation (SGLang 0.5.13-0.5.23)
+            log(f"kv_canary violation: launch_tag=HEAD_K_FULL fail_reason=verify_token slot_idx={int(slots[pos])} "
+                f"position={pos} stored_token={stored[pos]} expected_token={ids[pos]} "
+                f"stored_chain_hash=0x0000000000000000 expected_aux=0x0000000000000000")
+        if self.config.kv_canary == "raise":
+            raise RequestError(f"KV cache canary violation detected for request {rid} ({len(bad)} slots)", status=500)
+
     def generate_from_pages(
         self,
         ids: list[int],
@@ -252,13 +276,18 @@ class Engine:
         params: GenParams,
         cached_tokens: int,
         on_token: OnToken | None = None,
-    ) -> Generation:
+        client_gone: Callable[[], bool] | None = None,
+    ) -> Generation | None:
+        self.verify_canary(pages, ids, params.rid)
         in_lp = self.input_logprobs(pages, ids, params.logprob_start_len) if params.return_logprob else []
         out_ids: list[int] = []
         out_lp: list[LogprobEntry] = []
         finish: FinishReason = {"type": "length", "length": 0}
         self.count(running=1)
         try:
+            if client_gone is not None and client_gone():  # left during prefill: not one token for it
+                self.count(aborted_requests=1)
+                return None
             for token, logprob, done in self.decode_tokens(pages, len(ids), params, params.rid):
                 out_ids.append(token)
                 out_lp.append((logprob, token, None))
@@ -266,6 +295,9 @@ class Engine:
                     on_token(token, logprob)
                 if done is not None:
                     finish = done
+                elif client_gone is not None and client_gone():  # as SGLang's scheduler aborts it
+                    self.count(aborted_requests=1, generation_tokens=len(out_ids))
+                    return None
         finally:
             self.count(running=-1)
         if params.max_new_tokens <= 0:
@@ -281,13 +313,16 @@ class Engine:
             output_logprobs=tuple(out_lp) if params.return_logprob else (),
         )
 
-    def run_unified(self, ids: list[int], params: GenParams, on_token: OnToken | None = None) -> Generation:
+    def run_unified(self, ids: list[int], params: GenParams, on_token: OnToken | None = None,
+                    client_gone: Callable[[], bool] | None = None) -> Generation | None:
+        """None: the client left before the answer was complete (counted as an abort)."""
         ids, _ = self.admit(ids, params.max_new_tokens)
         computed = self._faulty_prompt(ids, params, streamed=on_token is not None)
         pages, cached = self.prefill(computed, params)
         try:
+            generated = self.generate_from_pages(computed, pages, params, cached, on_token, client_gone)
             # The answer reports the prompt as it was sent, whatever was computed.
-            return replace(self.generate_from_pages(computed, pages, params, cached, on_token), prompt_ids=tuple(ids))
+            return None if generated is None else replace(generated, prompt_ids=tuple(ids))
         finally:
             prompt_pages = -(-len(computed) // self.page_size)
             if len(pages) > prompt_pages:

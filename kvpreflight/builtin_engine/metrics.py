@@ -32,6 +32,7 @@ class Counters:
     deferred_release: int = 0
     deferred_release_seconds: float = 0.0
     running: int = 0
+    aborted_requests: int = 0  # the client left before the answer was complete
 
 
 def _fmt(value: float) -> str:
@@ -67,6 +68,7 @@ def render(engine: Engine) -> str:
     metric("sglang:prompt_tokens_total", "counter", "Number of prefill tokens processed.", c.prompt_tokens, streaming)
     metric("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", c.generation_tokens, streaming)
     metric("sglang:num_requests_total", "counter", "Number of requests processed.", c.num_requests, streaming)
+    metric("sglang:num_aborted_requests_total", "counter", "Number of requests aborted.", c.aborted_requests)
     metric("sglang:cached_tokens_total", "counter", "Number of cached prompt tokens by source (device/host/storage).", c.cached_tokens, 'cache_source="device"')
     metric("sglang:num_transfer_failed_reqs_total", "counter", "Number of requests whose KV transfer failed.", c.transfer_failed)
     metric("sglang:num_bootstrap_failed_reqs_total", "counter", "Number of requests whose bootstrap failed.", c.bootstrap_failed)

@@ -38,6 +38,10 @@ class CopyModel:
         rows = self.codebook[ids]
         return torch.stack((rows, rows), dim=1)
 
+    def tokens_in(self, cache: torch.Tensor) -> torch.Tensor:
+        """[n]: the token whose KV each of the cache's slots [n, 2, dim] holds (the nearest code)."""
+        return torch.argmax(self._logits(cache[:, 1, :]), dim=1)
+
     def _logits(self, out: torch.Tensor) -> torch.Tensor:
         return 2.0 * out @ self.codebook.T - self.code_norm
 

@@ -166,7 +166,9 @@ class DecodeHandoff:
                 engine.write_kv(ids, pages)
                 engine.count(prompt_tokens=len(ids))
             try:
-                return engine.generate_from_pages(ids, pages, params, room.cached_tokens, on_token)
+                gen = engine.generate_from_pages(ids, pages, params, room.cached_tokens, on_token)
+                assert gen is not None  # None only where a client_gone check is given
+                return gen
             finally:
                 # Pages added for generated tokens go back even when the client disconnected
                 # mid-decode (found by the isolation probes: 16 tokens leaked per disconnect).

@@ -86,7 +86,7 @@ class EngineHandler(BaseHTTPRequestHandler):
         """Generate by this engine's role. Returns None when the client disconnected."""
         engine = self.engine
         if engine.role is ProcessRole.UNIFIED:
-            return engine.run_unified(ids, params, on_token)
+            return engine.run_unified(ids, params, on_token, self.client_gone)
         handoff = self.server.handoff
         if isinstance(handoff, PrefillBootstrap):
             return handoff.run(ids, params, body, self.client_gone)

@@ -101,9 +101,15 @@ def build_server_info(engine: Engine, port: int, bootstrap_port: int | None, sta
         "pp_size": 1,
         "dp_size": 1,
         "enable_metrics": c.enable_metrics,
+        "kv_canary": c.kv_canary,  # SGLang 0.5.13+: none | log | raise, with the two below
+        "kv_canary_real_data": "none",
+        "kv_canary_sweep_interval": 0,
         "disaggregation_mode": disaggregation_mode(engine.role),
         "disaggregation_transfer_backend": TRANSFER_BACKEND,
         "disaggregation_bootstrap_port": bootstrap_port,
+        # Not SGLang's: it takes them from the environment and does not say (PD_WAIT_ENVS).
+        **({"disaggregation_bootstrap_timeout_s": round(c.pd_wait_s)} if engine.role is ProcessRole.PREFILL else {}),
+        **({"disaggregation_waiting_timeout_s": round(c.pd_wait_s)} if engine.role is ProcessRole.DECODE else {}),
         "launch_command": c.launch_command,
         "max_total_num_tokens": pool,
         "max_req_input_len": engine.max_req_input_len,

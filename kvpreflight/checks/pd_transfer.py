@@ -4,10 +4,13 @@ prefill to decode, by the decode's own counters over that probe: KV received fro
 computed the prompt (the transfer was skipped, or its KV thrown away) fails, quoting the deltas.
 Skipped where there is no prefill/decode pair; inconclusive where no counter measures it.
 
-Danger lines in the engines' and the router's logs (a transfer failed, KV of an unknown request
-was read, the decode got no transfer parameters) are quoted with the probe they were logged
-during: a warning by themselves, part of the failure beside a recompute. So are stale KV reads an
-engine counts (a decode read KV its prefill no longer held), which need no log."""
+Danger lines in the engines' and the router's logs (a transfer failed, the decode got no transfer
+parameters) are quoted with the probe they were logged during: a warning by themselves, part of
+the failure beside a recompute. A late read (a decode read KV its prefill had already released:
+vLLM's lease ran out; its log line or its counter, which needs no log) fails: every probe here was
+answered, so the client got text computed from released KV. An expired lease without a late read
+warns with its cost. A KV lease or PD timeout shorter than what the measured speed predicts one
+prompt at the limit takes fails (a warning where it is the engine's unstated default). A violation of the engine's own KV canary (SGLang --kv-canary) fails."""
 
 from __future__ import annotations
 
@@ -18,9 +21,19 @@ from typing import Any
 
 from kvpreflight.checks.counts import DEFAULT_PAGE, Tally, prompt_count
 from kvpreflight.checks.interface import CheckContext, probe_run
-from kvpreflight.checks.probe_common import counted_stale_reads, danger_entry, logged_lines
-from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, EngineSnapshot, Role, Status
-from kvpreflight.probes.results import DangerLine, Expect, ProbeResult, stale_reads
+from kvpreflight.checks.probe_common import (
+    canary_finding,
+    counted_stale_reads,
+    danger_entry,
+    expiry_finding,
+    late_read_finding,
+    lease_in_force,
+    logged_lines,
+    of_hazard,
+    outlived_deadlines,
+)
+from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, EngineSnapshot, Hazard, Role, Status
+from kvpreflight.probes.results import DangerLine, Expect, ProbeResult, counter_moved, stale_reads
 
 ID = "pd-transfer"
 
@@ -70,14 +83,31 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
                                 "danger_lines_count": len(dangers)}
     if stale:
         evidence["stale_kv_reads"] = [{"engine": url, "reads": n, "when": when} for url, n, when in stale]
+    expired = [(url, n, f"during {w.name}") for w in windows for url, n in counter_moved(w.deltas, "expired_kv").items()]
+    if expired:
+        evidence["expired_kv_leases"] = [{"engine": url, "requests": n, "when": when} for url, n, when in expired]
     logged = logged_lines(dangers) + counted_stale_reads(stale)
+    # Every request of the capacity probes was meant to be answered: a late read among them is one
+    # whose answer reached the client.
+    late = late_read_finding(of_hazard(dangers, Hazard.LATE_READ), stale, ctx.snapshots)
+    canary = canary_finding(of_hazard(dangers, Hazard.KV_CANARY))
+    expiry = expiry_finding(of_hazard(dangers, Hazard.KV_EXPIRED), expired)
+    if late is not None:
+        evidence["kv_lease"] = lease_in_force(ctx.snapshots)
+    outlived, assumed = outlived_deadlines(ctx.snapshots, run.near_context_s, run.limits.max_accepted if run.limits else None)
+    if outlived or assumed:
+        evidence["outlived_deadlines"] = outlived + assumed
+    failed = [f for f in findings if f["verdict"] not in (Transfer.MOVED, Transfer.UNMEASURED)]
+    if failed or late is not None or canary is not None or outlived:
+        parts = [f["finding"] for f in failed] + [said for said in (late, canary) if said is not None] + outlived
+        own = {Hazard.LATE_READ.value, Hazard.KV_CANARY.value}  # quoted in their findings
+        rest = [d for d in dangers if d["hazard"] not in own]
+        quoted = logged if late is None and canary is None else logged_lines(rest)
+        return [CheckResult(ID, Status.FAIL, "; ".join(parts) + quoted, ctx.entry, evidence)]
     if not findings:
         why = run.missing("a served probe") if not windows else "no served probe moved a decode engine's counters"
         return [CheckResult(ID, Status.INCONCLUSIVE, f"no probe is known to have reached a decode engine: {why}{logged}",
                             ctx.entry, evidence)]
-    failed = [f for f in findings if f["verdict"] not in (Transfer.MOVED, Transfer.UNMEASURED)]
-    if failed:
-        return [CheckResult(ID, Status.FAIL, "; ".join(f["finding"] for f in failed) + logged, ctx.entry, evidence)]
     moved = [f for f in findings if f["verdict"] is Transfer.MOVED]
     if not moved:
         return [CheckResult(ID, Status.INCONCLUSIVE, "nothing measures the transfer: the decode engine counts neither KV "
@@ -85,7 +115,10 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     unmeasured = len(findings) - len(moved)
     also = f"; {unmeasured} more not measured" if unmeasured else ""
     said = f"KV moved from prefill to decode for {len(moved)} served probe(s): " + "; ".join(f["finding"] for f in moved) + also
-    return [CheckResult(ID, Status.WARN if dangers or stale else Status.PASS, said + logged, ctx.entry, evidence)]
+    if expiry is not None:
+        said += f"; {expiry}"
+    said += "".join(f"; {a}" for a in assumed)
+    return [CheckResult(ID, Status.WARN if dangers or stale or expiry or assumed else Status.PASS, said + logged, ctx.entry, evidence)]
 
 
 MAX_DANGER_EVIDENCE = 50  # danger lines kept in the evidence (the message counts them all)

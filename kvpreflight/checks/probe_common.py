@@ -6,7 +6,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from kvpreflight.checks.interface import CheckContext
-from kvpreflight.model import CheckResult, Completion, ErrorKind, Role, Status
+from kvpreflight.model import CheckResult, Completion, EngineSnapshot, ErrorKind, Hazard, Role, Status
 from kvpreflight.probes.results import DangerLine, ProbeResult
 
 
@@ -124,7 +124,10 @@ def worst_status(statuses: Iterable[Status]) -> Status:
 
 
 def danger_entry(line: DangerLine, when: str) -> dict[str, Any]:
-    out: dict[str, Any] = {"source": line.source, "what": line.what, "request_id": line.request_id, "when": when}
+    out: dict[str, Any] = {"source": line.source, "what": line.what, "request_id": line.request_id, "when": when,
+                           "hazard": line.hazard.value}
+    if line.detail is not None:
+        out["detail"] = line.detail
     return out if line.names is None else {**out, "names": line.names}
 
 
@@ -135,7 +138,7 @@ def logged_lines(dangers: Sequence[Mapping[str, Any]]) -> str:
     counted: dict[tuple[str, str, str], int] = {}
     for d in dangers:
         when = d["when"] + (f", naming {d['names']}" if d.get("names") else "")
-        key = (d["source"], d["what"], when)
+        key = (d["source"], d["what"] + (f" ({d['detail']})" if d.get("detail") else ""), when)
         counted[key] = counted.get(key, 0) + 1
     return "; the logs say: " + "; ".join(f"{source} log: \"{what}\" {'x' + str(n) + ' ' if n > 1 else ''}({when})"
                                           for (source, what, when), n in counted.items())
@@ -148,3 +151,78 @@ def counted_stale_reads(counted: Sequence[tuple[str, int, str]]) -> str:
     return "; the counters say: " + "; ".join(
         f"a decode read {n} request(s)' KV that {url} no longer held, so those pages may have been reused ({when})"
         for url, n, when in counted)
+
+
+def of_hazard(dangers: Sequence[Mapping[str, Any]], hazard: Hazard) -> list[Mapping[str, Any]]:
+    return [d for d in dangers if d.get("hazard") == hazard.value]
+
+
+# What a deployment changes when its decode reads KV after the prefill's lease ran out.
+LEASE_FIX = ("raise kv_connector_extra_config.kv_lease_duration in the prefill's --kv-transfer-config and size its KV pool "
+             "for the KV each request pins that long (a client that disconnects first pins it for the whole lease); on vLLM "
+             "builds before the lease, raise VLLM_NIXL_ABORT_REQUEST_TIMEOUT")
+# vLLM's prefill counts a late read once per notification, i.e. per decode rank, not per request.
+LATE_READ_MEANING = ("a decode read KV its prefill had already released (the KV lease ran out first), and the request was "
+                     "answered anyway: the client got HTTP 200 with text computed from pages that may by then hold another "
+                     "request's KV")
+# The incident's class, reached through a disconnect: KV freed on the abort while a transfer still read it.
+CANCEL_PATH_MEANING = ("a decode read KV of a request its client had abandoned after the prefill freed it on the abort: the "
+                       "cancel path frees KV under a transfer in flight (the incident's class); nothing read was served here")
+EXPIRY_COST = ("the prefill released KV no decode had read within its lease: a decode that still wanted it recomputes the "
+               "prompt (a second prefill, in TTFT and compute), and until then the pages were pinned")
+
+
+def lease_in_force(snapshots: Sequence[EngineSnapshot]) -> str:
+    """The prefills' KV lease as a message quotes it."""
+    said = []
+    for s in snapshots:
+        if s.kv_lease is None or s.role is Role.DECODE:
+            continue
+        how = "stated in its start-up log" if s.kv_lease.stated else "the engine's default; the setting was not in its start-up log"
+        said.append(f"{s.kv_lease.setting} {s.kv_lease.seconds:g} s at {s.url} ({how})")
+    return "the lease in force: " + ("; ".join(said) if said else "not read (give the prefill's log with --log to read it)")
+
+
+def late_read_finding(late: Sequence[Mapping[str, Any]], counted: Sequence[tuple[str, int, str]],
+                      snapshots: Sequence[EngineSnapshot], meaning: str = LATE_READ_MEANING) -> str | None:
+    """A failure's message for late reads (log lines, counted reads), or None when there were none."""
+    if not late and not counted:
+        return None
+    return f"{meaning}{logged_lines(late)}{counted_stale_reads(counted)}; {lease_in_force(snapshots)}; fix: {LEASE_FIX}"
+
+
+# SGLang's in-engine KV canary (--kv-canary log|raise): a slot's sidecar did not match on read.
+CANARY_MEANING = ("the engine's own KV canary found KV slots not holding what was written for the request reading them "
+                  "(another request's KV, or a page freed and reused under it)")
+
+
+def canary_finding(violations: Sequence[Mapping[str, Any]]) -> str | None:
+    return None if not violations else f"{CANARY_MEANING}{logged_lines(violations)}"
+
+
+def outlived_deadlines(snapshots: Sequence[EngineSnapshot], near_context_s: float | None,
+                       max_accepted: int | None) -> tuple[list[str], list[str]]:
+    """KV handoff deadlines (vLLM's lease, SGLang's PD timeouts) shorter than what the measured
+    speed predicts one prompt at the limit takes: every prompt that long outlives them. Returns
+    (stated: a failure, the engine's unstated default: a warning)."""
+    stated: list[str] = []
+    assumed: list[str] = []
+    if near_context_s is None:
+        return stated, assumed
+    for s in snapshots:
+        for d in s.kv_deadlines():
+            if d.seconds >= near_context_s:
+                continue
+            said = (f"a prompt of {max_accepted:,} tokens takes about {near_context_s:.1f} s at the measured speed, longer than "
+                    f"{d.setting} {d.seconds:g} s at {s.url}" + ("" if d.stated else " (its default: the setting was not stated)")
+                    + f": every prompt that long outlives it; raise {d.setting} above the longest prompt's time, and size the "
+                    "pool for the KV a request pins that long")
+            (stated if d.stated else assumed).append(said)
+    return stated, assumed
+
+
+def expiry_finding(expired: Sequence[Mapping[str, Any]], counted: Sequence[tuple[str, int, str]]) -> str | None:
+    if not expired and not counted:
+        return None
+    said = "; ".join(f"{url} counted {n} request(s) whose KV lease ran out unread ({when})" for url, n, when in counted)
+    return f"{EXPIRY_COST}{logged_lines(expired)}" + (f"; the counters say: {said}" if said else "")

@@ -2,18 +2,31 @@
 model could have shown one (positive control: each tenant's own canary comes back); every
 scenario really happened and left the engines idle with no failed transfers.
 
-Fail closed: a crossing fails; a model that does not echo makes the probe powerless
-(inconclusive); a scenario that cannot be shown to have happened is "unconfirmed" (warn).
+Fail closed: a crossing fails; so do a late read (a decode read KV its prefill had released) of a
+request that was answered and a violation of the engine's own KV canary; a late read of a request
+whose client had left warns (the cancel path); a model that does not echo makes the probe
+powerless (inconclusive); a scenario that cannot be shown to have happened is "unconfirmed"
+(warn), one that cannot apply to the deployment says so in its evidence ("not_applicable").
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from kvpreflight.checks.interface import CheckContext, isolation_run
-from kvpreflight.checks.probe_common import counted_stale_reads, danger_entry, logged_lines, worst_status
-from kvpreflight.model import CheckResult, Status
-from kvpreflight.probes.results import Expect, Scenario, Tenant, TenantRequest, stale_reads
+from kvpreflight.checks.probe_common import (
+    CANARY_MEANING,
+    CANCEL_PATH_MEANING,
+    canary_finding,
+    danger_entry,
+    expiry_finding,
+    late_read_finding,
+    logged_lines,
+    worst_status,
+)
+from kvpreflight.model import CheckResult, EngineSnapshot, Hazard, Status
+from kvpreflight.probes.results import DangerLine, Expect, Scenario, Tenant, TenantRequest, counter_moved, stale_reads
 
 ID = "tenant-isolation"
 
@@ -39,10 +52,40 @@ def danger_entries(s: Scenario) -> list[dict[str, Any]]:
     return [danger_entry(d, f"logged during the {s.name} scenario") for d in s.danger_lines]
 
 
-def scenario_verdict(s: Scenario) -> tuple[Status, str]:
+def names_abandoned(line: DangerLine, requests: Sequence[TenantRequest]) -> bool:
+    """The line names one of the requests whose client left on purpose."""
+    return bool(line.request_id) and any(r.abandoned and r.request_id and r.request_id in (line.request_id or "")
+                                         for r in requests)
+
+
+def late_read_verdict(s: Scenario, snapshots: Sequence[EngineSnapshot]) -> tuple[Status, str] | None:
+    """A decode read KV its prefill had released during this scenario: a failure when the request
+    was answered; a warning when it was one whose client had left (a disconnect scenario), or a
+    read the counter alone shows there. None when nothing read late."""
+    late = [d for d in s.danger_lines if d.hazard is Hazard.LATE_READ]
+    counted = [(url, n, f"during the {s.name} scenario") for url, n in stale_reads(s.counter_deltas).items()]
+    disconnects = any(r.abandoned for r in s.requests)
+    left = [d for d in late if disconnects and (names_abandoned(d, s.requests) or not d.request_id)]
+    answered = [d for d in late if d not in left]
+    when = f"logged during the {s.name} scenario"
+    if answered or (counted and not disconnects):
+        said = late_read_finding([danger_entry(d, when) for d in answered], [] if disconnects else counted, snapshots)
+        return Status.FAIL, f"{s.name}: {said}"
+    said = late_read_finding([danger_entry(d, when) for d in left], counted, snapshots, CANCEL_PATH_MEANING)
+    return None if said is None else (Status.WARN, f"{s.name}: {said}")
+
+
+def scenario_verdict(s: Scenario, snapshots: Sequence[EngineSnapshot] = ()) -> tuple[Status, str]:
     """One scenario's status and a one-line reason (crossings are judged by the caller)."""
     if s.skipped:
         return Status.SKIP, f"{s.name}: not run ({s.skipped})"
+    canary = canary_finding([danger_entry(d, f"logged during the {s.name} scenario") for d in s.danger_lines
+                             if d.hazard is Hazard.KV_CANARY])
+    if canary is not None:
+        return Status.FAIL, f"{s.name}: {canary}"
+    late = late_read_verdict(s, snapshots)
+    if late is not None and late[0] is Status.FAIL:
+        return late
     if s.stopped:
         return Status.INCONCLUSIVE, f"{s.name}: {'ran only in part' if s.requests else 'not run'} ({s.stopped})"
     answered = [r for r in s.requests if r.completion is not None]
@@ -55,9 +98,14 @@ def scenario_verdict(s: Scenario) -> tuple[Status, str]:
     if set(Tenant) - tenants_served:
         missing = ", ".join(sorted(t.value for t in set(Tenant) - tenants_served))
         return Status.INCONCLUSIVE, f"{s.name}: no answer of tenant {missing} was served, so nothing of it was scanned"
-    stale = [(url, n, f"during the {s.name} scenario") for url, n in stale_reads(s.counter_deltas).items()]
-    if s.danger_lines or stale:
-        said = f"{s.name}: {len(s.requests)} requests, no crossing{logged_lines(danger_entries(s))}{counted_stale_reads(stale)}"
+    if late is not None:
+        return Status.WARN, late[1] if s.occurred is True else f"{late[1]}; {s.occurrence or 'unconfirmed'}"
+    expired = [(url, n, f"during the {s.name} scenario") for url, n in counter_moved(s.counter_deltas, "expired_kv").items()]
+    expiry = expiry_finding([], expired)  # the expiry lines are quoted with the scenario's other lines
+    if s.danger_lines or expiry:
+        said = f"{s.name}: {len(s.requests)} requests, no crossing{logged_lines(danger_entries(s))}"
+        if expiry is not None:
+            said += f"; {expiry}"
         return Status.WARN, said if s.occurred is True else f"{said}; {s.occurrence or 'unconfirmed'}"
     if not s.churn:
         moved = {u: {k: v for k, v in d.items() if k in ("transfer_failures", "bootstrap_failures") and v}
@@ -68,6 +116,21 @@ def scenario_verdict(s: Scenario) -> tuple[Status, str]:
     if s.occurred is not True:
         return Status.WARN, f"{s.name}: {s.occurrence or 'unconfirmed'}"
     return Status.PASS, f"{s.name}: {len(s.requests)} requests, no crossing"
+
+
+def between_verdict(lines: Sequence[DangerLine], requests: Sequence[TenantRequest], entries: Sequence[Mapping[str, Any]],
+                    snapshots: Sequence[EngineSnapshot]) -> tuple[Status, str]:
+    """Lines logged while no scenario ran (vLLM logs a late read when the decode's read ends, which
+    can be after the scenario, or during the prefix-cache probes): a late read there fails unless
+    it names a request whose client had left."""
+    canary = canary_finding([e for d, e in zip(lines, entries, strict=True) if d.hazard is Hazard.KV_CANARY])
+    if canary is not None:
+        return Status.FAIL, f"no scenario was running: {canary}"
+    late = [(d, e) for d, e in zip(lines, entries, strict=True) if d.hazard is Hazard.LATE_READ]
+    answered = [e for d, e in late if not names_abandoned(d, requests)]
+    if answered:
+        return Status.FAIL, f"no scenario was running: {late_read_finding(answered, [], snapshots)}"
+    return Status.WARN, f"no scenario was running{logged_lines(entries)}"
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
@@ -83,7 +146,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
                 "occurrence": s.occurrence, "idle_after": dict(s.idle_after),
                 "counter_deltas": {u: dict(d) for u, d in s.counter_deltas.items()},
                 "requests": [request_evidence(r) for r in s.requests]}), **({"stopped": s.stopped} if s.stopped else {}),
-             **({"danger_lines": danger_entries(s)} if s.danger_lines else {})}
+             **({"danger_lines": danger_entries(s)} if s.danger_lines else {}),
+             **({"not_applicable": s.not_applicable} if s.not_applicable else {})}
             for s in run.scenarios
         ],
     }
@@ -93,6 +157,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     crossed = [(s, r) for s in run.scenarios for r in s.requests if r.crossings]
     if crossed:
         lines = [f"tenant {r.tenant.label}'s {r.name} ({s.name}) carried {', '.join(r.crossings)}" for s, r in crossed]
+        lines += [said for st, said in (scenario_verdict(s, ctx.snapshots) for s in run.scenarios)
+                  if st is Status.FAIL and CANARY_MEANING in said]  # the engine's own detector saw it too
         return [CheckResult(ID, Status.FAIL, "canary crossed tenants: " + "; ".join(lines), ctx.entry,
                             {**evidence, "crossings": [{"scenario": s.name, **request_evidence(r)} for s, r in crossed]})]
     results = []
@@ -114,9 +180,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if stuck:
         results.append((Status.FAIL, f"KV pages still held after the isolation probes at {', '.join(stuck)}"))
     for s in run.scenarios:
-        results.append(scenario_verdict(s))
+        results.append(scenario_verdict(s, ctx.snapshots))
     if between:
-        results.append((Status.WARN, f"no scenario was running{logged_lines(between)}"))
+        results.append(between_verdict(run.untied_danger_lines, requests, between, ctx.snapshots))
     judged = [(st, m) for st, m in results if st is not Status.SKIP]
     worst = worst_status(st for st, _ in judged) if judged else Status.INCONCLUSIVE
     reasons: dict[str, list[str]] = {}

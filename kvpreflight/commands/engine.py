@@ -56,6 +56,7 @@ def serve(
     enable_metrics: bool = typer.Option(False, "--enable-metrics"),
     disable_radix_cache: bool = typer.Option(False, "--disable-radix-cache", help="Turn the prefix cache off."),
     device: str = typer.Option("auto", "--device", help="cpu | cuda | auto"),
+    kv_canary: str = typer.Option("none", "--kv-canary", help="none | log | raise: check each prompt slot's KV before decoding and log a violation (raise: fail the request), as SGLang's --kv-canary."),
     prefill_tokens_per_second: float = typer.Option(0.0, "--prefill-tokens-per-second", help="Test only: prefill no faster than this many tokens per second, like a slow accelerator (0: unthrottled)."),
 ) -> None:
     """Serve one role of the builtin engine until killed."""
@@ -103,6 +104,7 @@ def serve(
         disable_radix_cache=disable_radix_cache,
         prefill_tokens_per_second=prefill_tokens_per_second,
         pd_wait_s=pd_wait_from_env(engine_role),
+        kv_canary=kv_canary,
     )
     from kvpreflight.builtin_engine.startup import serve as serve_engine
 

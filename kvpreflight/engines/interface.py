@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Self
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply, StreamReply
 from kvpreflight.engines.untrusted import answer_text, error_in_event, error_message_of, parse_metrics, shape
-from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, Completion, EngineSnapshot, ErrorKind, Role, RoleSource
+from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, Completion, EngineSnapshot, ErrorKind, Hazard, Role, RoleSource
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,6 +68,10 @@ class Counters:
     # A decode finished reading KV its prefill no longer held (the lease expired or the request
     # was gone): those pages may have been reused before the read, another request's KV in them.
     stale_kv_reads: float | None = None
+    # The prefill released a request's KV no decode had read within its lease (the decode, if it
+    # still wants it, recomputes the prompt: a prefill's work lost, and its pages pinned until then).
+    expired_kv: float | None = None
+    aborted_requests: float | None = None  # requests the engine ended as aborted (a client left)
     kv_transfers: float | None = None  # KV transfers completed
     kv_transfer_tokens: float | None = None  # tokens moved by KV transfers
     prefix_cache_hits: float | None = None  # prefix-cache hits (lookups or tokens, as the engine counts)
@@ -103,7 +107,7 @@ def transfer_time(seconds: float | None, count: float | None) -> dict[str, float
 
 
 COUNTER_FIELDS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "bootstrap_failures",
-                  "deferred_releases", "stale_kv_reads", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens",
+                  "deferred_releases", "stale_kv_reads", "expired_kv", "aborted_requests", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens",
                   "cached_prompt_tokens")
 
 
@@ -114,6 +118,10 @@ class LogSignal:
 
     what: str  # the line's fixed wording, quoted in reports instead of the line itself
     pattern: re.Pattern[str]
+    hazard: Hazard = Hazard.TRANSFER
+    # Groups of `pattern` quoted beside the wording (slot, position, reason): the pattern admits
+    # only numbers and fixed labels in them, so nothing else of the line travels on.
+    detail_groups: tuple[str, ...] = ()
 
     def request_in(self, line: str) -> tuple[bool, str | None]:
         """Whether the line is this signal, and the request id it names."""
@@ -121,6 +129,12 @@ class LogSignal:
         if m is None:
             return False, None
         return True, m.groupdict().get("rid")
+
+    def detail_in(self, line: str) -> str | None:
+        m = self.pattern.search(line) if self.detail_groups else None
+        if m is None:
+            return None
+        return " ".join(f"{g}={m[g]}" for g in self.detail_groups if m[g] is not None) or None
 
 
 class EngineAdapter(abc.ABC):

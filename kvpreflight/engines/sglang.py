@@ -26,7 +26,7 @@ from kvpreflight.engines.untrusted import (
     served_model,
     token_count,
 )
-from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
+from kvpreflight.model import EngineSnapshot, Hazard, KvDeadline, Origin, PoolReading, Role
 
 # memory_pool.py: "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 681280, KV size: 12.34 GB"
 # Only the main pool: labelled pools ("draft KV Cache", "MiniMax ... KV Cache") are other caches.
@@ -49,7 +49,21 @@ class SglangAdapter(EngineAdapter):
         ("Decode transfer failed for request", r"Decode transfer failed for request .*?rid='?(?P<rid>[^'\s]+)"),
         ("Prefill transfer failed for request", r"Prefill transfer failed for request .*?rid='?(?P<rid>[^'\s]+)"),
         ("Context corruption detected", r"Context corruption detected: Request (?P<rid>\S+)"),
-    ))
+    )) + (
+        # srt/kv_canary/runner/violation_reporter.py (0.5.23) _format_violation, "Format frozen":
+        # one line per violation, logged (--kv-canary log) or raised (raise); reasons are FailReason
+        # names, lower case, "_mismatch" dropped, joined by "+".
+        LogSignal("kv_canary violation", re.compile(
+            r"kv_canary violation: launch_tag=(?P<launch_tag>\w+(?:\(\d+\))?) fail_reason=(?P<fail_reason>[a-z_+]+) "
+            r"slot_idx=(?P<slot_idx>\d+) position=(?P<position>-?\d+) stored_token=(?P<stored_token>-?\d+) "
+            r"expected_token=(?P<expected_token>-?\d+)"),
+            Hazard.KV_CANARY, ("slot_idx", "position", "fail_reason", "stored_token", "expected_token", "launch_tag")),
+        # srt/kv_canary/runner/stats_logger.py (0.5.23), every SGLANG_KV_CANARY_STATS_PRINT_EVERY_N_STEPS
+        # steps: the violations counted so far (a stats line with none is no signal).
+        LogSignal("[canary] ... violations=N (counted so far)", re.compile(
+            r"\[canary\] step=\d+ protected_tokens=\d+ sweep_passes=\d+ violations=(?P<violations>[1-9]\d*)"),
+            Hazard.KV_CANARY, ("violations",)),
+    )
     length_error_patterns = (
         r"is longer than the model's context length",
         r"exceeds the maximum allowed length",
@@ -120,6 +134,12 @@ class SglangAdapter(EngineAdapter):
             )
             if key in info
         }
+        # srt/arg_groups/fields/observability.py (0.5.14 to 0.5.23): kv_canary none|log|raise, default
+        # "none"; absent from builds before the canary.
+        canary = optional_text(info.get("kv_canary"), "/server_info kv_canary", self.url)
+        for key in ("kv_canary_real_data", "kv_canary_sweep_interval"):
+            if key in info:
+                settings[key] = info[key]
         radix_off = info.get("disable_radix_cache")  # --disable-radix-cache turns the prefix cache off
         if role is not None and reported_role is not None and role != reported_role:
             notes.append(f"role {role.value} given on the command line; the engine reports {reported_role.value}")
@@ -139,6 +159,8 @@ class SglangAdapter(EngineAdapter):
             settings=settings,
             notes=tuple(notes),
             prefix_caching=not radix_off if isinstance(radix_off, bool) else None,
+            kv_canary=canary.lower() if canary is not None else None,
+            pd_timeouts=pd_timeouts(info, final_role, self.url),
         )
 
     def counters(self) -> Counters:
@@ -148,6 +170,8 @@ class SglangAdapter(EngineAdapter):
         latency_ms = metric_sum(metrics, "sglang:kv_transfer_latency_ms_sum")  # observability/metrics_collector.py (0.5.23)
         return Counters(
             requests=metric_sum(metrics, "sglang:num_requests_total"),
+            # srt/observability/metrics_collector.py (0.5.23), counted by the tokenizer manager on abort.
+            aborted_requests=metric_sum(metrics, "sglang:num_aborted_requests_total"),
             prompt_tokens=prompt,
             prefilled_tokens=prompt - cached if prompt is not None and cached is not None else None,
             cached_prompt_tokens=cached,
@@ -252,6 +276,22 @@ def _rank_in_line(line: str) -> str | None:
 def _rank_of(labels: Mapping[str, str]) -> str | None:
     parts = [f"{k.split('_')[0]}{labels[k]}" for k in ("dp_rank", "tp_rank", "pp_rank") if k in labels and labels[k] != ""]
     return " ".join(parts) or None
+
+
+# srt/environ.py (0.5.23): EnvInt(300) each; the prefill waits BOOTSTRAP_TIMEOUT for its decode,
+# the decode WAITING_TIMEOUT for the KV. SGLang's /server_info does not state them (an environment
+# setting); the builtin engine does, under these keys.
+PD_TIMEOUTS = {Role.PREFILL: ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", "disaggregation_bootstrap_timeout_s"),
+               Role.DECODE: ("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "disaggregation_waiting_timeout_s")}
+DEFAULT_PD_TIMEOUT_S = 300
+
+
+def pd_timeouts(info: Mapping[str, Any], role: Role, url: str) -> tuple[KvDeadline, ...]:
+    if role not in PD_TIMEOUTS:
+        return ()
+    setting, key = PD_TIMEOUTS[role]
+    stated = positive_int(info.get(key), f"/server_info {key}", url)
+    return (KvDeadline(seconds=stated if stated is not None else DEFAULT_PD_TIMEOUT_S, setting=setting, stated=stated is not None),)
 
 
 def _server_info(url: str, client: HttpClient, *, required: bool) -> dict[str, Any] | None:

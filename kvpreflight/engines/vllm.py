@@ -12,7 +12,7 @@ from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
 from kvpreflight.engines.interface import Counters, LogSignal, cycle_to, role_of, transfer_time
 from kvpreflight.engines.openai_completions import OpenAICompletionsMixin
 from kvpreflight.engines.untrusted import json_object, log_count, metric_sum, positive_int, served_model
-from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
+from kvpreflight.model import EngineSnapshot, Hazard, KvDeadline, Origin, PoolReading, Role
 
 ALLOCATOR_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: (?P<tokens>[\d,]+) tokens")
 REFUSAL_LINE = re.compile(r"estimated maximum model length is (\d+)")
@@ -20,6 +20,13 @@ REFUSAL_LINE = re.compile(r"estimated maximum model length is (\d+)")
 # (entrypoints/utils.py log_non_default_args; config/kv_transfer.py KVRole), or the JSON as given.
 KV_ROLE_LINE = re.compile(r"""kv_role['"]?\s*[:=]\s*['"](kv_producer|kv_consumer|kv_both)['"]""")
 KV_ROLES = {"kv_producer": Role.PREFILL, "kv_consumer": Role.DECODE, "kv_both": Role.UNIFIED}
+# The same start-up line's kv_connector_extra_config (distributed/kv_transfer/kv_connector/v1/nixl/
+# base_scheduler.py reads "kv_lease_duration", default 30 s, since vLLM PR #41383; builds before it
+# held KV for VLLM_NIXL_ABORT_REQUEST_TIMEOUT instead).
+NIXL_LINE = re.compile(r"""kv_connector['"]?\s*[:=]\s*['"]NixlConnector['"]""")
+LEASE_LINE = re.compile(r"""kv_lease_duration['"]?\s*[:=]\s*['"]?(\d+(?:\.\d+)?)""")
+LEASE_SETTING = "kv_transfer_config kv_connector_extra_config.kv_lease_duration"
+DEFAULT_LEASE_S = 30
 # v1/metrics/loggers.py: registered only when kv_transfer_config.is_kv_consumer (kv_consumer or kv_both).
 CONSUMER_METRIC = "vllm:num_requests_kv_fetch_by_stage"
 
@@ -29,10 +36,17 @@ class VllmAdapter(OpenAICompletionsMixin):
     # entrypoints/serve/engine/serving.py (0.32): the header wins over the body's request_id; the
     # engine's own id is then cmpl-<it>-<index>-<8 random characters>.
     request_id_header = "X-Request-Id"
-    # distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py (0.32): a decode reported a
-    # transfer of blocks the prefill no longer tracks (lease expired, ids that do not match).
+    # distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py (0.32), ERROR: a decode reported
+    # a transfer of blocks the prefill no longer tracks (lease expired, ids that do not match).
+    # nixl/base_worker.py (0.32), WARNING: "Releasing expired KV blocks for request %s which were
+    # retrieved by %d remote worker(s) before lease expired." (before the lease: "... by %d decode
+    # worker(s) within %d seconds.").
     log_signals = (LogSignal("Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker",
-                             re.compile(r"Potentially invalid KV blocks for unrecognized request (?P<rid>\S+) were retrieved by a decode worker")),)
+                             re.compile(r"Potentially invalid KV blocks for unrecognized request (?P<rid>\S+) were retrieved by a decode worker"),
+                             Hazard.LATE_READ),
+                   LogSignal("Releasing expired KV blocks for request ... which were retrieved by ... worker(s)",
+                             re.compile(r"Releasing expired KV blocks for request (?P<rid>\S+) which were retrieved by"),
+                             Hazard.KV_EXPIRED))
     length_error_patterns = (
         r"maximum context length is \d+ tokens",
         r"maximum model length",
@@ -90,12 +104,16 @@ class VllmAdapter(OpenAICompletionsMixin):
                 # An info metric's labels are strings: "True" / "False".
                 prefix_caching = {"true": True, "false": False}.get(labels.get("enable_prefix_caching", "").lower(), prefix_caching)
         reported_role = None
+        nixl, lease = False, None
         if metrics is not None and CONSUMER_METRIC in metrics:
             reported_role = Role.DECODE  # kv_both also registers it; the log line below tells them apart
         if log_text is not None:
             for line in log_text.splitlines():
                 if m := KV_ROLE_LINE.search(line):
                     reported_role = KV_ROLES[m[1]]
+                nixl = nixl or NIXL_LINE.search(line) is not None
+                if m := LEASE_LINE.search(line):
+                    lease = float(m[1])
                 if m := ALLOCATOR_LINE.search(line):
                     readings.append(PoolReading("log: KV cache size tokens", Origin.ALLOCATOR, log_count(m["tokens"].replace(",", ""), "KV cache size tokens")))
                 if m := REFUSAL_LINE.search(line):
@@ -103,11 +121,16 @@ class VllmAdapter(OpenAICompletionsMixin):
         if role is not None and reported_role is not None and role != reported_role:
             notes.append(f"role {role.value} given on the command line; the engine reports {reported_role.value}")
         final_role, role_source = role_of(role, reported_role)
+        kv_lease = None
+        if lease is not None or (nixl and final_role is not Role.DECODE):
+            kv_lease = KvDeadline(seconds=lease if lease is not None else DEFAULT_LEASE_S, setting=LEASE_SETTING,
+                               stated=lease is not None)
+            settings["kv_lease_duration"] = kv_lease.seconds
         return EngineSnapshot(
             url=self.url, engine=self.kind, version=str(version) if version is not None else None,
             role=final_role, role_source=role_source, model=model_name, served_context=served,
             pool_readings=tuple(readings), page_size=page_size, settings=settings, notes=tuple(notes),
-            prefix_caching=prefix_caching,
+            prefix_caching=prefix_caching, kv_lease=kv_lease,
         )
 
     def counters(self) -> Counters:
@@ -120,8 +143,11 @@ class VllmAdapter(OpenAICompletionsMixin):
         computed = by_source.get("local_compute")
         if computed is None and prompt is not None and hits is not None:
             computed = prompt - hits  # older vLLM: no split by source (external KV counts as computed)
+        finished = _by_label(metrics, "vllm:request_success_total", "finished_reason")
         return Counters(
             requests=metric_sum(metrics, "vllm:request_success_total"),
+            # v1/metrics/loggers.py: one series per v1/engine FinishReason; "abort": the client left.
+            aborted_requests=finished.get("abort"),
             prompt_tokens=prompt,
             prefilled_tokens=computed,
             cached_prompt_tokens=by_source.get("local_cache_hit", hits),
@@ -130,6 +156,8 @@ class VllmAdapter(OpenAICompletionsMixin):
             # The prefill's count of its "Potentially invalid KV blocks for unrecognized request"
             # log line (nixl/pull_worker.py): readable without the log.
             stale_kv_reads=metric_sum(metrics, "vllm:nixl_num_notifications_after_expiry_total"),
+            # nixl/stats.py: counted on the prefill, one per request whose lease ran out unread.
+            expired_kv=metric_sum(metrics, "vllm:nixl_num_kv_expired_reqs_total"),
             extra=transfer_time(metric_sum(metrics, "vllm:nixl_xfer_time_seconds_sum"),
                                 metric_sum(metrics, "vllm:nixl_xfer_time_seconds_count")),
             generation_tokens=metric_sum(metrics, "vllm:generation_tokens_total"),

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 from kvpreflight.engines.interface import Counters, EngineAdapter
 from kvpreflight.model import Completion, EngineSnapshot
-from kvpreflight.probes.budget import Budget, PlannedRequest
+from kvpreflight.probes.budget import Budget, PlannedRequest, Speed
 from kvpreflight.probes.engine_state import EngineState, counter_deltas
 from kvpreflight.probes.logs import LogWatch, named_by_request_id
 from kvpreflight.probes.markers import foreign_markers, new_marker
@@ -156,10 +156,12 @@ class CapacityProber:
         probes, untied = named_by_request_id(probes, self._untied)
         return ProbeRun(limits=limits, probes=tuple(probes), healthy_after=healthy, idle_after=idle,
                         small_request_after=small, own_markers=frozenset({self.marker}), stopped=stopped,
-                        speed_note=self.budget.rate_note(), untied_danger_lines=untied)
+                        speed_note=self.budget.rate_note(), untied_danger_lines=untied,
+                        near_context_s=near_context_s(self.budget.speed, limits))
 
     def _token_ids(self, count: int, seed: str) -> list[int]:
         return valid_token_ids(self.entry, self.engines.values(), count, seed)
+
 
     # -- one request ----------------------------------------------------------------------
     def _one(self, planned: PlannedRequest, ids: list[int], tenant: Tenant | None = None) -> ProbeResult | None:
@@ -249,3 +251,8 @@ class CapacityProber:
         adapter, extra = self._sender(tenant)
         return self.budget.probe(adapter, ids, name="concurrent", expect=Expect.ACCEPT, max_tokens=max_tokens,
                                  engines=self.engines.values(), extra=extra, at_once=k, stream=stream)
+
+
+def near_context_s(speed: Speed | None, limits: Limits | None) -> float | None:
+    """What the measured speed predicts the longest accepted prompt takes, answered with one token."""
+    return None if speed is None or limits is None else speed.expected_s(limits.max_accepted)

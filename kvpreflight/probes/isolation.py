@@ -217,13 +217,14 @@ class IsolationProber:
         elif any(r.crossings for r in scenario.requests):
             how, occurred = "confirmed by the canary crossing itself", True
         elif not pd:
-            how, occurred = "unconfirmed: a unified engine shows no transfer, so a disconnect during prefill cannot be shown", None
+            how, occurred = prefill_cancel_shown(scenario)
         else:
             how, occurred = ("unconfirmed: no deferred-release counter moved and no page log is reachable over HTTP, so the "
                              "disconnect cannot be shown to have landed while KV was being written"), None
         if notes:
             how += "; " + "; ".join(notes)
-        return replace(scenario, occurred=occurred, occurrence=how)
+        moot = None if pd else "a disconnect mid-transfer: a unified engine moves no KV between engines"
+        return replace(scenario, occurred=occurred, occurrence=how, not_applicable=moot)
 
     def _cancel_decode(self) -> Scenario:
         n, max_tokens = self.sizes.decode_prompt, self.sizes.decode_max_tokens
@@ -347,10 +348,16 @@ class IsolationProber:
         if not self.budget.may_send():
             return None
         client = self.tenants[tenant]
+        decoders = [s.url for s in self.snapshots if s.role is Role.DECODE and s.url in self.engines]
+        ids = self._ids[tenant][:tokens]
+        if during_transfer and not decoders and len(self._ids[tenant]) > tokens:
+            # Unified: the disconnect is to land during prefill, so the prompt must not be one the
+            # prefix cache already holds (the same canaries, one token later: no cached prefix).
+            ids = self._ids[tenant][1:tokens + 1]
         # A disconnect during the transfer needs no stream, and a router may not pass a streamed
         # client's disconnect on (smg 1.13.0 does not): only the after-first-token case streams.
         request = client.adapter.with_request_id(client.adapter.build_request(
-            self._ids[tenant][:tokens], max_tokens=max_tokens or self.gen, stream=not during_transfer, extra=client.extra))
+            ids, max_tokens=max_tokens or self.gen, stream=not during_transfer, extra=client.extra))
         # The request's own budget, from the measured speed: the socket must not time out first
         # (a vLLM P/D pair answered after its prefill's 30 s KV lease ran out, past --timeout).
         budget_s = self.budget.request_s(tokens, Expect.ACCEPT, max_tokens=2)
@@ -358,7 +365,6 @@ class IsolationProber:
                            self.settings.ca_bundle, self.settings.client_cert, self.settings.client_key)
         departure: Departure
         if during_transfer:
-            decoders = [s.url for s in self.snapshots if s.role is Role.DECODE and s.url in self.engines]
             watch = decoders or list(self.engines)
             baseline = {url: self.state.used(url) for url in watch}
 
@@ -382,6 +388,27 @@ class IsolationProber:
 
     def _token_ids(self, adapter: EngineAdapter, count: int, seed: str) -> list[int]:
         return valid_token_ids(adapter, self.engines.values(), count, seed)
+
+
+def prefill_cancel_shown(scenario: Scenario) -> tuple[str, bool | None]:
+    """A unified engine moves no KV, so a disconnect mid-transfer does not apply there; what does
+    is a disconnect during prefill. It is shown where the engine counted an abort for each
+    request whose client left, and its generated-token counter moved by exactly the answers the
+    others got: not one token was generated for the abandoned ones."""
+    aborted = sum(d.get("aborted_requests", 0) for d in scenario.counter_deltas.values())
+    known = [d for d in scenario.counter_deltas.values() if "aborted_requests" in d and "generation_tokens" in d]
+    generated = sum(d["generation_tokens"] for d in known)
+    answered = sum((r.completion.completion_tokens or 0) for r in scenario.requests if r.completion is not None)
+    left = sum(1 for r in scenario.requests if r.abandoned)
+    if not known:
+        return ("unconfirmed: the engine counts no aborted requests, so a disconnect during prefill cannot be shown"), None
+    if left and aborted >= left and generated == answered:
+        return (f"confirmed: the engine counted {aborted:.0f} aborted request(s) for the {left} that left, with no token "
+                "generated for them (generated tokens moved by exactly the answers the others got), so each disconnect "
+                "landed during prefill"), True
+    return (f"unconfirmed: the engine counted {aborted:.0f} aborted request(s) for the {left} that left and "
+            f"{generated - answered:.0f} generated token(s) beyond the answers the others got, so the disconnects did not "
+            "all land during prefill"), None
 
 
 @contextmanager

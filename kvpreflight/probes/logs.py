@@ -29,7 +29,8 @@ class LogWatch:
                 for signal in signals:
                     matched, rid = signal.request_in(line)
                     if matched:
-                        found.append(DangerLine(source=url, what=signal.what, request_id=rid))
+                        found.append(DangerLine(source=url, what=signal.what, request_id=rid, hazard=signal.hazard,
+                                                detail=signal.detail_in(line)))
                         break
         return tuple(found)
 

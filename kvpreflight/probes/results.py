@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvpreflight.model import Completion
+from kvpreflight.model import Completion, Hazard
 
 
 class Expect(str, enum.Enum):
@@ -65,12 +65,19 @@ class DangerLine:
     what: str
     request_id: str | None = None
     names: str | None = None  # which of kvpreflight's requests the id is, where it is one
+    hazard: Hazard = Hazard.TRANSFER
+    detail: str | None = None  # the signal's numbers and labels (slot_idx=3 position=17 ...), where it has them
 
 
 def stale_reads(deltas: Mapping[str, Mapping[str, float]]) -> dict[str, int]:
     """Engines whose stale-KV-read counter moved over one window: url -> how many reads. The
     counter form of a danger line, so it is seen without access to the engine's log."""
-    return {url: int(d["stale_kv_reads"]) for url, d in deltas.items() if d.get("stale_kv_reads", 0) > 0}
+    return counter_moved(deltas, "stale_kv_reads")
+
+
+def counter_moved(deltas: Mapping[str, Mapping[str, float]], name: str) -> dict[str, int]:
+    """Engines whose counter `name` (a Counters field) moved over one window: url -> by how much."""
+    return {url: int(d[name]) for url, d in deltas.items() if d.get(name, 0) > 0}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -98,6 +105,8 @@ class ProbeRun:
     stopped: str | None = None  # why later probes were not sent (an engine stopped answering, the deadline)
     speed_note: str = ""  # how the request budgets were set (the measured speed, or the assumed one)
     untied_danger_lines: tuple[DangerLine, ...] = ()  # logged between probes (calibration, waits)
+    # What the measured speed predicts one prompt at the served context takes (None: no speed).
+    near_context_s: float | None = None
 
     def missing(self, what: str) -> str:
         """Why a probe a check needs is absent."""
@@ -150,6 +159,8 @@ class Scenario:
     counter_deltas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # url -> Counters field -> delta
     churn: bool = False
     danger_lines: tuple[DangerLine, ...] = ()  # logged while it ran, or naming one of its requests
+    # What of the scenario cannot apply to this deployment (neither shown nor a warning), and why.
+    not_applicable: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,6 +14,7 @@ from support.schemas import parsed
 from kvpreflight.builtin_engine.testbed import pd_trio
 
 CONTEXT, POOL = 2048, 4096
+CANARY_PREFILL_POOL = 1024  # smaller than the context: the over-pool probe meets reject-continues
 
 
 def check(*args: str) -> tuple[int, dict, str]:
@@ -60,3 +61,45 @@ def test_a_decode_that_recomputes_the_prompt_fails_pd_transfer_and_nothing_else(
     message = result(report, "pd-transfer")["message"]
     # exactly the probe's own tokens: the calibration requests sent just before are not counted to it
     assert "boundary-accept: 2,041 prompt tokens sent, decode received KV for 2,041 tokens and computed 2,041 tokens itself: the decode recomputed the prompt" in message, message
+
+
+def test_a_kv_canary_violation_fails_the_check_it_falls_in(tmp_path: Path) -> None:
+    """The engine's own KV canary (SGLang --kv-canary, which the builtin engine takes too): with
+    the incident's faults (a prefill that lets an over-pool prompt flow on as a 1-token
+    placeholder, a decode that does not count what arrived) the decode reads KV that is not the
+    request's, its canary logs SGLang's violation line, and pd-transfer fails quoting slot and
+    position. (With the canary off, engine-advisories' notes name --kv-canary: the unit tier shows
+    that, tests/unit/test_sglang_adapter.py.)"""
+    with pd_trio(tmp_path, context_length=CONTEXT, prefill_pool=CANARY_PREFILL_POOL, decode_pool=POOL,
+                 prefill_faults=["reject-continues"], decode_faults=["no-transfer-check"],
+                 decode_args=["--kv-canary", "log"]) as trio:
+        code, report, err = check("--entry", trio.router.url, "--log", f"{trio.decode.url}={trio.decode.log_path}")
+        decode_log = trio.decode.log_text()
+    assert code == 1, err[-1500:]
+    decode = next(e for e in report["engines"] if e["url"] == trio.decode.url)
+    assert decode["settings"]["kv_canary"] == "log"
+    assert "kv_canary violation: launch_tag=HEAD_K_FULL fail_reason=verify_token slot_idx=" in decode_log
+    transfer = result(report, "pd-transfer")
+    assert transfer["status"] == "fail", transfer["message"]
+    assert "the engine's own KV canary found KV slots not holding what was written" in transfer["message"]
+    assert f'{trio.decode.url} log: "kv_canary violation (slot_idx=' in transfer["message"]
+    assert "fail_reason=verify_token" in transfer["message"]
+    advisories = next(c for c in report["checks"] if c["id"] == "engine-advisories" and c["endpoint"] == trio.decode.url)
+    assert "KVPF-BUILTIN-0003" not in [n["id"] for n in advisories["evidence"]["notes"]]  # on: nothing to recommend
+
+
+def test_plan_says_before_sending_that_a_near_context_prompt_outlives_the_decodes_pd_wait(tmp_path: Path, monkeypatch) -> None:
+    """A prefill throttled to 500 tokens/s (a slow accelerator) and a decode that waits 2 s for
+    the KV (SGLANG_DISAGGREGATION_WAITING_TIMEOUT, which the builtin engine states): `--plan`
+    measures the speed with its one calibration request and says, before any probe is sent, that
+    a prompt at the limit outlives the setting. (A check then fails pd-transfer naming it: the unit
+    tier shows that verdict, tests/unit/test_pd_transfer.py, without a minute of slow prefills.)"""
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "2")
+    with pd_trio(tmp_path, context_length=CONTEXT, prefill_pool=POOL, decode_pool=POOL,
+                 prefill_args=["--prefill-tokens-per-second", "500"]) as trio:
+        proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--entry", trio.router.url, "--plan"],
+                              capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-1500:]
+    (said,) = [line for line in proc.stdout.splitlines() if "before sending:" in line]
+    assert "a prompt of 2,041 tokens takes about" in said, said
+    assert f"longer than SGLANG_DISAGGREGATION_WAITING_TIMEOUT 2 s at {trio.decode.url}: every prompt that long outlives it" in said

@@ -26,6 +26,7 @@ from kvpreflight.engines.interface import (
     LogSignal,
     ReplyFacts,
 )
+from kvpreflight.engines.vllm import VllmAdapter
 from kvpreflight.model import (
     Completion,
     EngineSnapshot,
@@ -119,8 +120,9 @@ class FakeEngine:
 class FakeAdapter(EngineAdapter):
     kind = "fake"
     request_id_field = "rid"
+    # vLLM's own lease lines too (a late read, an expiry), matched as the vLLM adapter matches them.
     log_signals = (LogSignal("Decode transfer failed for request",
-                             re.compile(r"Decode transfer failed for request rid=(?P<rid>\S+)")),)
+                             re.compile(r"Decode transfer failed for request rid=(?P<rid>\S+)")), *VllmAdapter.log_signals)
     seeds: ClassVar[list[str]] = []  # every seed text token_ids() was asked for (shared, like a tokenizer)
 
     @property

@@ -17,5 +17,5 @@ def test_the_committed_coverage_map_is_the_generated_one():
 
 def test_the_map_names_every_real_test_that_asserts():
     text = render()
-    assert "### `test_the_pair_echoes_20_of_20_fresh_canaries` (test," in text
+    assert "### `test_the_pair_echoes_10_of_10_fresh_canaries` (test," in text
     assert "- `assert echoed == CANARIES`" in text

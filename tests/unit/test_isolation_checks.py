@@ -13,7 +13,7 @@ from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
 from kvpreflight.checks.prefix_cache_isolation import GENERIC_FIX
 from kvpreflight.commands.plan_options import CheckArgs, build_plan
 from kvpreflight.errors import UsageError
-from kvpreflight.model import Completion, EngineSnapshot, ErrorKind, Role, Status, Waiver
+from kvpreflight.model import Completion, EngineSnapshot, ErrorKind, Hazard, Role, Status, Waiver
 from kvpreflight.probes.markers import contains_marker, new_marker
 from kvpreflight.probes.results import (
     CacheProbe,
@@ -140,9 +140,33 @@ def test_a_danger_line_logged_during_a_scenario_warns_and_is_quoted_with_the_req
             "(logged during the load scenario, naming tenant b's request load-b1)") in r.message
     (load,) = [s for s in r.evidence["scenarios"] if s["scenario"] == "load"]
     assert load["danger_lines"] == [{"source": DECODE, "what": line.what, "request_id": "kvpreflight-00aa",
-                                     "when": "logged during the load scenario", "names": "tenant b's request load-b1"}]
+                                     "when": "logged during the load scenario", "names": "tenant b's request load-b1",
+                                     "hazard": "transfer"}]
     crossed = scenario("load", (served("a"), served("b", "load-b1", crossings=(CANARY["a"],))), churn=True, danger_lines=(line,))
     assert one("tenant-isolation", iso(crossed)).status is Status.FAIL  # with a crossing it is part of the failure
+
+
+def test_a_kv_canary_violation_in_a_scenario_fails_quoting_slot_position_and_reason():
+    """SGLang's own KV canary (--kv-canary log) logs a violation and serves on: the scenario it
+    falls in fails, even though no tenant canary crossed."""
+    line = DangerLine(source=DECODE, what="kv_canary violation", hazard=Hazard.KV_CANARY,
+                      detail="slot_idx=4123 position=17 fail_reason=verify_token stored_token=881 expected_token=42 launch_tag=HEAD_K_FULL")
+    r = one("tenant-isolation", iso(scenario("normal"), scenario("load", churn=True, danger_lines=(line,))))
+    assert r.status is Status.FAIL, r.message
+    assert r.message.startswith("load: the engine's own KV canary found KV slots not holding what was written"), r.message
+    assert (f'{DECODE} log: "kv_canary violation (slot_idx=4123 position=17 fail_reason=verify_token stored_token=881 '
+            'expected_token=42 launch_tag=HEAD_K_FULL)" (logged during the load scenario)') in r.message
+    crossed = scenario("load", (served("a"), served("b", "load-b1", crossings=(CANARY["a"],))), churn=True, danger_lines=(line,))
+    both = one("tenant-isolation", iso(crossed))
+    assert both.status is Status.FAIL and "carried" in both.message and "slot_idx=4123" in both.message
+
+
+def test_an_expired_kv_lease_counted_in_a_scenario_warns_naming_the_cost():
+    expired = {"http://prefill:1": {"expired_kv": 2.0}}
+    r = one("tenant-isolation", iso(scenario("normal"), scenario("cancel-decode", churn=True, counter_deltas=expired)))
+    assert r.status is Status.WARN, r.message
+    assert "cancel-decode: 2 requests, no crossing; the prefill released KV no decode had read within its lease" in r.message
+    assert "http://prefill:1 counted 2 request(s) whose KV lease ran out unread (during the cancel-decode scenario)" in r.message
 
 
 def test_pages_not_back_to_idle_after_a_scenario_fail():

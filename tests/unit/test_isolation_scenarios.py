@@ -244,7 +244,34 @@ def test_cancel_transfer_on_a_unified_engine_is_unconfirmed(departures):
         ("cancel-transfer-a-left", None), ("cancel-transfer-b1", 115), ("cancel-transfer-b2", 115),
         ("cancel-transfer-b-left", None), ("cancel-transfer-a1", 115), ("cancel-transfer-a2", 115)]
     assert [len(t.request.body["input_ids"]) for how, t in departures if how == "transfer"] == [SHORT, SHORT]
-    assert cancel.occurred is None and "a unified engine shows no transfer" in cancel.occurrence
+    assert cancel.occurred is None and "the engine counts no aborted requests" in cancel.occurrence
+    assert cancel.not_applicable == "a disconnect mid-transfer: a unified engine moves no KV between engines"
+
+
+@pytest.mark.parametrize("extra_tokens,confirmed", [(0, True), (3, False)])
+def test_cancel_during_prefill_on_a_unified_engine_is_confirmed_by_its_abort_counter(departures, monkeypatch, extra_tokens, confirmed):
+    """vLLM counts request_success{finished_reason="abort"}, SGLang num_aborted_requests: an abort
+    for each client that left, and generated tokens that moved by exactly the others' answers,
+    show each disconnect landed during prefill; tokens beyond them mean one did not."""
+    engine = FakeEngine(snapshot(URL, pool=4096))
+    engine.counters = replace(engine.counters, aborted_requests=0)
+    recorded = isolation.leave_during_transfer
+
+    def leaves_and_is_aborted(target, pages_reserved, *, unified, wait_s):
+        c = engine.counters
+        engine.counters = replace(c, aborted_requests=c.aborted_requests + 1, generation_tokens=c.generation_tokens + extra_tokens)
+        return recorded(target, pages_reserved, unified=unified, wait_s=wait_s)
+
+    monkeypatch.setattr(isolation, "leave_during_transfer", leaves_and_is_aborted)
+    cancel = scenario(isolate(engine, churn=True), "cancel-transfer")
+    status, said = tenant_isolation.scenario_verdict(cancel)
+    if confirmed:
+        assert cancel.occurred is True and cancel.occurrence.startswith(
+            "confirmed: the engine counted 2 aborted request(s) for the 2 that left, with no token generated for them"), cancel.occurrence
+        assert status is Status.PASS, said
+    else:
+        assert cancel.occurred is None and "6 generated token(s) beyond the answers the others got" in cancel.occurrence
+        assert status is Status.WARN
 
 
 def test_cancel_transfer_is_confirmed_by_the_decode_deferred_release_counter(departures):
@@ -280,9 +307,11 @@ def test_a_stale_kv_read_during_cancel_transfer_warns_and_leaves_it_unconfirmed(
     cancel = scenario(run, "cancel-transfer")
     assert cancel.occurred is None and cancel.occurrence.startswith("unconfirmed"), cancel.occurrence
     status, said = tenant_isolation.scenario_verdict(cancel)
-    assert status is Status.WARN
+    assert status is Status.WARN  # the counter cannot say which request: in a disconnect scenario, the abandoned ones
+    assert said.startswith("cancel-transfer: a decode read KV of a request its client had abandoned"), said
+    assert "the cancel path frees KV under a transfer in flight (the incident's class)" in said
     assert ("a decode read 4 request(s)' KV that http://prefill:1 no longer held, so those pages may have been reused "
-            "(during the cancel-transfer scenario); unconfirmed: no deferred-release counter moved") in said
+            "(during the cancel-transfer scenario)") in said and "; unconfirmed: no deferred-release counter moved" in said
 
 
 def test_load_sends_both_tenants_at_once_near_the_smallest_pool():
@@ -385,17 +414,19 @@ def test_a_pair_that_refuses_tenant_b_leaves_the_boundary_scenario_its_own_reque
     assert tenant_isolation.scenario_verdict(boundary)[0] is Status.PASS
 
 
-def test_a_stale_kv_read_counted_during_a_scenario_warns_even_without_logs():
+def test_a_stale_kv_read_counted_during_a_scenario_fails_even_without_logs():
     """vLLM's prefill counts a decode's read of KV it no longer held: the pages may have been
-    reused. Without --log the counter is the only sign; the scenario warns and says where."""
+    reused. Without --log the counter is the only sign; in a scenario where every request was
+    answered, one of those answers came from released KV: the scenario fails and says where."""
     run = isolate(FakeEngine(snapshot(URL)))
     normal = scenario(run, "normal")
     assert tenant_isolation.scenario_verdict(normal)[0] is Status.PASS
     stale = replace(normal, counter_deltas={**normal.counter_deltas, "http://prefill:1": {"stale_kv_reads": 1}})
     status, said = tenant_isolation.scenario_verdict(stale)
-    assert status is Status.WARN
-    assert ("no crossing; the counters say: a decode read 1 request(s)' KV that http://prefill:1 no longer held, so those "
+    assert status is Status.FAIL
+    assert ("the counters say: a decode read 1 request(s)' KV that http://prefill:1 no longer held, so those "
             "pages may have been reused (during the normal scenario)") in said
+    assert "the client got HTTP 200" in said and "fix: raise kv_connector_extra_config.kv_lease_duration" in said
 
 
 def test_abandoned_requests_carry_a_fresh_request_id_a_danger_line_can_name(departures):

@@ -16,8 +16,19 @@ from kvpreflight.engines.http import HttpClient
 from kvpreflight.engines.interface import LogSignal
 from kvpreflight.engines.sglang import SglangAdapter
 from kvpreflight.engines.untrusted import parse_metrics
-from kvpreflight.engines.vllm import VllmAdapter
-from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, Completion, EngineSnapshot, Role, Status
+from kvpreflight.engines.vllm import LEASE_SETTING, VllmAdapter
+from kvpreflight.model import (
+    TRANSFER_SECONDS,
+    TRANSFERS_TIMED,
+    CheckResult,
+    Completion,
+    EngineSnapshot,
+    Hazard,
+    KvDeadline,
+    Role,
+    Status,
+    Waiver,
+)
 from kvpreflight.probes.logs import LogWatch, named_by_request_id
 from kvpreflight.probes.results import DangerLine, Expect, Limits, ProbeResult, ProbeRun
 from kvpreflight.routers.vllm_router import VllmRouter
@@ -107,19 +118,77 @@ def test_capacity_only_and_unsent_probes_say_why() -> None:
 
 # -- danger lines --------------------------------------------------------------------------------
 
-UNRECOGNIZED = DangerLine(source=PREFILL, what=VllmAdapter.log_signals[0].what, request_id="cmpl-1-0")
+UNRECOGNIZED = DangerLine(source=PREFILL, what=VllmAdapter.log_signals[0].what, request_id="cmpl-1-0", hazard=Hazard.LATE_READ)
+FAILED_SEND = DangerLine(source=PREFILL, what=SglangAdapter.log_signals[2].what, request_id="r-1")
 
 
 def test_a_danger_line_by_itself_warns_and_is_quoted_with_its_probe() -> None:
     moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
                         counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}},
-                        danger_lines=(UNRECOGNIZED, UNRECOGNIZED))
-    result = judge(run=ProbeRun(limits=Limits(1024, 4096, 1023), probes=(moved,), untied_danger_lines=(UNRECOGNIZED,)))
+                        danger_lines=(FAILED_SEND, FAILED_SEND))
+    result = judge(run=ProbeRun(limits=Limits(1024, 4096, 1023), probes=(moved,), untied_danger_lines=(FAILED_SEND,)))
     assert result.status is Status.WARN, result.message
-    assert (f'{PREFILL} log: "Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker" '
-            "x2 (logged during probe boundary-accept)") in result.message
+    assert f'{PREFILL} log: "{FAILED_SEND.what}" x2 (logged during probe boundary-accept)' in result.message
     assert "(logged between probes)" in result.message
-    assert result.evidence["danger_lines_count"] == 3 and result.evidence["danger_lines"][0]["request_id"] == "cmpl-1-0"
+    assert result.evidence["danger_lines_count"] == 3 and result.evidence["danger_lines"][0]["request_id"] == "r-1"
+
+
+def test_a_late_read_on_a_served_probe_fails_quoting_the_line_the_lease_and_the_fix() -> None:
+    """vLLM's prefill logs "Potentially invalid KV blocks for unrecognized request" when a decode
+    finished reading KV after the lease ran out; the probe was answered (HTTP 200): a failure."""
+    moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
+                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}},
+                        danger_lines=(UNRECOGNIZED,))
+    prefill = replace(snap(PREFILL, Role.PREFILL), kv_lease=KvDeadline(seconds=6, setting=LEASE_SETTING, stated=True))
+    result = judge(moved, snapshots=(prefill, snap(DECODE, Role.DECODE)))
+    assert result.status is Status.FAIL, result.message
+    assert "the client got HTTP 200" in result.message
+    assert f'{PREFILL} log: "{UNRECOGNIZED.what}" (logged during probe boundary-accept)' in result.message
+    assert f"the lease in force: {LEASE_SETTING} 6 s at {PREFILL} (stated in its start-up log)" in result.message
+    assert "fix: raise kv_connector_extra_config.kv_lease_duration" in result.message
+    assert "VLLM_NIXL_ABORT_REQUEST_TIMEOUT" in result.message
+    assert result.evidence["danger_lines"][0]["hazard"] == "late-read"
+    unread = judge(moved)  # no log given: the lease was not read, and it says how to read it
+    assert unread.status is Status.FAIL and "the lease in force: not read (give the prefill's log with --log" in unread.message
+
+
+def test_a_late_read_fails_even_where_the_transfer_itself_was_not_measured() -> None:
+    unmeasured = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test",
+                             reached=(PREFILL,), counter_deltas={PREFILL: {"prompt_tokens": 1000}})
+    result = judge(run=ProbeRun(limits=Limits(1024, 4096, 1023), probes=(unmeasured,), untied_danger_lines=(UNRECOGNIZED,)))
+    assert result.status is Status.FAIL and "(logged between probes)" in result.message, result.message
+
+
+def test_a_late_read_can_be_waived_with_a_reason_and_the_finding_stays() -> None:
+    moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
+                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0},
+                                        PREFILL: {"prompt_tokens": 1000, "stale_kv_reads": 1}})
+    ctx = CheckContext((snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE)), load_thresholds(),
+                       probes=ProbeRun(limits=Limits(1024, 4096, 1023), probes=(moved,)), entry=ENTRY)
+    (result,) = run_checks(ctx, ["pd-transfer"], (Waiver("pd-transfer", "lease raised in the next release"),))
+    assert result.status is Status.SKIP and result.evidence["status_before_waiver"] == "fail"
+    assert "waived: lease raised in the next release (found: fail:" in result.message
+
+
+def test_a_kv_canary_violation_during_a_probe_fails_pd_transfer() -> None:
+    violation = DangerLine(source=DECODE, what="kv_canary violation", hazard=Hazard.KV_CANARY,
+                           detail="slot_idx=7 position=3 fail_reason=verify_chain_hash")
+    moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
+                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}}, danger_lines=(violation,))
+    result = judge(moved)
+    assert result.status is Status.FAIL, result.message
+    assert (f'{DECODE} log: "kv_canary violation (slot_idx=7 position=3 fail_reason=verify_chain_hash)" '
+            "(logged during probe boundary-accept)") in result.message
+
+
+def test_an_expired_lease_without_a_late_read_warns_naming_the_cost() -> None:
+    moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
+                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0},
+                                        PREFILL: {"prompt_tokens": 1000, "expired_kv": 1}})
+    result = judge(moved)
+    assert result.status is Status.WARN, result.message
+    assert "recomputes the prompt" in result.message and f"{PREFILL} counted 1 request(s) whose KV lease ran out unread" in result.message
+    assert result.evidence["expired_kv_leases"] == [{"engine": PREFILL, "requests": 1, "when": "during boundary-accept"}]
 
 
 def test_a_line_naming_a_probes_request_id_says_which_request_whenever_it_was_logged() -> None:
@@ -137,21 +206,22 @@ def test_a_line_naming_a_probes_request_id_says_which_request_whenever_it_was_lo
     assert [d.names for d in untied] == ["probe boundary-accept's request",
                                          "one of kvpreflight's requests other than the probes (calibration, health)", None]
     result = judge(run=ProbeRun(limits=Limits(1024, 4096, 1023), probes=tuple(probes), untied_danger_lines=untied))
-    assert result.status is Status.WARN
+    assert result.status is Status.FAIL
     assert "x1" not in result.message and "(logged between probes, naming probe boundary-accept's request)" in result.message
     assert result.evidence["danger_lines"][0] == {"source": PREFILL, "what": UNRECOGNIZED.what, "request_id": late.request_id,
-                                                  "when": "logged between probes", "names": "probe boundary-accept's request"}
+                                                  "when": "logged between probes", "names": "probe boundary-accept's request",
+                                                  "hazard": "late-read"}
     assert "names" not in result.evidence["danger_lines"][2]
 
 
-def test_a_stale_kv_read_counted_by_the_prefill_warns_without_any_log() -> None:
+def test_a_stale_kv_read_counted_by_the_prefill_fails_without_any_log() -> None:
     """vLLM's prefill counts the reads its "unrecognized request" line logs: with no --log the
-    counter alone turns a pass into a warning, naming the engine and the probe."""
+    counter alone turns a pass into a failure, naming the engine and the probe."""
     moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
                         counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0},
                                         PREFILL: {"prompt_tokens": 1000, "stale_kv_reads": 2}})
     result = judge(moved)
-    assert result.status is Status.WARN, result.message
+    assert result.status is Status.FAIL, result.message
     assert (f"the counters say: a decode read 2 request(s)' KV that {PREFILL} no longer held, so those pages may have "
             "been reused (during boundary-accept)") in result.message
     assert result.evidence["stale_kv_reads"] == [{"engine": PREFILL, "reads": 2, "when": "during boundary-accept"}]
@@ -167,6 +237,26 @@ def test_vllm_maps_its_notifications_after_expiry_counter_to_stale_kv_reads() ->
     assert adapter.counters().stale_kv_reads == 3.0
 
 
+def test_vllm_maps_its_expired_kv_and_aborted_requests_counters() -> None:
+    """vLLM 0.32's nixl/stats.py registers vllm:nixl_num_kv_expired_reqs (a Counter: /metrics
+    says _total); tests/unit/test_roles.py reads the lease."""
+    metrics = ('vllm:nixl_num_kv_expired_reqs_total{engine="0",model_name="m"} 4.0\n'
+               # v1/metrics/loggers.py: one series per FinishReason (v1/engine/__init__.py), str() of it
+               'vllm:request_success_total{engine="0",finished_reason="stop",model_name="m"} 5.0\n'
+               'vllm:request_success_total{engine="0",finished_reason="abort",model_name="m"} 2.0\n')
+    adapter = VllmAdapter("http://p:1", HttpClient())
+    adapter.metrics = lambda: parse_metrics("http://p:1/metrics", metrics)  # type: ignore[method-assign]
+    counters = adapter.counters()
+    assert (counters.expired_kv, counters.aborted_requests, counters.requests) == (4.0, 2.0, 7.0)
+
+
+def test_sglang_maps_its_aborted_requests_counter() -> None:
+    metrics = 'sglang:num_aborted_requests_total{model_name="m",engine_type="unified",tp_rank="0",pp_rank="0"} 3.0\n'
+    adapter = SglangAdapter("http://s:1", HttpClient())
+    adapter.metrics = lambda: parse_metrics("http://s:1/metrics", metrics)  # type: ignore[method-assign]
+    assert adapter.counters().aborted_requests == 3.0
+
+
 def test_a_danger_line_beside_a_recompute_is_part_of_the_failure() -> None:
     skipped = DangerLine(source=ENTRY, what=VllmRouter.log_signals[0].what)
     recomputed = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test",
@@ -177,27 +267,31 @@ def test_a_danger_line_beside_a_recompute_is_part_of_the_failure() -> None:
     assert "the decode recomputed the prompt" in result.message and "decode will proceed without kv_transfer_params" in result.message
 
 
-@pytest.mark.parametrize("signals,line,what,rid", [
+@pytest.mark.parametrize("signals,line,what,rid,hazard", [
     (VllmAdapter.log_signals, "(EngineCore_DP0 pid=7) ERROR 11-30 17:01:02 [pull_worker.py:667] Potentially invalid KV blocks "
      "for unrecognized request cmpl-abc-0 were retrieved by a decode worker. They may have expired.",
-     "Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker", "cmpl-abc-0"),
+     "Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker", "cmpl-abc-0", Hazard.LATE_READ),
+    # nixl/base_worker.py (vLLM 0.32), logger.warning when a lease runs out
+    (VllmAdapter.log_signals, "(EngineCore_DP0 pid=7) WARNING 11-30 17:01:32 [base_worker.py:3032] Releasing expired KV blocks "
+     "for request cmpl-abc-0 which were retrieved by 0 remote worker(s) before lease expired.",
+     "Releasing expired KV blocks for request ... which were retrieved by ... worker(s)", "cmpl-abc-0", Hazard.KV_EXPIRED),
     (VllmRouter.log_signals, "2026-11-30 17:01:02  WARN vllm_router_rs::routers::http::vllm_pd_router: No kv_transfer_params "
      "for prefill http://127.0.0.1:45469, decode will proceed without kv_transfer_params",
-     "No kv_transfer_params for prefill ..., decode will proceed without kv_transfer_params", None),
+     "No kv_transfer_params for prefill ..., decode will proceed without kv_transfer_params", None, Hazard.TRANSFER),
     (SglangAdapter.log_signals, "[2026-11-30 17:01:02 DP0 TP0] Decode transfer failed for request rank=0 "
-     "decode_req.req.rid='r-5' decode_req.req.bootstrap_room=42", "Decode transfer failed for request", "r-5"),
+     "decode_req.req.rid='r-5' decode_req.req.bootstrap_room=42", "Decode transfer failed for request", "r-5", Hazard.TRANSFER),
     (SglangAdapter.log_signals, "Prefill transfer failed for request rank=0 req.rid='r-6' req.bootstrap_room=7",
-     "Prefill transfer failed for request", "r-6"),
+     "Prefill transfer failed for request", "r-6", Hazard.TRANSFER),
 ])
 def test_each_signal_names_the_request_and_only_new_whole_lines_count(tmp_path: Path, signals: tuple[LogSignal, ...],
-                                                                      line: str, what: str, rid: str | None) -> None:
+                                                                      line: str, what: str, rid: str | None, hazard: Hazard) -> None:
     log = tmp_path / "engine.log"
     log.write_text(line + "\n")  # before the watch began: not the probes'
     watch = LogWatch({"http://e:1": (log, signals)})
     assert watch.take() == ()
     with log.open("a") as fh:
         fh.write("an ordinary line\n" + line + "\n" + line[:20])  # the last line is still being written
-    assert watch.take() == (DangerLine(source="http://e:1", what=what, request_id=rid),)
+    assert watch.take() == (DangerLine(source="http://e:1", what=what, request_id=rid, hazard=hazard),)
     assert watch.take() == ()
 
 
@@ -208,3 +302,34 @@ def test_prompt_found_in_the_decodes_own_prefix_cache_needed_no_transfer() -> No
     result = judge(probe("concurrent-1", 1019, deltas), probe("concurrent-2", 1019, deltas))
     assert result.status is Status.PASS, result.message
     assert "decode received KV for 246 tokens, found 1,792 in its own prefix cache and computed 0 tokens itself" in result.message
+
+
+def test_a_stated_handoff_deadline_shorter_than_a_near_context_prompt_fails_and_an_unstated_default_warns() -> None:
+    """The measured speed says one prompt at the limit takes 45 s: a decode that waits 20 s for its
+    KV (stated) aborts every such prompt in production; vLLM's lease at its unstated default of
+    30 s would run out under it too, but the setting may differ from the default: a warning."""
+    moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
+                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}})
+    run = ProbeRun(limits=Limits(1024, 4096, 1023), probes=(moved,), near_context_s=45.0)
+    waiting = KvDeadline(seconds=20, setting="SGLANG_DISAGGREGATION_WAITING_TIMEOUT", stated=True)
+    decode = replace(snap(DECODE, Role.DECODE), pd_timeouts=(waiting,))
+    prefill = replace(snap(PREFILL, Role.PREFILL), kv_lease=KvDeadline(seconds=30, setting=LEASE_SETTING, stated=False))
+    result = judge(run=run, snapshots=(prefill, decode))
+    assert result.status is Status.FAIL, result.message
+    assert (f"a prompt of 1,023 tokens takes about 45.0 s at the measured speed, longer than SGLANG_DISAGGREGATION_WAITING_TIMEOUT "
+            f"20 s at {DECODE}: every prompt that long outlives it; raise SGLANG_DISAGGREGATION_WAITING_TIMEOUT") in result.message
+    assert len(result.evidence["outlived_deadlines"]) == 2
+    assumed = judge(run=run, snapshots=(prefill, snap(DECODE, Role.DECODE)))
+    assert assumed.status is Status.WARN and f"{LEASE_SETTING} 30 s at {PREFILL} (its default: the setting was not stated)" in assumed.message
+    assert judge(run=replace(run, near_context_s=10.0), snapshots=(prefill, decode)).status is Status.PASS
+    assert judge(run=replace(run, near_context_s=None), snapshots=(prefill, decode)).status is Status.PASS  # no speed: nothing said
+
+
+def test_sglang_pd_roles_carry_their_pd_timeout_stated_or_at_sglangs_default() -> None:
+    from kvpreflight.engines.sglang import pd_timeouts
+
+    assert pd_timeouts({}, Role.DECODE, "http://d:2") == (
+        KvDeadline(seconds=300, setting="SGLANG_DISAGGREGATION_WAITING_TIMEOUT", stated=False),)
+    assert pd_timeouts({"disaggregation_bootstrap_timeout_s": 5}, Role.PREFILL, "http://p:1") == (
+        KvDeadline(seconds=5, setting="SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", stated=True),)
+    assert pd_timeouts({}, Role.UNIFIED, "http://u:1") == ()

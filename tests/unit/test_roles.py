@@ -14,9 +14,9 @@ from static_server import static_server
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import HttpClient
-from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight.engines.vllm import LEASE_SETTING, VllmAdapter
 from kvpreflight.formats import get_format
-from kvpreflight.model import EngineSnapshot, Report, Role, RoleSource
+from kvpreflight.model import EngineSnapshot, KvDeadline, Report, Role, RoleSource
 from kvpreflight.routers import open_router
 from kvpreflight.routers.interface import RouterListing, RouterWorker, workers_listed
 
@@ -51,6 +51,21 @@ def test_vllm_role_comes_from_its_kv_role(line: str, role: Role) -> None:
     with static_server(vllm_routes()) as url:
         snap = VllmAdapter(url, HttpClient(timeout_s=5)).snapshot(log_text=line + "\n")
     assert (snap.role, snap.role_source) == (role, RoleSource.ENGINE)
+
+
+@pytest.mark.parametrize("line,lease", [
+    # entrypoints/utils.py log_non_default_args prints the KVTransferConfig dataclass; nixl/base_scheduler.py
+    # reads kv_connector_extra_config["kv_lease_duration"], default 30 (vLLM 0.32's wheel).
+    ("non-default args: {'kv_transfer_config': KVTransferConfig(kv_connector='NixlConnector', engine_id='x', "
+     "kv_role='kv_producer', kv_connector_extra_config={'kv_lease_duration': 6})}", KvDeadline(seconds=6, setting=LEASE_SETTING, stated=True)),
+    ('--kv-transfer-config {"kv_connector":"NixlConnector","kv_role":"kv_producer"}', KvDeadline(seconds=30, setting=LEASE_SETTING, stated=False)),
+    ("non-default args: {'kv_transfer_config': KVTransferConfig(kv_connector='NixlConnector', kv_role='kv_consumer')}", None),
+    ("non-default args: {'model': 'tiny'}", None),
+])
+def test_vllm_reads_the_prefills_kv_lease_from_its_start_up_line(line: str, lease: KvDeadline | None) -> None:
+    with static_server(vllm_routes()) as url:
+        snap = VllmAdapter(url, HttpClient(timeout_s=5)).snapshot(log_text=line + "\n")
+    assert snap.kv_lease == lease
 
 
 def test_vllm_decode_is_told_by_its_consumer_only_metric_and_a_plain_one_is_assumed_unified() -> None:

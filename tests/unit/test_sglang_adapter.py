@@ -135,3 +135,42 @@ def test_pd_without_entry_checks_capacity_and_says_why_no_probe_ran():
     for probe_check in ("overcapacity-rejected", "tenant-isolation"):
         assert by_id[probe_check]["status"] == "inconclusive"
         assert "--entry" in by_id[probe_check]["message"]
+
+
+def test_kv_canary_setting_is_read_from_server_info_and_off_is_recommended_on():
+    """srt/arg_groups/fields/observability.py (0.5.23): kv_canary none|log|raise, default none.
+    Off, the report names the flag and the first release that ships it (0.5.13, from the wheels)."""
+    info = json.loads((FIX / "server_info_prefill.json").read_text())
+    for mode, noted in (("none", True), ("log", False)):
+        body = {**info, "version": "0.5.23", "kv_canary": mode, "kv_canary_real_data": "none", "kv_canary_sweep_interval": 0}
+        with static_server(routes(body)) as url:
+            snap = open_adapter(url, HttpClient()).snapshot()
+        assert snap.kv_canary == mode
+        ctx = CheckContext((snap,), load_thresholds(), None, None, None, load_advisories())
+        (r,) = run_checks(ctx, ["engine-advisories"])
+        notes = [n["id"] for n in r.evidence["notes"]]
+        assert ("KVPF-SGLANG-2026-008" in notes) is noted, r.evidence
+    old = {k: v for k, v in info.items() if not k.startswith("kv_canary")} | {"version": "0.5.12"}
+    with static_server(routes(old)) as url:
+        snap = open_adapter(url, HttpClient()).snapshot()
+    assert snap.kv_canary is None
+    (r,) = run_checks(CheckContext((snap,), load_thresholds(), None, None, None, load_advisories()), ["engine-advisories"])
+    (note,) = [n for n in r.evidence["notes"] if n["id"] == "KVPF-SGLANG-2026-009"]
+    assert "0.5.13 is the first release that ships it" in note["title"]
+
+
+def test_kv_canary_violation_and_stats_lines_become_danger_lines_with_slot_position_and_reason(tmp_path):
+    from kvpreflight.engines.sglang import SglangAdapter
+    from kvpreflight.model import Hazard
+    from kvpreflight.probes.logs import LogWatch
+
+    log = tmp_path / "decode.log"
+    log.write_text("")
+    watch = LogWatch({"http://d:2": (log, SglangAdapter.log_signals)})
+    log.write_text((FIX / "kv_canary.log").read_text())
+    lines = watch.take()
+    assert [(d.hazard, d.what, d.detail) for d in lines] == [
+        (Hazard.KV_CANARY, "kv_canary violation", "slot_idx=4123 position=17 fail_reason=verify_chain_hash+verify_token "
+         "stored_token=881 expected_token=42 launch_tag=HEAD_K_FULL"),
+        (Hazard.KV_CANARY, "[canary] ... violations=N (counted so far)", "violations=1"),
+    ]  # the stats line with violations=0 and the header/body lines of the same violation are no signal
