@@ -244,8 +244,5 @@ def run_demo(deployment: BuiltinDeployment, output: OutputPlan, *, log_dir: Path
         + (f", faults: {', '.join(deployment.engine_faults)}" if deployment.engine_faults else "") + ")")
     booted = preflight.run_booted(spec, plan, log_dir=log_dir or folder / "logs", before_check=before_check,
                                   progress=say)
-    preflight.publish(booted.report, output, files_read=booted.files_read, progress=say)
-    if pub_path is not None:
-        say(f"verify the record: kvpreflight verify {record_path} --key {pub_path} --any-subject"
-            + (" --allow-fail" if booted.report.exit_code != 0 else ""))
+    preflight.publish(booted.report, output, files_read=booted.files_read, progress=say)  # prints the verify command
     return DemoRun(booted.report, record_path, pub_path)

@@ -56,6 +56,7 @@ def register(app: typer.Typer) -> None:
         until: list[str] | None = typer.Option(None, "--until", help="YYYY-MM-DD: the matching --skip's last day; `verify` refuses a record whose waiver expired."),
         fmt: str | None = typer.Option(None, "--format", help=f"{FORMAT_HELP} (default: table)."),
         output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="Leave the passing checks out of the table (the verdict line still counts them)."),
         timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for a rejection or a short request; accepted long prompts get more, from the engine's measured speed."),
         plan_only: bool = typer.Option(False, "--plan", help="Print the probes it would send, their sizes, context-equivalents and expected duration; sends only one short calibration request per entry (the duration is then an upper estimate)."),
         no_calibrate: bool = typer.Option(False, "--no-calibrate", help="With --plan: send no request at all (the duration is then unknown)."),
@@ -107,7 +108,7 @@ def register(app: typer.Typer) -> None:
             return
         out = build_output(fmt=fmt, output=output, record=record, sign_key=sign_key, subjects=tuple(subject or ()),
                            unsigned=unsigned, command_line=tuple(sys.argv), reads_files=bool(plan.logs) or spec is not None,
-                           test_result=test_result, advisory_dirs=plan.advisory_dirs, spec=boot)
+                           test_result=test_result, advisory_dirs=plan.advisory_dirs, spec=boot, quiet=quiet)
         preflight.validate(plan)
         from kvpreflight.errors import KvpreflightError
         from kvpreflight.redact import Redactor

@@ -20,6 +20,7 @@ def register(app: typer.Typer) -> None:
         incident: bool = typer.Option(False, "--incident", help="The incident as it happened: pool ratio 0.65, reject-continues and no-transfer-check, another tenant's data in the pool."),
         fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
         output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="Leave the passing checks out of the table (the verdict line still counts them)."),
         record: Path | None = typer.Option(None, "--record", help="Where to write the signed record (default: a new folder, printed at the end)."),
         sign_key: str | None = typer.Option(None, "--sign-key", help="Sign with this key instead of a fresh one."),
         log_dir: Path | None = typer.Option(None, "--log-dir", help="Where the engines' logs go (default: beside the record)."),
@@ -47,7 +48,7 @@ def register(app: typer.Typer) -> None:
         # The record's key and subjects are the demo's own (a fresh key, its logs); only the format,
         # the report file and the record's path come from here.
         out = build_output(fmt=fmt, output=output, record=None, sign_key=None, subjects=(), unsigned=False,
-                           command_line=tuple(sys.argv), reads_files=True)
+                           command_line=tuple(sys.argv), reads_files=True, quiet=quiet)
         run = run_demo(deployment, out, log_dir=log_dir, sign_key=sign_key, record_path=record,
                        command_line=tuple(sys.argv))
         raise typer.Exit(run.report.exit_code)

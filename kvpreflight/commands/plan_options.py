@@ -152,7 +152,7 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
 def build_output(*, fmt: str | None, output: Path | None, record: Path | None, sign_key: str | None,
                  subjects: tuple[str, ...], unsigned: bool, command_line: tuple[str, ...],
                  reads_files: bool, test_result: Path | None = None, advisory_dirs: tuple[Path, ...] = (),
-                 spec: Path | None = None) -> OutputPlan:
+                 spec: Path | None = None, quiet: bool = False) -> OutputPlan:
     """The report format and file, and the record plan (key loaded, subjects parsed) if asked for."""
     from kvpreflight.formats import FORMATS
     from kvpreflight.preflight import prepare_record
@@ -166,4 +166,6 @@ def build_output(*, fmt: str | None, output: Path | None, record: Path | None, s
                                      advisory_dirs=advisory_dirs, spec=spec)
     elif sign_key or subjects or unsigned or test_result:
         raise ConfigError("--sign-key, --subject, --unsigned and --test-result only make sense with --record FILE")
-    return OutputPlan(format=fmt or "table", path=output, record=record_plan)
+    if quiet and fmt not in (None, "table"):
+        raise ConfigError(f"--quiet leaves the passing checks out of the table; --format {fmt} keeps every check, drop --quiet")
+    return OutputPlan(format=fmt or "table", path=output, record=record_plan, quiet=quiet)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import IO, Any
 
 from kvpreflight.model import CheckResult, EngineSnapshot, Report, RoleSource, Status
@@ -129,7 +130,46 @@ def source_location(check: CheckResult) -> tuple[str, int | None] | None:
 
 
 def counts(report: Report) -> dict[Status, int]:
-    return {s: sum(1 for c in report.checks if c.status is s) for s in STATUS_ORDER}
+    return {s: report.status_count(s) for s in STATUS_ORDER}
+
+
+def tally(report: Report) -> str:
+    """Every status counted, worst first, zeros included, and the waivers: nothing hides a skip."""
+    return ", ".join(f"{n} {s.value}" for s, n in counts(report).items()) + f"; {report.waived_count} waived"
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    """One line of the human report: results that say the same thing, grouped."""
+
+    status: Status
+    check_ids: tuple[str, ...]
+    endpoints: tuple[str, ...]
+    message: str
+
+    @property
+    def check(self) -> str:
+        return ", ".join(self.check_ids)
+
+    @property
+    def endpoint(self) -> str:
+        return ", ".join(self.endpoints) or "-"
+
+
+def report_rows(report: Report, *, quiet: bool = False) -> list[ReportRow]:
+    """The results in the order an operator reads them: failures, inconclusives, warnings, skips,
+    then passes (none with `quiet`); results with the same status and message are one row, naming
+    every check and endpoint they came from."""
+    groups: dict[tuple[Status, str], list[CheckResult]] = {}
+    for c in report.checks:
+        groups.setdefault((c.status, c.message), []).append(c)
+    rows = [
+        ReportRow(status, tuple(dict.fromkeys(c.id for c in group)),
+                  tuple(dict.fromkeys(c.endpoint for c in group if c.endpoint)), message)
+        for (status, message), group in groups.items()
+        if not (quiet and status is Status.PASS)
+    ]
+    return sorted(rows, key=lambda r: STATUS_ORDER.index(r.status))
 
 
 def counts_text(report: Report) -> str:
@@ -144,9 +184,14 @@ def _ids(report: Report, status: Status) -> list[str]:
 def verdict_line(report: Report) -> str:
     """One line: the verdict, the exit code it means, and what caused it.
 
-    `PASS`, `PASS: 1 warn (...)`, `FAIL (exit 1): 2 failed: a, b`,
-    `INCONCLUSIVE (exit 3): nothing proved safe: could not measure x`.
+    `PASS - 0 fail, 0 inconclusive, 0 warn, 0 skip, 9 pass; 0 waived`, `PASS: 1 warn (...) - ...`,
+    `FAIL (exit 1): 2 failed: a, b - ...`, `INCONCLUSIVE (exit 3): nothing proved safe: could not
+    measure x - ...`: the cause, then every status counted.
     """
+    return f"{_verdict_cause(report)} - {tally(report)}"
+
+
+def _verdict_cause(report: Report) -> str:
     verdict, code = report.verdict, report.exit_code
     if verdict is Status.PASS:
         warned = _ids(report, Status.WARN)

@@ -1,7 +1,8 @@
 """The human report: a block per engine, the checks, the waivers, then one verdict line.
 
-Colour only on a terminal (and never with NO_COLOR). Messages are never cut: on a terminal the
-message column wraps to the terminal's width; anywhere else each message is kept whole. Control
+Colour only on a terminal (and never with NO_COLOR). Checks are listed failures first; on a
+terminal a passing check is one line (its message cut with "…") and every other message wraps to
+the terminal's width; anywhere else each message is kept whole (and always in JSON and Markdown). Control
 characters in any value are written out as \\xNN, so a value cannot drive the terminal.
 """
 
@@ -29,10 +30,12 @@ _MIN_MESSAGE_WIDTH = 24
 class TableFormat(ReportFormat):
     name = "table"
 
-    def __init__(self, *, color: bool | None = None, width: int | None = None) -> None:
-        """color/width None: decided at render time from stdout (a terminal gets colour and wrapping)."""
+    def __init__(self, *, color: bool | None = None, width: int | None = None, quiet: bool = False) -> None:
+        """color/width None: decided at render time from stdout (a terminal gets colour and wrapping).
+        quiet: the passing checks are left out (counted in the verdict line)."""
         self.color = color
         self.width = width
+        self.quiet = quiet
 
     def _paint(self, status: Status, text: str, color: bool) -> str:
         return f"{_COLOUR[status]}{text}{_RESET}" if color else text
@@ -60,10 +63,14 @@ class TableFormat(ReportFormat):
     def _checks(self, report: Report, color: bool, width: int | None) -> str:
         if not report.checks:
             return "Checks: none ran"
+        # Failures first, passes last (or left out with quiet); the same finding once.
+        shown = _common.report_rows(report, quiet=self.quiet)
+        if not shown:
+            return f"Checks ({_common.counts_text(report)}): every check passed (--quiet leaves them out)"
         rows = [
-            [self._paint(c.status, c.status.value.upper(), color)]
-            + [_common.visible(text) for text in (c.id, c.endpoint or "-", c.message)]
-            for c in report.checks
+            [self._paint(r.status, r.status.value.upper(), color)]
+            + [_common.visible(text) for text in (r.check, r.endpoint, r.message)]
+            for r in shown
         ]
         headers = ["status", "check", "endpoint", "message"]
         maxcolwidths = None
@@ -73,9 +80,18 @@ class TableFormat(ReportFormat):
             used = sum(
                 max(len(h) + 2, *(len(_strip(str(r[i]))) for r in rows)) + 2 for i, h in enumerate(headers[:3])
             )
-            maxcolwidths = [None, None, None, max(_MIN_MESSAGE_WIDTH, width - used)]
+            message_width = max(_MIN_MESSAGE_WIDTH, width - used)
+            maxcolwidths = [None, None, None, message_width]
+            for row, r in zip(rows, shown, strict=True):
+                if r.status is Status.PASS:  # a pass is one line; its whole message is in JSON and Markdown
+                    row[3] = _one_line(row[3], message_width)
         table = tabulate(rows, headers=headers, tablefmt="simple", maxcolwidths=maxcolwidths)
         return f"Checks ({_common.counts_text(report)})\n" + table
+
+
+def _one_line(text: str, width: int) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= width else line[: width - 1].rstrip() + "…"
 
 
 def _strip(text: str) -> str:
