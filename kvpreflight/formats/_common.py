@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import IO, Any
@@ -79,31 +80,40 @@ def cost_lines(report: Report) -> list[str]:
     return lines
 
 
+# One vocabulary for where a role came from (the README's): engine, router, override, assumed.
 ROLE_SOURCE_TEXT = {
-    RoleSource.ENGINE: "said by the engine",
-    RoleSource.ROUTER: "listed by the router",
-    RoleSource.OVERRIDE: "stated on the command line or in the spec",
-    RoleSource.ASSUMED: "assumed: neither the engine nor a router said otherwise",
+    RoleSource.ENGINE: "engine: the engine reports it",
+    RoleSource.ROUTER: "router: the router lists it",
+    RoleSource.OVERRIDE: "override: ROLE=URL or the boot spec",
+    RoleSource.ASSUMED: "assumed: nothing said otherwise",
 }
 
 
-def engine_facts(report: Report, engine: EngineSnapshot) -> list[tuple[str, str]]:
-    """The per-engine facts a reader needs, as (label, value) pairs, in reading order."""
-    facts = [
-        ("url", engine.url),
-        ("engine", engine.engine),
-        ("version", engine.version or UNKNOWN),
-        ("role", f"{engine.role.value} ({ROLE_SOURCE_TEXT[engine.role_source]})"),
-    ]
+def engine_facts(report: Report, engine: EngineSnapshot, *, compact: bool = False) -> list[tuple[str, str]]:
+    """The per-engine facts a reader needs, as (label, value) pairs, in reading order. `compact`
+    (the terminal table): what agrees is said once (readings of one size, one context)."""
+    facts = [("url", engine.url)]
+    if compact:
+        facts.append(("engine", f"{engine.engine} {engine.version or '(version unknown)'}"))
+    else:
+        facts += [("engine", engine.engine), ("version", engine.version or UNKNOWN)]
+    facts.append(("role", f"{engine.role.value} ({ROLE_SOURCE_TEXT[engine.role_source]})"))
     if engine.model:
         facts.append(("model", engine.model))
-    facts += [
-        ("KV pool tokens", tokens(engine.pool_tokens())),
-        ("pool sources", "\n".join(pool_sources(engine)) or "none read"),
-        ("served context", tokens(engine.served_context)),
-        ("checked context", tokens(checked_context(report, engine))),
-        ("pool / context", ratio_text(pool_ratio(report, engine))),
-    ]
+    facts.append(("KV pool tokens", tokens(engine.pool_tokens())))
+    readings = engine.pool_readings
+    if compact and len(readings) > 1 and len({r.tokens for r in readings}) == 1:
+        origins = Counter(r.origin.value for r in readings)
+        facts.append(("pool sources", f"{len(readings)} readings agree ("
+                      + ", ".join(f"{origin} {n}" for origin, n in origins.items()) + "; each in JSON)"))
+    else:
+        facts.append(("pool sources", "\n".join(pool_sources(engine)) or "none read"))
+    served, checked = engine.served_context, checked_context(report, engine)
+    if compact and served == checked:
+        facts.append(("context", f"{tokens(served)} (served and checked)"))
+    else:
+        facts += [("served context", tokens(served)), ("checked context", tokens(checked))]
+    facts.append(("pool / context", ratio_text(pool_ratio(report, engine))))
     if engine.notes:
         facts.append(("notes", "\n".join(engine.notes)))
     return facts

@@ -47,7 +47,7 @@ class TableFormat(ReportFormat):
         if report.entry:
             parts[0] += f" via {_common.visible(report.entry)}"
         for i, engine in enumerate(report.engines, 1):
-            facts = [(label, _common.visible(value)) for label, value in _common.engine_facts(report, engine)]
+            facts = [(label, _common.visible(value)) for label, value in _common.engine_facts(report, engine, compact=True)]
             parts.append(f"Engine {i} of {len(report.engines)}\n" + _indent(tabulate(facts, tablefmt="plain")))
         if not report.engines and any(c.endpoint and "://" in c.endpoint for c in report.checks):
             parts.append("Engines: none could be read (see the checks below)")

@@ -227,3 +227,29 @@ def test_record_round_trip_keygen_demo_verify(demo_run, demo_keys):
     assert verify("--subject", f"{log_subject['name']}=sha256:{log_subject['digest']['sha256']}").returncode == 0
     wrong = verify("--subject", f"{log_subject['name']}=sha256:{'0' * 64}")
     assert wrong.returncode == 1 and "digest" in wrong.stderr
+
+
+def test_a_passing_demo_report_fits_one_screen_and_a_failing_one_reads_failures_first(demo_run):
+    from kvpreflight.formats.table import TableFormat
+    from kvpreflight.model import Report
+
+    _, passing, _, _ = demo_run()
+    screen = TableFormat(color=False, width=120).render(Report.from_dict(passing))
+    assert len(screen.splitlines()) <= 50, screen
+    _, failing, _, _ = demo_run("--incident")
+    table = TableFormat(color=False, width=120).render(Report.from_dict(failing))
+    checks_block = table.split("\nChecks (", 1)[1].split("\n\n", 1)[0]
+    statuses_in_order = [line.split()[0] for line in checks_block.splitlines()
+                         if line.split()[:1] and line.split()[0] in ("FAIL", "INCONCLUSIVE", "WARN", "SKIP", "PASS")]
+    assert statuses_in_order[0] == "FAIL" and "PASS" in statuses_in_order
+    assert statuses_in_order.index("PASS") > max(i for i, s in enumerate(statuses_in_order) if s == "FAIL")
+
+
+def test_the_printed_verify_command_accepts_the_record_it_names(demo_run):
+    code, _, err, folder = demo_run()
+    assert code == 0, err[-1500:]
+    (line,) = [line for line in err.splitlines() if "verify the record: " in line]
+    command = line.split("verify the record: ", 1)[1].split()
+    assert command[:2] == ["kvpreflight", "verify"] and str(folder / "record.json") in command
+    proc = subprocess.run([sys.executable, "-m", "kvpreflight", *command[1:]], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
