@@ -289,10 +289,9 @@ def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSn
             return
         estimate = budget.calibrated(calibration.speed, plan.requests)
         deadline = f"; deadline {budget.deadline_s:.0f} s" if budget.deadline_s is not None else ""
-        count = sum(p.concurrent for p in plan.requests)
-        progress(f"measured {calibration.speed.describe()}: {count} probe requests, "
-                 f"{plan.equivalents(plan.submitted_tokens):.1f} context-equivalents submitted, expected to take about "
-                 f"{estimate:.0f} s{deadline}")
+        progress(f"measured {calibration.speed.describe()}: {plan.request_count} requests with the calibration, "
+                 f"{plan.equivalents(plan.submitted_tokens):.1f} context-equivalents submitted{plan.conditional_text()}; "
+                 f"expected to take about {estimate:.0f} s at most{deadline}")
 
     try:
         with open_tenants(entry, engines, limits, iso_settings, options.headers, options.tenant_headers,
