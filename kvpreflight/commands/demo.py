@@ -18,7 +18,7 @@ def register(app: typer.Typer) -> None:
         fault: list[str] | None = typer.Option(None, "--fault", help="Run the engines with this fault (repeatable); see `kvpreflight engine serve --help`."),
         router: str = typer.Option("builtin", "--router", help="The PD router in front of the pair: builtin (no dependency), smg (SGLang's Shepherd Model Gateway) or sglang-router (both: scripts/setup_engines.sh --only smg)."),
         incident: bool = typer.Option(False, "--incident", help="The incident as it happened: pool ratio 0.65, reject-continues and no-transfer-check, another tenant's data in the pool."),
-        fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
+        fmt: str | None = typer.Option(None, "--format", metavar="FORMAT", help=f"One of: {FORMAT_HELP} (default: table)."),
         output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Leave the passing checks out of the table (the verdict line still counts them)."),
         record: Path | None = typer.Option(None, "--record", help="Where to write the signed record (default: a new folder, printed at the end)."),

@@ -3,26 +3,14 @@
 from __future__ import annotations
 
 import re
-from typing import Any
 
-import typer
-from support.cli import invoke
+from support.cli import command_paths, invoke
 from support.readme import README, flags_named
-
-from kvpreflight.cli import app
-
-
-def _command_paths(command: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
-    paths = [path]
-    if hasattr(command, "commands"):  # a group (typer may bring its own click)
-        for name, sub in command.commands.items():
-            paths += _command_paths(sub, (*path, name))
-    return paths
 
 
 def all_help() -> str:
     texts = []
-    for path in _command_paths(typer.main.get_command(app)):
+    for path in command_paths():
         result = invoke(*path, "--help", env={"COLUMNS": "250", "TERMINAL_WIDTH": "250"})
         assert result.returncode == 0, (path, result.stderr)
         texts.append(result.stdout)
