@@ -198,7 +198,8 @@ class DemoRun:
 
 def run_demo(deployment: BuiltinDeployment, output: OutputPlan, *, log_dir: Path | None = None,
              sign_key: str | None = None, record_path: Path | None = None,
-             command_line: Sequence[str] = ("kvpreflight", "demo")) -> DemoRun:
+             command_line: Sequence[str] = ("kvpreflight", "demo"),
+             progress: Callable[[str], None] = say) -> DemoRun:
     """Boot the deployment, check it through its router, publish the report and a signed record
     (to `record_path`, default a new folder; signed with a fresh key unless `sign_key` is given),
     stop everything."""
@@ -235,14 +236,14 @@ def run_demo(deployment: BuiltinDeployment, output: OutputPlan, *, log_dir: Path
             finally:
                 client.close()
             prefill_limit = int(info["max_req_input_len"]) - 1
-            say(f"tenant B fills the pool: 3 requests of {prefill_limit:,} tokens carrying {tenant_marker}")
+            progress(f"tenant B fills the pool: 3 requests of {prefill_limit:,} tokens carrying {tenant_marker}")
             plant_other_tenant(booted.entry_url, tenant_marker, prefill_limit, copies=3)
 
-    say(f"booting a builtin prefill/decode deployment behind the {deployment.router} router "
+    progress(f"booting a builtin prefill/decode deployment behind the {deployment.router} router "
         f"(context {deployment.context_length:,}, "
         f"prefill pool {deployment.prefill_pool_ratio}x, decode pool {deployment.decode_pool_ratio}x"
         + (f", faults: {', '.join(deployment.engine_faults)}" if deployment.engine_faults else "") + ")")
     booted = preflight.run_booted(spec, plan, log_dir=log_dir or folder / "logs", before_check=before_check,
-                                  progress=say)
-    preflight.publish(booted.report, output, files_read=booted.files_read, progress=say)  # prints the verify command
+                                  progress=progress)
+    preflight.publish(booted.report, output, files_read=booted.files_read, progress=progress)  # prints the verify command
     return DemoRun(booted.report, record_path, pub_path)

@@ -49,6 +49,9 @@ def register(app: typer.Typer) -> None:
         # the report file and the record's path come from here.
         out = build_output(fmt=fmt, output=output, record=None, sign_key=None, subjects=(), unsigned=False,
                            command_line=tuple(sys.argv), reads_files=True, quiet=quiet)
-        run = run_demo(deployment, out, log_dir=log_dir, sign_key=sign_key, record_path=record,
-                       command_line=tuple(sys.argv))
+        from kvpreflight.terminal import progress_to_stderr
+
+        with progress_to_stderr("kvpreflight demo") as show:  # a live line on a terminal, as check draws
+            run = run_demo(deployment, out, log_dir=log_dir, sign_key=sign_key, record_path=record,
+                           command_line=tuple(sys.argv), progress=show)
         raise typer.Exit(run.report.exit_code)

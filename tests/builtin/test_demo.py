@@ -249,7 +249,7 @@ def test_the_printed_verify_command_accepts_the_record_it_names(demo_run):
     code, _, err, folder = demo_run()
     assert code == 0, err[-1500:]
     (line,) = [line for line in err.splitlines() if "verify the record: " in line]
-    command = line.split("verify the record: ", 1)[1].split()
+    command = line.split("verify the record: ", 1)[1].split()  # the whole command, as a user copies it
     assert command[:2] == ["kvpreflight", "verify"] and str(folder / "record.json") in command
     proc = subprocess.run([sys.executable, "-m", "kvpreflight", *command[1:]], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
