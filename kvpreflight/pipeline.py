@@ -198,8 +198,19 @@ def _read_engines(options: CheckPlan, client: HttpClient, progress: Callable[[st
             snapshots.append(listing.applied_to(snapshot) if listing is not None else snapshot)
             adapters[url] = adapter
         except EngineError as exc:
-            unreadable.append(CheckResult("kv-capacity", Status.INCONCLUSIVE, f"could not read the engine: {exc}", url))
+            unreadable.append(CheckResult("kv-capacity", Status.INCONCLUSIVE,
+                                          f"could not read the engine: {exc}{_wrong_kind_hint(url, client, options.engine)}", url))
     return adapters, snapshots, unreadable, listing
+
+
+def _wrong_kind_hint(url: str, client: HttpClient, named: str) -> str:
+    """'; it answers as builtin, not vllm: ...' when --engine named a kind that is not what is there."""
+    if named == "auto":
+        return ""
+    from kvpreflight.engines import answering_kind
+
+    found = answering_kind(url, client, named)
+    return f"; it answers as {found}, not {named}: pass --engine {found} or drop --engine" if found else ""
 
 
 def _log_watch(options: CheckPlan, group: Sequence[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
