@@ -124,6 +124,13 @@ def check_name(check: CheckResult) -> str:
     return f"{check.id} {check.endpoint}" if check.endpoint else check.id
 
 
+def where_label(report: Report) -> str:
+    """The name of the column that says where a result applies: `file` for a review of files
+    (file:line), `endpoint` for engines."""
+    files = any(source_location(c) for c in report.checks)
+    return "file" if files and not any(c.endpoint and "://" in c.endpoint for c in report.checks) else "endpoint"
+
+
 def source_location(check: CheckResult) -> tuple[str, int | None] | None:
     """(file, line) when the evidence points at a file (the `review` command does), else None."""
     path = check.evidence.get("file")

@@ -72,7 +72,7 @@ class TableFormat(ReportFormat):
             + [_common.visible(text) for text in (r.check, r.endpoint, r.message)]
             for r in shown
         ]
-        headers = ["status", "check", "endpoint", "message"]
+        headers = ["status", "check", _common.where_label(report), "message"]
         maxcolwidths = None
         if width:
             # Room left for the message once the other columns fit: tabulate pads each header by

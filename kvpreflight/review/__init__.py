@@ -17,7 +17,7 @@ from kvpreflight.checks.advisory_data import load_advisories
 from kvpreflight.clock import utc_now
 from kvpreflight.model import CheckResult, Report
 from kvpreflight.review.advisories import review_advisories
-from kvpreflight.review.check import judge, skipped
+from kvpreflight.review.check import judge, skipped, unreadable
 from kvpreflight.review.commandline import find_launches
 from kvpreflight.review.engines import estimator
 from kvpreflight.review.estimate import Estimate, ReviewInputs
@@ -33,16 +33,23 @@ def find_all_launches(files: Sequence[Path]) -> list[list[Launch]]:
 
 
 def estimate_files(files: Sequence[Path], inputs: ReviewInputs,
-                   launches: Sequence[Sequence[Launch]] | None = None) -> list[Estimate | tuple[str, str]]:
-    """One Estimate per launch found; for a file without any launch, (file, reason)."""
-    out: list[Estimate | tuple[str, str]] = []
+                   launches: Sequence[Sequence[Launch]] | None = None) -> list[Estimate | CheckResult | tuple[str, str]]:
+    """One Estimate per launch found (an inconclusive CheckResult for one that cannot be estimated,
+    when several files are reviewed); for a file without any launch, (file, reason)."""
+    out: list[Estimate | CheckResult | tuple[str, str]] = []
     models: dict = {}
     for path, found in zip(files, launches if launches is not None else find_all_launches(files), strict=True):
         if not found:
             out.append((str(path), f"no engine launch command found (looked for {ENGINE_WORDS})"))
             continue
         for launch in found:
-            out.append(estimator(launch.engine).estimate(launch, inputs, models))
+            try:
+                out.append(estimator(launch.engine).estimate(launch, inputs, models))
+            except ReviewError as exc:
+                if len(files) == 1:
+                    raise  # one file: its problem is the answer (exit 2)
+                # several files: this one is inconclusive, the others are still reviewed
+                out.append(unreadable(str(launch.site.file), launch.line, str(exc)))
     return out
 
 
@@ -59,7 +66,8 @@ def review(files: Sequence[Path], inputs: ReviewInputs, thresholds: Thresholds |
     if all(isinstance(r, tuple) for r in results):
         raise ReviewError(f"no engine launch command in {', '.join(map(str, files))}; looked for {ENGINE_WORDS}")
     checks: list[CheckResult] = [
-        skipped(*r) if isinstance(r, tuple) else judge(r, thresholds) for r in results
+        skipped(*r) if isinstance(r, tuple) else r if isinstance(r, CheckResult) else judge(r, thresholds)
+        for r in results
     ]
     checks.extend(review_advisories([l for found in launches for l in found], advisories))
     return Report(
