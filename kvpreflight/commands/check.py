@@ -82,7 +82,8 @@ def register(app: typer.Typer) -> None:
         unsigned: bool = typer.Option(False, "--unsigned", rich_help_panel="Record", help="Write the record unsigned (verify will refuse it)."),
         test_result: Path | None = typer.Option(None, "--test-result", metavar="PATH", rich_help_panel="Record", help="With --record: also write an in-toto Test Result (DSSE, same key and subjects) here."),
         boot: Path | None = typer.Option(None, "--boot", metavar="SPEC.yaml", rich_help_panel="Boot", help="Boot the deployment in this spec (YAML), check it, stop everything."),
-        log_dir: Path | None = typer.Option(None, "--log-dir", metavar="DIR", rich_help_panel="Boot", help="With --boot: where engine logs go (default: a new temporary folder)."),
+        keep: bool = typer.Option(False, "--keep", rich_help_panel="Boot", help="With --boot and no --log-dir: keep the engines' logs (the folder is printed) instead of removing them."),
+        log_dir: Path | None = typer.Option(None, "--log-dir", metavar="DIR", rich_help_panel="Boot", help="With --boot: where engine logs go (default: a temporary folder, removed afterwards unless --keep)."),
     ) -> None:
         """Check running engines (or boot them from a spec with --boot). Exit 0 pass, 1 a check failed, 2 usage error, 3 inconclusive."""
         from kvpreflight import preflight
@@ -105,8 +106,8 @@ def register(app: typer.Typer) -> None:
             from kvpreflight.boot import load_spec
 
             spec = load_spec(boot)
-        elif log_dir is not None:
-            raise ConfigError("--log-dir only makes sense with --boot SPEC.yaml")
+        elif log_dir is not None or keep:
+            raise ConfigError(f"{'--log-dir' if log_dir is not None else '--keep'} only makes sense with --boot SPEC.yaml")
         elif not endpoint and not entry:
             raise ConfigError("no --endpoint given; pass the URL of every prefill, decode or unified engine, "
                               "--entry ROUTER (a router that lists its workers), or --boot SPEC.yaml")
@@ -129,12 +130,24 @@ def register(app: typer.Typer) -> None:
         def say(message: str) -> None:
             progress(scrub(message))
 
-        with progress_to_stderr("kvpreflight") as show:  # a live line on a terminal, plain lines in CI
-            try:
-                report, files = _run(plan, spec, log_dir, lambda message: show(scrub(message)))
-            except KvpreflightError as exc:  # an engine may echo a key into an error message
-                raise type(exc)(scrub(str(exc))) from None
-        preflight.publish(report, out, files_read=files, secrets=plan.auth.secrets, progress=say)
+        import shutil
+        import tempfile
+
+        # Boot mode without --log-dir: the logs go to a temporary folder, removed once the record
+        # (which names them by digest) is written, unless --keep.
+        temporary = Path(tempfile.mkdtemp(prefix="kvpreflight-boot-")) if spec is not None and log_dir is None else None
+        try:
+            with progress_to_stderr("kvpreflight") as show:  # a live line on a terminal, plain lines in CI
+                try:
+                    report, files = _run(plan, spec, log_dir or temporary, lambda message: show(scrub(message)))
+                except KvpreflightError as exc:  # an engine may echo a key into an error message
+                    raise type(exc)(scrub(str(exc))) from None
+            preflight.publish(report, out, files_read=files, secrets=plan.auth.secrets, progress=say)
+        finally:
+            if temporary is not None and keep:
+                say(f"engine logs kept in {temporary}")
+            elif temporary is not None:
+                shutil.rmtree(temporary, ignore_errors=True)
         raise typer.Exit(report.exit_code)
 
 

@@ -24,10 +24,14 @@ def demo(*args: str, tmp_path) -> tuple[int, dict, str]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     tag = uuid.uuid4().hex
     out = tmp_path / "report.json"
+    temp = tmp_path / "tmp"  # the demo's own temporary folders land here, and must be gone after
+    temp.mkdir()
     proc = subprocess.run([sys.executable, "-m", "kvpreflight", "demo", "--format", "json", "--output", str(out),
-                           "--record", str(tmp_path / "record.json"), *args],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "KVPREFLIGHT_TEST_TAG": tag})
+                           "--record", str(tmp_path / "record.json"), "--out", str(tmp_path / "out"), *args],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KVPREFLIGHT_TEST_TAG": tag, "TMPDIR": str(temp)})
     assert processes_tagged(tag) == set(), "engine processes left behind"
+    assert [p.name for p in temp.iterdir() if p.name.startswith("kvpreflight-")] == [], "temporary folders left behind"
     report = json.loads(out.read_text()) if out.exists() else {}
     return proc.returncode, report, proc.stderr
 
