@@ -44,10 +44,10 @@ def register(app: typer.Typer) -> None:
     @app.command("check", epilog=CHECK_EXAMPLES)
     def check(
         endpoint: list[str] | None = typer.Option(None, "--endpoint", metavar="URL|ROLE=URL", rich_help_panel="Target", help="Engine URL, or ROLE=URL (prefill, decode, unified) to override the role it reports. Repeatable."),
-        entry: str | None = typer.Option(None, "--entry", metavar="URL", rich_help_panel="Target", help="Client-facing URL (router, load balancer, gateway) where probes are sent. Default: each unified endpoint itself. A router that lists its workers (builtin, smg, vllm-router) names the engines and their roles when no --endpoint is given."),
+        entry: str | None = typer.Option(None, "--entry", metavar="URL", rich_help_panel="Target", help="Client-facing URL (router, load balancer, gateway) where probes are sent. A router that lists its workers (builtin, smg, vllm-router) names the engines and their roles when no --endpoint is given. [default: each unified endpoint itself]"),
         engine: str = typer.Option("auto", "--engine", metavar="NAME", rich_help_panel="Target", help=f"The engine kind: {ENGINE_HELP}; auto detects it from what the server answers."),
         model: str | None = typer.Option(None, "--model", metavar="NAME", rich_help_panel="Target", help="Model name the engines must serve (and the OpenAI `model` field)."),
-        context_length: int | None = typer.Option(None, "--context-length", metavar="N", rich_help_panel="Target", help="Context length promised to users. Default: what the engine serves. The larger is checked."),
+        context_length: int | None = typer.Option(None, "--context-length", metavar="N", rich_help_panel="Target", help="Context length promised to users; the larger of it and what the engine serves is checked. [default: what the engine serves]"),
         log: list[str] | None = typer.Option(None, "--log", metavar="URL=PATH", rich_help_panel="Target", help="URL=PATH of an engine's start-up log (an independent capacity source). Repeatable."),
         api_key_env: str | None = typer.Option(None, "--api-key-env", metavar="VAR", rich_help_panel="Target", help="Name of the environment variable holding the API key."),
         api_key_file: Path | None = typer.Option(None, "--api-key-file", metavar="PATH", rich_help_panel="Target", help="File holding the API key."),
@@ -64,16 +64,16 @@ def register(app: typer.Typer) -> None:
         skip: list[str] | None = typer.Option(None, "--skip", metavar="CHECK_ID", rich_help_panel="Probes", help="Waive a check id; needs a matching --reason. Repeatable."),
         reason: list[str] | None = typer.Option(None, "--reason", metavar="TEXT", rich_help_panel="Probes", help="Why the matching --skip is waived (kept in the report and record)."),
         until: list[str] | None = typer.Option(None, "--until", metavar="YYYY-MM-DD", rich_help_panel="Probes", help="YYYY-MM-DD: the matching --skip's last day; `verify` refuses a record whose waiver expired."),
-        fmt: str | None = typer.Option(None, "--format", metavar="FORMAT", rich_help_panel="Output", help=f"One of: {FORMAT_HELP} (default: table)."),
+        fmt: str | None = typer.Option(None, "--format", metavar="FORMAT", rich_help_panel="Output", help=f"One of: {FORMAT_HELP}. [default: table]"),
         output: Path | None = typer.Option(None, "--output", metavar="PATH", rich_help_panel="Output", help="Write the report here instead of stdout."),
         quiet: bool = typer.Option(False, "--quiet", "-q", rich_help_panel="Output", help="Leave the passing checks out of the table (the verdict line still counts them)."),
         timeout: float = typer.Option(30.0, "--timeout", metavar="S", rich_help_panel="Budgets", help="Seconds to wait for a rejection or a short request; accepted long prompts get more, from the engine's measured speed."),
         plan_only: bool = typer.Option(False, "--plan", rich_help_panel="Budgets", help="Print the probes it would send, their sizes, context-equivalents and expected duration; sends only one short calibration request per entry (the duration is then an upper estimate)."),
         no_calibrate: bool = typer.Option(False, "--no-calibrate", rich_help_panel="Budgets", help="With --plan: send no request at all (the duration is then unknown)."),
         max_context_equivalents: float | None = typer.Option(None, "--max-context-equivalents", metavar="N", rich_help_panel="Budgets", help="Refuse (exit 2, before any request) a plan that submits more prompt tokens than N times the context."),
-        deadline: float | None = typer.Option(None, "--deadline", metavar="S", rich_help_panel="Budgets", help="Seconds the whole check may take (default: 3x the estimate printed after calibration, plus room for waits); past it, exit 3 naming the stage."),
-        concurrency: int | None = typer.Option(None, "--concurrency", metavar="N", rich_help_panel="Probes", help="Near-limit requests sent at once by concurrent-capacity (default from checks/thresholds.yaml)."),
-        timing_samples: int | None = typer.Option(None, "--timing-samples", metavar="N", rich_help_panel="Isolation", help="Requests per kind (cold, same-tenant warm, cross-tenant) of the prefix-cache timing audit, sent only where the engine reports no cache hits (default 30)."),
+        deadline: float | None = typer.Option(None, "--deadline", metavar="S", rich_help_panel="Budgets", help="Seconds the whole check may take; past it, exit 3 naming the stage. [default: 3x the estimate printed after calibration, plus room for waits]"),
+        concurrency: int | None = typer.Option(None, "--concurrency", metavar="N", rich_help_panel="Probes", help="Near-limit requests sent at once by concurrent-capacity. [default: from checks/thresholds.yaml]"),
+        timing_samples: int | None = typer.Option(None, "--timing-samples", metavar="N", rich_help_panel="Isolation", help="Requests per kind (cold, same-tenant warm, cross-tenant) of the prefix-cache timing audit, sent only where the engine reports no cache hits. [default: 30]"),
         accepted_tps: float | None = typer.Option(None, "--accepted-tokens-per-second", metavar="N", rich_help_panel="Budgets", help="Assumed prompt speed for budgets only when the engine's speed could not be measured."),
         advisories: list[Path] | None = typer.Option(None, "--advisories", metavar="DIR", rich_help_panel="Probes", help="Extra folder of advisory YAML files. Repeatable."),
         record: Path | None = typer.Option(None, "--record", metavar="PATH", rich_help_panel="Record", help="Write a signed release record (DSSE, in-toto) of this run here, pass or fail."),
@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
         test_result: Path | None = typer.Option(None, "--test-result", metavar="PATH", rich_help_panel="Record", help="With --record: also write an in-toto Test Result (DSSE, same key and subjects) here."),
         boot: Path | None = typer.Option(None, "--boot", metavar="SPEC.yaml", rich_help_panel="Boot", help="Boot the deployment in this spec (YAML), check it, stop everything."),
         keep: bool = typer.Option(False, "--keep", rich_help_panel="Boot", help="With --boot and no --log-dir: keep the engines' logs (the folder is printed) instead of removing them."),
-        log_dir: Path | None = typer.Option(None, "--log-dir", metavar="DIR", rich_help_panel="Boot", help="With --boot: where engine logs go (default: a temporary folder, removed afterwards unless --keep)."),
+        log_dir: Path | None = typer.Option(None, "--log-dir", metavar="DIR", rich_help_panel="Boot", help="With --boot: where engine logs go. [default: a temporary folder, removed afterwards unless --keep]"),
     ) -> None:
         """Check running engines (or boot them from a spec with --boot). Exit 0 pass, 1 a check failed, 2 usage error, 3 inconclusive."""
         from kvpreflight import preflight

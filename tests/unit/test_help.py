@@ -25,6 +25,8 @@ def test_help_shows_no_python_type_and_cuts_nothing_at_80_columns(path):
     assert not PYTHON_TYPES.search(text), PYTHON_TYPES.search(text)
     assert "…" not in text, [line for line in text.splitlines() if "…" in line]
     assert all(len(line) <= 80 for line in text.splitlines())
+    flat = " ".join(text.replace("│", " ").split())
+    assert "(default" not in flat and "Default:" not in flat, "defaults are shown one way: [default: ...]"
 
 
 def test_check_help_has_conventional_placeholders_panels_and_examples():
