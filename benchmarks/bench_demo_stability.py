@@ -25,7 +25,8 @@ def demo(*args: str) -> tuple[int, dict, float]:
     with tempfile.TemporaryDirectory() as work:
         out = Path(work) / "report.json"
         started = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "kvpreflight", "demo", "--format", "json", "--output", str(out), *args],
+        proc = subprocess.run([sys.executable, "-m", "kvpreflight", "demo", "--format", "json", "--output", str(out),
+                               "--out", str(Path(work) / "out"), *args],
                               capture_output=True, text=True, timeout=600, cwd=ROOT)
         wall = time.monotonic() - started
         return proc.returncode, (json.loads(out.read_text()) if out.exists() else {}), wall

@@ -52,6 +52,7 @@ def _root(
 
 for _name in COMMAND_MODULES:
     importlib.import_module(f"kvpreflight.commands.{_name}").register(app)
+importlib.import_module("kvpreflight.commands.helpstyle").install()
 
 
 def main() -> None:

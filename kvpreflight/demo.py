@@ -196,26 +196,50 @@ class DemoRun:
     public_key: Path | None  # the fresh key's public half, when the demo made one
 
 
+DEFAULT_OUT = Path("kvpreflight-demo")  # in the working directory: what a user needs after the demo
+
+
 def run_demo(deployment: BuiltinDeployment, output: OutputPlan, *, log_dir: Path | None = None,
              sign_key: str | None = None, record_path: Path | None = None,
-             command_line: Sequence[str] = ("kvpreflight", "demo")) -> DemoRun:
+             command_line: Sequence[str] = ("kvpreflight", "demo"),
+             progress: Callable[[str], None] = say, out_dir: Path = DEFAULT_OUT, keep: bool = False) -> DemoRun:
     """Boot the deployment, check it through its router, publish the report and a signed record
-    (to `record_path`, default a new folder; signed with a fresh key unless `sign_key` is given),
-    stop everything."""
+    (to `record_path`, default `out_dir`/record.dsse.json; signed with the key in `out_dir`/keys,
+    made on the first run, unless `sign_key` is given), stop everything. The engines' logs go to
+    `log_dir`, else to a temporary folder removed afterwards (to `out_dir`/logs with `keep`)."""
+    deployment.validate()
+    spec = demo_spec(deployment)  # before any file is written: it may find no smg to run
+    record_path = record_path or out_dir / "record.dsse.json"
+    pub_path = None
+    if sign_key is None:
+        from kvpreflight.record import generate, write_keypair
+        from kvpreflight.record.keys import PRIVATE_NAME, PUBLIC_NAME
+
+        keys = out_dir / "keys"
+        if (keys / PRIVATE_NAME).is_file() and (keys / PUBLIC_NAME).is_file():
+            key_path, pub_path = keys / PRIVATE_NAME, keys / PUBLIC_NAME  # the key an earlier demo made
+        else:
+            key_path, pub_path = write_keypair(keys, generate())
+        sign_key = str(key_path)
+    temporary = None
+    if log_dir is None:
+        log_dir = out_dir / "logs" if keep else Path(tempfile.mkdtemp(prefix="kvpreflight-demo-logs-"))
+        temporary = None if keep else log_dir
+    try:
+        return _run_demo(deployment, output, spec, log_dir=log_dir, sign_key=sign_key, record_path=record_path,
+                         pub_path=pub_path, command_line=command_line, progress=progress)
+    finally:
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+
+
+def _run_demo(deployment: BuiltinDeployment, output: OutputPlan, spec: Any, *, log_dir: Path, sign_key: str,
+              record_path: Path, pub_path: Path | None, command_line: Sequence[str],
+              progress: Callable[[str], None]) -> DemoRun:
     from kvpreflight import preflight
     from kvpreflight.plan import CheckPlan
     from kvpreflight.probes.markers import new_marker
 
-    deployment.validate()
-    spec = demo_spec(deployment)  # before any file is written: it may find no smg to run
-    folder = Path(tempfile.mkdtemp(prefix="kvpreflight-demo-"))
-    record_path = record_path or folder / "record.dsse.json"
-    pub_path = None
-    if sign_key is None:
-        from kvpreflight.record import generate, write_keypair
-
-        key_path, pub_path = write_keypair(folder / "keys", generate())
-        sign_key = str(key_path)
     # The demo's logs and spec are the record's subjects.
     record = preflight.prepare_record(record_path, sign_key=sign_key, subjects=(), unsigned=False,
                                       command_line=command_line, reads_files=True)
@@ -235,17 +259,14 @@ def run_demo(deployment: BuiltinDeployment, output: OutputPlan, *, log_dir: Path
             finally:
                 client.close()
             prefill_limit = int(info["max_req_input_len"]) - 1
-            say(f"tenant B fills the pool: 3 requests of {prefill_limit:,} tokens carrying {tenant_marker}")
+            progress(f"tenant B fills the pool: 3 requests of {prefill_limit:,} tokens carrying {tenant_marker}")
             plant_other_tenant(booted.entry_url, tenant_marker, prefill_limit, copies=3)
 
-    say(f"booting a builtin prefill/decode deployment behind the {deployment.router} router "
+    progress(f"booting a builtin prefill/decode deployment behind the {deployment.router} router "
         f"(context {deployment.context_length:,}, "
         f"prefill pool {deployment.prefill_pool_ratio}x, decode pool {deployment.decode_pool_ratio}x"
         + (f", faults: {', '.join(deployment.engine_faults)}" if deployment.engine_faults else "") + ")")
-    booted = preflight.run_booted(spec, plan, log_dir=log_dir or folder / "logs", before_check=before_check,
-                                  progress=say)
-    preflight.publish(booted.report, output, files_read=booted.files_read, progress=say)
-    if pub_path is not None:
-        say(f"verify the record: kvpreflight verify {record_path} --key {pub_path} --any-subject"
-            + (" --allow-fail" if booted.report.exit_code != 0 else ""))
+    booted = preflight.run_booted(spec, plan, log_dir=log_dir, before_check=before_check,
+                                  progress=progress)
+    preflight.publish(booted.report, output, files_read=booted.files_read, progress=progress)  # prints the verify command
     return DemoRun(booted.report, record_path, pub_path)

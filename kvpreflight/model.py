@@ -301,6 +301,14 @@ class Report:
     def exit_code(self) -> int:
         return exit_code_of(self.verdict)
 
+    @property
+    def waived_count(self) -> int:
+        """Results a waiver turned into `skip` (the check ran; its finding stays in the evidence)."""
+        return sum(1 for c in self.checks if "waiver" in c.evidence)
+
+    def status_count(self, status: Status) -> int:
+        return sum(1 for c in self.checks if c.status is status)
+
     # The schema lives in kvpreflight.schema, which imports this module: imported when called.
     def to_dict(self) -> dict[str, Any]:
         """The JSON report's dict (what `--format json` writes and a record embeds)."""

@@ -201,8 +201,19 @@ def _read_engines(options: CheckPlan, client: HttpClient, progress: Callable[[st
             snapshots.append(listing.applied_to(snapshot) if listing is not None else snapshot)
             adapters[url] = adapter
         except EngineError as exc:
-            unreadable.append(CheckResult("kv-capacity", Status.INCONCLUSIVE, f"could not read the engine: {exc}", url))
+            unreadable.append(CheckResult("kv-capacity", Status.INCONCLUSIVE,
+                                          f"could not read the engine: {exc}{_wrong_kind_hint(url, client, options.engine)}", url))
     return adapters, snapshots, unreadable, listing
+
+
+def _wrong_kind_hint(url: str, client: HttpClient, named: str) -> str:
+    """'; it answers as builtin, not vllm: ...' when --engine named a kind that is not what is there."""
+    if named == "auto":
+        return ""
+    from kvpreflight.engines import answering_kind
+
+    found = answering_kind(url, client, named)
+    return f"; it answers as {found}, not {named}: pass --engine {found} or drop --engine" if found else ""
 
 
 def _log_watch(options: CheckPlan, group: Sequence[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
@@ -292,10 +303,9 @@ def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSn
             return
         estimate = budget.calibrated(calibration.speed, plan.requests)
         deadline = f"; deadline {budget.deadline_s:.0f} s" if budget.deadline_s is not None else ""
-        count = sum(p.concurrent for p in plan.requests)
-        progress(f"measured {calibration.speed.describe()}: {count} probe requests, "
-                 f"{plan.equivalents(plan.submitted_tokens):.1f} context-equivalents submitted, expected to take about "
-                 f"{estimate:.0f} s{deadline}")
+        progress(f"measured {calibration.speed.describe()}: {plan.request_count} requests with the calibration, "
+                 f"{plan.equivalents(plan.submitted_tokens):.1f} context-equivalents submitted{plan.conditional_text()}; "
+                 f"expected to take about {estimate:.0f} s at most{deadline}")
         stated, assumed = outlived_deadlines(group, near_context_s(calibration.speed, limits), limits.max_accepted)
         for said in stated + assumed:  # said before the near-context probes are sent; pd-transfer judges it
             progress(f"warning: {said}")

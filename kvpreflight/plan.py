@@ -75,6 +75,7 @@ class RecordPlan:
     command_line: tuple[str, ...]  # as typed (secrets are redacted when the record is built)
     test_result: Path | None = None  # also write an in-toto Test Result here (same key, same subjects)
     configuration: tuple[tuple[str, Path], ...] = ()  # (name, file) the Test Result lists by digest
+    public_key: Path | None = None  # the signing key's public half, when it lies beside the key (for the verify hint)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -86,3 +87,4 @@ class OutputPlan:
     record: RecordPlan | None = None
     name: str | None = None  # --name: the deployment's name in the report (Prometheus labels, SARIF paths)
     spec: Path | None = None  # the --boot spec, named in the report
+    quiet: bool = False  # the table leaves the passing checks out

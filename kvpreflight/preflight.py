@@ -45,7 +45,9 @@ def validate(plan: CheckPlan) -> None:
     configuration error now, not after engines were booted or probed."""
     from kvpreflight.checkdata import load_thresholds
     from kvpreflight.checks.advisory_data import load_advisories
+    from kvpreflight.targets import refuse_expired_waivers
 
+    refuse_expired_waivers(plan.waivers)
     load_thresholds()
     load_advisories(plan.advisory_dirs)
 
@@ -85,7 +87,7 @@ def run_booted(spec: DeploymentSpec, plan: CheckPlan, *, log_dir: Path,
     """
     from kvpreflight.boot import boot_deployment
 
-    validate(plan)
+    validate(replace(plan, waivers=(*spec.checks.skip, *plan.waivers)))
     if spec.client_cert is not None and plan.client_cert is not None:
         raise ConfigError(f"{spec.source}: sets client_cert, and --client-cert is given too; keep one")
     spec.check_client_certificate()
@@ -130,9 +132,11 @@ def prepare_record(path: Path, *, sign_key: str | None, subjects: Sequence[str],
     subject parses, and the record will have at least one subject (`reads_files`: the run reads a
     log or spec file, whose digest becomes a subject). With `test_result`, the Test Result's
     configuration: kvpreflight's thresholds and advisories, `advisory_dirs`' files and `spec`."""
-    from kvpreflight.record import parse_subjects, prepare_signer
+    from kvpreflight.record import parse_subjects, prepare_signer, resolve_sign_key_path
 
     signer = prepare_signer(sign_key, unsigned=unsigned)
+    key_path = resolve_sign_key_path(sign_key) if signer is not None else None
+    public_key = key_path.with_suffix(".pub") if key_path is not None else None
     parsed = tuple(parse_subjects(subjects))
     if not parsed and not reads_files:
         raise ConfigError("a record needs at least one subject: pass --subject NAME=sha256:HEX "
@@ -145,7 +149,15 @@ def prepare_record(path: Path, *, sign_key: str | None, subjects: Sequence[str],
             raise ConfigError(f"--test-result {test_result} is the --record file; give the Test Result its own file")
         configuration = configuration_files(advisory_dirs, spec)
     return RecordPlan(path=path, signer=signer, subjects=parsed, command_line=tuple(command_line),
-                      test_result=test_result, configuration=configuration)
+                      test_result=test_result, configuration=configuration,
+                      public_key=public_key if public_key is not None and public_key.is_file() else None)
+
+
+def verify_command(record: RecordPlan, path: Path, report: Report) -> str:
+    """The `kvpreflight verify` command that checks the record just written, as a user would type it."""
+    subjects = " ".join(f"--subject {s}" for s in record.subjects) or "--any-subject"
+    key = record.public_key or "PUBLIC_KEY.pub"
+    return f"kvpreflight verify {path} --key {key} {subjects}" + (" --allow-fail" if report.exit_code != 0 else "")
 
 
 def publish(report: Report, output: OutputPlan, *, files_read: Iterable[Path] = (), secrets: Iterable[str] = (),
@@ -156,10 +168,14 @@ def publish(report: Report, output: OutputPlan, *, files_read: Iterable[Path] = 
 
     secrets = frozenset(secrets)
     report = redact_report(replace(report, name=output.name, spec=None if output.spec is None else str(output.spec)), secrets)
-    from kvpreflight.formats import write_report
+    from kvpreflight.formats import get_format, write_report
     from kvpreflight.formats.ci import github_actions_side_effects
+    from kvpreflight.formats.table import TableFormat
 
-    write_report(report, output.format, output.path)  # already redacted above (URL credentials too)
+    formatter = get_format(output.format)
+    if output.quiet:
+        formatter = TableFormat(quiet=True)  # build_output allows quiet with the table only
+    write_report(report, formatter, output.path)  # already redacted above (URL credentials too)
     github_actions_side_effects(report, format_name=output.format if output.path is None else None)
     if output.record is None:
         return None
@@ -173,4 +189,6 @@ def publish(report: Report, output: OutputPlan, *, files_read: Iterable[Path] = 
     if record.test_result is not None:
         progress(f"in-toto Test Result written to {record.test_result} ({signed})")
     progress(f"record written to {path} ({signed})")
+    if record.signer:
+        progress(f"verify the record: {verify_command(record, path, report)}")
     return path

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpreflight.errors import ConfigError
-from kvpreflight.probes.budget import PlannedRequest, Speed
+from kvpreflight.probes.budget import PlannedRequest, Speed, calibration_plan
 from kvpreflight.probes.results import Expect, Limits
 
 
@@ -26,24 +26,62 @@ class GroupPlan:
     not_probed: str | None = None  # why this group gets no probe request
 
     @property
+    def calibration(self) -> tuple[PlannedRequest, ...]:
+        """The requests `check` sends first to measure the engine's speed."""
+        return calibration_plan(self.limits.max_accepted) if self.limits and self.requests else ()
+
+    @property
+    def sent(self) -> tuple[PlannedRequest, ...]:
+        """The requests sent whatever the engine answers (the counts say what will be sent):
+        the calibration, then every probe but the conditional ones."""
+        return self.calibration + tuple(p for p in self.requests if p.only_if is None)
+
+    @property
+    def conditional(self) -> tuple[PlannedRequest, ...]:
+        """The requests sent only if their condition holds (the timing audit)."""
+        return tuple(p for p in self.requests if p.only_if is not None)
+
+    @property
+    def request_count(self) -> int:
+        return sum(p.concurrent for p in self.sent)
+
+    @property
     def submitted_tokens(self) -> int:
-        return sum(p.prompt_tokens * p.concurrent for p in self.requests)
+        return sum(p.prompt_tokens * p.concurrent for p in self.sent)
+
+    @property
+    def conditional_count(self) -> int:
+        return sum(p.concurrent for p in self.conditional)
+
+    @property
+    def conditional_tokens(self) -> int:
+        return sum(p.prompt_tokens * p.concurrent for p in self.conditional)
 
     @property
     def accepted_tokens(self) -> int:
         """Prompt tokens of the requests that must be served: what an honest engine that refuses
         before prefill computes at most (less what its prefix cache holds)."""
-        return sum(p.prompt_tokens * p.concurrent for p in self.requests if p.expect is Expect.ACCEPT)
+        return sum(p.prompt_tokens * p.concurrent for p in self.sent if p.expect is Expect.ACCEPT)
 
     def equivalents(self, tokens: int) -> float:
         return tokens / self.limits.served_context if self.limits else 0.0
 
+    def conditional_text(self) -> str:
+        """'; up to 90 more requests (2.3 context-equivalents), only if ...', or ''."""
+        if not self.conditional:
+            return ""
+        conditions = ", ".join(dict.fromkeys(str(p.only_if) for p in self.conditional))
+        return (f"; up to {self.conditional_count} more requests ({self.conditional_tokens:,} prompt tokens = "
+                f"{self.equivalents(self.conditional_tokens):.1f} context-equivalents), only if {conditions}")
+
     def refuse_above(self, limit: float | None) -> None:
+        """Judged on what will be sent; the conditional part is said, and counted only if the
+        limit leaves no room for it."""
         if limit is not None and self.equivalents(self.submitted_tokens) > limit:
             raise PlanTooCostly(
                 f"the probes for {self.entry} would submit {self.submitted_tokens:,} prompt tokens = "
-                f"{self.equivalents(self.submitted_tokens):.1f} context-equivalents, above --max-context-equivalents "
-                f"{limit:g}; nothing was sent (raise the limit, or use --capacity-only)")
+                f"{self.equivalents(self.submitted_tokens):.1f} context-equivalents{self.conditional_text()}, "
+                f"above --max-context-equivalents {limit:g}; nothing was sent (raise the limit, or use --capacity-only)")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -66,9 +104,15 @@ def to_dict(previews: list[GroupPreview]) -> dict[str, Any]:
                                                         "pool_tokens": plan.limits.pool_tokens,
                                                         "max_accepted": plan.limits.max_accepted},
             "requests": [{"probe": p.name, "prompt_tokens": p.prompt_tokens, "max_tokens": p.max_tokens,
-                          "count": p.concurrent, "expect": p.expect.value} for p in _grouped(plan.requests)],
+                          "count": p.concurrent, "expect": p.expect.value, "only_if": p.only_if}
+                         for p in _grouped(plan.calibration + plan.requests)],
+            "requests_sent": plan.request_count,  # calibration included, as in the report's cost block
+            "calibration_requests": len(plan.calibration),
             "prompt_tokens_submitted": plan.submitted_tokens,
             "context_equivalents_submitted": round(plan.equivalents(plan.submitted_tokens), 2),
+            "conditional_requests": plan.conditional_count,
+            "conditional_prompt_tokens": plan.conditional_tokens,
+            "context_equivalents_conditional": round(plan.equivalents(plan.conditional_tokens), 2),
             "accepted_prompt_tokens": plan.accepted_tokens,
             "context_equivalents_accepted": round(plan.equivalents(plan.accepted_tokens), 2),
             "calibration": preview.calibration,
@@ -93,13 +137,16 @@ def render(previews: list[GroupPreview]) -> str:
         lim = plan.limits
         pool = f", pool {lim.pool_tokens:,}" if lim.pool_tokens is not None else ""
         out.append(f"  limits: context {lim.served_context:,}{pool}, longest accepted prompt {lim.max_accepted:,}")
-        rows = [[p.name, f"{p.prompt_tokens:,}", p.max_tokens, p.concurrent, p.expect.value] for p in _grouped(plan.requests)]
+        rows = [[p.name, f"{p.prompt_tokens:,}", p.max_tokens, p.concurrent, p.expect.value + (" (only if)" if p.only_if else "")]
+                for p in _grouped(plan.calibration + plan.requests)]
         table = tabulate(rows, headers=["probe", "prompt tokens", "max_tokens", "x", "must be"], tablefmt="simple")
         out.append("\n".join("  " + line for line in table.splitlines()))
-        count = sum(p.concurrent for p in plan.requests)
-        out.append(f"  {count} requests; {plan.submitted_tokens:,} prompt tokens submitted = "
+        out.append(f"  {plan.request_count} requests ({len(plan.calibration)} of them calibration); "
+                   f"{plan.submitted_tokens:,} prompt tokens submitted = "
                    f"{plan.equivalents(plan.submitted_tokens):.1f} context-equivalents; at most {plan.accepted_tokens:,} "
                    f"prefilled by an engine that refuses before prefill = {plan.equivalents(plan.accepted_tokens):.1f}")
+        if plan.conditional:
+            out.append(f"  {plan.conditional_text().removeprefix('; ')}")
         out.append(f"  calibration: {preview.calibration}")
         if preview.estimate_s is None or preview.speed is None:
             out.append("  expected duration: unknown (no speed measured)")
@@ -115,7 +162,7 @@ def _grouped(requests: tuple[PlannedRequest, ...]) -> list[PlannedRequest]:
     for p in requests:
         last = rows[-1] if rows else None
         if last and (last.name, last.prompt_tokens, last.max_tokens, last.expect) == (p.name, p.prompt_tokens, p.max_tokens, p.expect):
-            rows[-1] = PlannedRequest(p.name, p.prompt_tokens, p.max_tokens, p.expect, last.concurrent + p.concurrent)
+            rows[-1] = PlannedRequest(p.name, p.prompt_tokens, p.max_tokens, p.expect, last.concurrent + p.concurrent, p.only_if)
         else:
             rows.append(p)
     return rows

@@ -83,6 +83,9 @@ def report_to_dict(report: Report) -> dict[str, Any]:
         "tool": tool(report.tool_version),
         "verdict": report.verdict.value,
         "exit_code": report.exit_code,
+        # Derived from `checks` (a reader's tally; never read back): every status, and the waivers.
+        "summary": {"total": len(report.checks), **{s.value: report.status_count(s) for s in Status},
+                    "waived": report.waived_count},
         "started_at": report.started_at,
         "finished_at": report.finished_at,
         "entry": report.entry,

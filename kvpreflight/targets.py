@@ -166,6 +166,17 @@ def waiver_expiry(text: str) -> str:
         return _bad_day(text)
 
 
+def refuse_expired_waivers(waivers: Sequence[Waiver], today: str | None = None) -> None:
+    """A waiver past its last day would make a record `verify` refuses: refuse the run now instead."""
+    import datetime
+
+    today = today or datetime.datetime.now(datetime.UTC).date().isoformat()
+    for w in waivers:
+        if w.until is not None and w.until < today:
+            raise ConfigError(f"the waiver of {w.check_id} expired on {w.until} ({w.reason}); "
+                              "fix the check or renew the waiver with a later --until (or until: in the spec)")
+
+
 def _bad_day(text: str) -> str:
     raise ConfigError(f"{text[:40]!r} is not a day; give the waiver's last day as YYYY-MM-DD")
 

@@ -1,4 +1,4 @@
-"""Progress on stderr. In a CI log: one line per step, as before. On a terminal: the same lines,
+"""Progress on stderr. In a CI log: one line per step, starting with the time it began at. On a terminal: the same lines,
 wrapped to its width, plus a live line under them (the current step, its elapsed time) drawn by
 rich, which is imported only then (`--help` and pipes never load it). NO_COLOR is honoured.
 
@@ -44,7 +44,9 @@ def progress_to_stderr(prefix: str, stream: IO[str] | None = None,
     stream = stream or sys.stderr
     live = bool(getattr(stream, "isatty", lambda: False)()) and environ.get("TERM") != "dumb"
     if not live:
-        yield lambda message: write_line(prefix, message, stream)
+        # A CI log has no live line: each step says when it began, so a slow step shows.
+        started = time.monotonic()
+        yield lambda message: write_line(prefix, f"[{time.monotonic() - started:.1f} s] {message}", stream)
         return
     width = output_width(stream, environ)
     from rich.console import Console

@@ -136,18 +136,26 @@ class EngineConfig:
             raise EngineConfigError(f"--disaggregation-bootstrap-port {self.bootstrap_port} is not a TCP port (0-65535)")
         if self.kv_canary not in KV_CANARY_MODES:
             raise EngineConfigError(f"--kv-canary {self.kv_canary!r} is not one of {', '.join(KV_CANARY_MODES)}")
+        # Every missing required flag at once, not one failed start at a time.
+        missing = []
         if self.role is ProcessRole.ROUTER:
-            if not self.decode_url or not self.prefill_urls:
-                raise EngineConfigError("--role router needs --decode-url URL and at least one --prefill-url URL")
+            missing += ["--decode-url URL"] if not self.decode_url else []
+            missing += ["--prefill-url URL (at least one)"] if not self.prefill_urls else []
+        else:
+            if self.context_length is None or self.context_length < 2:
+                missing.append("--context-length N (at least 2)")
+            if self.pool_tokens is None and self.mem_fraction_static is None:
+                missing.append("--pool-tokens N (or --mem-budget-bytes B with --mem-fraction-static F)")
+        if missing:
+            raise EngineConfigError(f"--role {self.role.value} needs {', '.join(missing)}; e.g. kvpreflight engine serve "
+                                    + ("--role router --decode-url URL --prefill-url URL" if self.role is ProcessRole.ROUTER
+                                       else f"--role {self.role.value} --context-length 8192 --pool-tokens 16384"))
+        if self.role is ProcessRole.ROUTER:
             return
-        if self.context_length is None or self.context_length < 2:
-            raise EngineConfigError("--context-length N (at least 2) is required for an engine role")
         if self.page_size < 1:
             raise EngineConfigError(f"--page-size {self.page_size} must be at least 1")
         if self.pool_tokens is not None and (self.mem_budget_bytes is not None or self.mem_fraction_static is not None):
             raise EngineConfigError("give either --pool-tokens or --mem-budget-bytes with --mem-fraction-static, not both")
-        if self.pool_tokens is None and self.mem_fraction_static is None:
-            raise EngineConfigError("give --pool-tokens N, or --mem-budget-bytes B with --mem-fraction-static F")
         if self.mem_fraction_static is not None and not (0.0 < self.mem_fraction_static <= 1.0):
             raise EngineConfigError(f"--mem-fraction-static {self.mem_fraction_static} must be in (0, 1]")
         if self.pool_tokens is not None and self.pool_tokens < self.page_size:

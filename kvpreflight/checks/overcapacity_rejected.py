@@ -15,6 +15,10 @@ from kvpreflight.checks.probe_common import (
 from kvpreflight.model import CheckResult, Status
 
 ID = "overcapacity-rejected"
+# What to do about a failure, said with it (the report reads failures first).
+FIX = ("fix: the engine must refuse a prompt over its pool or context before prefill: turn off auto-truncation "
+       "(SGLang --allow-auto-truncate), serve a --context-length the smallest pool holds, or upgrade the engine "
+       "(`kvpreflight advisories list` names the known bugs)")
 # Counters (kvpreflight.engines.interface.Counters fields) that move when KV is handed to a decode engine.
 TRANSFER_KEYS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "kv_transfers", "kv_transfer_tokens")
 
@@ -60,6 +64,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     gap = ""
     if run.limits and not run.limits.pool_bound:
         gap = " (the pool holds the served context: no over-pool gap exists, only over-context was probed)"
-    result = CheckResult(ID, worst, "; ".join(lines) + gap, ctx.entry,
+    fix = f"; {FIX}" if worst is Status.FAIL else ""
+    result = CheckResult(ID, worst, "; ".join(lines) + gap + fix, ctx.entry,
                          {"probes": [e for _, _, e in verdicts], "twin_accepted": bool(twin and accepted(twin.completion))})
     return [result, *unreached(ctx, ID)]

@@ -24,6 +24,28 @@ def run_app(app: typer.Typer, args: list[str] | None = None) -> int:
         error(str(exc))
         return exc.exit_code
     except KeyboardInterrupt:
-        error("interrupted")
-        return 130
+        return _interrupted()
+    except SystemExit as exc:
+        if exc.code == INTERRUPTED and _caused_by_ctrl_c(exc):  # recent typer turns Ctrl-C into exit 130, silently
+            return _interrupted()
+        raise
     return 0
+
+
+INTERRUPTED = 130
+
+
+def _interrupted() -> int:
+    # Every engine or process the run started was stopped by the `finally` blocks the interrupt
+    # passed through (kvpreflight.boot) before this line is printed.
+    error("interrupted (Ctrl-C): the run stopped and sends nothing more; every engine it started has been stopped")
+    return INTERRUPTED
+
+
+def _caused_by_ctrl_c(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(8):  # SystemExit <- typer's Exit <- KeyboardInterrupt
+        seen = seen.__cause__ or seen.__context__ if seen is not None else None
+        if isinstance(seen, KeyboardInterrupt):
+            return True
+    return False

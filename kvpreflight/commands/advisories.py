@@ -41,7 +41,9 @@ def register(app: typer.Typer) -> None:
         if format is AdvisoriesFormat.json:
             sys.stdout.write(json.dumps([a.as_dict() for a in found], indent=2) + "\n")
         else:
-            sys.stdout.write(render_table(found))
+            from kvpreflight.formats._common import output_width
+
+            sys.stdout.write(render_table(found, output_width(sys.stdout)))
 
     @group.command("show")
     def show_command(
@@ -58,13 +60,29 @@ def register(app: typer.Typer) -> None:
     app.add_typer(group, name="advisories")
 
 
-def render_table(found: Sequence[Advisory]) -> str:
+def render_table(found: Sequence[Advisory], width: int | None = None) -> str:
+    """One row per advisory; with a width (a terminal, or COLUMNS) the title wraps to fit it."""
     from tabulate import tabulate
 
     rows = [[a.id, a.engine, a.versions, a.fixed, a.severity.value, "yes" if a.verified else "no", a.title]
             for a in found]
     headers = ["id", "engine", "affected", "fixed", "severity", "verified", "title"]
-    return tabulate(rows, headers=headers, disable_numparse=True) + f"\n{len(found)} advisories\n"
+    count = f"\n{len(found)} advisories\n"
+    if width and rows:
+        # tabulate's "simple" layout pads each header by 2 and puts 2 spaces between columns.
+        used = sum(max(len(h) + 2, *(len(str(r[i])) for r in rows)) + 2 for i, h in enumerate(headers[:-1]))
+        if width - used < MIN_TITLE_WIDTH:  # too narrow for a table: the facts on one line, the title under them
+            from kvpreflight.formats._common import fit
+
+            lines = [f"{a.id}  {a.engine} {a.versions}, fixed {a.fixed}, {a.severity.value}, "
+                     f"{'verified' if a.verified else 'not verified'}\n  {a.title}" for a in found]
+            return fit("\n".join(lines), width) + count
+        return tabulate(rows, headers=headers, disable_numparse=True,
+                        maxcolwidths=[None] * (len(headers) - 1) + [width - used]) + count
+    return tabulate(rows, headers=headers, disable_numparse=True) + count
+
+
+MIN_TITLE_WIDTH = 30
 
 
 def render_one(a: Advisory) -> str:

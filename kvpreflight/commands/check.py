@@ -19,8 +19,18 @@ if TYPE_CHECKING:
     from kvpreflight.model import Report
     from kvpreflight.plan import CheckPlan
 
-ENGINE_HELP = "|".join([AUTO_ENGINE, *EngineKind])
-FORMAT_HELP = "|".join(FORMATS)
+ENGINE_HELP = ", ".join([AUTO_ENGINE, *EngineKind])
+FORMAT_HELP = ", ".join(FORMATS)
+
+
+CHECK_EXAMPLES = (
+    "Examples:\n\n"
+    "kvpreflight check --endpoint http://localhost:30000\n\n"
+    "kvpreflight check --entry http://router:8000 --context-length 1048576\n\n"
+    "kvpreflight check --endpoint URL --plan\n\n"
+    "kvpreflight check --endpoint URL --record release.dsse.json --sign-key kvpreflight.key --subject image=sha256:HEX\n\n"
+    "kvpreflight check --boot examples/specs/builtin-pd.yaml"
+)
 
 
 def progress(message: str) -> None:
@@ -31,48 +41,50 @@ def progress(message: str) -> None:
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("check")
+    @app.command("check", epilog=CHECK_EXAMPLES)
     def check(
-        endpoint: list[str] | None = typer.Option(None, "--endpoint", help="Engine URL, or ROLE=URL (prefill, decode, unified) to override the role it reports. Repeatable."),
-        entry: str | None = typer.Option(None, "--entry", help="Client-facing URL (router, load balancer, gateway) where probes are sent. Default: each unified endpoint itself. A router that lists its workers (builtin, smg, vllm-router) names the engines and their roles when no --endpoint is given."),
-        engine: str = typer.Option("auto", "--engine", help=ENGINE_HELP),
-        model: str | None = typer.Option(None, "--model", help="Model name the engines must serve (and the OpenAI `model` field)."),
-        context_length: int | None = typer.Option(None, "--context-length", help="Context length promised to users. Default: what the engine serves. The larger is checked."),
-        log: list[str] | None = typer.Option(None, "--log", help="URL=PATH of an engine's start-up log (an independent capacity source). Repeatable."),
-        api_key_env: str | None = typer.Option(None, "--api-key-env", help="Name of the environment variable holding the API key."),
-        api_key_file: Path | None = typer.Option(None, "--api-key-file", help="File holding the API key."),
-        header: list[str] | None = typer.Option(None, "--header", help="Extra request header 'Name: value'. Repeatable."),
-        secret_header: list[str] | None = typer.Option(None, "--secret-header", help="NAME of a --header whose value is a secret (kept out of every output; Authorization, *token*, *key*, cookies are already). Repeatable."),
-        ca_bundle: Path | None = typer.Option(None, "--ca-bundle", help="CA bundle for engines behind TLS with a private CA."),
-        client_cert: Path | None = typer.Option(None, "--client-cert", help="Client certificate (PEM) for gateways that require mutual TLS; the key may be inside it."),
-        client_key: Path | None = typer.Option(None, "--client-key", help="Private key (PEM, unencrypted) for --client-cert."),
-        capacity_only: bool = typer.Option(False, "--capacity-only", help="Read-only: send no request (production endpoints under a change freeze)."),
-        tenant_a_key_env: str | None = typer.Option(None, "--tenant-a-key-env", help="Environment variable holding synthetic tenant A's API key (isolation probes)."),
-        tenant_b_key_env: str | None = typer.Option(None, "--tenant-b-key-env", help="Environment variable holding synthetic tenant B's API key (isolation probes)."),
-        tenant_header: str | None = typer.Option(None, "--tenant-header", help="Header NAME the deployment reads the tenant from; tenants send NAME: a and NAME: b."),
-        allow_disruptive: bool = typer.Option(False, "--allow-disruptive", help="Also run the isolation scenarios that churn the engine (client disconnects, load near the pool) against a live deployment."),
-        skip: list[str] | None = typer.Option(None, "--skip", help="Waive a check id; needs a matching --reason. Repeatable."),
-        reason: list[str] | None = typer.Option(None, "--reason", help="Why the matching --skip is waived (kept in the report and record)."),
-        until: list[str] | None = typer.Option(None, "--until", help="YYYY-MM-DD: the matching --skip's last day; `verify` refuses a record whose waiver expired."),
-        fmt: str | None = typer.Option(None, "--format", help=f"{FORMAT_HELP} (default: table)."),
-        output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
-        name: str | None = typer.Option(None, "--name", help="The deployment's name in the report: the `deployment` label of every Prometheus series and SARIF's per-deployment path (default: the entry URL, else the first endpoint)."),
-        timeout: float = typer.Option(30.0, "--timeout", help="Seconds to wait for a rejection or a short request; accepted long prompts get more, from the engine's measured speed."),
-        plan_only: bool = typer.Option(False, "--plan", help="Print the probes it would send, their sizes, context-equivalents and expected duration; sends only one short calibration request per entry (the duration is then an upper estimate)."),
-        no_calibrate: bool = typer.Option(False, "--no-calibrate", help="With --plan: send no request at all (the duration is then unknown)."),
-        max_context_equivalents: float | None = typer.Option(None, "--max-context-equivalents", help="Refuse (exit 2, before any request) a plan that submits more prompt tokens than N times the context."),
-        deadline: float | None = typer.Option(None, "--deadline", help="Seconds the whole check may take (default: 3x the estimate printed after calibration, plus room for waits); past it, exit 3 naming the stage."),
-        concurrency: int | None = typer.Option(None, "--concurrency", help="Near-limit requests sent at once by concurrent-capacity (default from checks/thresholds.yaml)."),
-        timing_samples: int | None = typer.Option(None, "--timing-samples", help="Requests per kind (cold, same-tenant warm, cross-tenant) of the prefix-cache timing audit, sent only where the engine reports no cache hits (default 30)."),
-        accepted_tps: float | None = typer.Option(None, "--accepted-tokens-per-second", help="Assumed prompt speed for budgets only when the engine's speed could not be measured."),
-        advisories: list[Path] | None = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files. Repeatable."),
-        record: Path | None = typer.Option(None, "--record", help="Write a signed release record (DSSE, in-toto) of this run here, pass or fail."),
-        sign_key: str | None = typer.Option(None, "--sign-key", help="Private key file for --record (or set KVPREFLIGHT_SIGN_KEY to its path)."),
-        subject: list[str] | None = typer.Option(None, "--subject", help="NAME=sha256:HEX the record is about (image, config, model revision). Repeatable."),
-        unsigned: bool = typer.Option(False, "--unsigned", help="Write the record unsigned (verify will refuse it)."),
-        test_result: Path | None = typer.Option(None, "--test-result", help="With --record: also write an in-toto Test Result (DSSE, same key and subjects) here."),
-        boot: Path | None = typer.Option(None, "--boot", help="Boot the deployment in this spec (YAML), check it, stop everything."),
-        log_dir: Path | None = typer.Option(None, "--log-dir", help="With --boot: where engine logs go (default: a new temporary folder)."),
+        endpoint: list[str] | None = typer.Option(None, "--endpoint", metavar="URL|ROLE=URL", rich_help_panel="Target", help="Engine URL, or ROLE=URL (prefill, decode, unified) to override the role it reports. Repeatable."),
+        entry: str | None = typer.Option(None, "--entry", metavar="URL", rich_help_panel="Target", help="Client-facing URL (router, load balancer, gateway) where probes are sent. A router that lists its workers (builtin, smg, vllm-router) names the engines and their roles when no --endpoint is given. [default: each unified endpoint itself]"),
+        engine: str = typer.Option("auto", "--engine", metavar="NAME", rich_help_panel="Target", help=f"The engine kind: {ENGINE_HELP}; auto detects it from what the server answers."),
+        model: str | None = typer.Option(None, "--model", metavar="NAME", rich_help_panel="Target", help="Model name the engines must serve (and the OpenAI `model` field)."),
+        context_length: int | None = typer.Option(None, "--context-length", metavar="N", rich_help_panel="Target", help="Context length promised to users; the larger of it and what the engine serves is checked. [default: what the engine serves]"),
+        log: list[str] | None = typer.Option(None, "--log", metavar="URL=PATH", rich_help_panel="Target", help="URL=PATH of an engine's start-up log (an independent capacity source). Repeatable."),
+        api_key_env: str | None = typer.Option(None, "--api-key-env", metavar="VAR", rich_help_panel="Target", help="Name of the environment variable holding the API key."),
+        api_key_file: Path | None = typer.Option(None, "--api-key-file", metavar="PATH", rich_help_panel="Target", help="File holding the API key."),
+        header: list[str] | None = typer.Option(None, "--header", metavar="'NAME: VALUE'", rich_help_panel="Target", help="Extra request header 'Name: value'. Repeatable."),
+        secret_header: list[str] | None = typer.Option(None, "--secret-header", metavar="NAME", rich_help_panel="Target", help="NAME of a --header whose value is a secret (kept out of every output; Authorization, *token*, *key*, cookies are already). Repeatable."),
+        ca_bundle: Path | None = typer.Option(None, "--ca-bundle", metavar="PATH", rich_help_panel="Target", help="CA bundle for engines behind TLS with a private CA."),
+        client_cert: Path | None = typer.Option(None, "--client-cert", metavar="PATH", rich_help_panel="Target", help="Client certificate (PEM) for gateways that require mutual TLS; the key may be inside it."),
+        client_key: Path | None = typer.Option(None, "--client-key", metavar="PATH", rich_help_panel="Target", help="Private key (PEM, unencrypted) for --client-cert."),
+        capacity_only: bool = typer.Option(False, "--capacity-only", rich_help_panel="Probes", help="Read-only: send no request (production endpoints under a change freeze)."),
+        tenant_a_key_env: str | None = typer.Option(None, "--tenant-a-key-env", metavar="VAR", rich_help_panel="Isolation", help="Environment variable holding synthetic tenant A's API key (isolation probes)."),
+        tenant_b_key_env: str | None = typer.Option(None, "--tenant-b-key-env", metavar="VAR", rich_help_panel="Isolation", help="Environment variable holding synthetic tenant B's API key (isolation probes)."),
+        tenant_header: str | None = typer.Option(None, "--tenant-header", metavar="NAME", rich_help_panel="Isolation", help="Header NAME the deployment reads the tenant from; tenants send NAME: a and NAME: b."),
+        allow_disruptive: bool = typer.Option(False, "--allow-disruptive", rich_help_panel="Isolation", help="Also run the isolation scenarios that churn the engine (client disconnects, load near the pool) against a live deployment."),
+        skip: list[str] | None = typer.Option(None, "--skip", metavar="CHECK_ID", rich_help_panel="Probes", help="Waive a check id; needs a matching --reason. Repeatable."),
+        reason: list[str] | None = typer.Option(None, "--reason", metavar="TEXT", rich_help_panel="Probes", help="Why the matching --skip is waived (kept in the report and record)."),
+        until: list[str] | None = typer.Option(None, "--until", metavar="YYYY-MM-DD", rich_help_panel="Probes", help="YYYY-MM-DD: the matching --skip's last day; `verify` refuses a record whose waiver expired."),
+        fmt: str | None = typer.Option(None, "--format", metavar="FORMAT", rich_help_panel="Output", help=f"One of: {FORMAT_HELP}. [default: table]"),
+        output: Path | None = typer.Option(None, "--output", metavar="PATH", rich_help_panel="Output", help="Write the report here instead of stdout."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", rich_help_panel="Output", help="Leave the passing checks out of the table (the verdict line still counts them)."),
+        name: str | None = typer.Option(None, "--name", metavar="NAME", rich_help_panel="Output", help="The deployment's name in the report: the `deployment` label of every Prometheus series and SARIF's per-deployment path (default: the entry URL, else the first endpoint)."),
+        timeout: float = typer.Option(30.0, "--timeout", metavar="S", rich_help_panel="Budgets", help="Seconds to wait for a rejection or a short request; accepted long prompts get more, from the engine's measured speed."),
+        plan_only: bool = typer.Option(False, "--plan", rich_help_panel="Budgets", help="Print the probes it would send, their sizes, context-equivalents and expected duration; sends only one short calibration request per entry (the duration is then an upper estimate)."),
+        no_calibrate: bool = typer.Option(False, "--no-calibrate", rich_help_panel="Budgets", help="With --plan: send no request at all (the duration is then unknown)."),
+        max_context_equivalents: float | None = typer.Option(None, "--max-context-equivalents", metavar="N", rich_help_panel="Budgets", help="Refuse (exit 2, before any request) a plan that submits more prompt tokens than N times the context."),
+        deadline: float | None = typer.Option(None, "--deadline", metavar="S", rich_help_panel="Budgets", help="Seconds the whole check may take; past it, exit 3 naming the stage. [default: 3x the estimate printed after calibration, plus room for waits]"),
+        concurrency: int | None = typer.Option(None, "--concurrency", metavar="N", rich_help_panel="Probes", help="Near-limit requests sent at once by concurrent-capacity. [default: from checks/thresholds.yaml]"),
+        timing_samples: int | None = typer.Option(None, "--timing-samples", metavar="N", rich_help_panel="Isolation", help="Requests per kind (cold, same-tenant warm, cross-tenant) of the prefix-cache timing audit, sent only where the engine reports no cache hits. [default: 30]"),
+        accepted_tps: float | None = typer.Option(None, "--accepted-tokens-per-second", metavar="N", rich_help_panel="Budgets", help="Assumed prompt speed for budgets only when the engine's speed could not be measured."),
+        advisories: list[Path] | None = typer.Option(None, "--advisories", metavar="DIR", rich_help_panel="Probes", help="Extra folder of advisory YAML files. Repeatable."),
+        record: Path | None = typer.Option(None, "--record", metavar="PATH", rich_help_panel="Record", help="Write a signed release record (DSSE, in-toto) of this run here, pass or fail."),
+        sign_key: str | None = typer.Option(None, "--sign-key", metavar="PATH", rich_help_panel="Record", help="Private key file for --record (or set KVPREFLIGHT_SIGN_KEY to its path)."),
+        subject: list[str] | None = typer.Option(None, "--subject", metavar="NAME=sha256:HEX", rich_help_panel="Record", help="NAME=sha256:HEX the record is about (image, config, model revision). Repeatable."),
+        unsigned: bool = typer.Option(False, "--unsigned", rich_help_panel="Record", help="Write the record unsigned (verify will refuse it)."),
+        test_result: Path | None = typer.Option(None, "--test-result", metavar="PATH", rich_help_panel="Record", help="With --record: also write an in-toto Test Result (DSSE, same key and subjects) here."),
+        boot: Path | None = typer.Option(None, "--boot", metavar="SPEC.yaml", rich_help_panel="Boot", help="Boot the deployment in this spec (YAML), check it, stop everything."),
+        keep: bool = typer.Option(False, "--keep", rich_help_panel="Boot", help="With --boot and no --log-dir: keep the engines' logs (the folder is printed) instead of removing them."),
+        log_dir: Path | None = typer.Option(None, "--log-dir", metavar="DIR", rich_help_panel="Boot", help="With --boot: where engine logs go. [default: a temporary folder, removed afterwards unless --keep]"),
     ) -> None:
         """Check running engines (or boot them from a spec with --boot). Exit 0 pass, 1 a check failed, 2 usage error, 3 inconclusive."""
         from kvpreflight import preflight
@@ -95,8 +107,8 @@ def register(app: typer.Typer) -> None:
             from kvpreflight.boot import load_spec
 
             spec = load_spec(boot)
-        elif log_dir is not None:
-            raise ConfigError("--log-dir only makes sense with --boot SPEC.yaml")
+        elif log_dir is not None or keep:
+            raise ConfigError(f"{'--log-dir' if log_dir is not None else '--keep'} only makes sense with --boot SPEC.yaml")
         elif not endpoint and not entry:
             raise ConfigError("no --endpoint given; pass the URL of every prefill, decode or unified engine, "
                               "--entry ROUTER (a router that lists its workers), or --boot SPEC.yaml")
@@ -108,7 +120,7 @@ def register(app: typer.Typer) -> None:
             return
         out = build_output(fmt=fmt, output=output, record=record, sign_key=sign_key, subjects=tuple(subject or ()),
                            unsigned=unsigned, command_line=tuple(sys.argv), reads_files=bool(plan.logs) or spec is not None,
-                           test_result=test_result, advisory_dirs=plan.advisory_dirs, spec=boot, name=name)
+                           test_result=test_result, advisory_dirs=plan.advisory_dirs, spec=boot, name=name, quiet=quiet)
         preflight.validate(plan)
         from kvpreflight.errors import KvpreflightError
         from kvpreflight.redact import Redactor
@@ -119,12 +131,24 @@ def register(app: typer.Typer) -> None:
         def say(message: str) -> None:
             progress(scrub(message))
 
-        with progress_to_stderr("kvpreflight") as show:  # a live line on a terminal, plain lines in CI
-            try:
-                report, files = _run(plan, spec, log_dir, lambda message: show(scrub(message)))
-            except KvpreflightError as exc:  # an engine may echo a key into an error message
-                raise type(exc)(scrub(str(exc))) from None
-        preflight.publish(report, out, files_read=files, secrets=plan.auth.secrets, progress=say)
+        import shutil
+        import tempfile
+
+        # Boot mode without --log-dir: the logs go to a temporary folder, removed once the record
+        # (which names them by digest) is written, unless --keep.
+        temporary = Path(tempfile.mkdtemp(prefix="kvpreflight-boot-")) if spec is not None and log_dir is None else None
+        try:
+            with progress_to_stderr("kvpreflight") as show:  # a live line on a terminal, plain lines in CI
+                try:
+                    report, files = _run(plan, spec, log_dir or temporary, lambda message: show(scrub(message)))
+                except KvpreflightError as exc:  # an engine may echo a key into an error message
+                    raise type(exc)(scrub(str(exc))) from None
+            preflight.publish(report, out, files_read=files, secrets=plan.auth.secrets, progress=say)
+        finally:
+            if temporary is not None and keep:
+                say(f"engine logs kept in {temporary}")
+            elif temporary is not None:
+                shutil.rmtree(temporary, ignore_errors=True)
         raise typer.Exit(report.exit_code)
 
 

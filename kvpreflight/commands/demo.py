@@ -18,11 +18,14 @@ def register(app: typer.Typer) -> None:
         fault: list[str] | None = typer.Option(None, "--fault", help="Run the engines with this fault (repeatable); see `kvpreflight engine serve --help`."),
         router: str = typer.Option("builtin", "--router", help="The PD router in front of the pair: builtin (no dependency), smg (SGLang's Shepherd Model Gateway) or sglang-router (both: scripts/setup_engines.sh --only smg)."),
         incident: bool = typer.Option(False, "--incident", help="The incident as it happened: pool ratio 0.65, reject-continues and no-transfer-check, another tenant's data in the pool."),
-        fmt: str | None = typer.Option(None, "--format", help=FORMAT_HELP),
+        fmt: str | None = typer.Option(None, "--format", metavar="FORMAT", help=f"One of: {FORMAT_HELP}. [default: table]"),
         output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
-        record: Path | None = typer.Option(None, "--record", help="Where to write the signed record (default: a new folder, printed at the end)."),
+        quiet: bool = typer.Option(False, "--quiet", "-q", help="Leave the passing checks out of the table (the verdict line still counts them)."),
+        record: Path | None = typer.Option(None, "--record", help="Where to write the signed record. [default: DIR/record.dsse.json]"),
         sign_key: str | None = typer.Option(None, "--sign-key", help="Sign with this key instead of a fresh one."),
-        log_dir: Path | None = typer.Option(None, "--log-dir", help="Where the engines' logs go (default: beside the record)."),
+        log_dir: Path | None = typer.Option(None, "--log-dir", help="Where the engines' logs go. [default: a temporary folder, removed afterwards]"),
+        out_dir: Path = typer.Option(Path("kvpreflight-demo"), "--out", metavar="DIR", help="Where the record and the demo's signing key go (the printed verify command names them); the key is made once and reused."),
+        keep: bool = typer.Option(False, "--keep", help="Keep the engines' logs (in DIR/logs) instead of removing them."),
     ) -> None:
         """Boot a builtin prefill/decode deployment, run the full check through its router, write a signed record.
 
@@ -47,7 +50,10 @@ def register(app: typer.Typer) -> None:
         # The record's key and subjects are the demo's own (a fresh key, its logs); only the format,
         # the report file and the record's path come from here.
         out = build_output(fmt=fmt, output=output, record=None, sign_key=None, subjects=(), unsigned=False,
-                           command_line=tuple(sys.argv), reads_files=True)
-        run = run_demo(deployment, out, log_dir=log_dir, sign_key=sign_key, record_path=record,
-                       command_line=tuple(sys.argv))
+                           command_line=tuple(sys.argv), reads_files=True, quiet=quiet)
+        from kvpreflight.terminal import progress_to_stderr
+
+        with progress_to_stderr("kvpreflight demo") as show:  # a live line on a terminal, as check draws
+            run = run_demo(deployment, out, log_dir=log_dir, sign_key=sign_key, record_path=record,
+                           command_line=tuple(sys.argv), progress=show, out_dir=out_dir, keep=keep)
         raise typer.Exit(run.report.exit_code)

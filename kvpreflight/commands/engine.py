@@ -37,11 +37,11 @@ def _strip_fault_args(argv: list[str]) -> list[str]:
 
 @engine_app.command("serve")
 def serve(
-    role: str = typer.Option("unified", "--role", help=" | ".join(r.value for r in ProcessRole)),
+    role: str = typer.Option("unified", "--role", help=", ".join(r.value for r in ProcessRole) + "."),
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(30000, "--port"),
-    context_length: int | None = typer.Option(None, "--context-length", help="Served context length in tokens."),
-    pool_tokens: int | None = typer.Option(None, "--pool-tokens", help="KV pool size in tokens (like SGLang --max-total-tokens)."),
+    context_length: int | None = typer.Option(None, "--context-length", help="Served context length in tokens. Required for unified, prefill and decode."),
+    pool_tokens: int | None = typer.Option(None, "--pool-tokens", help="KV pool size in tokens (like SGLang --max-total-tokens). Required for unified, prefill and decode, unless --mem-budget-bytes with --mem-fraction-static."),
     mem_budget_bytes: int | None = typer.Option(None, "--mem-budget-bytes", help="Memory the engine may use; with --mem-fraction-static sizes the pool as SGLang does."),
     mem_fraction_static: float | None = typer.Option(None, "--mem-fraction-static"),
     page_size: int = typer.Option(16, "--page-size"),
@@ -50,13 +50,13 @@ def serve(
     transfer_delay_ms: int = typer.Option(0, "--transfer-delay-ms", help="Test only: sleep before each KV page batch is sent."),
     transfer_fail_every: int = typer.Option(0, "--transfer-fail-every", help="Test only: every Nth KV transfer loses its pages after the first batch."),
     page_log: str | None = typer.Option(None, "--page-log", help="Debug: JSON lines of pages given, freed and written by transfers."),
-    decode_url: str | None = typer.Option(None, "--decode-url", help="router: the decode engine."),
-    prefill_url: list[str] | None = typer.Option(None, "--prefill-url", help="router: a prefill engine (repeatable)."),
+    decode_url: str | None = typer.Option(None, "--decode-url", metavar="URL", help="router: the decode engine. Required for --role router."),
+    prefill_url: list[str] | None = typer.Option(None, "--prefill-url", metavar="URL", help="router: a prefill engine (repeatable). Required for --role router."),
     bootstrap_port: int = typer.Option(0, "--disaggregation-bootstrap-port", help="prefill: TCP port of its bootstrap server, where decode engines take the KV (0 picks one; see /server_info)."),
     enable_metrics: bool = typer.Option(False, "--enable-metrics"),
     disable_radix_cache: bool = typer.Option(False, "--disable-radix-cache", help="Turn the prefix cache off."),
-    device: str = typer.Option("auto", "--device", help="cpu | cuda | auto"),
-    kv_canary: str = typer.Option("none", "--kv-canary", help="none | log | raise: check each prompt slot's KV before decoding and log a violation (raise: fail the request), as SGLang's --kv-canary."),
+    device: str = typer.Option("auto", "--device", help="cpu, cuda or auto."),
+    kv_canary: str = typer.Option("none", "--kv-canary", help="none, log or raise: check each prompt slot's KV before decoding and log a violation (raise: fail the request), as SGLang's --kv-canary."),
     prefill_tokens_per_second: float = typer.Option(0.0, "--prefill-tokens-per-second", help="Test only: prefill no faster than this many tokens per second, like a slow accelerator (0: unthrottled)."),
 ) -> None:
     """Serve one role of the builtin engine until killed."""

@@ -12,7 +12,7 @@ def register(app: typer.Typer) -> None:
     @app.command("fleet")
     def fleet(
         inventory: Path = typer.Argument(..., help="Fleet inventory (YAML): deployments to attach to or boot, with node selectors."),
-        parallel: int | None = typer.Option(None, "--parallel", help="Deployments checked at once (default 4 here; with --ray all). Deployments that share an engine always run one after another."),
+        parallel: int | None = typer.Option(None, "--parallel", help="Deployments checked at once; deployments that share an engine always run one after another. [default: 4; with --ray all]"),
         ray: str | None = typer.Option(None, "--ray", help="Run on Ray: 'auto' (the cluster this machine belongs to) or the head's ADDRESS. One task per deployment, on its node."),
         fmt: str | None = typer.Option(None, "--format", help="table|json (fleet rows) or junit|sarif|github|markdown (every deployment's checks)."),
         output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),

@@ -21,8 +21,10 @@ def register(app: typer.Typer) -> None:
     def gpus_command(
         format: GpusFormat = typer.Option(GpusFormat.table, "--format", help="table or json."),
     ) -> None:
-        """List the NVIDIA GPUs (name, UUID, memory, driver) and the PIDs on each. Without a
-        driver, says so and exits 0: that is information, not an error."""
+        """List the NVIDIA GPUs (name, UUID, memory, driver) and the PIDs on each.
+
+        Without a driver, says so and exits 0: that is information, not an error.
+        """
         import json
         import sys
 

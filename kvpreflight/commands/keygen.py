@@ -11,7 +11,7 @@ def register(app: typer.Typer) -> None:
     @app.command("keygen")
     def keygen(
         out: Path = typer.Option(..., "--out", help="Directory for kvpreflight.key (private, mode 0600) and kvpreflight.pub. Existing keys are never overwritten."),
-        algorithm: str = typer.Option("ecdsa-p256", "--algorithm", help="ecdsa-p256 (default; what cosign handles best) or ed25519."),
+        algorithm: str = typer.Option("ecdsa-p256", "--algorithm", help="ecdsa-p256 (what cosign handles best) or ed25519."),
         encrypt: bool = typer.Option(False, "--encrypt", help="Encrypt the private key with the password in $KVPREFLIGHT_SIGN_KEY_PASSWORD."),
     ) -> None:
         """Create a key pair for signing release records (`check --sign-key`) and verifying them (`verify --key`)."""

@@ -152,7 +152,7 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
 def build_output(*, fmt: str | None, output: Path | None, record: Path | None, sign_key: str | None,
                  subjects: tuple[str, ...], unsigned: bool, command_line: tuple[str, ...],
                  reads_files: bool, test_result: Path | None = None, advisory_dirs: tuple[Path, ...] = (),
-                 spec: Path | None = None, name: str | None = None) -> OutputPlan:
+                 spec: Path | None = None, name: str | None = None, quiet: bool = False) -> OutputPlan:
     """The report format and file, and the record plan (key loaded, subjects parsed) if asked for."""
     from kvpreflight.formats import FORMATS
     from kvpreflight.preflight import prepare_record
@@ -168,4 +168,6 @@ def build_output(*, fmt: str | None, output: Path | None, record: Path | None, s
         raise ConfigError("--sign-key, --subject, --unsigned and --test-result only make sense with --record FILE")
     if name is not None and not name.strip():
         raise ConfigError("--name is empty; give the deployment a name (for example prod-eu-1) or leave --name out")
-    return OutputPlan(format=fmt or "table", path=output, record=record_plan, name=name, spec=spec)
+    if quiet and fmt not in (None, "table"):
+        raise ConfigError(f"--quiet leaves the passing checks out of the table; --format {fmt} keeps every check, drop --quiet")
+    return OutputPlan(format=fmt or "table", path=output, record=record_plan, name=name, spec=spec, quiet=quiet)

@@ -16,13 +16,15 @@ def register(app: typer.Typer) -> None:
         model_dir: Path | None = typer.Option(None, "--model-dir", envvar="KVPREFLIGHT_MODEL_DIR", help="(or KVPREFLIGHT_MODEL_DIR) The model's folder (Hugging Face config.json, optional model.safetensors.index.json), or a folder holding model folders named like the command's model path."),
         gpu: str | None = typer.Option(None, "--gpu", help="GPU product (e.g. 'H100 80GB', H200, B200, 'A100 80GB', L40S, MI300X); default: the manifest's nvidia.com/gpu.product label."),
         context_length: int | None = typer.Option(None, "--context-length", min=1, help="The context promised to users; the larger of this and each engine's own flag is checked."),
-        format: str = typer.Option("table", "--format", help=f"One of: {FORMAT_HELP.replace('|', ', ')}."),
+        format: str = typer.Option("table", "--format", help=f"One of: {FORMAT_HELP}."),
         output: Path | None = typer.Option(None, "--output", help="Write the report to this file instead of stdout."),
         advisories: list[Path] | None = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files (checks/advisories/SCHEMA.md). Repeatable."),
     ) -> None:
-        """Estimate each SGLang, vLLM and llama.cpp engine's KV pool the way the engine will size it,
-        and fail (exit 1) when one cannot hold the context it promises. An estimate: the runtime
-        `kvpreflight check` stays the proof."""
+        """Estimate each engine's KV pool from deployment files; exit 1 when one cannot hold its context.
+
+        Reads SGLang, vLLM and llama.cpp launches and sizes each pool the way the engine will. An
+        estimate: `kvpreflight check` on the running engine stays the proof.
+        """
         from kvpreflight import __version__
         from kvpreflight.formats import get_format, write_report
         from kvpreflight.formats.ci import github_actions_side_effects

@@ -49,4 +49,18 @@ def open_adapter(url: str, client: HttpClient, kind: str = "auto") -> EngineAdap
     )
 
 
-__all__ = ["ENGINES", "EngineAdapter", "EngineConfigError", "EngineError", "HttpClient", "adapter_class", "open_adapter"]
+def answering_kind(url: str, client: HttpClient, named: str) -> str | None:
+    """Which other kind of engine answers at url (None: none recognised), asked when the --engine
+    kind that was named could not read it, so the error can say which engine is there."""
+    for name in ENGINES:
+        if name == named:
+            continue
+        try:
+            if adapter_class(name).detect(url, client):
+                return name
+        except EngineError:
+            return None  # a server that fails detection too says nothing more
+    return None
+
+
+__all__ = ["ENGINES", "EngineAdapter", "EngineConfigError", "EngineError", "HttpClient", "adapter_class", "answering_kind", "open_adapter"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib
 import sys
 from collections.abc import Iterable
@@ -41,9 +42,10 @@ def write_report(report: Report, fmt: str | ReportFormat, output: Path | None = 
 
     formatter = get_format(fmt) if isinstance(fmt, str) else fmt
     if output is not None and getattr(formatter, "color", False) is None:
-        # Only colour-aware formats (color is None: decide at render) take color=; ReportFormat's
-        # own constructor does not declare it.
-        formatter = type(formatter)(color=False)  # type: ignore[call-arg]
+        # Only colour-aware formats (color is None: decide at render) have a colour to turn off;
+        # a copy keeps the rest of the caller's settings (quiet).
+        formatter = copy.copy(formatter)
+        formatter.color = False  # type: ignore[attr-defined]
     return write_text(formatter.render(redact_report(report, secrets)), output)
 
 

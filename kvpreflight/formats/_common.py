@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections import Counter
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import IO, Any
 from urllib.parse import urlsplit
 
@@ -79,31 +81,40 @@ def cost_lines(report: Report) -> list[str]:
     return lines
 
 
+# One vocabulary for where a role came from (the README's): engine, router, override, assumed.
 ROLE_SOURCE_TEXT = {
-    RoleSource.ENGINE: "said by the engine",
-    RoleSource.ROUTER: "listed by the router",
-    RoleSource.OVERRIDE: "stated on the command line or in the spec",
-    RoleSource.ASSUMED: "assumed: neither the engine nor a router said otherwise",
+    RoleSource.ENGINE: "engine: the engine reports it",
+    RoleSource.ROUTER: "router: the router lists it",
+    RoleSource.OVERRIDE: "override: ROLE=URL or the boot spec",
+    RoleSource.ASSUMED: "assumed: nothing said otherwise",
 }
 
 
-def engine_facts(report: Report, engine: EngineSnapshot) -> list[tuple[str, str]]:
-    """The per-engine facts a reader needs, as (label, value) pairs, in reading order."""
-    facts = [
-        ("url", engine.url),
-        ("engine", engine.engine),
-        ("version", engine.version or UNKNOWN),
-        ("role", f"{engine.role.value} ({ROLE_SOURCE_TEXT[engine.role_source]})"),
-    ]
+def engine_facts(report: Report, engine: EngineSnapshot, *, compact: bool = False) -> list[tuple[str, str]]:
+    """The per-engine facts a reader needs, as (label, value) pairs, in reading order. `compact`
+    (the terminal table): what agrees is said once (readings of one size, one context)."""
+    facts = [("url", engine.url)]
+    if compact:
+        facts.append(("engine", f"{engine.engine} {engine.version or '(version unknown)'}"))
+    else:
+        facts += [("engine", engine.engine), ("version", engine.version or UNKNOWN)]
+    facts.append(("role", f"{engine.role.value} ({ROLE_SOURCE_TEXT[engine.role_source]})"))
     if engine.model:
         facts.append(("model", engine.model))
-    facts += [
-        ("KV pool tokens", tokens(engine.pool_tokens())),
-        ("pool sources", "\n".join(pool_sources(engine)) or "none read"),
-        ("served context", tokens(engine.served_context)),
-        ("checked context", tokens(checked_context(report, engine))),
-        ("pool / context", ratio_text(pool_ratio(report, engine))),
-    ]
+    facts.append(("KV pool tokens", tokens(engine.pool_tokens())))
+    readings = engine.pool_readings
+    if compact and len(readings) > 1 and len({r.tokens for r in readings}) == 1:
+        origins = Counter(r.origin.value for r in readings)
+        facts.append(("pool sources", f"{len(readings)} readings agree ("
+                      + ", ".join(f"{origin} {n}" for origin, n in origins.items()) + "; each in JSON)"))
+    else:
+        facts.append(("pool sources", "\n".join(pool_sources(engine)) or "none read"))
+    served, checked = engine.served_context, checked_context(report, engine)
+    if compact and served == checked:
+        facts.append(("context", f"{tokens(served)} (served and checked)"))
+    else:
+        facts += [("served context", tokens(served)), ("checked context", tokens(checked))]
+    facts.append(("pool / context", ratio_text(pool_ratio(report, engine))))
     if engine.notes:
         facts.append(("notes", "\n".join(engine.notes)))
     return facts
@@ -136,6 +147,13 @@ def check_name(check: CheckResult) -> str:
     return f"{check.id} {check.endpoint}" if check.endpoint else check.id
 
 
+def where_label(report: Report) -> str:
+    """The name of the column that says where a result applies: `file` for a review of files
+    (file:line), `endpoint` for engines."""
+    files = any(source_location(c) for c in report.checks)
+    return "file" if files and not any(c.endpoint and "://" in c.endpoint for c in report.checks) else "endpoint"
+
+
 def source_location(check: CheckResult) -> tuple[str, int | None] | None:
     """(file, line) when the evidence points at a file (the `review` command does), else None."""
     path = check.evidence.get("file")
@@ -152,7 +170,46 @@ def source_location(check: CheckResult) -> tuple[str, int | None] | None:
 
 
 def counts(report: Report) -> dict[Status, int]:
-    return {s: sum(1 for c in report.checks if c.status is s) for s in STATUS_ORDER}
+    return {s: report.status_count(s) for s in STATUS_ORDER}
+
+
+def tally(report: Report) -> str:
+    """Every status counted, worst first, zeros included, and the waivers: nothing hides a skip."""
+    return ", ".join(f"{n} {s.value}" for s, n in counts(report).items()) + f"; {report.waived_count} waived"
+
+
+@dataclass(frozen=True)
+class ReportRow:
+    """One line of the human report: results that say the same thing, grouped."""
+
+    status: Status
+    check_ids: tuple[str, ...]
+    endpoints: tuple[str, ...]
+    message: str
+
+    @property
+    def check(self) -> str:
+        return ", ".join(self.check_ids)
+
+    @property
+    def endpoint(self) -> str:
+        return ", ".join(self.endpoints) or "-"
+
+
+def report_rows(report: Report, *, quiet: bool = False) -> list[ReportRow]:
+    """The results in the order an operator reads them: failures, inconclusives, warnings, skips,
+    then passes (none with `quiet`); results with the same status and message are one row, naming
+    every check and endpoint they came from."""
+    groups: dict[tuple[Status, str], list[CheckResult]] = {}
+    for c in report.checks:
+        groups.setdefault((c.status, c.message), []).append(c)
+    rows = [
+        ReportRow(status, tuple(dict.fromkeys(c.id for c in group)),
+                  tuple(dict.fromkeys(c.endpoint for c in group if c.endpoint)), message)
+        for (status, message), group in groups.items()
+        if not (quiet and status is Status.PASS)
+    ]
+    return sorted(rows, key=lambda r: STATUS_ORDER.index(r.status))
 
 
 def counts_text(report: Report) -> str:
@@ -167,9 +224,14 @@ def _ids(report: Report, status: Status) -> list[str]:
 def verdict_line(report: Report) -> str:
     """One line: the verdict, the exit code it means, and what caused it.
 
-    `PASS`, `PASS: 1 warn (...)`, `FAIL (exit 1): 2 failed: a, b`,
-    `INCONCLUSIVE (exit 3): nothing proved safe: could not measure x`.
+    `PASS - 0 fail, 0 inconclusive, 0 warn, 0 skip, 9 pass; 0 waived`, `PASS: 1 warn (...) - ...`,
+    `FAIL (exit 1): 2 failed: a, b - ...`, `INCONCLUSIVE (exit 3): nothing proved safe: could not
+    measure x - ...`: the cause, then every status counted.
     """
+    return f"{_verdict_cause(report)} - {tally(report)}"
+
+
+def _verdict_cause(report: Report) -> str:
     verdict, code = report.verdict, report.exit_code
     if verdict is Status.PASS:
         warned = _ids(report, Status.WARN)

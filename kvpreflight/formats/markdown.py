@@ -96,7 +96,7 @@ class MarkdownFormat(ReportFormat):
             rows = [
                 [f"{ICONS[c.status]} {c.status.value}", c.id, c.endpoint or "", c.message] for c in report.checks
             ]
-            out += _table(["status", "check", "endpoint", "message"], rows)
+            out += _table(["status", "check", _common.where_label(report), "message"], rows)
         else:
             out.append("No check ran.")
         if cost := _common.cost_lines(report):

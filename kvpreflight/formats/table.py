@@ -1,11 +1,12 @@
 """The human report: a block per engine, the checks, the waivers, then one verdict line.
 
-Colour only on a terminal (and never with NO_COLOR). Messages are never cut: on a terminal the
-checks are one row each, their columns measured without colour codes and summing to the terminal's
-width, and a long message wraps inside the message column only (a long endpoint inside its own);
-below STACK_BELOW columns each check stacks (status and id, then its endpoint and message
-indented). Anywhere else each message is kept whole on its row. Control characters in any value
-are written out as \\xNN, so a value cannot drive the terminal.
+Colour only on a terminal (and never with NO_COLOR). Checks are listed failures first. Messages
+are never cut but a passing check's on a terminal (one line, cut with "…"; whole in JSON and
+Markdown): on a terminal the checks are one row each, their columns measured without colour codes
+and summing to the terminal's width, and a long message wraps inside the message column only (a
+long endpoint inside its own); below STACK_BELOW columns each check stacks (status and id, then its
+endpoint and message indented). Anywhere else each message is kept whole on its row. Control
+characters in any value are written out as \\xNN, so a value cannot drive the terminal.
 """
 
 from __future__ import annotations
@@ -35,10 +36,12 @@ STACK_BELOW = 60  # columns: narrower than this, a row of four columns leaves th
 class TableFormat(ReportFormat):
     name = "table"
 
-    def __init__(self, *, color: bool | None = None, width: int | None = None) -> None:
-        """color/width None: decided at render time from stdout (a terminal gets colour and wrapping)."""
+    def __init__(self, *, color: bool | None = None, width: int | None = None, quiet: bool = False) -> None:
+        """color/width None: decided at render time from stdout (a terminal gets colour and wrapping).
+        quiet: the passing checks are left out (counted in the verdict line)."""
         self.color = color
         self.width = width
+        self.quiet = quiet
 
     def _paint(self, status: Status, text: str, color: bool) -> str:
         return f"{_COLOUR[status]}{text}{_RESET}" if color else text
@@ -50,7 +53,7 @@ class TableFormat(ReportFormat):
         if report.entry:
             parts[0] += f" via {_common.visible(report.entry)}"
         for i, engine in enumerate(report.engines, 1):
-            facts = [(label, _common.visible(value)) for label, value in _common.engine_facts(report, engine)]
+            facts = [(label, _common.visible(value)) for label, value in _common.engine_facts(report, engine, compact=True)]
             parts.append(f"Engine {i} of {len(report.engines)}\n" + _indent(tabulate(facts, tablefmt="plain")))
         if not report.engines and any(c.endpoint and "://" in c.endpoint for c in report.checks):
             parts.append("Engines: none could be read (see the checks below)")
@@ -66,21 +69,27 @@ class TableFormat(ReportFormat):
     def _checks(self, report: Report, color: bool, width: int | None) -> str:
         if not report.checks:
             return "Checks: none ran"
+        # Failures first, passes last (or left out with quiet); the same finding once.
+        shown = _common.report_rows(report, quiet=self.quiet)
+        if not shown:
+            return f"Checks ({_common.counts_text(report)}): every check passed (--quiet leaves them out)"
         rows = [
-            [self._paint(c.status, c.status.value.upper(), color)]
-            + [_common.visible(text) for text in (c.id, c.endpoint or "-", c.message)]
-            for c in report.checks
+            [self._paint(r.status, r.status.value.upper(), color)]
+            + [_common.visible(text) for text in (r.check, r.endpoint, r.message)]
+            for r in shown
         ]
-        headers = ["status", "check", "endpoint", "message"]
-        table = _columns(headers, rows, width)
+        headers = ["status", "check", _common.where_label(report), "message"]
+        # a pass is one line on a terminal; its whole message is in JSON and Markdown
+        table = _columns(headers, rows, width, one_line=[r.status is Status.PASS for r in shown])
         return f"Checks ({_common.counts_text(report)})\n" + table
 
 
-def _columns(headers: list[str], rows: list[list[str]], width: int | None) -> str:
+def _columns(headers: list[str], rows: list[list[str]], width: int | None, one_line: list[bool]) -> str:
     """The checks, one row each, in tabulate's "simple" look. With a width: the message column
     takes what the others leave and wraps within itself (the endpoint shrinks to its minimum and
     wraps within itself first); below STACK_BELOW, or when even that leaves no room, each row
-    stacks. Without one (a pipe, a file) nothing wraps."""
+    stacks; the rows marked `one_line` keep one line of message, cut with "…". Without one (a pipe,
+    a file) nothing wraps or is cut."""
     widths = [max(_common.visible_len(text) for text in [h, *(r[i] for r in rows)]) for i, h in enumerate(headers)]
     if width:
         fixed = widths[0] + widths[1] + 3 * len(_GAP)
@@ -88,7 +97,10 @@ def _columns(headers: list[str], rows: list[list[str]], width: int | None) -> st
         if room < _MIN_MESSAGE_WIDTH:
             widths[2] = max(_MIN_ENDPOINT_WIDTH, min(widths[2], width - fixed - _MIN_MESSAGE_WIDTH))
             room = width - fixed - widths[2]
-        if width < STACK_BELOW or room < _MIN_MESSAGE_WIDTH:
+        stacked = width < STACK_BELOW or room < _MIN_MESSAGE_WIDTH
+        message_width = max(width - 4, 20) if stacked else room
+        rows = [[*row[:3], _one_line(row[3], message_width)] if short else row for row, short in zip(rows, one_line, strict=True)]
+        if stacked:
             return _stacked(rows, width)
         widths[3] = min(widths[3], room)
     lines = [_line(headers, widths), _GAP.join("-" * w for w in widths)]
@@ -121,6 +133,11 @@ def _stacked(rows: list[list[str]], width: int) -> str:
         for text in (endpoint, message) if endpoint != "-" else (message,):
             lines += ["    " + piece for piece in _wrap(text, max(width - 4, 20))]
     return "\n".join(lines)
+
+
+def _one_line(text: str, width: int) -> str:
+    line = " ".join(text.split())
+    return line if _common.visible_len(line) <= width else line[: width - 1].rstrip() + "…"
 
 
 def _indent(text: str) -> str:

@@ -56,6 +56,7 @@ class PlannedRequest:
     max_tokens: int
     expect: Expect
     concurrent: int = 1  # sent at once with this many of the same size (prefill serialises)
+    only_if: str | None = None  # sent only under this condition (the timing audit); None: always
 
 
 @dataclass(frozen=True)
@@ -87,6 +88,13 @@ class Calibration:
 def _short_prompt_tokens(max_accepted: int) -> int:
     """The short calibration prompt: about 1/16 of the longest accepted prompt, 16 to 1,024 tokens."""
     return max(TINY_TOKENS * 2, min(SHORT_MAX_PROMPT, max_accepted // 16))
+
+
+def calibration_plan(max_accepted: int) -> tuple[PlannedRequest, ...]:
+    """What `calibrate` sends when every request is answered: the warm-up, then two measured."""
+    return (PlannedRequest("calibration warm-up", TINY_TOKENS, 1, Expect.ACCEPT),
+            PlannedRequest("calibration", TINY_TOKENS, 1, Expect.ACCEPT),
+            PlannedRequest("calibration", _short_prompt_tokens(max_accepted), SHORT_MAX_TOKENS, Expect.ACCEPT))
 
 
 def _warm_up_timeout_s(budget: Budget, timeout_s: float) -> float:

@@ -123,7 +123,8 @@ class IsolationProber:
             else:
                 scenarios.append(Scenario(name=name, purpose=PURPOSES[name], skipped=self.settings.churn_not_allowed_reason,
                                           churn=True))
-        self.progress("isolation: prefix cache (cold, same-tenant warm, cross-tenant)")
+        if self.budget.may_send():  # a step that will not run is not announced
+            self.progress("isolation: prefix cache (cold, same-tenant warm, cross-tenant)")
         self.budget.enter("the prefix-cache probes")
         cache = probe_prefix_cache(self.tenants, self.state, self._token_ids, longest=self.longest,
                                    tokens=self.sizes.cache_tokens, prefixes=self.sizes.cache_prefixes, budget=self.budget,

@@ -29,6 +29,7 @@ from kvpreflight.probes.results import Expect, Limits
 SCAN_MAX_TOKENS = 256  # answers long enough to reach past a lost first transfer batch
 MIN_SCAN_TOKENS = 16  # an answer shorter than this cannot hold a canary: not a scan (TenantRequest.scanned)
 CANCEL_DECODE_MAX_TOKENS = 512
+TIMING_AUDIT_CONDITION = "the engine reports no prefix-cache hits (the timing audit)"
 MAX_LOAD_REQUESTS = 8
 SCAN_PROMPT_FRACTION = 64  # a short scenario prompt: 1/64 of the context...
 SCAN_PROMPT_MIN = 256  # ...and at least this: more than one KV transfer batch (8 pages of 16), so a
@@ -118,9 +119,9 @@ class IsolationSizes:
     def plan(self, *, churn: bool, timing_samples: int = DEFAULT_TIMING_SAMPLES) -> list[PlannedRequest]:
         """What the scenarios send, for the estimate (the scenarios below send exactly these sizes).
         The boundary scenario, and the load scenario where the concurrent pair is it, send
-        nothing of their own: they are the capacity probes' requests. The timing audit is counted
-        though it runs only where cache counters are silent: the estimate (and the default
-        deadline) must allow for it."""
+        nothing of their own: they are the capacity probes' requests. The timing audit is listed
+        with its condition (it runs only where cache counters are silent): the estimate (and the
+        default deadline) allow for it, the counts of what will be sent do not."""
         accept, reject = Expect.ACCEPT, Expect.REJECT
         out = [PlannedRequest("normal", self.normal_tokens, self.gen, accept) for _ in range(6)]
         out += [PlannedRequest("over-capacity", self.short, self.gen, accept) for _ in range(2)]
@@ -134,6 +135,6 @@ class IsolationSizes:
                 out.append(PlannedRequest("load", self.load_per, self.load_max_tokens, accept, self.load_count))
         out += [PlannedRequest("prefix-cache", self.cache_tokens, 1, accept) for _ in range(1 + self.cache_prefixes * len(ORDER))]
         timing = timing_prompt_tokens(self.longest)
-        out += [PlannedRequest("prefix-cache-timing", timing, 1, accept)
+        out += [PlannedRequest("prefix-cache-timing", timing, 1, accept, only_if=TIMING_AUDIT_CONDITION)
                 for _ in range(TIMING_REQUESTS_PER_SAMPLE * timing_samples)]
         return out

@@ -61,13 +61,26 @@ def level_of(check_id: str) -> str:
     return LEVELS.get(check_id, f"KVPREFLIGHT_{check_id.upper().replace('-', '_')}_VERIFIED")
 
 
+# A warnedTests name for a check that decided nothing carries one of these marks; a plain name
+# there is a warning, which decided (as our record's verify reads it).
+SKIPPED_MARK, WAIVED_MARK = " [skipped]", " [waived]"
+
+
 def test_name(check: CheckResult) -> str:
-    """One test per check result: its id, and the endpoint when the check ran per engine."""
-    return f"{check.id} ({check.endpoint})" if check.endpoint else check.id
+    """One test per check result: its id, the endpoint when the check ran per engine, and a mark
+    when it was skipped or waived."""
+    name = f"{check.id} ({check.endpoint})" if check.endpoint else check.id
+    if check.status is Status.SKIP:
+        name += WAIVED_MARK if "waiver" in check.evidence else SKIPPED_MARK
+    return name
+
+
+def undecided(name: str) -> bool:
+    return name.endswith((SKIPPED_MARK, WAIVED_MARK))
 
 
 def named_check(name: str, check_id: str) -> bool:
-    return name == check_id or name.startswith(f"{check_id} (")
+    return name == check_id or name.startswith((f"{check_id} (", f"{check_id} ["))
 
 
 def resource(name: str, path: str | os.PathLike[str]) -> dict[str, Any]:

@@ -18,7 +18,15 @@ from pathlib import Path
 from typing import Any
 
 from kvpreflight.model import Status
-from kvpreflight.record.attest import TEST_RESULT_PREDICATE_TYPE, VERIFIER_ID, VSA_PREDICATE_TYPE, TestOutcome, level_of, named_check
+from kvpreflight.record.attest import (
+    TEST_RESULT_PREDICATE_TYPE,
+    VERIFIER_ID,
+    VSA_PREDICATE_TYPE,
+    TestOutcome,
+    level_of,
+    named_check,
+    undecided,
+)
 from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, Envelope
 from kvpreflight.record.errors import RecordError, refusal
 from kvpreflight.record.keys import PublicKey
@@ -264,8 +272,12 @@ def _test_result_problems(predicate: Mapping[str, Any], policy: Policy) -> list[
         hint = "; pass --allow-warned to accept skips, waivers and warnings" if result == TestOutcome.WARNED else ""
         problems.append(f"Test Result is {result}, not {' or '.join(accepted)} (tests: {', '.join(not_passed) or 'none'}){hint}")
     for check_id in policy.required:
-        passed = [n for n in lists["passedTests"] or [] if named_check(n, check_id)]
-        other = [n for f in ("warnedTests", "failedTests") for n in lists[f] or [] if named_check(n, check_id)]
+        # With --allow-warned a required check that warned has decided, as in the record beside it;
+        # one skipped or waived has not.
+        warned = [n for n in lists["warnedTests"] or [] if named_check(n, check_id)]
+        decided = [n for n in warned if policy.allow_warned and not undecided(n)]
+        passed = [n for n in lists["passedTests"] or [] if named_check(n, check_id)] + decided
+        other = [n for n in warned if n not in decided] + [n for n in lists["failedTests"] or [] if named_check(n, check_id)]
         if not passed or other:
             problems.append(f"required check {check_id} did not pass in the Test Result"
                             f"{' (' + ', '.join(other) + ')' if other else ' (not among passedTests)'}")

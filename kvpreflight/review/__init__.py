@@ -17,7 +17,7 @@ from kvpreflight.checks.advisory_data import load_advisories
 from kvpreflight.clock import utc_now
 from kvpreflight.model import CheckResult, Report
 from kvpreflight.review.advisories import review_advisories
-from kvpreflight.review.check import judge, judge_context_limit, skipped
+from kvpreflight.review.check import judge, judge_context_limit, skipped, unreadable
 from kvpreflight.review.commandline import find_launches
 from kvpreflight.review.engines import estimator
 from kvpreflight.review.estimate import Estimate, ReviewInputs
@@ -33,16 +33,23 @@ def find_all_launches(files: Sequence[Path]) -> list[list[Launch]]:
 
 
 def estimate_files(files: Sequence[Path], inputs: ReviewInputs,
-                   launches: Sequence[Sequence[Launch]] | None = None) -> list[Estimate | tuple[str, str]]:
-    """One Estimate per launch found; for a file without any launch, (file, reason)."""
-    out: list[Estimate | tuple[str, str]] = []
+                   launches: Sequence[Sequence[Launch]] | None = None) -> list[Estimate | CheckResult | tuple[str, str]]:
+    """One Estimate per launch found (an inconclusive CheckResult for one that cannot be estimated,
+    when several files are reviewed); for a file without any launch, (file, reason)."""
+    out: list[Estimate | CheckResult | tuple[str, str]] = []
     models: dict = {}
     for path, found in zip(files, launches if launches is not None else find_all_launches(files), strict=True):
         if not found:
             out.append((str(path), f"no engine launch command found (looked for {ENGINE_WORDS})"))
             continue
         for launch in found:
-            out.append(estimator(launch.engine).estimate(launch, inputs, models))
+            try:
+                out.append(estimator(launch.engine).estimate(launch, inputs, models))
+            except ReviewError as exc:
+                if len(files) == 1:
+                    raise  # one file: its problem is the answer (exit 2)
+                # several files: this one is inconclusive, the others are still reviewed
+                out.append(unreadable(str(launch.site.file), launch.line, str(exc)))
     return out
 
 
@@ -62,10 +69,12 @@ def review(files: Sequence[Path], inputs: ReviewInputs, thresholds: Thresholds |
     for r in results:
         if isinstance(r, tuple):
             checks.append(skipped(*r))
-            continue
-        checks.append(judge(r, thresholds))
-        if (limit := judge_context_limit(r)) is not None:
-            checks.append(limit)
+        elif isinstance(r, CheckResult):
+            checks.append(r)
+        else:
+            checks.append(judge(r, thresholds))
+            if (limit := judge_context_limit(r)) is not None:
+                checks.append(limit)
     checks.extend(review_advisories([l for found in launches for l in found], advisories))
     return Report(
         tool_version=version,

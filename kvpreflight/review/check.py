@@ -83,6 +83,14 @@ def judge(est: Estimate, thresholds: Thresholds) -> CheckResult:
     return CheckResult(id=CHECK_ID, status=status, message=message, endpoint=f"{est.file}:{est.line}", evidence=evidence)
 
 
+def unreadable(file: str, line: int | None, reason: str) -> CheckResult:
+    """A launch review could not estimate (its model or GPU not found): nothing proved, the other
+    files still reviewed."""
+    where = f"{file}:{line}" if line else file
+    return CheckResult(id=CHECK_ID, status=Status.INCONCLUSIVE, message=reason.removeprefix(f"{where}: "), endpoint=where,
+                       evidence={"file": file, **({"line": line} if line else {})})
+
+
 def skipped(file: str, reason: str) -> CheckResult:
     return CheckResult(id=CHECK_ID, status=Status.SKIP, message=f"{file}: {reason}", endpoint=file, evidence={"file": file})
 

@@ -54,7 +54,7 @@ def test_sglang_sizing_rules():
 
 
 @pytest.mark.parametrize("args,expected", [
-    (["--role", "unified", "--port", "0"], "--context-length N (at least 2) is required"),
+    (["--role", "unified", "--port", "0"], "--role unified needs --context-length N (at least 2), --pool-tokens N"),
     (["--role", "unified", "--port", "0", "--context-length", "64", "--pool-tokens", "64", "--fault", "bogus"], "unknown fault bogus"),
     (["--role", "decode", "--port", "0", "--context-length", "64", "--mem-fraction-static", "0.5"], "needs --mem-budget-bytes"),
     (["--role", "unified", "--port", "0", "--context-length", "64", "--mem-budget-bytes", "20000", "--mem-fraction-static", "0.1"],

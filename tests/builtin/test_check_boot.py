@@ -40,3 +40,23 @@ def test_engine_that_never_becomes_ready_is_stopped_at_its_deadline(tmp_path):
     assert proc.returncode == 3 and report is None
     error = [l for l in proc.stderr.splitlines() if l.startswith("kvpreflight: error:")]
     assert len(error) == 1 and "not ready within" in error[0]
+
+
+def test_without_log_dir_the_temporary_log_folder_is_removed_unless_keep(tmp_path):
+    import os
+    import subprocess
+
+    crash = [sys.executable, "-c", "import sys; print('RuntimeError: CUDA out of memory'); sys.exit(7)"]
+    spec = spec_file(tmp_path, [{"name": "prefill", "role": "unified", "port": "auto", "command": crash, "ready_timeout_s": 30}])
+    for keep in ((), ("--keep",)):
+        temp = tmp_path / f"tmp{len(keep)}"
+        temp.mkdir()
+        proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--boot", str(spec), *keep],
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(temp)})
+        assert proc.returncode == 3, proc.stderr
+        left = [p.name for p in temp.iterdir() if p.name.startswith("kvpreflight-")]
+        if keep:
+            assert len(left) == 1 and f"engine logs kept in {temp / left[0]}" in proc.stderr, proc.stderr
+            assert (temp / left[0] / "prefill.log").is_file()
+        else:
+            assert left == [], left

@@ -35,6 +35,10 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RunningEngine]:
 
 
 def test_the_cost_block_matches_the_engines_own_counters_in_every_output(engine: RunningEngine, tmp_path: Path) -> None:
+    planned = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--endpoint", engine.url, "--plan",
+                              "--format", "json"], capture_output=True, text=True, timeout=300)
+    assert planned.returncode == 0, planned.stderr
+    (plan,) = json.loads(planned.stdout)["plan"]
     before = counters(engine.url)
     record = tmp_path / "record.json"
     proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--endpoint", engine.url, "--format", "json",
@@ -55,6 +59,11 @@ def test_the_cost_block_matches_the_engines_own_counters_in_every_output(engine:
     assert cost["requests"] > 20 and cost["prompt_tokens_submitted"] > prompt
     statement = json.loads(base64.b64decode(json.loads(record.read_text())["payload"]))
     assert statement["predicate"]["cost"] == cost
+    # --plan said what check then sent: the builtin engine reports cache hits, so the conditional
+    # timing audit was not sent and the figures are equal (it was 131 planned for 44 sent).
+    assert plan["conditional_requests"] > 0 and "the engine reports no prefix-cache hits" in str(plan["requests"])
+    assert (plan["requests_sent"], plan["prompt_tokens_submitted"]) == (cost["requests"], cost["prompt_tokens_submitted"])
+    assert plan["context_equivalents_submitted"] == cost["context_equivalents_submitted"]
 
 
 def requests_served(url: str) -> float:
@@ -72,7 +81,8 @@ def test_plan_prints_the_probes_and_sends_only_the_calibration(engine: RunningEn
     assert requests_served(engine.url) - before == sent
     (group,) = json.loads(proc.stdout)["plan"]
     assert {"boundary-accept", "over-context", "concurrent", "normal", "prefix-cache"} <= {r["probe"] for r in group["requests"]}
-    assert group["prompt_tokens_submitted"] == sum(r["prompt_tokens"] * r["count"] for r in group["requests"])
+    assert group["prompt_tokens_submitted"] == sum(r["prompt_tokens"] * r["count"] for r in group["requests"] if not r["only_if"])
+    assert group["conditional_prompt_tokens"] == sum(r["prompt_tokens"] * r["count"] for r in group["requests"] if r["only_if"])
     assert group["context_equivalents_submitted"] == round(group["prompt_tokens_submitted"] / 2048, 2)
     if sent:
         # the one request is named, and the duration says it is an upper estimate

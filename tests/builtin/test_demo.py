@@ -24,10 +24,14 @@ def demo(*args: str, tmp_path) -> tuple[int, dict, str]:
     tmp_path.mkdir(parents=True, exist_ok=True)
     tag = uuid.uuid4().hex
     out = tmp_path / "report.json"
+    temp = tmp_path / "tmp"  # the demo's own temporary folders land here, and must be gone after
+    temp.mkdir()
     proc = subprocess.run([sys.executable, "-m", "kvpreflight", "demo", "--format", "json", "--output", str(out),
-                           "--record", str(tmp_path / "record.json"), *args],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "KVPREFLIGHT_TEST_TAG": tag})
+                           "--record", str(tmp_path / "record.json"), "--out", str(tmp_path / "out"), *args],
+                          capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KVPREFLIGHT_TEST_TAG": tag, "TMPDIR": str(temp)})
     assert processes_tagged(tag) == set(), "engine processes left behind"
+    assert [p.name for p in temp.iterdir() if p.name.startswith("kvpreflight-")] == [], "temporary folders left behind"
     report = json.loads(out.read_text()) if out.exists() else {}
     return proc.returncode, report, proc.stderr
 
@@ -233,3 +237,29 @@ def test_record_round_trip_keygen_demo_verify(demo_run, demo_keys):
     assert verify("--subject", f"{log_subject['name']}=sha256:{log_subject['digest']['sha256']}").returncode == 0
     wrong = verify("--subject", f"{log_subject['name']}=sha256:{'0' * 64}")
     assert wrong.returncode == 1 and "digest" in wrong.stderr
+
+
+def test_a_passing_demo_report_fits_one_screen_and_a_failing_one_reads_failures_first(demo_run):
+    from kvpreflight.formats.table import TableFormat
+    from kvpreflight.model import Report
+
+    _, passing, _, _ = demo_run()
+    screen = TableFormat(color=False, width=120).render(Report.from_dict(passing))
+    assert len(screen.splitlines()) <= 50, screen
+    _, failing, _, _ = demo_run("--incident")
+    table = TableFormat(color=False, width=120).render(Report.from_dict(failing))
+    checks_block = table.split("\nChecks (", 1)[1].split("\n\n", 1)[0]
+    statuses_in_order = [line.split()[0] for line in checks_block.splitlines()
+                         if line.split()[:1] and line.split()[0] in ("FAIL", "INCONCLUSIVE", "WARN", "SKIP", "PASS")]
+    assert statuses_in_order[0] == "FAIL" and "PASS" in statuses_in_order
+    assert statuses_in_order.index("PASS") > max(i for i, s in enumerate(statuses_in_order) if s == "FAIL")
+
+
+def test_the_printed_verify_command_accepts_the_record_it_names(demo_run):
+    code, _, err, folder = demo_run()
+    assert code == 0, err[-1500:]
+    (line,) = [line for line in err.splitlines() if "verify the record: " in line]
+    command = line.split("verify the record: ", 1)[1].split()  # the whole command, as a user copies it
+    assert command[:2] == ["kvpreflight", "verify"] and str(folder / "record.json") in command
+    proc = subprocess.run([sys.executable, "-m", "kvpreflight", *command[1:]], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr

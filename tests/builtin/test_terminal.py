@@ -85,7 +85,8 @@ def test_in_a_ci_log_progress_is_one_plain_line_per_step() -> None:
     with fake_engine(DIALECTS["sglang"]) as url:
         proc = run("check", "--endpoint", url, "--timeout", "2", env={})
     assert "\x1b" not in proc.stderr + proc.stdout
-    probes = [line for line in proc.stderr.splitlines() if line.startswith("kvpreflight: probe ")]
+    # each line says when its step began: "kvpreflight: [1.2 s] probe boundary-accept: ..."
+    probes = [line for line in proc.stderr.splitlines() if re.match(r"kvpreflight: \[\d+\.\d s\] probe ", line)]
     assert len(probes) == len(set(probes)) >= 5
 
 

@@ -72,3 +72,16 @@ def _stdin(text: str) -> Iterator[None]:
         yield
     finally:
         sys.stdin = saved
+
+
+def command_paths() -> list[tuple[str, ...]]:
+    """Every command and subcommand of the app, as the words that name it (() is the root)."""
+    import typer
+
+    from kvpreflight.cli import app
+
+    def walk(command: object, path: tuple[str, ...]) -> list[tuple[str, ...]]:
+        subs = getattr(command, "commands", {})  # a group (typer may bring its own click)
+        return [path] + [p for name, sub in subs.items() for p in walk(sub, (*path, name))]
+
+    return walk(typer.main.get_command(app), ())

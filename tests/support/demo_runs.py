@@ -18,7 +18,7 @@ def run_demo(tmp_path: Path, router: str, *args: str) -> tuple[int, dict, str]:
     tag = uuid.uuid4().hex
     out = tmp_path / "report.json"
     proc = subprocess.run([sys.executable, "-m", "kvpreflight", "demo", "--router", router, "--format", "json",
-                           "--output", str(out), "--record", str(tmp_path / "record.json"), *args],
+                           "--output", str(out), "--record", str(tmp_path / "record.json"), "--out", str(tmp_path / "out"), *args],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "KVPREFLIGHT_TEST_TAG": tag})
     assert processes_tagged(tag) == set(), "processes left behind"
     return proc.returncode, json.loads(out.read_text()) if out.exists() else {}, proc.stderr

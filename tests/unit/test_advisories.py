@@ -286,3 +286,13 @@ def test_review_reads_the_users_advisories_and_refuses_a_malformed_file(tmp_path
     (mine / "acme.yaml").write_text(GOOD.replace("engine: sglang", "engine: sgl"))
     with pytest.raises(ConfigError, match=r"acme\.yaml: advisory ACME-0001: field 'engine'"):
         review([path], ReviewInputs(model_dir=MODELS, gpu="H100 80GB", context_length=None), advisory_dirs=[mine])
+
+
+@pytest.mark.parametrize("columns", [80, 120])
+def test_advisories_list_fits_the_terminal_and_lists_every_advisory(columns):
+    everything = run_cli("advisories", "list", "--format", "json")
+    ids = [a["id"] for a in json.loads(everything.stdout)]
+    r = invoke("advisories", "list", cwd=ROOT, env={"COLUMNS": str(columns)})
+    assert r.returncode == 0, r.stderr
+    assert max(len(line) for line in r.stdout.splitlines()) <= columns
+    assert all(i in r.stdout for i in ids) and f"{len(ids)} advisories" in r.stdout

@@ -155,3 +155,11 @@ def test_entry_alone_whose_router_lists_no_workers_is_a_usage_error_naming_endpo
 def test_neither_endpoint_nor_entry_names_both():
     proc = run("check")
     assert_one_line_error(proc, 2, "no --endpoint given", "--entry ROUTER")
+
+
+def test_a_wrong_engine_kind_names_the_engine_that_answered():
+    with static_server(sglang_routes()) as url:
+        proc = run("check", "--endpoint", url, "--engine", "vllm", "--capacity-only", "--format", "json")
+    assert proc.returncode == 3
+    (result,) = report_of(proc)["checks"]
+    assert "it answers as sglang, not vllm: pass --engine sglang or drop --engine" in result["message"], result["message"]

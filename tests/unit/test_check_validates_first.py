@@ -119,3 +119,22 @@ def test_client_certificate_problems_are_found_before_any_request(args: list[str
         seen = list(static_server.seen)  # type: ignore[attr-defined]
     assert_refused_early(proc, *fragments)
     assert seen == [] and "/nonexistent/client.pem" not in proc.stderr
+
+
+def test_ctrl_c_says_what_it_stopped_and_exits_130(monkeypatch) -> None:
+    import kvpreflight.preflight
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(kvpreflight.preflight, "run", interrupted)
+    result = invoke("check", "--endpoint", "http://127.0.0.1:9")
+    assert result.returncode == 130, result.stderr
+    (line,) = [line for line in result.stderr.splitlines() if line.startswith("kvpreflight: error:")]
+    assert "interrupted (Ctrl-C)" in line and "every engine it started has been stopped" in line
+    assert "Traceback" not in result.stderr
+
+
+def test_keep_without_boot_is_a_usage_error() -> None:
+    result = invoke("check", "--endpoint", "http://127.0.0.1:9", "--keep")
+    assert result.returncode == 2 and "--keep only makes sense with --boot SPEC.yaml" in result.stderr

@@ -129,6 +129,7 @@ def test_served_truncated_hung_or_5xx_over_capacity_requests_fail(completion, fr
     probes = run(*good_probes(**{"over-context": completion}))
     (r,) = check("overcapacity-rejected", CheckContext((snap(),), T, probes=probes, entry=PREFILL))
     assert r.status is Status.FAIL and fragment in r.message
+    assert "fix: the engine must refuse a prompt over its pool or context before prefill" in r.message  # said with it
 
 
 def test_placeholder_answer_200_with_one_prompt_token_is_truncation():

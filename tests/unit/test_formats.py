@@ -79,6 +79,8 @@ WARN_FILE = CheckResult(
     {"file": "deploy/sglang, prod:v2.yaml", "line": 12},
 )
 SKIP = CheckResult("gpu.memory", Status.SKIP, "no NVIDIA driver on this host")
+WAIVED = CheckResult("tenant.isolation", Status.SKIP, "waived: staging (found: warn: x)", DECODE,
+                     {"waiver": "staging", "status_before_waiver": "warn"})
 MIXED = report(PASS, FAIL, INCONCLUSIVE, WARN_FILE, SKIP, waivers=(Waiver("gpu.memory", "CPU-only runner"),))
 
 
@@ -96,11 +98,15 @@ def last_line(text: str) -> str:
 @pytest.mark.parametrize(
     "checks, expected",
     [
-        ((PASS,), "PASS"),
-        ((PASS, WARN_FILE), "PASS: 1 warn (review.auto_truncate)"),
-        ((PASS, FAIL, INCONCLUSIVE), f"FAIL (exit 1): 1 failed: reject.over_capacity {PREFILL}"),
-        ((PASS, INCONCLUSIVE), f"INCONCLUSIVE (exit 3): nothing proved safe: could not measure tenant.isolation {DECODE}"),
-        ((), "INCONCLUSIVE (exit 3): nothing proved safe: no checks ran"),
+        ((PASS,), "PASS - 0 fail, 0 inconclusive, 0 warn, 0 skip, 1 pass; 0 waived"),
+        ((PASS, WARN_FILE), "PASS: 1 warn (review.auto_truncate) - 0 fail, 0 inconclusive, 1 warn, 0 skip, 1 pass; 0 waived"),
+        ((PASS, FAIL, INCONCLUSIVE), f"FAIL (exit 1): 1 failed: reject.over_capacity {PREFILL}"
+                                     " - 1 fail, 1 inconclusive, 0 warn, 0 skip, 1 pass; 0 waived"),
+        ((PASS, INCONCLUSIVE), f"INCONCLUSIVE (exit 3): nothing proved safe: could not measure tenant.isolation {DECODE}"
+                               " - 0 fail, 1 inconclusive, 0 warn, 0 skip, 1 pass; 0 waived"),
+        ((), "INCONCLUSIVE (exit 3): nothing proved safe: no checks ran - 0 fail, 0 inconclusive, 0 warn, 0 skip, 0 pass; 0 waived"),
+        # Skips and waivers are counted: a --capacity-only run does not read like a full pass.
+        ((PASS, SKIP, WAIVED), "PASS - 0 fail, 0 inconclusive, 0 warn, 2 skip, 1 pass; 1 waived"),
     ],
 )
 def test_table_ends_with_one_verdict_line_naming_the_exit_code(checks, expected):
@@ -289,7 +295,8 @@ def test_github_commands_escape_message_and_properties():
         "::warning file=deploy/sglang%2C prod%3Av2.yaml,line=12,title=review.auto_truncate::"
         "allow_auto_truncate: true lets over-long prompts through"
     )
-    assert lines[2] == f"INCONCLUSIVE (exit 3): nothing proved safe: could not measure tenant.isolation {DECODE}"
+    assert lines[2] == f"INCONCLUSIVE (exit 3): nothing proved safe: could not measure tenant.isolation {DECODE}"\
+        " - 0 fail, 1 inconclusive, 1 warn, 1 skip, 1 pass; 0 waived"
     assert len(lines) == 3  # pass and skip are not annotated
 
 
@@ -309,7 +316,7 @@ def test_github_no_checks_is_still_a_warning():
 
 def test_markdown_summary_headline_tables_and_escaping():
     out = MarkdownFormat().render(MIXED)
-    assert out.startswith(f"## ❌ kvpreflight: FAIL (exit 1): 1 failed: reject.over\\_capacity {PREFILL}\n")
+    assert out.startswith(f"## ❌ kvpreflight: FAIL (exit 1): 1 failed: reject.over\\_capacity {PREFILL} - 1 fail, 1 inconclusive, 1 warn, 1 skip, 1 pass; 0 waived\n")
     tables = [line for line in out.splitlines() if line.startswith("|")]
     checks_header = "| status | check | endpoint | message |"
     assert checks_header in tables
@@ -394,12 +401,12 @@ def test_write_report_replaces_and_table_file_has_no_colour(tmp_path):
     write_report(MIXED, "table", target)
     text = target.read_text(encoding="utf-8")
     assert "\x1b[" not in text and "old contents" not in text
-    assert last_line(text) == f"FAIL (exit 1): 1 failed: reject.over_capacity {PREFILL}"
+    assert last_line(text) == f"FAIL (exit 1): 1 failed: reject.over_capacity {PREFILL} - 1 fail, 1 inconclusive, 1 warn, 1 skip, 1 pass; 0 waived"
 
 
 def test_write_report_to_stdout(capsys):
     write_report(report(PASS), "github", None)
-    assert capsys.readouterr().out == "PASS\n"
+    assert capsys.readouterr().out == "PASS - 0 fail, 0 inconclusive, 0 warn, 0 skip, 1 pass; 0 waived\n"
 
 
 def test_write_report_unwritable_target_is_a_clear_error(tmp_path):
@@ -450,7 +457,7 @@ def test_table_on_a_colour_terminal_keeps_one_row_per_result_and_wraps_a_message
     header = _common.strip_colour(out).split("Checks (")[1].splitlines()[1]
     message_column = header.index("message")
     starts = [line for line in rows if not line.startswith(" ")]
-    assert [line.split()[0] for line in starts] == ["PASS", "FAIL", "FAIL", "INCONCLUSIVE", "WARN"]  # one row each
+    assert [line.split()[0] for line in starts] == ["FAIL", "FAIL", "INCONCLUSIVE", "WARN", "PASS"]  # one row each, failures first
     for line in rows:
         if line.startswith(" "):  # a continuation: only the message (or endpoint) column has text
             assert line[:header.index("endpoint")].strip() == "", line
@@ -463,5 +470,43 @@ def test_table_below_60_columns_stacks_each_check_and_fits():
     out = TableFormat(color=True, width=50).render(report(PASS, FAIL))
     assert max(_common.visible_len(line) for line in out.splitlines()) <= 50
     rows = _common.strip_colour(out).split("Checks (")[1].split("\n\n")[0].splitlines()[1:]
-    assert rows[0].split() == ["PASS", PASS.id] and rows[1] == f"    {PASS.endpoint}"
-    assert [line.split()[0] for line in rows if not line.startswith(" ")] == ["PASS", "FAIL"]
+    assert rows[0].split() == ["FAIL", FAIL.id] and rows[1] == f"    {FAIL.endpoint}"
+    assert [line.split()[0] for line in rows if not line.startswith(" ")] == ["FAIL", "PASS"]
+
+# ---------------------------------------------------------------- reading order (issue 30)
+
+
+def _status_column(text: str) -> list[str]:
+    rows = text.split("Checks (", 1)[1].split("\n\n", 1)[0].splitlines()[3:]
+    return [row.split()[0] for row in rows if row and not row.startswith(" ")]
+
+
+def test_table_lists_failures_then_inconclusives_warnings_skips_and_passes_last():
+    out = plain_table(report(PASS, SKIP, WARN_FILE, INCONCLUSIVE, FAIL))
+    assert _status_column(out) == ["FAIL", "INCONCLUSIVE", "WARN", "SKIP", "PASS"]
+
+
+def test_quiet_table_leaves_passes_out_but_counts_them():
+    out = plain_table(report(PASS, FAIL), quiet=True)
+    assert _status_column(out) == ["FAIL"]
+    assert "pool holds the served context twice" not in out
+    assert last_line(out).endswith("1 fail, 0 inconclusive, 0 warn, 0 skip, 1 pass; 0 waived")
+    only_passes = plain_table(report(PASS), quiet=True)
+    assert "every check passed" in only_passes and "pool holds" not in only_passes
+
+
+def test_the_same_finding_on_several_checks_and_engines_is_one_row_naming_them_all():
+    same = "no --entry: the probes need the client-facing URL"
+    checks = [CheckResult(cid, Status.INCONCLUSIVE, same, url) for cid in ("tenant.isolation", "prompt.integrity")
+              for url in (PREFILL, DECODE)]
+    out = plain_table(report(*checks))
+    assert out.count(same) == 1
+    row = next(line for line in out.splitlines() if same in line)
+    assert "tenant.isolation, prompt.integrity" in row and f"{PREFILL}, {DECODE}" in row
+
+
+def test_json_report_has_a_summary_of_every_status_and_the_waivers_beside_the_old_keys():
+    data = json.loads(get_format("json").render(report(PASS, FAIL, SKIP, WAIVED)))
+    assert data["summary"] == {"total": 4, "pass": 1, "fail": 1, "warn": 0, "skip": 2, "inconclusive": 0, "waived": 1}
+    assert {"schema_version", "verdict", "exit_code", "engines", "checks", "waivers", "cost"} <= set(data)
+    assert Report.from_dict(data).checks == report(PASS, FAIL, SKIP, WAIVED).checks

@@ -64,5 +64,5 @@ def test_cli_choices_come_from_the_registries():
 
     shipped = [name for name in ENGINES if name != "fake"]  # `fake`: the unit tier's own (tests/unit/conftest.py)
     assert set(shipped) == {k.value for k in EngineKind} == set(ENGINE_KINDS) - {"auto"}
-    assert ENGINE_HELP.split("|") == ["auto", *shipped]
-    assert FORMAT_HELP.split("|") == list(FORMATS)
+    assert ENGINE_HELP.split(", ") == ["auto", *shipped]
+    assert FORMAT_HELP.split(", ") == list(FORMATS)

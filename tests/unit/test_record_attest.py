@@ -46,9 +46,9 @@ WAIVED = CheckResult("tenant-isolation", Status.SKIP, "waived: shared pool (foun
     ((PASS, REJECTED, replace(ISOLATED, status=Status.WARN)), (), "WARNED",
      {"warnedTests": ["tenant-isolation"], "failedTests": []}),
     ((PASS, replace(REJECTED, status=Status.SKIP, message="--capacity-only")), (), "WARNED",
-     {"warnedTests": ["overcapacity-rejected"], "failedTests": []}),
+     {"warnedTests": ["overcapacity-rejected [skipped]"], "failedTests": []}),
     ((PASS, REJECTED, WAIVED), (Waiver("tenant-isolation", "shared pool"),), "WARNED",
-     {"passedTests": ["kv-capacity (http://prefill-0:30000)", "overcapacity-rejected"], "warnedTests": ["tenant-isolation"]}),
+     {"passedTests": ["kv-capacity (http://prefill-0:30000)", "overcapacity-rejected"], "warnedTests": ["tenant-isolation [waived]"]}),
     ((PASS, replace(REJECTED, status=Status.FAIL), replace(ISOLATED, status=Status.WARN)), (), "FAILED",
      {"failedTests": ["overcapacity-rejected"], "warnedTests": ["tenant-isolation"]}),
     ((PASS, REJECTED, replace(ISOLATED, status=Status.INCONCLUSIVE)), (), "FAILED",
@@ -128,7 +128,7 @@ def test_a_warned_test_result_with_a_waived_required_check_is_refused_even_with_
     _, tested = _publish(tmp_path, with_checks(PASS, REJECTED, WAIVED, waivers=(Waiver("tenant-isolation", "shared pool"),)), private)
     refused = run_cli("verify", tested, "--key", public, "--subject", SUBJECT, "--allow-warned")
     assert refused.returncode == 1
-    assert "required check tenant-isolation did not pass in the Test Result (tenant-isolation)" in refused.stderr
+    assert "required check tenant-isolation did not pass in the Test Result (tenant-isolation [waived])" in refused.stderr
     assert run_cli("verify", tested, "--key", public, "--subject", SUBJECT, "--allow-warned", "--require", "kv-capacity").returncode == 0
 
 
@@ -223,3 +223,19 @@ def test_our_record_is_still_refused_by_the_record_only_api(tmp_path):
     _, tested = _publish(tmp_path, with_checks(PASS, REJECTED, ISOLATED), private)
     with pytest.raises(RecordError, match="not a kvpreflight release record"):
         verify_envelope(read_record(tested), load_public_key(public), Policy(subjects=(APP,)))
+
+
+def test_allow_warned_accepts_the_test_result_of_a_run_whose_record_verify_accepts(tmp_path):
+    # A required check that warned decided: the record passes verify, and so must its Test Result
+    # with --allow-warned; a skipped one decided nothing and is refused by both.
+    _, private, public = make_keys(tmp_path / "k")
+    warned = with_checks(PASS, REJECTED, replace(ISOLATED, status=Status.WARN, message="cancel-transfer unconfirmed"))
+    record, tested = _publish(tmp_path, warned, private)
+    assert run_cli("verify", record, "--key", public, "--subject", SUBJECT).returncode == 0
+    ok = run_cli("verify", tested, "--key", public, "--subject", SUBJECT, "--allow-warned")
+    assert ok.returncode == 0, ok.stderr
+    skipped = with_checks(PASS, REJECTED, replace(ISOLATED, status=Status.SKIP, message="--capacity-only"))
+    record, tested = _publish(tmp_path / "skipped", skipped, private)
+    assert run_cli("verify", record, "--key", public, "--subject", SUBJECT).returncode == 1
+    refused = run_cli("verify", tested, "--key", public, "--subject", SUBJECT, "--allow-warned")
+    assert refused.returncode == 1 and "tenant-isolation [skipped]" in refused.stderr

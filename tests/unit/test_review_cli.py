@@ -125,3 +125,24 @@ def test_a_model_config_with_an_invalid_size_is_a_configuration_error_naming_the
     assert r.returncode == 2 and r.stdout == "", (r.returncode, r.stdout[-300:])
     (line,) = r.stderr.strip().splitlines()
     assert f"'{key}'" in line and "positive integer" in line and "Traceback" not in r.stderr
+
+
+def test_a_multi_file_review_reports_each_file_and_goes_on_past_one_it_cannot_estimate():
+    # vllm-single.yaml names no GPU: inconclusive for that launch, and the incident still fails
+    r = run(INCIDENT, "examples/specs/vllm-single.yaml", "examples/specs/builtin-pd.yaml",
+            "--model-dir", "examples/review/models/DeepSeek-V3")
+    assert r.returncode == 1, r.stderr
+    rows = {line.split()[2]: line.split()[0] for line in r.stdout.splitlines()
+            if line.split()[:1] and line.split()[0] in ("FAIL", "INCONCLUSIVE", "PASS") and "kv-capacity-estimate" in line}
+    assert rows[f"{INCIDENT}:27"] == "FAIL"
+    assert rows["examples/specs/vllm-single.yaml:20"] == "INCONCLUSIVE"
+    assert any(k.startswith("examples/specs/builtin-pd.yaml:") and v == "PASS" for k, v in rows.items()), rows
+    header = next(line for line in r.stdout.splitlines() if line.startswith("status"))
+    assert header.split()[:3] == ["status", "check", "file"]
+    assert "no GPU for this vllm engine; pass --gpu NAME" in r.stdout
+
+
+def test_the_readme_review_example_runs_from_a_fresh_clone():
+    # the README's example and its model folder ship in examples/ (no path under tests/)
+    r = run("examples/review/incident-pd-lws.yaml", "--model-dir", "examples/review/models/DeepSeek-V3")
+    assert r.returncode == 1 and "0.65x" in r.stdout, r.stdout[-800:] + r.stderr

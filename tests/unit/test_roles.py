@@ -131,5 +131,5 @@ def test_role_source_travels_through_json_and_the_table() -> None:
     assert Report.from_dict(json.loads(json.dumps(data))).engines[0].role_source is RoleSource.ROUTER
     del data["engines"][0]["role_source"]  # a report written before roles were inferred
     assert Report.from_dict(data).engines[0].role_source is RoleSource.ASSUMED
-    assert "prefill (listed by the router)" in get_format("table").render(report)
-    assert "prefill (listed by the router)" in get_format("markdown").render(report)
+    assert "prefill (router: the router lists it)" in get_format("table").render(report)
+    assert "prefill (router: the router lists it)" in get_format("markdown").render(report)

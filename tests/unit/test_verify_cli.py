@@ -258,6 +258,17 @@ def test_check_refuses_a_waiver_expiry_that_is_not_a_day(until, expected):
     assert_bad_input(result, expected)
 
 
+@pytest.mark.parametrize(("days", "refused"), [(-1, True), (0, False)])
+def test_check_refuses_an_expired_waiver_at_once_instead_of_a_record_verify_refuses(days, refused):
+    until = (datetime.now(UTC).date() + timedelta(days=days)).isoformat()
+    result = run_cli("check", "--endpoint", "http://127.0.0.1:9", "--skip", "tenant-isolation", "--reason", "staging",
+                     "--until", until)
+    if refused:  # exit 2 before any engine is contacted (port 9 would make it 3)
+        assert_bad_input(result, f"the waiver of tenant-isolation expired on {until} (staging)")
+    else:  # the waiver holds through its last day: the run goes on and finds no engine
+        assert result.returncode == 3, result.stderr
+
+
 @pytest.mark.parametrize(("flags", "refusal"), [
     (("--expect-model", "tiny-llama"), None),
     (("--expect-engine-version", "0.4.9"), None),

@@ -1,0 +1,40 @@
+"""The README as a test reads it: its quickstart sample output, and the flags it names."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+README = Path(__file__).parents[2] / "README.md"
+SAMPLE_MARK = "<!-- sample-output:"
+STATUSES = ("FAIL", "INCONCLUSIVE", "WARN", "SKIP", "PASS")
+
+
+def sample_output(text: str | None = None) -> str:
+    """The text block right after the sample-output marker."""
+    text = README.read_text(encoding="utf-8") if text is None else text
+    after = text.split(SAMPLE_MARK, 1)[1]
+    return after.split("```text\n", 1)[1].split("\n```", 1)[0]
+
+
+def check_rows(report: str) -> list[tuple[str, str]]:
+    """(STATUS, check id) per row of a table report, in the order printed."""
+    rows = []
+    for line in report.splitlines():
+        words = line.split()
+        if len(words) >= 2 and words[0] in STATUSES and not line.startswith(" "):
+            rows.append((words[0], words[1]))
+    return rows
+
+
+def verdict_line(report: str, url: str) -> str:
+    """The last paragraph (the verdict line, however it wrapped), with the engine URL as URL."""
+    last = report.strip().split("\n\n")[-1]
+    return " ".join(last.split()).replace(url, "URL")
+
+
+def flags_named(text: str | None = None) -> set[str]:
+    """Every --flag the README names in code (a block or `inline`)."""
+    text = README.read_text(encoding="utf-8") if text is None else text
+    code = "\n".join(re.findall(r"```[a-z]*\n(.*?)```", text, flags=re.S) + re.findall(r"`([^`\n]+)`", text))
+    return set(re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", code))
