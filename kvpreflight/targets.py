@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 from kvpreflight.errors import ConfigError
 from kvpreflight.model import Role, Waiver
+from kvpreflight.redact import cut
 
 
 @dataclass(frozen=True)
@@ -167,7 +168,7 @@ def waiver_expiry(text: str) -> str:
 
 
 def _bad_day(text: str) -> str:
-    raise ConfigError(f"{text[:40]!r} is not a day; give the waiver's last day as YYYY-MM-DD")
+    raise ConfigError(f"{cut(text, 40)!r} is not a day; give the waiver's last day as YYYY-MM-DD")
 
 
 def positive(value: float | int | None) -> None:

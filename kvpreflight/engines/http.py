@@ -32,6 +32,7 @@ import urllib3
 
 from kvpreflight.engines.deadline import Deadline, DeadlineAdapter, EngineTimeout, current_request
 from kvpreflight.engines.errors import EngineConfigError, EngineError
+from kvpreflight.redact import cut
 
 MiB = 1 << 20
 
@@ -415,4 +416,4 @@ def _reason(exc: Exception) -> str:
     if isinstance(inner, ConnectionError) and inner.strerror:  # "Connection reset by peer", not its repr
         return inner.strerror
     text = re.sub(r"\s*\(_ssl\.c:\d+\)", "", str(inner))
-    return " ".join(text.split())[:200]
+    return cut(" ".join(text.split()), 200)

@@ -24,6 +24,7 @@ from typing import Any
 
 from kvpreflight.fleet.inventory import AttachTarget, Deployment
 from kvpreflight.model import Report, Status, exit_code_of
+from kvpreflight.redact import cut
 
 STOP_GRACE_S = 30.0  # after a deadline: time a worker gets to stop its engines before SIGKILL
 PARENT_ENV = "KVPREFLIGHT_FLEET_PARENT"
@@ -168,4 +169,4 @@ def _last_line(path: Path) -> str:
         lines = []
     errors = [line for line in lines if line.startswith("kvpreflight: error:")]
     line = (errors or lines or ["the worker wrote nothing"])[-1]
-    return line.removeprefix("kvpreflight: error: ")[:400]
+    return cut(line.removeprefix("kvpreflight: error: "), 400)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvpreflight.redact import cut
 from kvpreflight.review.interface import ReviewError
 
 DTYPE_BYTES = {
@@ -158,7 +159,7 @@ def _weights(config_path: Path, raw: dict[str, Any], cfg: dict[str, Any], dtype_
         except (OSError, ValueError, KeyError, TypeError, RecursionError):
             raise ReviewError(f"{index}: no metadata.total_size; fix the file or remove it to estimate from config.json") from None
         if isinstance(total, bool) or not isinstance(total, int) or total <= 0:
-            raise ReviewError(f"{index}: metadata.total_size is {str(total)[:40]!r}, not a positive number of bytes; "
+            raise ReviewError(f"{index}: metadata.total_size is {cut(str(total), 40)!r}, not a positive number of bytes; "
                               "fix the file or remove it to estimate from config.json")
         return total, f"{index.name} metadata.total_size"
     try:
@@ -183,7 +184,7 @@ def parameter_count(cfg: dict[str, Any]) -> int:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ReviewError(f"'{key}' is {str(value)[:40]!r}, not a whole number; fix the model config")
+                raise ReviewError(f"'{key}' is {cut(str(value), 40)!r}, not a whole number; fix the model config")
             if value > 0:
                 return value
         if default is None:
