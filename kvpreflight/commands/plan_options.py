@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvpreflight.errors import ConfigError, naming
+from kvpreflight.files import FileKind, check_file
 from kvpreflight.plan import CheckPlan, OutputPlan
 
 # Two samples of 7 can differ at best with a Kolmogorov-Smirnov p of 2/C(14,7) = 0.00058 (8: 0.00016);
@@ -73,8 +74,9 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
     if args.timing_samples is not None and not MIN_TIMING_SAMPLES <= args.timing_samples <= MAX_TIMING_SAMPLES:
         raise ConfigError(f"--timing-samples {args.timing_samples}: give {MIN_TIMING_SAMPLES} to {MAX_TIMING_SAMPLES} (fewer "
                           "samples can never reach the audit's p < 0.001)")
-    if args.ca_bundle is not None and not args.ca_bundle.is_file():
-        raise ConfigError(f"--ca-bundle {args.ca_bundle}: no such file")
+    if args.ca_bundle is not None:
+        with naming("--ca-bundle"):
+            check_file(args.ca_bundle, FileKind.CERTIFICATE)
     if args.client_key is not None and args.client_cert is None:
         raise ConfigError("--client-key needs --client-cert (the certificate it belongs to)")
     if args.client_cert is not None:
@@ -91,6 +93,7 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
             # Without --endpoint the router names the engines: any URL may be one of them.
             known = [*(e.url for e in endpoints), *([entry] if entry else [])] if endpoints else None
             url, path = t.parse_log(text, known)
+            check_file(path, FileKind.LOG, whole=False)  # read at the first snapshot: refuse a pipe now
             logs[url] = path
     headers: dict[str, str] = {}
     secrets: set[str] = set()

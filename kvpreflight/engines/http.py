@@ -347,11 +347,8 @@ def _check_cert_file(flag: str, path: str) -> None:
         raise EngineConfigError(f"{flag}: not a regular file; give a PEM file")
     if info.st_size > _CERT_FILE_MAX_BYTES:
         raise EngineConfigError(f"{flag}: {_size(info.st_size)}, too large for a PEM certificate or key")
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError as exc:
-        raise EngineConfigError(f"{flag}: cannot read the file ({(exc.strerror or 'unreadable').lower()})") from None
+    if not os.access(path, os.R_OK):
+        raise EngineConfigError(f"{flag}: cannot read the file (permission denied)")
 
 
 class _EncryptedKey(Exception):

@@ -7,7 +7,6 @@ refusal names the condition that failed (exit 1); bad input is exit 2.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -17,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from kvpreflight.files import FileKind, sha256_of
 from kvpreflight.model import Status
 from kvpreflight.record.attest import TEST_RESULT_PREDICATE_TYPE, VERIFIER_ID, VSA_PREDICATE_TYPE, TestOutcome, level_of, named_check
 from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, Envelope
@@ -391,7 +391,7 @@ def verify_deep(record: VerifiedRecord, directory: Path, key: PublicKey, policy:
         if os.path.basename(name) != name or not path.is_file():
             problems.append(f"{name}: not found in {directory}")
             continue
-        actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        actual = sha256_of(path, FileKind.RECORD, RecordError)
         if actual != digest:
             problems.append(f"{name}: sha256 {actual[:16]}… is not the {digest[:16]}… the fleet record names (changed after signing)")
             continue
