@@ -197,7 +197,7 @@ class DemoRun:
 
 
 def run_demo(deployment: BuiltinDeployment, output: OutputPlan, *, log_dir: Path | None = None,
-             sign_key: str | None = None, record_path: Path | None = None,
+             sign_key: str | None = None, allow_insecure_key: bool = False, record_path: Path | None = None,
              command_line: Sequence[str] = ("kvpreflight", "demo")) -> DemoRun:
     """Boot the deployment, check it through its router, publish the report and a signed record
     (to `record_path`, default a new folder; signed with a fresh key unless `sign_key` is given),
@@ -218,7 +218,7 @@ def run_demo(deployment: BuiltinDeployment, output: OutputPlan, *, log_dir: Path
         sign_key = str(key_path)
     # The demo's logs and spec are the record's subjects.
     record = preflight.prepare_record(record_path, sign_key=sign_key, subjects=(), unsigned=False,
-                                      command_line=command_line, reads_files=True)
+                                      command_line=command_line, reads_files=True, allow_insecure_key=allow_insecure_key)
     output = replace(output, record=record)
     tenant_marker = new_marker("TENANT")
     plan = CheckPlan(targets=(), known_markers=frozenset({tenant_marker}) if deployment.incident else frozenset())

@@ -234,6 +234,29 @@ def append_text(path: str | os.PathLike[str], text: str) -> None:
         handle.write(text)
 
 
+def check_writable(path: str | os.PathLike[str], what: str, error: type[KvpreflightError] = ConfigError) -> None:
+    """Before anything runs: `path` (a report, a record) can be written where `write_atomic` puts
+    it: not a folder, and its nearest existing folder takes a new file. `what` names the option."""
+    target = Path(os.path.abspath(path))
+    if target.is_dir():
+        raise error(f"{what} {path}: is a folder; give a file name")
+    existing = target.parent
+    while not os.path.lexists(existing) and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise error(f"{what} {path}: {existing} is not a folder; choose a writable path")
+    try:
+        if existing == target.parent:
+            fd, probe = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=existing)
+            os.close(fd)
+            os.unlink(probe)
+        elif not os.access(existing, os.W_OK | os.X_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
+    except OSError as exc:
+        raise error(f"{what} {path}: cannot be written ({(exc.strerror or str(exc)).lower()} in {existing}); "
+                    "choose a writable path") from None
+
+
 def check_writable_folder(folder: str | os.PathLike[str]) -> None:
     """`folder` exists (created if need be) and a file can be created in it. Raises OSError."""
     os.makedirs(folder, exist_ok=True)

@@ -125,14 +125,15 @@ def booted_plan(plan: CheckPlan, spec: DeploymentSpec, deployment: BootedDeploym
 
 def prepare_record(path: Path, *, sign_key: str | None, subjects: Sequence[str], unsigned: bool,
                    command_line: Sequence[str], reads_files: bool, test_result: Path | None = None,
-                   advisory_dirs: Sequence[Path] = (), spec: Path | None = None) -> RecordPlan:
+                   advisory_dirs: Sequence[Path] = (), spec: Path | None = None,
+                   allow_insecure_key: bool = False) -> RecordPlan:
     """Everything a record needs, checked before any engine is contacted: the key loads, every
     subject parses, and the record will have at least one subject (`reads_files`: the run reads a
     log or spec file, whose digest becomes a subject). With `test_result`, the Test Result's
     configuration: kvpreflight's thresholds and advisories, `advisory_dirs`' files and `spec`."""
     from kvpreflight.record import parse_subjects, prepare_signer
 
-    signer = prepare_signer(sign_key, unsigned=unsigned)
+    signer = prepare_signer(sign_key, unsigned=unsigned, allow_insecure_key=allow_insecure_key)
     parsed = tuple(parse_subjects(subjects))
     if not parsed and not reads_files:
         raise ConfigError("a record needs at least one subject: pass --subject NAME=sha256:HEX "

@@ -67,6 +67,7 @@ def register(app: typer.Typer) -> None:
         advisories: list[Path] | None = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files. Repeatable."),
         record: Path | None = typer.Option(None, "--record", help="Write a signed release record (DSSE, in-toto) of this run here, pass or fail."),
         sign_key: str | None = typer.Option(None, "--sign-key", help="Private key file for --record (or set KVPREFLIGHT_SIGN_KEY to its path)."),
+        allow_insecure_key: bool = typer.Option(False, "--allow-insecure-key", help="Sign with a private key that others can read (by default refused, as ssh refuses one: chmod 600 it)."),
         subject: list[str] | None = typer.Option(None, "--subject", help="NAME=sha256:HEX the record is about (image, config, model revision). Repeatable."),
         unsigned: bool = typer.Option(False, "--unsigned", help="Write the record unsigned (verify will refuse it)."),
         test_result: Path | None = typer.Option(None, "--test-result", help="With --record: also write an in-toto Test Result (DSSE, same key and subjects) here."),
@@ -107,7 +108,8 @@ def register(app: typer.Typer) -> None:
             return
         out = build_output(fmt=fmt, output=output, record=record, sign_key=sign_key, subjects=tuple(subject or ()),
                            unsigned=unsigned, command_line=tuple(sys.argv), reads_files=bool(plan.logs) or spec is not None,
-                           test_result=test_result, advisory_dirs=plan.advisory_dirs, spec=boot)
+                           test_result=test_result, advisory_dirs=plan.advisory_dirs, spec=boot,
+                           allow_insecure_key=allow_insecure_key)
         preflight.validate(plan)
         from kvpreflight.errors import KvpreflightError
         from kvpreflight.redact import Redactor

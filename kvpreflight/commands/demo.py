@@ -22,6 +22,7 @@ def register(app: typer.Typer) -> None:
         output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
         record: Path | None = typer.Option(None, "--record", help="Where to write the signed record (default: a new folder, printed at the end)."),
         sign_key: str | None = typer.Option(None, "--sign-key", help="Sign with this key instead of a fresh one."),
+        allow_insecure_key: bool = typer.Option(False, "--allow-insecure-key", help="Sign with a private key that others can read (by default refused, as ssh refuses one: chmod 600 it)."),
         log_dir: Path | None = typer.Option(None, "--log-dir", help="Where the engines' logs go (default: beside the record)."),
     ) -> None:
         """Boot a builtin prefill/decode deployment, run the full check through its router, write a signed record.
@@ -48,6 +49,11 @@ def register(app: typer.Typer) -> None:
         # the report file and the record's path come from here.
         out = build_output(fmt=fmt, output=output, record=None, sign_key=None, subjects=(), unsigned=False,
                            command_line=tuple(sys.argv), reads_files=True)
-        run = run_demo(deployment, out, log_dir=log_dir, sign_key=sign_key, record_path=record,
+        if record is not None:
+            from kvpreflight.files import check_writable
+
+            check_writable(record, "--record")
+        run = run_demo(deployment, out, log_dir=log_dir, sign_key=sign_key, allow_insecure_key=allow_insecure_key,
+                       record_path=record,
                        command_line=tuple(sys.argv))
         raise typer.Exit(run.report.exit_code)

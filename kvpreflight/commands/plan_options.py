@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvpreflight.errors import ConfigError, naming
-from kvpreflight.files import FileKind, check_file
+from kvpreflight.files import FileKind, check_file, check_writable
 from kvpreflight.plan import CheckPlan, OutputPlan
 
 # Two samples of 7 can differ at best with a Kolmogorov-Smirnov p of 2/C(14,7) = 0.00058 (8: 0.00016);
@@ -155,18 +155,21 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
 def build_output(*, fmt: str | None, output: Path | None, record: Path | None, sign_key: str | None,
                  subjects: tuple[str, ...], unsigned: bool, command_line: tuple[str, ...],
                  reads_files: bool, test_result: Path | None = None, advisory_dirs: tuple[Path, ...] = (),
-                 spec: Path | None = None) -> OutputPlan:
+                 spec: Path | None = None, allow_insecure_key: bool = False) -> OutputPlan:
     """The report format and file, and the record plan (key loaded, subjects parsed) if asked for."""
     from kvpreflight.formats import FORMATS
     from kvpreflight.preflight import prepare_record
 
     if fmt is not None and fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    for flag, path in (("--output", output), ("--record", record), ("--test-result", test_result)):
+        if path is not None:
+            check_writable(path, flag)
     record_plan = None
     if record is not None:
         record_plan = prepare_record(record, sign_key=sign_key, subjects=subjects, unsigned=unsigned,
                                      command_line=command_line, reads_files=reads_files, test_result=test_result,
-                                     advisory_dirs=advisory_dirs, spec=spec)
+                                     advisory_dirs=advisory_dirs, spec=spec, allow_insecure_key=allow_insecure_key)
     elif sign_key or subjects or unsigned or test_result:
         raise ConfigError("--sign-key, --subject, --unsigned and --test-result only make sense with --record FILE")
     return OutputPlan(format=fmt or "table", path=output, record=record_plan)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpreflight.clock import utc_now
-from kvpreflight.files import FileKind, sha256_of
+from kvpreflight.files import FileKind, check_writable, sha256_of
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.fleet.job import Outcome
 from kvpreflight.fleet.report import FLEET_CHECK_ID, FleetReport, deployment_summary
@@ -41,9 +41,11 @@ def record_name(deployment: str) -> str:
 
 
 def check_record_path(record: Path, deployments: Sequence[str]) -> None:
-    """Before anything runs: the fleet record must not take a deployment record's place."""
+    """Before anything runs: the fleet record must not take a deployment record's place, and it
+    and the deployments' records beside it can be written."""
     if record.name in {record_name(d) for d in deployments}:
         raise FleetError(f"--record {record}: that file name is a deployment's record ({record.name}); choose another, e.g. fleet{RECORD_SUFFIX}")
+    check_writable(record, "--record", FleetError)
 
 
 def _not_measured_statement(outcome: Outcome, report: FleetReport, subjects: list[Subject], command_line: list[str],

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -155,12 +156,17 @@ def resolve_sign_key_path(option: str | os.PathLike[str] | None) -> Path | None:
     return Path(value)
 
 
-def load_signing_key(path: str | os.PathLike[str]) -> SigningKey:
-    """Load a PEM private key (PKCS#8 or traditional). Password only from KVPREFLIGHT_SIGN_KEY_PASSWORD."""
+def load_signing_key(path: str | os.PathLike[str], *, allow_insecure: bool = False) -> SigningKey:
+    """Load a PEM private key (PKCS#8 or traditional). Password only from KVPREFLIGHT_SIGN_KEY_PASSWORD.
+    A key its group or others may read is refused, as ssh refuses one, unless `allow_insecure`."""
     path = Path(path)
     data = read_input(path, FileKind.PRIVATE_KEY, "create one with `kvpreflight keygen --out DIR`")
     if b"PRIVATE KEY" not in data:
         raise RecordError(f"signing key {path} is not a PEM private key; pass the kvpreflight.key file from `kvpreflight keygen`, not the .pub")
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o077 and not allow_insecure:
+        raise RecordError(f"signing key {path} can be read by others (mode {mode:04o}); run `chmod 600 {path}`, "
+                          "or pass --allow-insecure-key to sign with it anyway")
     password = os.environ.get(PASSWORD_ENV)
     try:
         key = serialization.load_pem_private_key(data, password=password.encode() if password else None)

@@ -119,3 +119,42 @@ def test_client_certificate_problems_are_found_before_any_request(args: list[str
         seen = list(static_server.seen)  # type: ignore[attr-defined]
     assert_refused_early(proc, *fragments)
     assert seen == [] and "/nonexistent/client.pem" not in proc.stderr
+
+
+def _unwritable(tmp_path: Path, where: str) -> Path:
+    """A path no report or record can be written to, even by root."""
+    if where == "under a file":
+        (tmp_path / "a-file").write_text("x")
+        return tmp_path / "a-file" / "out.json"
+    if where == "a folder":
+        (tmp_path / "a-folder").mkdir()
+        return tmp_path / "a-folder"
+    return Path("/proc/kvpreflight-out.json")  # a folder that takes no new file
+
+
+@pytest.mark.parametrize("where", ["under a file", "a folder", "in /proc"])
+@pytest.mark.parametrize("flag", ["--output", "--record", "--test-result"])
+def test_an_output_path_that_cannot_be_written_is_refused_before_any_request(tmp_path: Path, keys: Path, flag: str,
+                                                                            where: str) -> None:
+    bad = _unwritable(tmp_path, where)
+    paths = {"--output": tmp_path / "report.json", "--record": tmp_path / "r.dsse.json", "--test-result": tmp_path / "t.json"}
+    paths[flag] = bad
+    with static_server({}) as url:
+        proc = run("check", "--endpoint", url, "--output", str(paths["--output"]), "--record", str(paths["--record"]),
+                   "--test-result", str(paths["--test-result"]), "--sign-key", str(keys), "--subject", "app=sha256:" + "a" * 64)
+        seen = list(static_server.seen)  # type: ignore[attr-defined]
+    assert_refused_early(proc, flag, str(bad))
+    assert seen == [] and not any(p.exists() for p in paths.values() if p != bad)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640])
+def test_a_signing_key_others_can_read_is_refused_before_any_request(tmp_path: Path, keys: Path, mode: int) -> None:
+    key = tmp_path / "shared.key"
+    key.write_bytes(keys.read_bytes())
+    key.chmod(mode)
+    with static_server({}) as url:
+        proc = run("check", "--endpoint", url, "--record", str(tmp_path / "r.json"), "--sign-key", str(key),
+                   "--subject", "app=sha256:" + "a" * 64)
+        seen = list(static_server.seen)  # type: ignore[attr-defined]
+    assert_refused_early(proc, str(key), "chmod 600", "--allow-insecure-key")
+    assert seen == []

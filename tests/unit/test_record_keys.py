@@ -102,3 +102,16 @@ def test_loading_wrong_files_as_signing_key_says_what_is_wrong(tmp_path):
     with pytest.raises(RecordError, match="does not exist; create one with `kvpreflight keygen"):
         load_signing_key(tmp_path / "missing.key")
     assert "PRIVATE" not in repr(load_signing_key(private))
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o660])
+def test_a_signing_key_its_group_or_others_can_read_is_refused_unless_allowed(tmp_path, mode):
+    from kvpreflight.record import generate, load_signing_key, write_keypair
+
+    private, _ = write_keypair(tmp_path / "keys", generate())
+    assert private.stat().st_mode & 0o777 == 0o600  # keygen's key is accepted as written
+    load_signing_key(private)
+    private.chmod(mode)
+    with pytest.raises(RecordError, match=rf"can be read by others \(mode 0{mode:o}\); run `chmod 600 .*--allow-insecure-key"):
+        load_signing_key(private)
+    assert load_signing_key(private, allow_insecure=True).keyid

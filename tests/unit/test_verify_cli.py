@@ -270,3 +270,17 @@ def test_a_record_from_another_model_or_engine_version_is_refused(record, keys, 
         assert result.returncode == 0, result.stderr
     else:
         assert_refused(result, refusal)
+
+
+def test_vsa_refuses_a_world_readable_signing_key_and_an_unwritable_summary_path(tmp_path, record, keys):
+    _, private, public = make_keys(tmp_path / "vsa-keys")
+    base = ("--subject", SUBJECT, "--resource-uri", "oci://registry/app")
+    (tmp_path / "a-file").write_text("x")
+    assert_bad_input(verify(record, keys[1], *base, "--vsa", tmp_path / "a-file" / "vsa.json", "--sign-key", private),
+                     "--vsa", "is not a folder")
+    private.chmod(0o644)
+    assert_bad_input(verify(record, keys[1], *base, "--vsa", tmp_path / "vsa.json", "--sign-key", private),
+                     "chmod 600", "--allow-insecure-key")
+    assert not (tmp_path / "vsa.json").exists()
+    ok = verify(record, keys[1], *base, "--vsa", tmp_path / "vsa.json", "--sign-key", private, "--allow-insecure-key")
+    assert ok.returncode == 0 and (tmp_path / "vsa.json").exists(), ok.stderr
