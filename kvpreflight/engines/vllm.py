@@ -9,7 +9,7 @@ import re
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
-from kvpreflight.engines.interface import Counters, LogSignal, cycle_to, role_of, transfer_time
+from kvpreflight.engines.interface import REQUEST_ID, Counters, LogSignal, cycle_to, log_lines, role_of, transfer_time
 from kvpreflight.engines.openai_completions import OpenAICompletionsMixin
 from kvpreflight.engines.untrusted import json_object, log_count, metric_sum, positive_int, served_model
 from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
@@ -32,7 +32,7 @@ class VllmAdapter(OpenAICompletionsMixin):
     # distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py (0.32): a decode reported a
     # transfer of blocks the prefill no longer tracks (lease expired, ids that do not match).
     log_signals = (LogSignal("Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker",
-                             re.compile(r"Potentially invalid KV blocks for unrecognized request (?P<rid>\S+) were retrieved by a decode worker")),)
+                             re.compile(rf"Potentially invalid KV blocks for unrecognized request (?P<rid>\S{REQUEST_ID}) were retrieved by a decode worker")),)
     length_error_patterns = (
         r"maximum context length is \d+ tokens",
         r"maximum model length",
@@ -93,7 +93,7 @@ class VllmAdapter(OpenAICompletionsMixin):
         if metrics is not None and CONSUMER_METRIC in metrics:
             reported_role = Role.DECODE  # kv_both also registers it; the log line below tells them apart
         if log_text is not None:
-            for line in log_text.splitlines():
+            for line in log_lines(log_text):
                 if m := KV_ROLE_LINE.search(line):
                     reported_role = KV_ROLES[m[1]]
                 if m := ALLOCATOR_LINE.search(line):
