@@ -6,10 +6,13 @@ knows, at every offset of the cut inside the key, for every place that cuts."""
 from __future__ import annotations
 
 import json
+import string
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvpreflight.boot.progress import clip
 from kvpreflight.engines import http, untrusted
@@ -124,3 +127,20 @@ def test_text_that_only_looks_like_a_keys_start_is_kept_when_it_is_shorter_than_
     short = KEY[:MIN_FRAGMENT_CHARS - 1]
     assert Redactor([KEY]).text(f"{short}{CUT_MARK} more") == f"{short}{CUT_MARK} more"
     assert Redactor([KEY]).text("plain words before a cut" + CUT_MARK) == "plain words before a cut" + CUT_MARK
+
+
+# Property: whatever the key, the text around it and where the cut falls, a redacted cut leaves
+# no run of MIN_FRAGMENT_CHARS of the key (the filler's alphabet shares no character with the key).
+keys = st.text(alphabet=string.ascii_letters.replace("x", "") + string.digits + "-_/+=\"\\'.", min_size=12, max_size=48)
+fillers = st.text(alphabet="x ", max_size=120)
+
+
+@given(keys, fillers, fillers, st.integers(0, 250), st.booleans(), st.sampled_from(["plain", "repr", "json"]))
+def test_no_cut_of_any_text_leaves_a_fragment_of_a_known_key(key: str, before: str, after: str, limit: int,
+                                                            keep_end: bool, quoting: str) -> None:
+    text = before + key + after
+    quoted = {"plain": text, "repr": repr(text), "json": json.dumps(text)}[quoting]
+    out = Redactor([key]).text(f"engine said: {cut(quoted, limit, keep_end=keep_end)} (and more)")
+    windows = {key[i:i + MIN_FRAGMENT_CHARS] for i in range(len(key) - MIN_FRAGMENT_CHARS + 1)}
+    forms = {w for f in secret_forms(key) for w in (f[i:i + MIN_FRAGMENT_CHARS] for i in range(len(f) - MIN_FRAGMENT_CHARS + 1))}
+    assert not [w for w in windows | forms if w in out and not set(w) <= set("x ")], out
