@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.cli import invoke
+from support.echo_engine import echo_engine
 
 from kvpreflight.boot.progress import clip
 from kvpreflight.engines import http, untrusted
@@ -144,3 +146,18 @@ def test_no_cut_of_any_text_leaves_a_fragment_of_a_known_key(key: str, before: s
     windows = {key[i:i + MIN_FRAGMENT_CHARS] for i in range(len(key) - MIN_FRAGMENT_CHARS + 1)}
     forms = {w for f in secret_forms(key) for w in (f[i:i + MIN_FRAGMENT_CHARS] for i in range(len(f) - MIN_FRAGMENT_CHARS + 1))}
     assert not [w for w in windows | forms if w in out and not set(w) <= set("x ")], out
+
+
+def test_a_check_against_an_engine_whose_refusal_is_cut_through_the_key_leaks_no_part_of_it() -> None:
+    """Issue 28's case end to end: an error object without a message, cut at 300 characters in
+    the middle of the API key the engine echoes, quoted in overcapacity-rejected's evidence."""
+    with echo_engine(cut_edge=True) as (url, seen):
+        result = invoke("check", "--endpoint", url, "--api-key-env", "KVPF_SERVING",
+                        "--timeout", "5", "--format", "json", env={"KVPF_SERVING": KEY})
+    assert f"Bearer {KEY}" in seen and result.returncode in (0, 1, 3), result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    quoted = json.dumps([c for c in report["checks"] if c["id"] == "overcapacity-rejected"], ensure_ascii=False)
+    assert "for key" in quoted and CUT_MARK in quoted  # the refusal was quoted, and cut
+    windows = {KEY[i:i + MIN_FRAGMENT_CHARS] for i in range(len(KEY) - MIN_FRAGMENT_CHARS + 1)}
+    for where, text in (("stdout", result.stdout), ("stderr", result.stderr), ("stdout, JSON unescaped", str(report))):
+        assert not [w for w in windows if w in text], where
