@@ -88,8 +88,16 @@ def _options(tmp: Path) -> Iterator[tuple[str, Callable[[Path], list[object]]]]:
     yield "review --model-dir (its config.json)", lambda p: ["review", SCRIPT, "--gpu", "H100", "--model-dir",
                                                              _model_dir_with(tmp, p)]
     yield "fleet INVENTORY", lambda p: ["fleet", p]
+    yield "fleet --sign-key", lambda p: ["fleet", _inventory(tmp), "--record", tmp / "fleet.dsse.json", "--sign-key", p]
+    yield "demo --sign-key", lambda p: ["demo", "--sign-key", p]
     yield "advisories list --advisories (a file in it)", lambda p: ["advisories", "list", "--advisories",
                                                                    _folder_with(tmp, p)]
+
+
+def _inventory(tmp: Path) -> Path:
+    inventory = tmp / "fleet.yaml"
+    inventory.write_text(f"deployments:\n  - name: a\n    attach: {{endpoints: ['{ENGINE}']}}\n")
+    return inventory
 
 
 def _folder_with(tmp: Path, hostile: Path) -> Path:
@@ -112,6 +120,7 @@ def _cases() -> list[tuple[str, str]]:
     names = ["check --api-key-file", "check --log", "check --ca-bundle", "check --client-cert", "check --client-key",
              "check --sign-key", "check --boot", "check --advisories (a file in it)", "verify RECORD", "verify --key",
              "verify --sign-key", "review MANIFEST", "review --model-dir (its config.json)", "fleet INVENTORY",
+             "fleet --sign-key", "demo --sign-key",
              "advisories list --advisories (a file in it)"]
     return [(option, kind) for option in names for kind in HOSTILE]
 
