@@ -9,7 +9,7 @@ form a report or a log could carry it: raw, JSON-escaped, URL-encoded, HTML-esca
 Text is cut only through `cut`, which marks the cut with CUT_MARK; a Redactor also removes any
 fragment of a secret (MIN_FRAGMENT_CHARS or more of its characters) that touches such a mark, since
 a key cut before it was scrubbed is no longer the known value. Where the secrets are known at the
-cut, scrub first (`Redactor.cut`).
+cut, scrub first (the boot launcher's quote of a dead engine's last lines).
 
 `redact(text, secrets)` does one string, `redact_report(report, secrets)` a whole Report (every
 string in it, keys of mappings included). The command line is redacted by option NAME
@@ -99,10 +99,6 @@ class Redactor:
                 text = self._cut_edges(text)
         text = _URL_USERINFO.sub(rf"\1{REDACTED}@", text)
         return _URL_SECRET_PARAM.sub(rf"\1{REDACTED}", text)
-
-    def cut(self, text: str, limit: int) -> str:
-        """`text` scrubbed, then cut to `limit` characters (`cut`): scrub first, so no key is cut."""
-        return cut(self.text(text), limit)
 
     def _cut_edges(self, text: str) -> str:
         """`text` without the fragments of a secret that touch a CUT_MARK (the longest of each)."""
