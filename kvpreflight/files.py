@@ -136,6 +136,16 @@ def _opened(path: str | os.PathLike[str], kind: FileKind, error: type[Kvprefligh
         yield handle
 
 
+def check_private(path: str | os.PathLike[str], what: str, *, allow_insecure: bool,
+                  error: type[KvpreflightError] = ConfigError) -> None:
+    """A private key its group or others can read is refused, as ssh refuses one, unless
+    `allow_insecure` (--allow-insecure-key)."""
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    if mode & 0o077 and not allow_insecure:
+        raise error(f"{what} {path} can be read by others (mode {mode:04o}); run `chmod 600 {path}`, "
+                    "or pass --allow-insecure-key to use it anyway")
+
+
 def read_text(path: str | os.PathLike[str], kind: FileKind, error: type[KvpreflightError] = ConfigError, *,
               missing: str | None = None) -> str:
     """`read_bytes` as UTF-8 text; text that is not UTF-8 is `error` too."""

@@ -67,7 +67,7 @@ def register(app: typer.Typer) -> None:
         advisories: list[Path] | None = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files. Repeatable."),
         record: Path | None = typer.Option(None, "--record", help="Write a signed release record (DSSE, in-toto) of this run here, pass or fail."),
         sign_key: str | None = typer.Option(None, "--sign-key", help="Private key file for --record (or set KVPREFLIGHT_SIGN_KEY to its path)."),
-        allow_insecure_key: bool = typer.Option(False, "--allow-insecure-key", help="Sign with a private key that others can read (by default refused, as ssh refuses one: chmod 600 it)."),
+        allow_insecure_key: bool = typer.Option(False, "--allow-insecure-key", help="Use a private key (--sign-key, --client-key) that others can read (by default refused, as ssh refuses one: chmod 600 it)."),
         subject: list[str] | None = typer.Option(None, "--subject", help="NAME=sha256:HEX the record is about (image, config, model revision). Repeatable."),
         unsigned: bool = typer.Option(False, "--unsigned", help="Write the record unsigned (verify will refuse it)."),
         test_result: Path | None = typer.Option(None, "--test-result", help="With --record: also write an in-toto Test Result (DSSE, same key and subjects) here."),
@@ -85,7 +85,7 @@ def register(app: typer.Typer) -> None:
             secret_headers=tuple(secret_header or ()), client_cert=client_cert, client_key=client_key, ca_bundle=ca_bundle, capacity_only=capacity_only, skips=tuple(skip or ()), reasons=tuple(reason or ()), untils=tuple(until or ()),
             timeout=timeout, deadline=deadline, max_context_equivalents=max_context_equivalents, concurrency=concurrency, timing_samples=timing_samples, accepted_tps=accepted_tps, advisories=tuple(advisories or ()),
             tenant_a_key_env=tenant_a_key_env, tenant_b_key_env=tenant_b_key_env, tenant_header=tenant_header,
-            allow_disruptive=allow_disruptive,
+            allow_disruptive=allow_disruptive, allow_insecure_key=allow_insecure_key,
         )
         # Everything is validated here, before any engine is contacted or booted.
         spec = None

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvpreflight.errors import ConfigError, naming
-from kvpreflight.files import FileKind, check_file, check_writable
+from kvpreflight.files import FileKind, check_file, check_private, check_writable
 from kvpreflight.plan import CheckPlan, OutputPlan
 
 # Two samples of 7 can differ at best with a Kolmogorov-Smirnov p of 2/C(14,7) = 0.00058 (8: 0.00016);
@@ -36,6 +36,7 @@ class CheckArgs:
     ca_bundle: Path | None = None
     client_cert: Path | None = None
     client_key: Path | None = None
+    allow_insecure_key: bool = False  # use a private key (--client-key, a key inside --client-cert) others can read
     capacity_only: bool = False
     skips: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
@@ -84,6 +85,9 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
 
         # Loads and matches the files now (exit 2 naming the flag, never the path or contents).
         HttpClient(client_cert=str(args.client_cert), client_key=str(args.client_key) if args.client_key else None).close()
+        flag, key_file = ("--client-key", args.client_key) if args.client_key else ("--client-cert", args.client_cert)
+        with naming(flag):
+            check_private(key_file, "the private key", allow_insecure=args.allow_insecure_key)
     for folder in args.advisories:
         if not folder.is_dir():
             raise ConfigError(f"--advisories {folder}: not a folder")

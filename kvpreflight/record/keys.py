@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import stat
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,7 +21,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from kvpreflight.files import FileKind, write_new
+from kvpreflight.files import FileKind, check_private, write_new
 from kvpreflight.record._io import read_input
 from kvpreflight.record.errors import RecordError
 
@@ -163,10 +162,7 @@ def load_signing_key(path: str | os.PathLike[str], *, allow_insecure: bool = Fal
     data = read_input(path, FileKind.PRIVATE_KEY, "create one with `kvpreflight keygen --out DIR`")
     if b"PRIVATE KEY" not in data:
         raise RecordError(f"signing key {path} is not a PEM private key; pass the kvpreflight.key file from `kvpreflight keygen`, not the .pub")
-    mode = stat.S_IMODE(os.stat(path).st_mode)
-    if mode & 0o077 and not allow_insecure:
-        raise RecordError(f"signing key {path} can be read by others (mode {mode:04o}); run `chmod 600 {path}`, "
-                          "or pass --allow-insecure-key to sign with it anyway")
+    check_private(path, "signing key", allow_insecure=allow_insecure, error=RecordError)
     password = os.environ.get(PASSWORD_ENV)
     try:
         key = serialization.load_pem_private_key(data, password=password.encode() if password else None)

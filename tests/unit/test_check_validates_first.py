@@ -158,3 +158,21 @@ def test_a_signing_key_others_can_read_is_refused_before_any_request(tmp_path: P
         seen = list(static_server.seen)  # type: ignore[attr-defined]
     assert_refused_early(proc, str(key), "chmod 600", "--allow-insecure-key")
     assert seen == []
+
+
+@pytest.mark.parametrize("which", ["client_key", "client_both"])
+def test_a_tls_client_key_others_can_read_is_refused_unless_allowed(tmp_path: Path, which: str) -> None:
+    from support.mtls import write_pki
+
+    pki = write_pki(tmp_path)
+    pki[which].chmod(0o644)
+    flags = ["--client-cert", str(pki["client_cert"]), "--client-key", str(pki["client_key"])] if which == "client_key" \
+        else ["--client-cert", str(pki["client_both"])]
+    with static_server({}) as url:
+        proc = run("check", "--endpoint", url, *flags)
+        seen = list(static_server.seen)  # type: ignore[attr-defined]
+    assert_refused_early(proc, "--client-key" if which == "client_key" else "--client-cert", "chmod 600")
+    assert seen == []
+    with static_server({}) as url:
+        allowed = run("check", "--endpoint", url, "--capacity-only", "--timeout", "2", *flags, "--allow-insecure-key")
+    assert allowed.returncode == 3 and "chmod" not in allowed.stderr, allowed.stderr  # it went on to the engine
