@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpreflight.errors import ConfigError
+from kvpreflight.files import FileKind, read_bytes
 
 
 class CheckDataError(ConfigError):
@@ -28,12 +29,7 @@ def data_dir() -> Path:
 def load_yaml(path: Path) -> Any:
     from kvpreflight.fields import load_yaml as parse_yaml
 
-    try:
-        with open(path, "rb") as fh:
-            raw = fh.read()
-    except OSError as exc:
-        raise CheckDataError(f"cannot read {path}: {exc.strerror}") from exc
-    return parse_yaml(raw, str(path), CheckDataError)
+    return parse_yaml(read_bytes(path, FileKind.ADVISORY, CheckDataError), str(path), CheckDataError)
 
 
 @dataclass(frozen=True)

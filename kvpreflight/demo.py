@@ -200,7 +200,7 @@ DEFAULT_OUT = Path("kvpreflight-demo")  # in the working directory: what a user 
 
 
 def run_demo(deployment: BuiltinDeployment, output: OutputPlan, *, log_dir: Path | None = None,
-             sign_key: str | None = None, record_path: Path | None = None,
+             sign_key: str | None = None, allow_insecure_key: bool = False, record_path: Path | None = None,
              command_line: Sequence[str] = ("kvpreflight", "demo"),
              progress: Callable[[str], None] = say, out_dir: Path = DEFAULT_OUT, keep: bool = False) -> DemoRun:
     """Boot the deployment, check it through its router, publish the report and a signed record
@@ -227,7 +227,8 @@ def run_demo(deployment: BuiltinDeployment, output: OutputPlan, *, log_dir: Path
         temporary = None if keep else log_dir
     try:
         return _run_demo(deployment, output, spec, log_dir=log_dir, sign_key=sign_key, record_path=record_path,
-                         pub_path=pub_path, command_line=command_line, progress=progress)
+                         pub_path=pub_path, command_line=command_line, progress=progress,
+                         allow_insecure_key=allow_insecure_key)
     finally:
         if temporary is not None:
             shutil.rmtree(temporary, ignore_errors=True)
@@ -235,14 +236,14 @@ def run_demo(deployment: BuiltinDeployment, output: OutputPlan, *, log_dir: Path
 
 def _run_demo(deployment: BuiltinDeployment, output: OutputPlan, spec: Any, *, log_dir: Path, sign_key: str,
               record_path: Path, pub_path: Path | None, command_line: Sequence[str],
-              progress: Callable[[str], None]) -> DemoRun:
+              progress: Callable[[str], None], allow_insecure_key: bool) -> DemoRun:
     from kvpreflight import preflight
     from kvpreflight.plan import CheckPlan
     from kvpreflight.probes.markers import new_marker
 
     # The demo's logs and spec are the record's subjects.
     record = preflight.prepare_record(record_path, sign_key=sign_key, subjects=(), unsigned=False,
-                                      command_line=command_line, reads_files=True)
+                                      command_line=command_line, reads_files=True, allow_insecure_key=allow_insecure_key)
     output = replace(output, record=record)
     tenant_marker = new_marker("TENANT")
     plan = CheckPlan(targets=(), known_markers=frozenset({tenant_marker}) if deployment.incident else frozenset())

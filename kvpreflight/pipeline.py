@@ -20,6 +20,7 @@ from kvpreflight.clock import utc_now
 from kvpreflight.engines import EngineConfigError, EngineError, HttpClient, adapter_class, open_adapter
 from kvpreflight.engines.interface import Counters, EngineAdapter
 from kvpreflight.errors import ConfigError
+from kvpreflight.files import FileKind, read_tail
 from kvpreflight.model import CheckResult, Cost, EngineCost, EngineSnapshot, Report, Role, Status
 from kvpreflight.plan import CheckPlan
 from kvpreflight.probeplan import GroupPlan, GroupPreview
@@ -356,7 +357,4 @@ def _isolation_settings(options: CheckPlan, group: Sequence[EngineSnapshot], set
 def _read_log(path: Path | None) -> str | None:
     if path is None:
         return None
-    try:
-        return path.read_text(encoding="utf-8", errors="replace")
-    except OSError as exc:
-        raise EngineConfigError(f"cannot read log {path}: {exc.strerror}") from None
+    return read_tail(path, FileKind.LOG, EngineConfigError)

@@ -127,14 +127,15 @@ def booted_plan(plan: CheckPlan, spec: DeploymentSpec, deployment: BootedDeploym
 
 def prepare_record(path: Path, *, sign_key: str | None, subjects: Sequence[str], unsigned: bool,
                    command_line: Sequence[str], reads_files: bool, test_result: Path | None = None,
-                   advisory_dirs: Sequence[Path] = (), spec: Path | None = None) -> RecordPlan:
+                   advisory_dirs: Sequence[Path] = (), spec: Path | None = None,
+                   allow_insecure_key: bool = False) -> RecordPlan:
     """Everything a record needs, checked before any engine is contacted: the key loads, every
     subject parses, and the record will have at least one subject (`reads_files`: the run reads a
     log or spec file, whose digest becomes a subject). With `test_result`, the Test Result's
     configuration: kvpreflight's thresholds and advisories, `advisory_dirs`' files and `spec`."""
     from kvpreflight.record import parse_subjects, prepare_signer, resolve_sign_key_path
 
-    signer = prepare_signer(sign_key, unsigned=unsigned)
+    signer = prepare_signer(sign_key, unsigned=unsigned, allow_insecure_key=allow_insecure_key)
     key_path = resolve_sign_key_path(sign_key) if signer is not None else None
     public_key = key_path.with_suffix(".pub") if key_path is not None else None
     parsed = tuple(parse_subjects(subjects))

@@ -6,6 +6,11 @@ form a report or a log could carry it: raw, JSON-escaped, URL-encoded, HTML-esca
 (also inside a longer base64 text, e.g. `Authorization: Basic ...`). Credentials in URLs
 (`user:pass@`, a `?api_key=` parameter) are removed whether or not their value is known.
 
+Text is cut only through `cut`, which marks the cut with CUT_MARK; a Redactor also removes any
+fragment of a secret (MIN_FRAGMENT_CHARS or more of its characters) that touches such a mark, since
+a key cut before it was scrubbed is no longer the known value. Where the secrets are known at the
+cut, scrub first (the boot launcher's quote of a dead engine's last lines).
+
 `redact(text, secrets)` does one string, `redact_report(report, secrets)` a whole Report (every
 string in it, keys of mappings included). The command line is redacted by option NAME
 (`redact_command_line`), and environment variables whose NAME looks secret are secrets too
@@ -35,6 +40,9 @@ _SECRET_PARAM = re.compile(r"key|token|secret|password|auth|sig", re.I)
 # only GUESSED to be secret from its name (environment, command line) must be at least INFERRED.
 MIN_SECRET_CHARS = 4
 MIN_INFERRED_SECRET_CHARS = 8
+# Where a text was cut; a secret's fragment this long touching the mark is removed too.
+CUT_MARK = "\u2026"
+MIN_FRAGMENT_CHARS = 8
 
 _SECRET_OPTION = re.compile(r"^--?(?:[\w-]*(?:api-?key|sign-key|token|secret|password|passwd|credential|auth)[\w-]*)$", re.I)
 _HEADER_OPTION = re.compile(r"^(?:--header|-H)$")
@@ -63,7 +71,7 @@ def _base64_forms(raw: bytes) -> set[str]:
 
 def secret_forms(secret: str) -> set[str]:
     """Every spelling of `secret` a report, record or log could hold."""
-    forms = {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1]}
+    forms = {secret, json.dumps(secret)[1:-1], json.dumps(secret, ensure_ascii=False)[1:-1], repr(secret)[1:-1]}
     # HTML-escaped: a gateway's HTML error page quoting the request ("Invalid token: sk-&quot;...")
     forms |= {html.escape(secret), html.escape(secret).replace("&#x27;", "&#39;"), html.escape(secret, quote=False)}
     for encoded in (quote(secret), quote(secret, safe=""), quote_plus(secret, safe="")):
@@ -79,12 +87,36 @@ class Redactor:
         # longest first, so a secret that contains another is removed whole
         alternatives = sorted(forms, key=lambda f: (-len(f), f))
         self._pattern = re.compile("|".join(map(re.escape, alternatives))) if alternatives else None
+        # what of a form a cut can leave: its first characters before a mark, its last after one
+        self._heads = {f[:k] for f in forms for k in range(MIN_FRAGMENT_CHARS, len(f))}
+        self._tails = {f[-k:] for f in forms for k in range(MIN_FRAGMENT_CHARS, len(f))}
+        self._longest = max(map(len, forms), default=0)
 
     def text(self, text: str) -> str:
         if self._pattern is not None:
             text = self._pattern.sub(REDACTED, text)
+            if CUT_MARK in text:
+                text = self._cut_edges(text)
         text = _URL_USERINFO.sub(rf"\1{REDACTED}@", text)
         return _URL_SECRET_PARAM.sub(rf"\1{REDACTED}", text)
+
+    def _cut_edges(self, text: str) -> str:
+        """`text` without the fragments of a secret that touch a CUT_MARK (the longest of each)."""
+        parts = text.split(CUT_MARK)
+        for i in range(len(parts)):
+            if i + 1 < len(parts):  # a mark follows: a form's head may end this part
+                part = parts[i]
+                size = next((k for k in range(min(self._longest, len(part)), MIN_FRAGMENT_CHARS - 1, -1)
+                             if part[-k:] in self._heads), 0)
+                if size:
+                    parts[i] = part[:-size] + REDACTED
+            if i > 0:  # a mark precedes: a form's tail may begin this part
+                part = parts[i]
+                size = next((k for k in range(min(self._longest, len(part)), MIN_FRAGMENT_CHARS - 1, -1)
+                             if part[:k] in self._tails), 0)
+                if size:
+                    parts[i] = REDACTED + part[size:]
+        return CUT_MARK.join(parts)
 
     def value(self, value: T) -> T:
         """`value` with every string in it redacted: str, mappings (keys too), lists, tuples, and
@@ -106,6 +138,15 @@ class Redactor:
         else:
             out = value
         return cast(T, out)  # the same kind of value, with its strings replaced
+
+
+def cut(text: str, limit: int, *, keep_end: bool = False) -> str:
+    """`text` in at most `limit` characters and CUT_MARK where it was cut (its start, or with
+    `keep_end` its end); the one way kvpreflight shortens a text it quotes, so that a Redactor can
+    find the cut edge and remove a secret's fragment left at it."""
+    if len(text) <= limit:
+        return text
+    return CUT_MARK + text[len(text) - limit:] if keep_end else text[:limit] + CUT_MARK
 
 
 def redact(text: str, secrets: Iterable[str] = ()) -> str:

@@ -16,7 +16,9 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from kvpreflight.errors import ConfigError
+from kvpreflight.files import FileKind, read_text
 from kvpreflight.model import Role, Waiver
+from kvpreflight.redact import cut
 
 
 @dataclass(frozen=True)
@@ -113,12 +115,7 @@ def secret_from_env(name: str) -> str:
 
 
 def secret_from_file(path: Path) -> str:
-    try:
-        value = path.read_text(encoding="utf-8").strip()
-    except OSError as exc:
-        raise ConfigError(f"{path}: {exc.strerror}") from None
-    except UnicodeDecodeError:
-        raise ConfigError(f"{path}: not UTF-8 text") from None
+    value = read_text(path, FileKind.SECRET).strip()
     if not value:
         raise ConfigError(f"{path} is empty")
     return checked_secret(value, f"the key in {path}")
@@ -178,7 +175,7 @@ def refuse_expired_waivers(waivers: Sequence[Waiver], today: str | None = None) 
 
 
 def _bad_day(text: str) -> str:
-    raise ConfigError(f"{text[:40]!r} is not a day; give the waiver's last day as YYYY-MM-DD")
+    raise ConfigError(f"{cut(text, 40)!r} is not a day; give the waiver's last day as YYYY-MM-DD")
 
 
 def positive(value: float | int | None) -> None:

@@ -32,6 +32,7 @@ from kvpreflight.boot.progress import Progress, clip
 from kvpreflight.boot.readiness import probe
 from kvpreflight.boot.signals import signals_held, sigterm_raises
 from kvpreflight.boot.spec import DeploymentSpec
+from kvpreflight.files import check_writable_folder
 from kvpreflight.redact import Redactor
 
 POLL_S = 0.25
@@ -57,10 +58,7 @@ def boot_deployment(
     plan = plan_deployment(spec)
     log_dir = os.fspath(log_dir)
     try:
-        os.makedirs(log_dir, exist_ok=True)
-        with open(os.path.join(log_dir, ".kvpreflight-write-test"), "wb"):
-            pass
-        os.unlink(os.path.join(log_dir, ".kvpreflight-write-test"))
+        check_writable_folder(log_dir)
     except OSError as exc:
         raise BootConfigError(f"cannot write engine logs to {log_dir} ({exc.strerror or exc}); "
                         "choose a writable log folder") from None

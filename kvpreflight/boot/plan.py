@@ -14,11 +14,11 @@ import sys
 import types
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from urllib.parse import urlsplit
 
 from kvpreflight.boot.errors import BootConfigError, BootError
 from kvpreflight.boot.spec import DEFAULT_HEALTH_PATH, PLACEHOLDER, SMG_READY_PATH, DeploymentSpec, EngineSpec
+from kvpreflight.files import read_system
 from kvpreflight.model import RouterKind
 
 EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
@@ -74,8 +74,8 @@ def free_port(host: str = LOOPBACK, avoid: frozenset[int] | set[int] = frozenset
 
 def _ephemeral_low() -> int:
     try:
-        return int(Path(EPHEMERAL_RANGE_FILE).read_text().split()[0])
-    except (OSError, ValueError, IndexError):
+        return int((read_system(EPHEMERAL_RANGE_FILE) or "").split()[0])
+    except (ValueError, IndexError):
         return 32768  # Linux's default
 
 

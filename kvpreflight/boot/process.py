@@ -15,6 +15,7 @@ from typing import IO
 from kvpreflight.boot import proctree
 from kvpreflight.boot.errors import BootConfigError
 from kvpreflight.boot.plan import LaunchPlan
+from kvpreflight.files import open_log
 
 TAIL_LINES = 200
 
@@ -50,7 +51,7 @@ class EngineProcess:
     def start(self) -> None:
         env = dict(os.environ)
         env.update(self.plan.env)
-        log = open(self.log_path, "wb")
+        log = open_log(self.log_path)
         try:
             self._popen = subprocess.Popen(
                 list(self.plan.argv),

@@ -11,6 +11,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from kvpreflight.files import read_system
+
 
 @dataclass(frozen=True)
 class ProcInfo:
@@ -36,10 +38,8 @@ def read_table() -> dict[int, ProcInfo]:
 
 
 def read_one(pid: int) -> ProcInfo | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            raw = handle.read().decode("utf-8", "replace")
-    except OSError:
+    raw = read_system(f"/proc/{pid}/stat")
+    if raw is None:
         return None
     # "pid (comm) state ppid pgrp ..."; comm may contain spaces and parentheses.
     rest = raw[raw.rfind(")") + 2:].split()

@@ -8,6 +8,8 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
+from kvpreflight.redact import cut
+
 
 class Progress:
     """`scrub` removes the run's secrets from every line shown (an engine's log lines are quoted)."""
@@ -52,4 +54,4 @@ def clip(text: str, width: int = 120) -> str:
     """One line of an engine's output, secrets masked, at most `width` characters. Remove known
     secrets before (a cut through one would leave the part before the cut)."""
     text = redact(" ".join(text.split()))
-    return text if len(text) <= width else text[: width - 3] + "..."
+    return cut(text, width - 1)

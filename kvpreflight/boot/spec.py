@@ -34,6 +34,7 @@ from typing import Any
 
 from kvpreflight.boot.errors import BootConfigError
 from kvpreflight.fields import FieldParser, describe, load_yaml
+from kvpreflight.files import FileKind, read_bytes
 from kvpreflight.model import AUTO_ENGINE, EngineKind, ProcessRole, RouterKind, Waiver
 
 ROLES = tuple(r.value for r in ProcessRole)
@@ -41,7 +42,6 @@ ENGINE_KINDS = (*(k.value for k in EngineKind), AUTO_ENGINE)
 # Routers that are no engine's own: only a role: router process may be one.
 ROUTER_ONLY_KINDS = tuple(k.value for k in RouterKind if k.value not in ENGINE_KINDS)
 DEFAULT_READY_TIMEOUT_S = 600.0
-MAX_SPEC_BYTES = 1024 * 1024
 DEFAULT_HEALTH_PATH = "/health"
 # smg and sglang-router answer /health before their workers are registered; /readiness only once
 # they are.
@@ -140,15 +140,8 @@ def guess_engine(command: tuple[str, ...]) -> str:
 def load_spec(path: str | os.PathLike[str]) -> DeploymentSpec:
     """Read and parse a spec file. Raises BootConfigError (exit 2) with one line on any problem."""
     label = os.fspath(path)
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_SPEC_BYTES + 1)
-    except FileNotFoundError:
-        raise _error(label, None, "no such file; give the path of a boot spec (see examples/specs/)") from None
-    except OSError as exc:
-        raise _error(label, None, f"cannot read: {exc.strerror or exc}") from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise _error(label, None, f"larger than {MAX_SPEC_BYTES // 1024} KiB; a boot spec is a short YAML file")
+    raw = read_bytes(path, FileKind.BOOT_SPEC, BootConfigError,
+                     missing=str(_error(label, None, "no such file; give the path of a boot spec (see examples/specs/)")))
     data = load_yaml(raw, label, BootConfigError)
     base_dir = os.path.dirname(os.path.abspath(label))
     return parse_spec(data, source=label, base_dir=base_dir)

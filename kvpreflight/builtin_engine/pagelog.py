@@ -7,10 +7,12 @@ import json
 import threading
 import time
 
+from kvpreflight.files import appending_text, read_tail
+
 
 class PageLog:
     def __init__(self, path: str | None) -> None:
-        self._file = open(path, "a", encoding="utf-8", buffering=1) if path else None
+        self._file = appending_text(path) if path else None
         self._lock = threading.Lock()
 
     def event(self, event: str, rid: str | None, pages: list[int] | None = None, **fields: object) -> None:
@@ -22,5 +24,4 @@ class PageLog:
 
 
 def read_page_log(path: str) -> list[dict]:
-    with open(path, encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
+    return [json.loads(line) for line in read_tail(path).splitlines() if line.strip()]

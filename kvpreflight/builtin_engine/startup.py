@@ -29,6 +29,7 @@ from kvpreflight.builtin_engine.pd_prefill import PrefillBootstrap
 from kvpreflight.builtin_engine.protocol import disaggregation_mode, version_string
 from kvpreflight.builtin_engine.router import serve_router
 from kvpreflight.builtin_engine.server import EngineServer
+from kvpreflight.files import read_system
 from kvpreflight.model import ProcessRole
 
 if TYPE_CHECKING:
@@ -45,13 +46,9 @@ def log(message: str, tp: bool = True) -> None:
 
 
 def _available_cpu_bytes() -> int:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    for line in (read_system("/proc/meminfo") or "").splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
     return 0
 
 

@@ -10,7 +10,6 @@ or a PD trio (prefill + decode + router) on free 127.0.0.1 ports and always take
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -24,6 +23,8 @@ from typing import Any
 
 from kvpreflight.boot.plan import free_port  # below the ephemeral range (see there)
 from kvpreflight.builtin_engine.config import FAULTS_ENV
+from kvpreflight.builtin_engine.pagelog import read_page_log
+from kvpreflight.files import read_tail, writing
 
 HOST = "127.0.0.1"
 
@@ -42,12 +43,12 @@ class RunningEngine:
         return self.process.pid
 
     def log_text(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
+        return read_tail(self.log_path)
 
     def page_events(self) -> list[dict]:
         if self.page_log is None or not self.page_log.exists():
             return []
-        return [json.loads(line) for line in self.page_log.read_text().splitlines() if line.strip()]
+        return read_page_log(str(self.page_log))
 
 
 @dataclass
@@ -93,7 +94,7 @@ def start_engine(role: str, workdir: Path, *, name: str | None = None, context_l
     if faults:
         env[FAULTS_ENV] = ",".join(faults)  # faults never appear in argv
     log_path = workdir / f"{name}.log"
-    with open(log_path, "wb") as log:
+    with writing(log_path) as log:
         process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
     engine = RunningEngine(role, f"http://{HOST}:{port}", process, log_path, plog, tuple(argv))
     try:

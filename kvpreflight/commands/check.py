@@ -79,6 +79,7 @@ def register(app: typer.Typer) -> None:
         advisories: list[Path] | None = typer.Option(None, "--advisories", metavar="DIR", rich_help_panel="Probes", help="Extra folder of advisory YAML files. Repeatable."),
         record: Path | None = typer.Option(None, "--record", metavar="PATH", rich_help_panel="Record", help="Write a signed release record (DSSE, in-toto) of this run here, pass or fail."),
         sign_key: str | None = typer.Option(None, "--sign-key", metavar="PATH", rich_help_panel="Record", help="Private key file for --record (or set KVPREFLIGHT_SIGN_KEY to its path)."),
+        allow_insecure_key: bool = typer.Option(False, "--allow-insecure-key", rich_help_panel="Record", help="Use a private key (--sign-key, --client-key) that others can read (by default refused, as ssh refuses one: chmod 600 it)."),
         subject: list[str] | None = typer.Option(None, "--subject", metavar="NAME=sha256:HEX", rich_help_panel="Record", help="NAME=sha256:HEX the record is about (image, config, model revision). Repeatable."),
         unsigned: bool = typer.Option(False, "--unsigned", rich_help_panel="Record", help="Write the record unsigned (verify will refuse it)."),
         test_result: Path | None = typer.Option(None, "--test-result", metavar="PATH", rich_help_panel="Record", help="With --record: also write an in-toto Test Result (DSSE, same key and subjects) here."),
@@ -97,7 +98,7 @@ def register(app: typer.Typer) -> None:
             secret_headers=tuple(secret_header or ()), client_cert=client_cert, client_key=client_key, ca_bundle=ca_bundle, capacity_only=capacity_only, skips=tuple(skip or ()), reasons=tuple(reason or ()), untils=tuple(until or ()),
             timeout=timeout, deadline=deadline, max_context_equivalents=max_context_equivalents, concurrency=concurrency, timing_samples=timing_samples, accepted_tps=accepted_tps, advisories=tuple(advisories or ()),
             tenant_a_key_env=tenant_a_key_env, tenant_b_key_env=tenant_b_key_env, tenant_header=tenant_header,
-            allow_disruptive=allow_disruptive,
+            allow_disruptive=allow_disruptive, allow_insecure_key=allow_insecure_key,
         )
         # Everything is validated here, before any engine is contacted or booted.
         spec = None
@@ -120,7 +121,8 @@ def register(app: typer.Typer) -> None:
             return
         out = build_output(fmt=fmt, output=output, record=record, sign_key=sign_key, subjects=tuple(subject or ()),
                            unsigned=unsigned, command_line=tuple(sys.argv), reads_files=bool(plan.logs) or spec is not None,
-                           test_result=test_result, advisory_dirs=plan.advisory_dirs, spec=boot, name=name, quiet=quiet)
+                           test_result=test_result, advisory_dirs=plan.advisory_dirs, spec=boot, name=name, quiet=quiet,
+                           allow_insecure_key=allow_insecure_key)
         preflight.validate(plan)
         from kvpreflight.errors import KvpreflightError
         from kvpreflight.redact import Redactor

@@ -23,6 +23,7 @@ def register(app: typer.Typer) -> None:
         quiet: bool = typer.Option(False, "--quiet", "-q", help="Leave the passing checks out of the table (the verdict line still counts them)."),
         record: Path | None = typer.Option(None, "--record", help="Where to write the signed record. [default: DIR/record.dsse.json]"),
         sign_key: str | None = typer.Option(None, "--sign-key", help="Sign with this key instead of a fresh one."),
+        allow_insecure_key: bool = typer.Option(False, "--allow-insecure-key", help="Sign with a private key that others can read (by default refused, as ssh refuses one: chmod 600 it)."),
         log_dir: Path | None = typer.Option(None, "--log-dir", help="Where the engines' logs go. [default: a temporary folder, removed afterwards]"),
         out_dir: Path = typer.Option(Path("kvpreflight-demo"), "--out", metavar="DIR", help="Where the record and the demo's signing key go (the printed verify command names them); the key is made once and reused."),
         keep: bool = typer.Option(False, "--keep", help="Keep the engines' logs (in DIR/logs) instead of removing them."),
@@ -51,9 +52,14 @@ def register(app: typer.Typer) -> None:
         # the report file and the record's path come from here.
         out = build_output(fmt=fmt, output=output, record=None, sign_key=None, subjects=(), unsigned=False,
                            command_line=tuple(sys.argv), reads_files=True, quiet=quiet)
+        if record is not None:
+            from kvpreflight.files import check_writable
+
+            check_writable(record, "--record")
         from kvpreflight.terminal import progress_to_stderr
 
         with progress_to_stderr("kvpreflight demo") as show:  # a live line on a terminal, as check draws
-            run = run_demo(deployment, out, log_dir=log_dir, sign_key=sign_key, record_path=record,
+            run = run_demo(deployment, out, log_dir=log_dir, sign_key=sign_key, allow_insecure_key=allow_insecure_key,
+                           record_path=record,
                            command_line=tuple(sys.argv), progress=show, out_dir=out_dir, keep=keep)
         raise typer.Exit(run.report.exit_code)

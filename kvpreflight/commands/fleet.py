@@ -18,6 +18,7 @@ def register(app: typer.Typer) -> None:
         output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
         record: Path | None = typer.Option(None, "--record", help="Write the fleet record here, and each deployment's record (NAME.dsse.json) beside it."),
         sign_key: str | None = typer.Option(None, "--sign-key", help="Private key file for --record (or set KVPREFLIGHT_SIGN_KEY to its path)."),
+        allow_insecure_key: bool = typer.Option(False, "--allow-insecure-key", help="Sign with a private key that others can read (by default refused, as ssh refuses one: chmod 600 it)."),
         subject: list[str] | None = typer.Option(None, "--subject", help="NAME=sha256:HEX every record is about. Repeatable."),
         unsigned: bool = typer.Option(False, "--unsigned", help="Write the records unsigned (verify will refuse them)."),
         work_dir: Path | None = typer.Option(None, "--work-dir", help="Where booted deployments' logs go (on each node; default a new temporary folder)."),
@@ -29,6 +30,7 @@ def register(app: typer.Typer) -> None:
 
         raise typer.Exit(execute(FleetRequest(
             inventory=inventory, parallel=parallel, ray=ray, fmt=fmt, output=output, record=record,
-            sign_key=sign_key, subjects=tuple(subject or ()), unsigned=unsigned, work_dir=work_dir,
+            sign_key=sign_key, allow_insecure_key=allow_insecure_key, subjects=tuple(subject or ()), unsigned=unsigned,
+            work_dir=work_dir,
             command_line=tuple(sys.argv),
         )))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from kvpreflight.errors import ConfigError, naming
+from kvpreflight.files import FileKind, check_file, check_private, check_writable
 from kvpreflight.plan import CheckPlan, OutputPlan
 
 # Two samples of 7 can differ at best with a Kolmogorov-Smirnov p of 2/C(14,7) = 0.00058 (8: 0.00016);
@@ -35,6 +36,7 @@ class CheckArgs:
     ca_bundle: Path | None = None
     client_cert: Path | None = None
     client_key: Path | None = None
+    allow_insecure_key: bool = False  # use a private key (--client-key, a key inside --client-cert) others can read
     capacity_only: bool = False
     skips: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
@@ -73,8 +75,9 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
     if args.timing_samples is not None and not MIN_TIMING_SAMPLES <= args.timing_samples <= MAX_TIMING_SAMPLES:
         raise ConfigError(f"--timing-samples {args.timing_samples}: give {MIN_TIMING_SAMPLES} to {MAX_TIMING_SAMPLES} (fewer "
                           "samples can never reach the audit's p < 0.001)")
-    if args.ca_bundle is not None and not args.ca_bundle.is_file():
-        raise ConfigError(f"--ca-bundle {args.ca_bundle}: no such file")
+    if args.ca_bundle is not None:
+        with naming("--ca-bundle"):
+            check_file(args.ca_bundle, FileKind.CERTIFICATE)
     if args.client_key is not None and args.client_cert is None:
         raise ConfigError("--client-key needs --client-cert (the certificate it belongs to)")
     if args.client_cert is not None:
@@ -82,6 +85,9 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
 
         # Loads and matches the files now (exit 2 naming the flag, never the path or contents).
         HttpClient(client_cert=str(args.client_cert), client_key=str(args.client_key) if args.client_key else None).close()
+        flag, key_file = ("--client-key", args.client_key) if args.client_key else ("--client-cert", args.client_cert)
+        with naming(flag):
+            check_private(key_file, "the private key", allow_insecure=args.allow_insecure_key)
     for folder in args.advisories:
         if not folder.is_dir():
             raise ConfigError(f"--advisories {folder}: not a folder")
@@ -91,6 +97,7 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
             # Without --endpoint the router names the engines: any URL may be one of them.
             known = [*(e.url for e in endpoints), *([entry] if entry else [])] if endpoints else None
             url, path = t.parse_log(text, known)
+            check_file(path, FileKind.LOG, whole=False)  # read at the first snapshot: refuse a pipe now
             logs[url] = path
     headers: dict[str, str] = {}
     secrets: set[str] = set()
@@ -152,18 +159,22 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
 def build_output(*, fmt: str | None, output: Path | None, record: Path | None, sign_key: str | None,
                  subjects: tuple[str, ...], unsigned: bool, command_line: tuple[str, ...],
                  reads_files: bool, test_result: Path | None = None, advisory_dirs: tuple[Path, ...] = (),
-                 spec: Path | None = None, name: str | None = None, quiet: bool = False) -> OutputPlan:
+                 spec: Path | None = None, name: str | None = None, quiet: bool = False,
+                 allow_insecure_key: bool = False) -> OutputPlan:
     """The report format and file, and the record plan (key loaded, subjects parsed) if asked for."""
     from kvpreflight.formats import FORMATS
     from kvpreflight.preflight import prepare_record
 
     if fmt is not None and fmt not in FORMATS:
         raise ConfigError(f"--format {fmt!r}: choose one of {', '.join(FORMATS)}")
+    for flag, path in (("--output", output), ("--record", record), ("--test-result", test_result)):
+        if path is not None:
+            check_writable(path, flag)
     record_plan = None
     if record is not None:
         record_plan = prepare_record(record, sign_key=sign_key, subjects=subjects, unsigned=unsigned,
                                      command_line=command_line, reads_files=reads_files, test_result=test_result,
-                                     advisory_dirs=advisory_dirs, spec=spec)
+                                     advisory_dirs=advisory_dirs, spec=spec, allow_insecure_key=allow_insecure_key)
     elif sign_key or subjects or unsigned or test_result:
         raise ConfigError("--sign-key, --subject, --unsigned and --test-result only make sense with --record FILE")
     if name is not None and not name.strip():

@@ -31,6 +31,7 @@ def register(app: typer.Typer) -> None:
         vsa: Path | None = typer.Option(None, "--vsa", help="Also write a SLSA Verification Summary of RECORD here (PASSED only if it is accepted), signed with --sign-key; needs --resource-uri."),
         resource_uri: str | None = typer.Option(None, "--resource-uri", help="With --vsa: the resource the summary is about (image or deployment URI). Verifying a summary: the resource it must be about."),
         sign_key: str | None = typer.Option(None, "--sign-key", help="With --vsa: the private key that signs the summary (or set KVPREFLIGHT_SIGN_KEY)."),
+        allow_insecure_key: bool = typer.Option(False, "--allow-insecure-key", help="Sign with a private key that others can read (by default refused, as ssh refuses one: chmod 600 it)."),
     ) -> None:
         """Exit 0 only if every file is signed by --key, names every --subject with its digest, is recent enough and passed.
 
@@ -62,10 +63,13 @@ def register(app: typer.Typer) -> None:
                 raise RecordError("--vsa says whether RECORD passed verify's policy; drop --allow-fail")
             if not resource_uri:
                 raise RecordError("--vsa needs --resource-uri URI: the image or deployment the summary is about")
+            from kvpreflight.files import check_writable
+
+            check_writable(vsa, "--vsa", RecordError)
             path = resolve_sign_key_path(sign_key)
             if path is None:
                 raise RecordError("--vsa needs --sign-key PATH (or KVPREFLIGHT_SIGN_KEY=PATH): the summary is signed")
-            signer = load_signing_key(path)
+            signer = load_signing_key(path, allow_insecure=allow_insecure_key)
         elif sign_key:
             raise RecordError("--sign-key only makes sense with --vsa FILE")
         policy = Policy(

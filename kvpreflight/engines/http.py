@@ -33,6 +33,7 @@ import urllib3
 from kvpreflight.engines.deadline import Deadline, DeadlineAdapter, EngineTimeout, current_request
 from kvpreflight.engines.errors import EngineConfigError, EngineError
 from kvpreflight.engines.untrusted import shape
+from kvpreflight.redact import cut
 
 MiB = 1 << 20
 
@@ -347,11 +348,8 @@ def _check_cert_file(flag: str, path: str) -> None:
         raise EngineConfigError(f"{flag}: not a regular file; give a PEM file")
     if info.st_size > _CERT_FILE_MAX_BYTES:
         raise EngineConfigError(f"{flag}: {_size(info.st_size)}, too large for a PEM certificate or key")
-    try:
-        with open(path, "rb"):
-            pass
-    except OSError as exc:
-        raise EngineConfigError(f"{flag}: cannot read the file ({(exc.strerror or 'unreadable').lower()})") from None
+    if not os.access(path, os.R_OK):
+        raise EngineConfigError(f"{flag}: cannot read the file (permission denied)")
 
 
 class _EncryptedKey(Exception):
@@ -416,4 +414,4 @@ def _reason(exc: Exception) -> str:
     if isinstance(inner, ConnectionError) and inner.strerror:  # "Connection reset by peer", not its repr
         return inner.strerror
     text = re.sub(r"\s*\(_ssl\.c:\d+\)", "", str(inner))
-    return " ".join(text.split())[:200]
+    return cut(" ".join(text.split()), 200)

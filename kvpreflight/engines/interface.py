@@ -14,7 +14,7 @@ import json
 import re
 import secrets
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, ClassVar, Self
@@ -111,6 +111,27 @@ COUNTER_FIELDS = ("requests", "prompt_tokens", "generation_tokens", "transfer_fa
                   "cached_prompt_tokens")
 
 
+def gap(after: str, most: int = 1000) -> str:
+    """The pattern for what may stand, in one log line, between the phrase `after` and what a
+    pattern reads next: at most `most` characters, never another `after`. Engines log request
+    text, so a tenant can write a line of the phrase repeated; a pattern scanning to the line's
+    end from each repetition would be quadratic, this one reads each character a bounded number
+    of times."""
+    return rf"(?:(?!{re.escape(after)})[^\n]){{0,{most}}}?"
+
+
+REQUEST_ID = r"{1,200}"  # how many characters of a request id a log pattern reads (an id is short)
+# How much of one log line the patterns read: an engine's own lines are far shorter (SGLang's
+# ServerArgs line, the longest, is a few KiB); a longer one is request text a tenant wrote.
+MAX_LOG_LINE_CHARS = 64 << 10
+
+
+def log_lines(text: str) -> Iterator[str]:
+    """The lines of a log as the patterns read them: each at most MAX_LOG_LINE_CHARS."""
+    for line in text.splitlines():
+        yield line[:MAX_LOG_LINE_CHARS]
+
+
 @dataclass(frozen=True)
 class LogSignal:
     """A log line that says a request's KV may not have moved as it should, as one engine or
@@ -125,7 +146,7 @@ class LogSignal:
 
     def request_in(self, line: str) -> tuple[bool, str | None]:
         """Whether the line is this signal, and the request id it names."""
-        m = self.pattern.search(line)
+        m = self.pattern.search(line, 0, MAX_LOG_LINE_CHARS)
         if m is None:
             return False, None
         return True, m.groupdict().get("rid")

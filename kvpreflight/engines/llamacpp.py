@@ -14,7 +14,7 @@ from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
-from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, cycle_to, role_of
+from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, cycle_to, gap, log_lines, role_of
 from kvpreflight.engines.untrusted import (
     excerpt,
     json_list,
@@ -29,7 +29,8 @@ from kvpreflight.engines.untrusted import (
 )
 from kvpreflight.model import EngineSnapshot, Origin, PoolReading, Role
 
-ALLOCATOR_LINE = re.compile(r"llama_kv_cache: size = .*?\(\s*(?P<cells>\d+) cells,.*?(?P<seqs>\d+)/(?P<maxseqs>\d+) seqs")
+ALLOCATOR_LINE = re.compile(rf"llama_kv_cache: size = {gap('llama_kv_cache: size = ', 200)}\(\s*(?P<cells>\d+) cells,"
+                            rf"{gap('llama_kv_cache: size = ', 200)}(?P<seqs>\d+)/(?P<maxseqs>\d+) seqs")
 SLOTS_LINE = re.compile(r"n_slots = (?P<slots>\d+), n_ctx_slot = (?P<ctx>\d+), kv_unified = '(?P<unified>true|false)'")
 
 
@@ -79,7 +80,7 @@ class LlamaCppAdapter(EngineAdapter):
         else:
             notes.append(f"/slots not served (HTTP {slots_reply.status}; started with --no-slots?)")
         if log_text is not None:
-            for line in log_text.splitlines():
+            for line in log_lines(log_text):
                 if m := ALLOCATOR_LINE.search(line):
                     readings.append(PoolReading("log: llama_kv_cache cells", Origin.ALLOCATOR, log_count(m["cells"], "llama_kv_cache cells")))
                 if m := SLOTS_LINE.search(line):

@@ -14,7 +14,19 @@ from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
-from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, LogSignal, ReplyFacts, cycle_to, role_of, transfer_time
+from kvpreflight.engines.interface import (
+    REQUEST_ID,
+    Counters,
+    EngineAdapter,
+    EngineRequest,
+    LogSignal,
+    ReplyFacts,
+    cycle_to,
+    gap,
+    log_lines,
+    role_of,
+    transfer_time,
+)
 from kvpreflight.engines.untrusted import (
     json_list,
     json_object,
@@ -30,11 +42,11 @@ from kvpreflight.model import EngineSnapshot, Hazard, KvDeadline, Origin, PoolRe
 
 # memory_pool.py: "KV Cache is allocated. dtype: torch.bfloat16, #tokens: 681280, KV size: 12.34 GB"
 # Only the main pool: labelled pools ("draft KV Cache", "MiniMax ... KV Cache") are other caches.
-ALLOCATOR_LINE = re.compile(r"(?:^|\] )KV Cache is allocated\. .*?#tokens: (?P<tokens>\d+)")
+ALLOCATOR_LINE = re.compile(rf"(?:^|\] )KV Cache is allocated\. {gap('KV Cache is allocated. ')}#tokens: (?P<tokens>\d+)")
 # The VA-reservation mode prints an upper bound, not an allocation: noted, never counted.
-VA_BOUND_LINE = re.compile(r"(?:^|\] )KV Cache VA upper bound\. .*?#tokens: (?P<tokens>\d+)")
+VA_BOUND_LINE = re.compile(rf"(?:^|\] )KV Cache VA upper bound\. {gap('KV Cache VA upper bound. ')}#tokens: (?P<tokens>\d+)")
 # scheduler.py (tp_rank 0): "max_total_num_tokens=681280, chunked_prefill_size=..., context_len=1048576, ..."
-SCHEDULER_LINE = re.compile(r"max_total_num_tokens=(?P<tokens>\d+),.*?context_len=(?P<ctx>\d+)")
+SCHEDULER_LINE = re.compile(rf"max_total_num_tokens=(?P<tokens>\d+),{gap('max_total_num_tokens=')}context_len=(?P<ctx>\d+)")
 # tp_worker.py (0.5.23): "KV pool holds %d tokens, fewer than --context-length %d."
 SMALL_POOL_WARNING = re.compile(r"KV pool holds (\d+) tokens, fewer than --context-length (\d+)")
 RANK_PREFIX = re.compile(r"\b((?:DP|TP|PP|EP)\d+(?:\s+(?:DP|TP|PP|EP)\d+)*)\]?")
@@ -45,10 +57,10 @@ class SglangAdapter(EngineAdapter):
     request_id_field = "rid"  # GenerateReqInput.rid (0.5.23): the id its log lines name
     # srt/disaggregation/decode.py and prefill.py (0.5.23): each aborts the request it names.
     log_signals = tuple(LogSignal(what, re.compile(pattern)) for what, pattern in (
-        ("Decode handshake failed for request", r"Decode handshake failed for request .*?rid='?(?P<rid>[^'\s]+)"),
-        ("Decode transfer failed for request", r"Decode transfer failed for request .*?rid='?(?P<rid>[^'\s]+)"),
-        ("Prefill transfer failed for request", r"Prefill transfer failed for request .*?rid='?(?P<rid>[^'\s]+)"),
-        ("Context corruption detected", r"Context corruption detected: Request (?P<rid>\S+)"),
+        ("Decode handshake failed for request", rf"Decode handshake failed for request {gap('Decode handshake failed for request ')}rid='?(?P<rid>[^'\s]{REQUEST_ID})"),
+        ("Decode transfer failed for request", rf"Decode transfer failed for request {gap('Decode transfer failed for request ')}rid='?(?P<rid>[^'\s]{REQUEST_ID})"),
+        ("Prefill transfer failed for request", rf"Prefill transfer failed for request {gap('Prefill transfer failed for request ')}rid='?(?P<rid>[^'\s]{REQUEST_ID})"),
+        ("Context corruption detected", rf"Context corruption detected: Request (?P<rid>\S{REQUEST_ID})"),
     )) + (
         # srt/kv_canary/runner/violation_reporter.py (0.5.23) _format_violation, "Format frozen":
         # one line per violation, logged (--kv-canary log) or raised (raise); reasons are FailReason
@@ -252,7 +264,7 @@ def _facts(data: Any, url: str, what: str) -> ReplyFacts:
 def parse_sglang_log(text: str) -> tuple[list[PoolReading], list[str]]:
     readings: list[PoolReading] = []
     notes: list[str] = []
-    for line in text.splitlines():
+    for line in log_lines(text):
         rank = _rank_in_line(line)
         if m := ALLOCATOR_LINE.search(line):
             readings.append(PoolReading("log: KV Cache is allocated #tokens", Origin.ALLOCATOR, log_count(m["tokens"], "KV Cache #tokens"), rank))

@@ -23,7 +23,7 @@ from typing import Any, Self
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
-from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, role_of
+from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, log_lines, role_of
 from kvpreflight.engines.untrusted import (
     error_message_of,
     json_object,
@@ -279,7 +279,7 @@ class TgiAdapter(EngineAdapter):
 def parse_tgi_log(text: str) -> tuple[list[PoolReading], list[str]]:
     readings: list[PoolReading] = []
     notes: list[str] = []
-    for line in text.splitlines():
+    for line in log_lines(text):
         if m := ALLOCATOR_LINE.search(line):
             readings.append(PoolReading("log: Setting max batch total tokens", Origin.ALLOCATOR, log_count(m["tokens"], "max batch total tokens")))
         if m := NOT_ENOUGH_MEMORY.search(line):

@@ -13,6 +13,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from kvpreflight.engines.errors import EngineError
+from kvpreflight.redact import cut
 
 
 def parse_metrics(url: str, text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
@@ -22,7 +23,7 @@ def parse_metrics(url: str, text: str) -> dict[str, list[tuple[dict[str, str], f
             for sample in family.samples:
                 out.setdefault(sample.name, []).append((dict(sample.labels), float(sample.value)))
     except (ValueError, TypeError, IndexError, KeyError) as exc:
-        raise EngineError(f"{url}: malformed Prometheus text ({' '.join(str(exc).split())[:120]})") from None
+        raise EngineError(f"{url}: malformed Prometheus text ({cut(' '.join(str(exc).split()), 120)})") from None
     return out
 
 
@@ -53,7 +54,7 @@ _EXCERPT_CHARS = 60  # what of an engine's value a message quotes
 def excerpt(value: Any) -> str:
     """An engine's value as a message quotes it: its repr, cut short (a body may be megabytes)."""
     text = repr(value)
-    return text if len(text) <= _EXCERPT_CHARS else f"{text[:_EXCERPT_CHARS]}... ({len(text):,} chars)"
+    return text if len(text) <= _EXCERPT_CHARS else f"{cut(text, _EXCERPT_CHARS)} ({len(text):,} chars)"
 
 
 def _json_kind(value: Any) -> str:
@@ -123,7 +124,7 @@ def log_count(digits: str, what: str) -> int:
     """A count an engine's log line states (the digits a pattern matched): plausible, else EngineError.
     Checked before converting: Python refuses to convert thousands of digits."""
     if not digits.isdigit() or len(digits) > len(str(_MAX_TOKENS)) or int(digits) > _MAX_TOKENS:
-        raise EngineError(f"engine log: {what} = {digits[:20]}{'...' if len(digits) > 20 else ''} "
+        raise EngineError(f"engine log: {what} = {cut(digits, 20)} "
                           f"({len(digits):,} digits) is not a plausible token count")
     return int(digits)
 
@@ -184,7 +185,7 @@ def _message_in(data: Any) -> str | None:
         if "error" in data:
             err = data["error"]
             if isinstance(err, dict):
-                return str(err.get("message") or json.dumps(err)[:300])
+                return str(err.get("message") or cut(json.dumps(err), 300))
             return str(err)
         if "message" in data:  # OpenAI routes: {"object": "error", "message": ...}
             return str(data["message"])

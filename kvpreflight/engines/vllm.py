@@ -9,7 +9,7 @@ import re
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
-from kvpreflight.engines.interface import Counters, LogSignal, cycle_to, role_of, transfer_time
+from kvpreflight.engines.interface import REQUEST_ID, Counters, LogSignal, cycle_to, log_lines, role_of, transfer_time
 from kvpreflight.engines.openai_completions import OpenAICompletionsMixin
 from kvpreflight.engines.untrusted import json_object, log_count, metric_sum, positive_int, served_model
 from kvpreflight.model import EngineSnapshot, Hazard, KvDeadline, Origin, PoolReading, Role
@@ -42,10 +42,10 @@ class VllmAdapter(OpenAICompletionsMixin):
     # retrieved by %d remote worker(s) before lease expired." (before the lease: "... by %d decode
     # worker(s) within %d seconds.").
     log_signals = (LogSignal("Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker",
-                             re.compile(r"Potentially invalid KV blocks for unrecognized request (?P<rid>\S+) were retrieved by a decode worker"),
+                             re.compile(rf"Potentially invalid KV blocks for unrecognized request (?P<rid>\S{REQUEST_ID}) were retrieved by a decode worker"),
                              Hazard.LATE_READ),
                    LogSignal("Releasing expired KV blocks for request ... which were retrieved by ... worker(s)",
-                             re.compile(r"Releasing expired KV blocks for request (?P<rid>\S+) which were retrieved by"),
+                             re.compile(rf"Releasing expired KV blocks for request (?P<rid>\S{REQUEST_ID}) which were retrieved by"),
                              Hazard.KV_EXPIRED))
     length_error_patterns = (
         r"maximum context length is \d+ tokens",
@@ -108,7 +108,7 @@ class VllmAdapter(OpenAICompletionsMixin):
         if metrics is not None and CONSUMER_METRIC in metrics:
             reported_role = Role.DECODE  # kv_both also registers it; the log line below tells them apart
         if log_text is not None:
-            for line in log_text.splitlines():
+            for line in log_lines(log_text):
                 if m := KV_ROLE_LINE.search(line):
                     reported_role = KV_ROLES[m[1]]
                 nixl = nixl or NIXL_LINE.search(line) is not None

@@ -31,13 +31,13 @@ from typing import Any
 from kvpreflight.demo import BuiltinDeployment
 from kvpreflight.errors import KvpreflightError
 from kvpreflight.fields import FieldParser, describe, load_yaml
+from kvpreflight.files import FileKind, read_bytes
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.model import Waiver
 from kvpreflight.plan import CheckPlan
 from kvpreflight.targets import Auth, parse_endpoint, parse_endpoints, parse_log, parse_url, secret_from_env
 
 DEFAULT_TIMEOUT_S = 900.0
-MAX_FILE_BYTES = 4 * 1024 * 1024
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _TOP_KEYS = ("fleet", "defaults", "deployments")
 _DEFAULT_KEYS = ("timeout_s", "subjects")
@@ -151,15 +151,8 @@ class Inventory:
 def load_inventory(path: str | os.PathLike[str]) -> Inventory:
     """Read and parse an inventory. Raises FleetError (exit 2) with one line on any problem."""
     label = os.fspath(path)
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read(MAX_FILE_BYTES + 1)
-    except FileNotFoundError:
-        raise FleetError(f"{label}: no such file; give the path of a fleet inventory (see examples/fleet/inventory.yaml)") from None
-    except OSError as exc:
-        raise FleetError(f"{label}: cannot read: {exc.strerror or exc}") from None
-    if len(raw) > MAX_FILE_BYTES:
-        raise FleetError(f"{label}: larger than {MAX_FILE_BYTES // 1024} KiB; an inventory is a short YAML file")
+    raw = read_bytes(path, FileKind.INVENTORY, FleetError,
+                     missing=f"{label}: no such file; give the path of a fleet inventory (see examples/fleet/inventory.yaml)")
     data = load_yaml(raw, label, FleetError)
     return parse_inventory(data, source=label, base_dir=os.path.dirname(os.path.abspath(label)),
                            sha256=hashlib.sha256(raw).hexdigest())
@@ -265,15 +258,10 @@ class _Parser(FieldParser):
         if not isinstance(raw, str) or not raw.strip():
             raise self.error(where, f"expected the path of a boot spec, got {describe(raw)}")
         path = os.path.normpath(os.path.join(self.base_dir, os.path.expanduser(raw)))
-        from kvpreflight.boot.spec import MAX_SPEC_BYTES
-
         try:
-            with open(path, "rb") as handle:
-                data = handle.read(MAX_SPEC_BYTES + 1)
-        except OSError as exc:
-            raise self.error(where, f"{path}: {exc.strerror or exc}") from None
-        if len(data) > MAX_SPEC_BYTES:
-            raise self.error(where, f"{path}: larger than {MAX_SPEC_BYTES // 1024} KiB; give a boot spec")
+            data = read_bytes(path, FileKind.BOOT_SPEC, FleetError)
+        except FleetError as exc:
+            raise self.error(where, str(exc)) from None
         try:
             # The spec's own messages name its file and field, never its content in bulk.
             spec = parse_spec(load_yaml(data, path, FleetError), source=path, base_dir=os.path.dirname(path))

@@ -22,8 +22,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvpreflight.errors import ConfigError
+from kvpreflight.files import FileKind, read_tail, read_text, writing
 from kvpreflight.fleet.inventory import AttachTarget, Deployment
 from kvpreflight.model import Report, Status, exit_code_of
+from kvpreflight.redact import cut
 
 STOP_GRACE_S = 30.0  # after a deadline: time a worker gets to stop its engines before SIGKILL
 PARENT_ENV = "KVPREFLIGHT_FLEET_PARENT"
@@ -126,7 +129,7 @@ def _booted(deployment: Deployment, settings: JobSettings) -> Outcome:
         "log_dir": str(work / "logs"),
     }
     log_path = work / "worker.log"
-    with open(log_path, "wb") as log:
+    with writing(log_path) as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "kvpreflight.fleet.worker"], stdin=subprocess.PIPE, stdout=log, stderr=log,
             env={**os.environ, PARENT_ENV: str(os.getpid())}, close_fds=True,
@@ -145,7 +148,7 @@ def _booted(deployment: Deployment, settings: JobSettings) -> Outcome:
             raise
     if record.is_file() and report_path.is_file():
         envelope = read_record(record)
-        return _outcome(deployment.name, Report.from_dict(json.loads(report_path.read_text(encoding="utf-8"))),
+        return _outcome(deployment.name, Report.from_dict(json.loads(read_text(report_path, FileKind.WORKER_OUTPUT))),
                         json.loads(envelope.payload))
     return not_measured(deployment.name, f"{_last_line(log_path)} (worker exit status {proc.returncode}; log {log_path})")
 
@@ -163,9 +166,9 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _last_line(path: Path) -> str:
     try:
-        lines = [line.strip() for line in path.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
-    except OSError:
+        lines = [line.strip() for line in read_tail(path, FileKind.WORKER_OUTPUT).splitlines() if line.strip()]
+    except ConfigError:
         lines = []
     errors = [line for line in lines if line.startswith("kvpreflight: error:")]
     line = (errors or lines or ["the worker wrote nothing"])[-1]
-    return line.removeprefix("kvpreflight: error: ")[:400]
+    return cut(line.removeprefix("kvpreflight: error: "), 400)

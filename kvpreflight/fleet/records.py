@@ -9,7 +9,6 @@ fleet's own subjects (the inventory file, --subject); `kvpreflight verify --deep
 
 from __future__ import annotations
 
-import hashlib
 import os
 import socket
 from collections.abc import Iterable, Mapping, Sequence
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpreflight.clock import utc_now
+from kvpreflight.files import FileKind, check_writable, sha256_of
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.fleet.job import Outcome
 from kvpreflight.fleet.report import FLEET_CHECK_ID, FleetReport, deployment_summary
@@ -41,9 +41,11 @@ def record_name(deployment: str) -> str:
 
 
 def check_record_path(record: Path, deployments: Sequence[str]) -> None:
-    """Before anything runs: the fleet record must not take a deployment record's place."""
+    """Before anything runs: the fleet record must not take a deployment record's place, and it
+    and the deployments' records beside it can be written."""
     if record.name in {record_name(d) for d in deployments}:
         raise FleetError(f"--record {record}: that file name is a deployment's record ({record.name}); choose another, e.g. fleet{RECORD_SUFFIX}")
+    check_writable(record, "--record", FleetError)
 
 
 def _not_measured_statement(outcome: Outcome, report: FleetReport, subjects: list[Subject], command_line: list[str],
@@ -73,7 +75,7 @@ def write_fleet_records(report: FleetReport, *, record: Path, signer: SigningKey
         body = outcome.statement or _not_measured_statement(outcome, report, subjects, command_line, secrets)
         path = write_record(folder / record_name(outcome.deployment), _envelope(body, signer))
         written[outcome.deployment] = str(path)
-        record_subjects.append(Subject(f"{RECORD_SUBJECT_PREFIX}{path.name}", hashlib.sha256(path.read_bytes()).hexdigest()))
+        record_subjects.append(Subject(f"{RECORD_SUBJECT_PREFIX}{path.name}", sha256_of(path, FileKind.RECORD, FleetError)))
     fleet = fleet_statement(report, subjects=[*subjects, *record_subjects], command_line=command_line,
                             records={k: os.path.basename(v) for k, v in written.items()}, secrets=secrets)
     write_record(record, _envelope(fleet, signer))

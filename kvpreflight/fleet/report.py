@@ -12,6 +12,7 @@ from typing import Any
 from kvpreflight.fleet.job import Outcome
 from kvpreflight.model import CheckResult, Report, Status, combined_verdict, exit_code_of
 from kvpreflight.record.predicate import FleetDeployment
+from kvpreflight.redact import cut
 from kvpreflight.schema import SCHEMA_VERSION, tool
 
 FLEET_CHECK_ID = "fleet-run"  # the result a deployment gets when nothing could be measured
@@ -83,7 +84,7 @@ def problems(outcome: Outcome) -> str:
         why = next((c.message for c in outcome.report.checks if c.status is Status.INCONCLUSIVE), None)
         if why:
             why = " ".join(why.split())
-            ids += f": {why[:160]}{'…' if len(why) > 160 else ''}"
+            ids += f": {cut(why, 160)}"
     return ids
 
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvpreflight.clock import utc_now
+from kvpreflight.files import check_writable
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.fleet.job import JobSettings, Outcome
 from kvpreflight.fleet.runners.interface import Batch, Events, Runner, describe, plan_batches
@@ -34,6 +35,7 @@ class FleetRequest:
     output: Path | None = None
     record: Path | None = None
     sign_key: str | None = None
+    allow_insecure_key: bool = False  # sign with a key others can read
     subjects: tuple[str, ...] = ()
     unsigned: bool = False
     work_dir: Path | None = None
@@ -101,9 +103,11 @@ def execute(request: FleetRequest) -> int:
     fmt = request.fmt or "table"
     if fmt not in FORMATS and fmt not in FLEET_FORMATS:
         raise FleetError(f"--format {fmt!r}: choose one of {', '.join(dict.fromkeys([*FLEET_FORMATS, *FORMATS]))}")
+    if request.output is not None:
+        check_writable(request.output, "--output", FleetError)
     signer = None
     if request.record is not None:
-        signer = prepare_signer(request.sign_key, unsigned=request.unsigned)
+        signer = prepare_signer(request.sign_key, unsigned=request.unsigned, allow_insecure_key=request.allow_insecure_key)
         check_record_path(request.record, [d.name for d in inventory.deployments])
     elif request.sign_key or request.unsigned:
         raise FleetError("--sign-key and --unsigned only make sense with --record FILE")

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping
 from typing import IO
 
+from kvpreflight.files import append_text
 from kvpreflight.formats import github
 from kvpreflight.formats.markdown import MarkdownFormat
 from kvpreflight.model import Report
@@ -38,8 +39,7 @@ def github_actions_side_effects(
     summary_path = environ.get("GITHUB_STEP_SUMMARY")
     if summary_path:
         try:
-            with open(summary_path, "a", encoding="utf-8") as fh:
-                fh.write("\n" + MarkdownFormat().render(report))
+            append_text(summary_path, "\n" + MarkdownFormat().render(report))
         except OSError as exc:
             reason = f"cannot append the step summary to {summary_path}: {exc.strerror or exc}"
             lines.append(github.command("warning", reason, title="kvpreflight"))

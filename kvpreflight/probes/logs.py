@@ -9,9 +9,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvpreflight.engines.interface import LOG_ID_PREFIX, LogSignal
+from kvpreflight.files import FileKind, read_new
 from kvpreflight.probes.results import DangerLine, ProbeResult
 
-MAX_READ_BYTES = 16 << 20  # of new log per look: a log that grows faster is read in part, from its newest end
+MAX_READ_BYTES = FileKind.LOG.cap  # of new log per look: a log that grows faster is read in part, from its newest end
 
 
 class LogWatch:
@@ -39,12 +40,7 @@ class LogWatch:
         if end < start:  # rotated or truncated: read it from the top
             start = 0
         start = max(start, end - MAX_READ_BYTES)
-        try:
-            with open(path, "rb") as fh:
-                fh.seek(start)
-                data = fh.read(end - start)
-        except OSError:
-            return []
+        data = read_new(path, start, end)
         whole = data[: data.rfind(b"\n") + 1]  # a line still being written is read next time
         self._offsets[url] = start + len(whole)
         return whole.decode("utf-8", errors="replace").splitlines()

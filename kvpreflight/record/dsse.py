@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpreflight.record.errors import RecordError
+from kvpreflight.redact import cut
 
 IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 
@@ -80,9 +81,31 @@ def envelope_from_dict(data: Any) -> Envelope:
     return Envelope(payload=payload, payload_type=payload_type, signatures=tuple(sigs))
 
 
+class DuplicateKey(ValueError):
+    """A JSON object names one key twice."""
+
+
+def _unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise DuplicateKey(key)
+        out[key] = value
+    return out
+
+
+def loads_unique(raw: bytes | str) -> Any:
+    """JSON whose every object names each key once (else DuplicateKey): Python keeps the last of
+    two equal keys, a verifier that keeps the first would read another document."""
+    return json.loads(raw, object_pairs_hook=_unique)
+
+
 def envelope_from_bytes(raw: bytes, source: str) -> Envelope:
     try:
-        data = json.loads(raw)
+        data = loads_unique(raw)
+    except DuplicateKey as exc:
+        raise RecordError(f"malformed record: {source} names the key {cut(str(exc), 60)!r} twice in one object; "
+                          "a record is read one way by every verifier or not at all") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise RecordError(f"malformed record: {source} is not JSON ({exc.msg if hasattr(exc, 'msg') else exc}); pass the .dsse.json file that `kvpreflight check --record` wrote") from None
     except RecursionError:

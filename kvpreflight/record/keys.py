@@ -24,6 +24,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
+from kvpreflight.files import FileKind, check_private, write_new
 from kvpreflight.record._io import read_input
 from kvpreflight.record.errors import RecordError
 
@@ -158,14 +159,11 @@ def write_keypair(directory: Path, key: SigningKey, password: bytes | None = Non
 
 def _write_new(path: Path, data: bytes, mode: int) -> None:
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, mode)
+        write_new(path, data, mode)
     except FileExistsError:
         raise RecordError(f"{path} already exists; refusing to overwrite a key. Choose another --out directory") from None
     except OSError as exc:
         raise RecordError(f"cannot write {path}: {exc.strerror}; choose a writable --out directory") from None
-    with os.fdopen(fd, "wb") as fh:
-        fh.write(data)
-    os.chmod(path, mode)  # the umask must not loosen or tighten what we promised
 
 
 def resolve_sign_key_path(option: str | os.PathLike[str] | None) -> Path | None:
@@ -180,12 +178,14 @@ def resolve_sign_key_path(option: str | os.PathLike[str] | None) -> Path | None:
     return Path(value)
 
 
-def load_signing_key(path: str | os.PathLike[str]) -> SigningKey:
-    """Load a PEM private key (PKCS#8 or traditional). Password only from KVPREFLIGHT_SIGN_KEY_PASSWORD."""
+def load_signing_key(path: str | os.PathLike[str], *, allow_insecure: bool = False) -> SigningKey:
+    """Load a PEM private key (PKCS#8 or traditional). Password only from KVPREFLIGHT_SIGN_KEY_PASSWORD.
+    A key its group or others may read is refused, as ssh refuses one, unless `allow_insecure`."""
     path = Path(path)
-    data = read_input(path, "signing key", "create one with `kvpreflight keygen --out DIR`")
+    data = read_input(path, FileKind.PRIVATE_KEY, "create one with `kvpreflight keygen --out DIR`")
     if b"PRIVATE KEY" not in data:
         raise RecordError(f"signing key {path} is not a PEM private key; pass the kvpreflight.key file from `kvpreflight keygen`, not the .pub")
+    check_private(path, "signing key", allow_insecure=allow_insecure, error=RecordError)
     password = os.environ.get(PASSWORD_ENV)
     try:
         key = serialization.load_pem_private_key(data, password=password.encode() if password else None)
@@ -204,7 +204,7 @@ def load_signing_key(path: str | os.PathLike[str]) -> SigningKey:
 
 def load_public_key(path: str | os.PathLike[str]) -> PublicKey:
     path = Path(path)
-    data = read_input(path, "public key", "pass the kvpreflight.pub written by `kvpreflight keygen`")
+    data = read_input(path, FileKind.PUBLIC_KEY, "pass the kvpreflight.pub written by `kvpreflight keygen`")
     if b"PRIVATE KEY" in data:
         raise RecordError(f"{path} is a private key; verify with the public key (kvpreflight.pub) and keep the private key on the signer")
     try:

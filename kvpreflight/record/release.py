@@ -30,7 +30,8 @@ def parse_subjects(options: Iterable[str] | None) -> list[Subject]:
         return [parse_subject(text) for text in options or ()]
 
 
-def prepare_signer(sign_key: str | os.PathLike[str] | None, *, unsigned: bool) -> SigningKey | None:
+def prepare_signer(sign_key: str | os.PathLike[str] | None, *, unsigned: bool,
+                   allow_insecure_key: bool = False) -> SigningKey | None:
     """The signing key (``--sign-key`` or ``$KVPREFLIGHT_SIGN_KEY``), or None with ``--unsigned``.
 
     Neither is an error: a record is signed unless the user asked, in so many words, for it not to be.
@@ -43,7 +44,7 @@ def prepare_signer(sign_key: str | os.PathLike[str] | None, *, unsigned: bool) -
     if path is None:
         raise RecordError(f"a record must be signed: pass --sign-key PATH or set {SIGN_KEY_ENV}=PATH "
                           "(make a key with `kvpreflight keygen --out DIR`), or pass --unsigned for a record verify will refuse")
-    return load_signing_key(path)
+    return load_signing_key(path, allow_insecure=allow_insecure_key)
 
 
 def emit_record(

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvpreflight.files import write_atomic
+from kvpreflight.files import FileKind, write_atomic
 from kvpreflight.record._io import read_input
 from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, Envelope, Signature, envelope_from_bytes, pae
 from kvpreflight.record.errors import RecordError
@@ -44,5 +44,5 @@ def write_record(path: str | os.PathLike[str], envelope: dict[str, Any]) -> Path
 
 def read_record(path: str | os.PathLike[str]) -> Envelope:
     path = Path(path)
-    raw = read_input(path, "record", "pass the file that `kvpreflight check --record` wrote")
+    raw = read_input(path, FileKind.RECORD, "pass the file that `kvpreflight check --record` wrote")
     return envelope_from_bytes(raw, str(path))

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvpreflight.clock import rfc3339
+from kvpreflight.files import FileKind, sha256_of
 from kvpreflight.model import Report
 from kvpreflight.record.errors import RecordError
 from kvpreflight.record.predicate import FleetPredicate, Predicate, ReleasePredicate
@@ -66,14 +67,9 @@ def parse_subject(text: str) -> Subject:
 
 def file_subject(path: str | os.PathLike[str]) -> Subject:
     """The subject for a config or log file that was read: ``file:<path>`` and its digest."""
-    h = hashlib.sha256()
-    try:
-        with open(path, "rb") as fh:
-            for block in iter(lambda: fh.read(1 << 20), b""):
-                h.update(block)
-    except OSError as exc:
-        raise RecordError(f"cannot hash {path} for the record: {exc.strerror}; the file must stay readable until the record is written") from None
-    return Subject(name=f"file:{path}", sha256=h.hexdigest())
+    digest = sha256_of(path, FileKind.SUBJECT, RecordError, missing=f"cannot hash {path} for the record: it no longer "
+                       "exists; the file must stay readable until the record is written")
+    return Subject(name=f"file:{path}", sha256=digest)
 
 
 def _merge_subjects(subjects: Iterable[Subject]) -> list[Subject]:

@@ -7,7 +7,6 @@ refusal names the condition that failed (exit 1); bad input is exit 2.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -17,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from kvpreflight.files import FileKind, sha256_of
 from kvpreflight.model import Status
 from kvpreflight.record.attest import (
     TEST_RESULT_PREDICATE_TYPE,
@@ -27,11 +27,12 @@ from kvpreflight.record.attest import (
     named_check,
     undecided,
 )
-from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, Envelope
+from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, DuplicateKey, Envelope, loads_unique
 from kvpreflight.record.errors import RecordError, refusal
 from kvpreflight.record.keys import PublicKey
 from kvpreflight.record.predicate import FLEET_PREDICATE_TYPE, PREDICATE_TYPE, listed
 from kvpreflight.record.statement import STATEMENT_TYPE, Subject, subjects_of
+from kvpreflight.redact import cut
 
 DEFAULT_MAX_AGE = "24h"
 # A release must have proved these, not skipped, waived or failed to measure them (verify --require).
@@ -143,7 +144,10 @@ ATTESTATION_TYPES = (*RECORD_TYPES, TEST_RESULT_PREDICATE_TYPE, VSA_PREDICATE_TY
 
 def _statement(envelope: Envelope, accepted: tuple[str, ...] = RECORD_TYPES) -> dict[str, Any]:
     try:
-        statement = json.loads(envelope.payload)
+        statement = loads_unique(envelope.payload)
+    except DuplicateKey as exc:
+        raise refusal(f"the signed statement names the key {cut(str(exc), 60)!r} twice in one object; "
+                      "another verifier could read another statement") from None
     except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):
         raise refusal("signed payload is not JSON; not a kvpreflight record") from None
     if not isinstance(statement, dict) or statement.get("_type") != STATEMENT_TYPE:
@@ -403,7 +407,7 @@ def verify_deep(record: VerifiedRecord, directory: Path, key: PublicKey, policy:
         if os.path.basename(name) != name or not path.is_file():
             problems.append(f"{name}: not found in {directory}")
             continue
-        actual = hashlib.sha256(path.read_bytes()).hexdigest()
+        actual = sha256_of(path, FileKind.RECORD, RecordError)
         if actual != digest:
             problems.append(f"{name}: sha256 {actual[:16]}… is not the {digest[:16]}… the fleet record names (changed after signing)")
             continue

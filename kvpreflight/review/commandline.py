@@ -12,6 +12,8 @@ import posixpath
 import re
 from collections.abc import Iterable, Iterator, Mapping
 
+from kvpreflight.errors import ConfigError
+from kvpreflight.files import FileKind, read_text
 from kvpreflight.review.interface import CommandSite, Launch, ReviewError, Token
 
 _SEPARATORS = (";", "&&", "||", "|", "&", "\n")
@@ -195,9 +197,8 @@ def _script(site: CommandSite, word: Token) -> list[list[Token]]:
 @functools.lru_cache(maxsize=64)
 def _file_lines(path: str) -> tuple[str, ...]:
     try:
-        with open(path, encoding="utf-8") as fh:
-            return tuple(fh.read().splitlines())
-    except OSError:
+        return tuple(read_text(path, FileKind.REVIEW_INPUT).splitlines())
+    except ConfigError:
         return ()
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from kvpreflight.files import FileKind, read_text
+from kvpreflight.redact import cut
 from kvpreflight.review.interface import ReviewError
 
 DTYPE_BYTES = {
@@ -79,13 +81,11 @@ class ModelShape:
 def load_model(path: Path) -> ModelShape:
     """`path` is a model directory holding config.json (or the config.json itself)."""
     config_path = path / "config.json" if path.is_dir() else path
+    text = read_text(config_path, FileKind.MODEL_CONFIG, ReviewError, missing=(
+        f"{config_path}: no config.json; point --model-dir at the model's folder (the Hugging Face config.json)"))
     try:
-        raw = json.loads(config_path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise ReviewError(
-            f"{config_path}: no config.json; point --model-dir at the model's folder (the Hugging Face config.json)"
-        ) from None
-    except (OSError, ValueError) as exc:
+        raw = json.loads(text)
+    except ValueError as exc:
         raise ReviewError(f"{config_path}: cannot read the model config ({exc}); use the model's Hugging Face config.json") from None
     except RecursionError:
         raise ReviewError(f"{config_path}: JSON nested too deeply to read; use the model's Hugging Face config.json") from None
@@ -195,11 +195,11 @@ def _weights(config_path: Path, raw: dict[str, Any], cfg: dict[str, Any], dtype_
     index = config_path.parent / "model.safetensors.index.json"
     if index.is_file():
         try:
-            total = json.loads(index.read_text(encoding="utf-8"))["metadata"]["total_size"]
-        except (OSError, ValueError, KeyError, TypeError, RecursionError):
+            total = json.loads(read_text(index, FileKind.MODEL_CONFIG, ReviewError))["metadata"]["total_size"]
+        except (ValueError, KeyError, TypeError, RecursionError):
             raise ReviewError(f"{index}: no metadata.total_size; fix the file or remove it to estimate from config.json") from None
         if isinstance(total, bool) or not isinstance(total, int) or total <= 0:
-            raise ReviewError(f"{index}: metadata.total_size is {str(total)[:40]!r}, not a positive number of bytes; "
+            raise ReviewError(f"{index}: metadata.total_size is {cut(str(total), 40)!r}, not a positive number of bytes; "
                               "fix the file or remove it to estimate from config.json")
         return total, f"{index.name} metadata.total_size"
     try:
@@ -224,7 +224,7 @@ def parameter_count(cfg: dict[str, Any]) -> int:
             if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise ReviewError(f"'{key}' is {str(value)[:40]!r}, not a whole number; fix the model config")
+                raise ReviewError(f"'{key}' is {cut(str(value), 40)!r}, not a whole number; fix the model config")
             if value > 0:
                 return value
         if default is None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from kvpreflight.engines.http import HttpClient
-from kvpreflight.engines.interface import LogSignal
+from kvpreflight.engines.interface import REQUEST_ID, LogSignal
 from kvpreflight.routers.interface import RouterAdapter, serves_list
 
 
@@ -17,7 +17,7 @@ class VllmRouter(RouterAdapter):
     # so the decode gets none and computes the prompt itself. The line names the prefill's URL,
     # not the request.
     log_signals = (LogSignal("No kv_transfer_params for prefill ..., decode will proceed without kv_transfer_params",
-                             re.compile(r"No kv_transfer_params for prefill \S+ decode will proceed without")),)
+                             re.compile(rf"No kv_transfer_params for prefill \S{REQUEST_ID} decode will proceed without")),)
 
     @classmethod
     def detect(cls, url: str, client: HttpClient) -> bool:

@@ -88,9 +88,11 @@ def _metrics(engine: _Engine, echo: str) -> str:
 
 
 @contextlib.contextmanager
-def echo_engine(log_path: Path | None = None) -> Iterator[tuple[str, set[str]]]:
+def echo_engine(log_path: Path | None = None, *, cut_edge: bool = False) -> Iterator[tuple[str, set[str]]]:
     """(URL, the Authorization headers it received so far) of a running echoing engine; with
-    `log_path`, it writes its start-up log there (the echo in a line of it)."""
+    `log_path`, it writes its start-up log there (the echo in a line of it). With `cut_edge`, a
+    refusal is an error object without a message whose key stands where kvpreflight cuts such an
+    object (300 characters of its JSON), the cut falling inside the key."""
     engine = _Engine(log_path)
 
     class Handler(BaseHTTPRequestHandler):
@@ -152,6 +154,11 @@ def echo_engine(log_path: Path | None = None) -> Iterator[tuple[str, set[str]]]:
                 if stream:  # SGLang refuses inside a 200 event stream
                     self._send(200, f"data: {json.dumps({'error': {'message': refusal}})}\n\ndata: [DONE]\n\n".encode(),
                                "text/event-stream")
+                elif cut_edge:
+                    key = self.headers.get("Authorization", "").removeprefix("Bearer ")
+                    head = f"{refusal.split('. ')[0]}. for key "
+                    pad = 300 - len('{"code": 400, "detail": "') - len(json.dumps(head)[1:-1]) - len(json.dumps(key)[1:-1]) // 2
+                    self._json(400, {"error": {"code": 400, "detail": head + "x" * pad + key + " refused"}})
                 else:
                     self._json(400, {"error": {"message": refusal, "type": "BadRequestError", "code": 400}})
                 return

@@ -77,6 +77,8 @@ def write_pki(out: Path) -> dict[str, Path]:
     for name, data in files.items():
         paths[name] = out / f"{name}.pem"
         paths[name].write_bytes(data)
+        if b"PRIVATE KEY" in data:
+            paths[name].chmod(0o600)  # as a private key is kept (a key others can read is refused)
     return paths
 
 

@@ -138,3 +138,60 @@ def test_ctrl_c_says_what_it_stopped_and_exits_130(monkeypatch) -> None:
 def test_keep_without_boot_is_a_usage_error() -> None:
     result = invoke("check", "--endpoint", "http://127.0.0.1:9", "--keep")
     assert result.returncode == 2 and "--keep only makes sense with --boot SPEC.yaml" in result.stderr
+
+
+def _unwritable(tmp_path: Path, where: str) -> Path:
+    """A path no report or record can be written to, even by root."""
+    if where == "under a file":
+        (tmp_path / "a-file").write_text("x")
+        return tmp_path / "a-file" / "out.json"
+    if where == "a folder":
+        (tmp_path / "a-folder").mkdir()
+        return tmp_path / "a-folder"
+    return Path("/proc/kvpreflight-out.json")  # a folder that takes no new file
+
+
+@pytest.mark.parametrize("where", ["under a file", "a folder", "in /proc"])
+@pytest.mark.parametrize("flag", ["--output", "--record", "--test-result"])
+def test_an_output_path_that_cannot_be_written_is_refused_before_any_request(tmp_path: Path, keys: Path, flag: str,
+                                                                            where: str) -> None:
+    bad = _unwritable(tmp_path, where)
+    paths = {"--output": tmp_path / "report.json", "--record": tmp_path / "r.dsse.json", "--test-result": tmp_path / "t.json"}
+    paths[flag] = bad
+    with static_server({}) as url:
+        proc = run("check", "--endpoint", url, "--output", str(paths["--output"]), "--record", str(paths["--record"]),
+                   "--test-result", str(paths["--test-result"]), "--sign-key", str(keys), "--subject", "app=sha256:" + "a" * 64)
+        seen = list(static_server.seen)  # type: ignore[attr-defined]
+    assert_refused_early(proc, flag, str(bad))
+    assert seen == [] and not any(p.exists() for p in paths.values() if p != bad)
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o640])
+def test_a_signing_key_others_can_read_is_refused_before_any_request(tmp_path: Path, keys: Path, mode: int) -> None:
+    key = tmp_path / "shared.key"
+    key.write_bytes(keys.read_bytes())
+    key.chmod(mode)
+    with static_server({}) as url:
+        proc = run("check", "--endpoint", url, "--record", str(tmp_path / "r.json"), "--sign-key", str(key),
+                   "--subject", "app=sha256:" + "a" * 64)
+        seen = list(static_server.seen)  # type: ignore[attr-defined]
+    assert_refused_early(proc, str(key), "chmod 600", "--allow-insecure-key")
+    assert seen == []
+
+
+@pytest.mark.parametrize("which", ["client_key", "client_both"])
+def test_a_tls_client_key_others_can_read_is_refused_unless_allowed(tmp_path: Path, which: str) -> None:
+    from support.mtls import write_pki
+
+    pki = write_pki(tmp_path)
+    pki[which].chmod(0o644)
+    flags = ["--client-cert", str(pki["client_cert"]), "--client-key", str(pki["client_key"])] if which == "client_key" \
+        else ["--client-cert", str(pki["client_both"])]
+    with static_server({}) as url:
+        proc = run("check", "--endpoint", url, *flags)
+        seen = list(static_server.seen)  # type: ignore[attr-defined]
+    assert_refused_early(proc, "--client-key" if which == "client_key" else "--client-cert", "chmod 600")
+    assert seen == []
+    with static_server({}) as url:
+        allowed = run("check", "--endpoint", url, "--capacity-only", "--timeout", "2", *flags, "--allow-insecure-key")
+    assert allowed.returncode == 3 and "chmod" not in allowed.stderr, allowed.stderr  # it went on to the engine

@@ -97,3 +97,16 @@ def test_cli_boot_pinned_to_a_node_needs_ray(tmp_path):
     result = run_cli("fleet", inv)
     assert result.returncode == 2
     assert "deployment a boots on node gpu-1: that needs --ray" in result.stderr
+
+
+@pytest.mark.parametrize("flag", ["--output", "--record"])
+def test_cli_an_unwritable_fleet_report_or_record_is_exit_2_before_any_deployment_runs(tmp_path, flag):
+    inv = tmp_path / "fleet.yaml"
+    inv.write_text("deployments:\n  - name: a\n    attach: {endpoints: ['http://127.0.0.1:9']}\n")
+    (tmp_path / "a-file").write_text("x")
+    bad = tmp_path / "a-file" / "fleet.dsse.json"
+    extra = ["--unsigned"] if flag == "--record" else []
+    result = run_cli("fleet", inv, flag, bad, *extra)
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and lines == [f"kvpreflight: error: {flag} {bad}: {tmp_path / 'a-file'} is not a folder; "
+                                                "choose a writable path"], result.stderr

@@ -149,7 +149,11 @@ LOG_TEMPLATES = [
     "Setting max batch total tokens to {n}",
     "Not enough memory to handle max_total_tokens={n}",
 ]
+# A tenant's line: a start-up phrase repeated (engines log request text), read in bounded time.
+HOSTILE_PHRASES = ["] KV Cache is allocated. ", "max_total_num_tokens=5,", "llama_kv_cache: size = ( 5 cells,",
+                   "kv_role = '", "Decode transfer failed for request ", "Setting max batch total tokens to "]
 log_texts = st.lists(st.one_of(
+    st.builds(lambda phrase, times: phrase * times, st.sampled_from(HOSTILE_PHRASES), st.integers(1, 40_000)),
     st.builds(lambda t, n, rank: t.format(n=n, rank=rank), st.sampled_from(LOG_TEMPLATES),
               st.one_of(st.integers(0, 1 << 45).map(str), st.text("0123456789", min_size=1, max_size=5000)),
               st.integers(0, 9)),
@@ -188,6 +192,8 @@ def _honest(kind: str) -> dict[str, tuple[int, bytes]]:
 @example(("sglang", _honest("sglang"), "[TP0] KV Cache is allocated. dtype: torch.bfloat16, #tokens: " + "9" * 5000))
 @example(("vllm", _honest("vllm"), "(EngineCore) INFO GPU KV cache size: ,,, tokens"))
 @example(("tgi", _honest("tgi"), "Setting max batch total tokens to 99999999999999999999"))
+@example(("sglang", _honest("sglang"), "[TP0] KV Cache is allocated. " * 400_000))  # 12 MB, one line
+@example(("llamacpp", _honest("llamacpp"), "llama_kv_cache: size = ( 5 cells," * 300_000))
 def test_engine_info_and_logs_read_or_are_one_engine_error(case: tuple[str, dict[str, tuple[int, bytes]], str | None]) -> None:
     kind, routes, log_text = case
     adapter = adapter_class(kind)(URL, CannedClient(routes))
@@ -403,10 +409,14 @@ def records(draw: st.DrawFn) -> bytes:
     with any values, or bytes."""
     from kvpreflight.record.sign import sign_statement
 
-    choice = draw(st.sampled_from(["predicate", "statement", "signed", "envelope", "bytes"]))
+    choice = draw(st.sampled_from(["predicate", "statement", "signed", "envelope", "bytes", "duplicate key"]))
     base = draw(st.sampled_from([STATEMENT, FLEET_STATEMENT]))
     if choice == "bytes":
         return draw(st.binary(max_size=300))
+    if choice == "duplicate key":  # a key of the envelope or of a signature given twice, any value first
+        text = json.dumps(sign_statement(base, _key()))
+        key = draw(st.sampled_from(['"payload"', '"payloadType"', '"signatures"', '"keyid"', '"sig"']))
+        return text.replace(f"{key}:", f"{key}: {json.dumps(draw(statement_shaped))}, {key}:", 1).encode()
     if choice == "envelope":
         envelope = sign_statement(base, _key())
         return json_bytes(draw(mutations(envelope, statement_shaped)))
@@ -424,6 +434,7 @@ def records(draw: st.DrawFn) -> bytes:
 
 @given(records(), st.booleans())
 @example(b"[" * 100_000, False)
+@example(b'{"payloadType": "text/plain", "payloadType": "application/vnd.in-toto+json", "payload": "", "signatures": []}', False)
 def test_dsse_envelopes_read_by_verify_verify_or_are_one_record_error(raw: bytes, deep: bool) -> None:
     from kvpreflight.record.dsse import envelope_from_bytes
     from kvpreflight.record.statement import Subject

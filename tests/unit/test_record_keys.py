@@ -117,3 +117,16 @@ def test_a_record_signed_under_the_old_der_keyid_still_verifies():
     policy = Policy(any_subject=True, max_age=timedelta(days=3650), required=())
     verified = verify_envelope(envelope_from_dict(json.loads(record.read_text())), load_public_key(public), policy)
     assert verified.verdict == "pass"
+
+
+@pytest.mark.parametrize("mode", [0o644, 0o604, 0o660])
+def test_a_signing_key_its_group_or_others_can_read_is_refused_unless_allowed(tmp_path, mode):
+    from kvpreflight.record import generate, load_signing_key, write_keypair
+
+    private, _ = write_keypair(tmp_path / "keys", generate())
+    assert private.stat().st_mode & 0o777 == 0o600  # keygen's key is accepted as written
+    load_signing_key(private)
+    private.chmod(mode)
+    with pytest.raises(RecordError, match=rf"can be read by others \(mode 0{mode:o}\); run `chmod 600 .*--allow-insecure-key"):
+        load_signing_key(private)
+    assert load_signing_key(private, allow_insecure=True).keyid

@@ -220,3 +220,55 @@ def test_sliding_window_config_is_stated_as_an_assumption(tmp_path):
     # every layer counted at full length: 2 * 32 * 8 * 128 * 2 = 131,072 B/token
     assert c.evidence["kv_bytes_per_token"] == 131_072
     assert c.evidence["estimated_pool_tokens"] == 8 * 2**30 // (131_072 * 16) * 16 == 65_536
+
+
+MERGED_COMPOSE = """\
+x-vllm: &vllm
+  image: vllm/vllm-openai:v0.32.0
+  entrypoint: ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+  command: [--model, meta-llama/Llama-3.1-70B-Instruct, --tensor-parallel-size, "4", --max-model-len, "131072"]
+x-gpu: &gpu
+  deploy: {resources: {reservations: {devices: [{capabilities: [gpu]}]}}}
+services:
+  vllm:
+    <<: [*vllm, *gpu]
+  vllm-long:
+    <<: *vllm
+    command: [--model, meta-llama/Llama-3.1-70B-Instruct, --tensor-parallel-size, "4", --max-model-len, "1048576"]
+"""
+
+MERGED_K8S = """\
+apiVersion: apps/v1
+kind: Deployment
+metadata: {name: llama8b}
+spec:
+  template:
+    spec:
+      nodeSelector: {nvidia.com/gpu.product: NVIDIA-H100-80GB-HBM3}
+      containers:
+        - &engine
+          name: vllm
+          image: vllm/vllm-openai:v0.32.0
+          command: ["vllm", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
+          args: [--max-model-len, "131072"]
+        - <<: *engine
+          name: vllm-long
+          args: [--max-model-len, "4194304"]
+"""
+
+
+def test_a_compose_launch_from_an_anchor_through_a_merge_key_is_estimated(tmp_path):
+    manifest = tmp_path / "compose.yml"
+    manifest.write_text(MERGED_COMPOSE)
+    report, (plain, long) = checks(manifest, gpu="H100 80GB")
+    assert plain.evidence["kv_bytes_per_token"] == 81_920 and plain.status is Status.PASS
+    assert long.status is Status.FAIL  # its own command, not the anchor's, is the one estimated
+    assert report.exit_code == 1
+
+
+def test_a_kubernetes_container_merged_from_another_is_estimated_with_its_own_args(tmp_path):
+    manifest = tmp_path / "deploy.yaml"
+    manifest.write_text(MERGED_K8S)
+    report, (plain, long) = checks(manifest)
+    assert plain.status is Status.PASS and long.status is Status.FAIL
+    assert report.exit_code == 1

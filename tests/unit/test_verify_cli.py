@@ -281,3 +281,54 @@ def test_a_record_from_another_model_or_engine_version_is_refused(record, keys, 
         assert result.returncode == 0, result.stderr
     else:
         assert_refused(result, refusal)
+
+
+def test_vsa_refuses_a_world_readable_signing_key_and_an_unwritable_summary_path(tmp_path, record, keys):
+    _, private, public = make_keys(tmp_path / "vsa-keys")
+    base = ("--subject", SUBJECT, "--resource-uri", "oci://registry/app")
+    (tmp_path / "a-file").write_text("x")
+    assert_bad_input(verify(record, keys[1], *base, "--vsa", tmp_path / "a-file" / "vsa.json", "--sign-key", private),
+                     "--vsa", "is not a folder")
+    private.chmod(0o644)
+    assert_bad_input(verify(record, keys[1], *base, "--vsa", tmp_path / "vsa.json", "--sign-key", private),
+                     "chmod 600", "--allow-insecure-key")
+    assert not (tmp_path / "vsa.json").exists()
+    ok = verify(record, keys[1], *base, "--vsa", tmp_path / "vsa.json", "--sign-key", private, "--allow-insecure-key")
+    assert ok.returncode == 0 and (tmp_path / "vsa.json").exists(), ok.stderr
+
+
+def _signed_payload(body: bytes, key) -> dict:
+    from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, Envelope, Signature, pae
+
+    return Envelope(body, IN_TOTO_PAYLOAD_TYPE, (Signature(keyid=key.keyid, sig=key.sign(pae(IN_TOTO_PAYLOAD_TYPE, body))),)).to_dict()
+
+
+@pytest.mark.parametrize("where", ["envelope", "signature"])
+def test_an_envelope_naming_a_key_twice_is_bad_input(tmp_path, record, keys, where):
+    text = record.read_text()
+    assert verify(record, keys[1], "--subject", SUBJECT).returncode == 0  # the record itself verifies
+    if where == "envelope":  # a verifier keeping the first "payloadType" reads another envelope
+        forged = text.replace("{", '{"payloadType": "text/plain",', 1)
+        key = "payloadType"
+    else:
+        forged = text.replace('"keyid":', '"keyid": "someone-else", "keyid":', 1)
+        key = "keyid"
+    assert json.loads(forged) == json.loads(text)  # Python alone would read the same document
+    record.write_text(forged)
+    assert_bad_input(verify(record, keys[1], "--subject", SUBJECT), f"names the key '{key}' twice")
+
+
+@pytest.mark.parametrize("field", ["predicateType", "verdict"])
+def test_a_signed_statement_naming_a_key_twice_is_refused(tmp_path, keys, field):
+    key, public = keys
+    statement = build_statement(sample_report(), command_line=["kvpreflight", "check"], subjects=[APP])
+    body = json.dumps(statement, sort_keys=True, separators=(",", ":"))
+    if field == "predicateType":
+        body = body.replace('"predicateType":', '"predicateType":"https://example.com/other","predicateType":', 1)
+    else:
+        assert '"predicate":{' in body
+        body = body.replace('"predicate":{', '"predicate":{"verdict":"fail",', 1)
+    assert json.loads(body)["predicateType"] == statement["predicateType"]  # the last wins in Python
+    path = tmp_path / "dup.dsse.json"
+    write_record(path, _signed_payload(body.encode(), key))
+    assert_refused(verify(path, public, "--subject", SUBJECT), f"names the key '{field}' twice")

@@ -19,10 +19,20 @@ def alias_bomb(levels: int = 9) -> str:
     return "\n".join(lines) + "\n"
 
 
+def merge_bomb(levels: int = 9) -> str:
+    """The alias bomb again, each level merging the one below nine times."""
+    lines = ["a: &a {" + ", ".join(f"k{i}: lol" for i in range(9)) + "}"]
+    for i in range(1, levels):
+        prev, cur = chr(96 + i), chr(97 + i)
+        lines.append(f"{cur}: &{cur} {{<<: *{prev}, x{i}: [{', '.join([f'*{prev}'] * 9)}]}}")
+    return "\n".join(lines) + "\n"
+
+
 @pytest.mark.parametrize("command", [["review"], ["check", "--boot"], ["fleet"]])
-def test_an_alias_bomb_is_refused_in_one_line_within_seconds(tmp_path: Path, command: list[str]) -> None:
+@pytest.mark.parametrize("kind", ["aliases", "merge keys"])
+def test_an_alias_bomb_is_refused_in_one_line_within_seconds(tmp_path: Path, command: list[str], kind: str) -> None:
     bomb = tmp_path / "bomb.yaml"
-    bomb.write_text(alias_bomb())
+    bomb.write_text(alias_bomb() if kind == "aliases" else merge_bomb())
     started = time.monotonic()
     proc = invoke(*command, str(bomb))
     elapsed = time.monotonic() - started
@@ -71,3 +81,13 @@ def test_an_error_about_a_file_that_is_not_a_spec_does_not_print_the_file(tmp_pa
     (line,) = proc.stderr.strip().splitlines()
     assert "deployments[0].boot" in line and "/etc/passwd" in line
     assert len(line) < 400 and "root:x:0:0" not in line
+
+
+@pytest.mark.parametrize("tag", ["!!python/object/apply:os.system ['true']", "!!python/name:os.system"])
+def test_a_python_tag_is_still_refused_next_to_a_merge_key(tag: str) -> None:
+    from kvpreflight.errors import ConfigError
+    from kvpreflight.fields import load_yaml
+
+    assert load_yaml("base: &b {a: 1}\nx: {<<: *b, c: 2}\n", "spec.yaml") == {"base": {"a": 1}, "x": {"a": 1, "c": 2}}
+    with pytest.raises(ConfigError, match="spec.yaml: not valid YAML"):
+        load_yaml(f"base: &b {{a: 1}}\nx: {{<<: *b, c: {tag}}}\n", "spec.yaml")

@@ -16,6 +16,7 @@ from typing import Any
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.fleet.job import JobSettings, Outcome, run_batch
 from kvpreflight.fleet.runners.interface import Batch, Events, Runner, batch_deadline_s, batch_failed, describe
+from kvpreflight.redact import cut
 
 INSTALL_HINT = "install it with: pip install 'kvpreflight[fleet]' (or pip install 'ray>=2.9')"
 RESOURCE_SHARE = 0.001
@@ -41,8 +42,8 @@ def _task(batch: Batch, settings: JobSettings) -> tuple[Outcome, ...]:
 
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
-    cut = text.find(" This can happen")  # Ray's NodeDiedError explains at length; keep the facts
-    return (text[:cut] if cut > 0 else text)[:400]
+    end = text.find(" This can happen")  # Ray's NodeDiedError explains at length; keep the facts
+    return cut(text[:end] if end > 0 else text, 400)
 
 
 class RayRunner(Runner):

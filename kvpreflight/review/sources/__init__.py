@@ -5,16 +5,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from kvpreflight.files import FileKind, read_text
 from kvpreflight.review.interface import CommandSite, ReviewError
 
 
 def read_sites(path: Path) -> list[CommandSite]:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ReviewError(f"{path}: no such file; pass the deployment files to review") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ReviewError(f"{path}: cannot read it ({exc}); pass a text deployment file") from None
+    text = read_text(path, FileKind.REVIEW_INPUT, ReviewError,
+                     missing=f"{path}: no such file; pass the deployment files to review")
     if path.suffix in (".yaml", ".yml", ".json"):
         from kvpreflight.review.sources import bootspec, compose, kubernetes
         from kvpreflight.review.sources.yamlnodes import get, load_documents

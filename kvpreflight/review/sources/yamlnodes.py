@@ -24,7 +24,32 @@ def load_documents(path: Path, text: str) -> list[Node]:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise ReviewError(f"{where}: not valid YAML ({problem}); fix the file") from None
     bound_expansion(documents, str(path), ReviewError)
+    _resolve_merges(documents, path)
     return documents
+
+
+def _resolve_merges(documents: list[Node], path: Path) -> None:
+    """Each mapping's merge keys (`<<: *anchor`, the compose and Kubernetes idiom) resolved in
+    place, as a YAML loader resolves them: the merged keys first, the mapping's own after them
+    (`get` takes the last). Each node once: an anchor used twice is the same node."""
+    flatten = yaml.SafeLoader("").flatten_mapping
+    seen: set[int] = set()
+    stack: list[Node] = list(documents)
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, MappingNode):
+            try:
+                flatten(node)
+            except yaml.YAMLError as exc:
+                mark = getattr(exc, "problem_mark", None)
+                where = f"{path}:{mark.line + 1}" if mark else str(path)
+                raise ReviewError(f"{where}: {getattr(exc, 'problem', None) or exc}; fix the merge key") from None
+            stack.extend(n for pair in node.value for n in pair)
+        elif isinstance(node, SequenceNode):
+            stack.extend(node.value)
 
 
 def line(node: Node) -> int:
@@ -33,7 +58,7 @@ def line(node: Node) -> int:
 
 def get(node: Node | None, key: str) -> Node | None:
     if isinstance(node, MappingNode):
-        for k, v in node.value:
+        for k, v in reversed(node.value):  # the last of a key wins, as in a loaded mapping (merged keys come first)
             if isinstance(k, ScalarNode) and k.value == key:
                 return v
     return None
