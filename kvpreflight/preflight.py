@@ -91,7 +91,9 @@ def run_booted(spec: DeploymentSpec, plan: CheckPlan, *, log_dir: Path,
     if spec.client_cert is not None and plan.client_cert is not None:
         raise ConfigError(f"{spec.source}: sets client_cert, and --client-cert is given too; keep one")
     spec.check_client_certificate()
-    with boot_deployment(spec, log_dir, secrets=plan.auth.secrets) as deployment:
+    # The boot's steps go through the caller's progress too (on a terminal: its live line).
+    say = None if progress is _quiet else progress
+    with boot_deployment(spec, log_dir, secrets=plan.auth.secrets, say=say) as deployment:
         if before_check is not None:
             before_check(deployment)
         booted = booted_plan(plan, spec, deployment)

@@ -47,14 +47,16 @@ def boot_deployment(
     progress_interval_s: float = 5.0,
     stop_grace_s: float = 10.0,
     secrets: Iterable[str] = (),
+    say: Callable[[str], None] | None = None,
 ) -> Iterator[BootedDeployment]:
     """Start every engine of `spec`, yield once all are ready, stop them all on exit. The values of
     `secrets` are removed from every line shown (engines' log lines are quoted in progress and errors).
+    Progress goes to `say` when given (each line "boot: ..."), else to `stderr`.
 
     Raises BootConfigError (exit 2) for a problem found before anything started (port in use, program
     not found), exit 3 when an engine exits or is not ready in time.
     """
-    progress = Progress(stderr, progress_interval_s, Redactor(secrets).text)
+    progress = Progress(stderr, progress_interval_s, Redactor(secrets).text, say=say)
     plan = plan_deployment(spec)
     log_dir = os.fspath(log_dir)
     try:

@@ -1,4 +1,6 @@
-"""Boot progress on stderr: events at once, "still waiting" lines at most one per interval."""
+"""Boot progress: events at once, "still waiting" lines at most one per interval; on stderr, or
+through the caller's `say` (check --boot and demo pass theirs, so on a terminal the boot's steps
+are drawn on their live line like every other step)."""
 
 from __future__ import annotations
 
@@ -12,17 +14,22 @@ from kvpreflight.redact import cut
 
 
 class Progress:
-    """`scrub` removes the run's secrets from every line shown (an engine's log lines are quoted)."""
+    """`scrub` removes the run's secrets from every line shown (an engine's log lines are quoted).
+    `say`, when given, takes each line ("boot: ...") instead of `stream`."""
 
     def __init__(self, stream: TextIO | None = None, interval_s: float = 5.0,
-                 scrub: Callable[[str], str] = lambda text: text) -> None:
+                 scrub: Callable[[str], str] = lambda text: text, say: Callable[[str], None] | None = None) -> None:
         self.stream = stream if stream is not None else sys.stderr
         self.interval_s = interval_s
         self.scrub = scrub
+        self.sink = say
         self._last_tick = time.monotonic()
 
     def say(self, message: str) -> None:
         try:
+            if self.sink is not None:
+                self.sink(f"boot: {self.scrub(message)}")
+                return
             from kvpreflight.terminal import write_line
 
             write_line("kvpreflight: boot", self.scrub(message), self.stream)
