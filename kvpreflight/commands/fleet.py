@@ -21,7 +21,8 @@ def register(app: typer.Typer) -> None:
         allow_insecure_key: bool = typer.Option(False, "--allow-insecure-key", help="Sign with a private key that others can read (by default refused, as ssh refuses one: chmod 600 it)."),
         subject: list[str] | None = typer.Option(None, "--subject", help="NAME=sha256:HEX every record is about. Repeatable."),
         unsigned: bool = typer.Option(False, "--unsigned", help="Write the records unsigned (verify will refuse them)."),
-        work_dir: Path | None = typer.Option(None, "--work-dir", help="Where booted deployments' logs go (on each node; default a new temporary folder)."),
+        work_dir: Path | None = typer.Option(None, "--work-dir", help="Where booted deployments' logs go (on each node), kept afterwards. [default: a temporary folder, removed afterwards unless --keep]"),
+        keep: bool = typer.Option(False, "--keep", help="Keep the booted deployments' engine and worker logs (the folder is printed) instead of removing them."),
     ) -> None:
         """Check many deployments at once. Exit 0 all pass, 1 one failed, 2 usage error, 3 one inconclusive (none failed)."""
         import sys
@@ -31,6 +32,6 @@ def register(app: typer.Typer) -> None:
         raise typer.Exit(execute(FleetRequest(
             inventory=inventory, parallel=parallel, ray=ray, fmt=fmt, output=output, record=record,
             sign_key=sign_key, allow_insecure_key=allow_insecure_key, subjects=tuple(subject or ()), unsigned=unsigned,
-            work_dir=work_dir,
+            work_dir=work_dir, keep=keep,
             command_line=tuple(sys.argv),
         )))

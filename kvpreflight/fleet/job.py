@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -36,7 +37,8 @@ PARENT_ENV = "KVPREFLIGHT_FLEET_PARENT"
 class JobSettings:
     command_line: tuple[str, ...]  # the fleet's argv (secrets redacted when the record is built)
     subjects: tuple[str, ...] = ()  # NAME=sha256:HEX every record carries (inventory, --subject)
-    work_dir: str | None = None  # boot logs go under it; default a new temporary folder
+    work_dir: str | None = None  # boot logs go under it; default a new temporary folder per deployment
+    keep: bool = True  # the logs outlive the run; False: work_dir is temporary, and one made here is removed
 
 
 @dataclass(frozen=True)
@@ -106,9 +108,17 @@ def _attached(deployment: Deployment, settings: JobSettings) -> Outcome:
 
 
 def _booted(deployment: Deployment, settings: JobSettings) -> Outcome:
+    base = Path(settings.work_dir) if settings.work_dir else Path(tempfile.mkdtemp(prefix="kvpreflight-fleet-"))
+    try:
+        return _boot_in(base, deployment, settings)
+    finally:
+        if not settings.work_dir and not settings.keep:  # made here; the record and the report were read back
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _boot_in(base: Path, deployment: Deployment, settings: JobSettings) -> Outcome:
     from kvpreflight.record import read_record
 
-    base = Path(settings.work_dir) if settings.work_dir else Path(tempfile.mkdtemp(prefix="kvpreflight-fleet-"))
     work = base / deployment.name
     work.mkdir(parents=True, exist_ok=True)
     record = work / "unsigned-record.json"
@@ -129,6 +139,7 @@ def _booted(deployment: Deployment, settings: JobSettings) -> Outcome:
         "log_dir": str(work / "logs"),
     }
     log_path = work / "worker.log"
+    log_named = f"log {log_path}" if settings.keep else "its log is removed with the run's other logs; --keep keeps them"
     with writing(log_path) as log:
         proc = subprocess.Popen(
             [sys.executable, "-m", "kvpreflight.fleet.worker"], stdin=subprocess.PIPE, stdout=log, stderr=log,
@@ -142,7 +153,7 @@ def _booted(deployment: Deployment, settings: JobSettings) -> Outcome:
         except subprocess.TimeoutExpired:
             _stop(proc)
             return not_measured(deployment.name, f"did not finish within its deadline of {deployment.timeout_s:g}s "
-                                                 f"(timeout_s); engines stopped; worker log {log_path}")
+                                                 f"(timeout_s); engines stopped; worker {log_named}")
         except BaseException:
             _stop(proc)
             raise
@@ -150,7 +161,7 @@ def _booted(deployment: Deployment, settings: JobSettings) -> Outcome:
         envelope = read_record(record)
         return _outcome(deployment.name, Report.from_dict(json.loads(read_text(report_path, FileKind.WORKER_OUTPUT))),
                         json.loads(envelope.payload))
-    return not_measured(deployment.name, f"{_last_line(log_path)} (worker exit status {proc.returncode}; log {log_path})")
+    return not_measured(deployment.name, f"{_last_line(log_path)} (worker exit status {proc.returncode}; {log_named})")
 
 
 def _stop(proc: subprocess.Popen) -> None:

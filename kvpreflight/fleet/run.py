@@ -4,6 +4,7 @@ deployment through a runner, print the merged report, write the records, exit wi
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterable
@@ -38,7 +39,8 @@ class FleetRequest:
     allow_insecure_key: bool = False  # sign with a key others can read
     subjects: tuple[str, ...] = ()
     unsigned: bool = False
-    work_dir: Path | None = None
+    work_dir: Path | None = None  # kept afterwards; None: a temporary folder, removed unless keep
+    keep: bool = False
     command_line: tuple[str, ...] = ("kvpreflight", "fleet")  # for the records (secrets redacted there)
 
 
@@ -114,27 +116,41 @@ def execute(request: FleetRequest) -> int:
     subjects = [file_subject(request.inventory), *parse_subjects(inventory.subjects), *parse_subjects(request.subjects)]
     batches = plan_batches(inventory.deployments)
     runner = _runner(request, inventory)
-    work_dir = request.work_dir
-    if work_dir is None and runner.name == "local":
-        work_dir = Path(tempfile.mkdtemp(prefix=f"kvpreflight-fleet-{inventory.name}-"))
+    boots = any(d.kind != "attach" for d in inventory.deployments)
+    # Boot logs go to --work-dir (kept), else to a temporary folder (this machine's, or one per
+    # deployment on its Ray node) removed once the report and the records are written, unless --keep.
+    work_dir = temporary = None
+    if request.work_dir is not None:
+        work_dir = request.work_dir
+    elif boots and runner.name == "local":
+        work_dir = temporary = Path(tempfile.mkdtemp(prefix=f"kvpreflight-fleet-{inventory.name}-"))
     settings = JobSettings(command_line=request.command_line, subjects=tuple(str(s) for s in subjects),
-                           work_dir=str(work_dir.resolve()) if work_dir else None)
+                           work_dir=str(work_dir.resolve()) if work_dir else None,
+                           keep=request.keep or request.work_dir is not None)
     shared = sum(1 for b in batches if len(b) > 1)
+    where = ""
+    if work_dir is not None and boots:
+        where = f"; boot logs under {work_dir}" + ("" if settings.keep else " (removed afterwards unless --keep)")
     say(f"{len(inventory.deployments)} deployment(s) from {request.inventory}, runner {runner.name}"
-        + (f", {shared} group(s) share an engine and run one after another" if shared else "")
-        + (f"; boot logs under {work_dir}" if work_dir else ""))
+        + (f", {shared} group(s) share an engine and run one after another" if shared else "") + where)
     secrets = _secrets(inventory)
     started = utc_now()
-    outcomes = runner.run(batches, settings, Progress(len(inventory.deployments), secrets))
-    report = FleetReport(name=inventory.name, runner=runner.name, outcomes=tuple(outcomes), inventory=str(request.inventory),
-                         started_at=started, finished_at=utc_now(), tool_version=__version__)
-    records: dict[str, str] = {}
-    if request.record is not None:
-        records = write_fleet_records(report, record=request.record, signer=signer, subjects=subjects,
-                                      command_line=list(request.command_line), secrets=secrets)
-        say(f"fleet record written to {request.record} ({'signed' if signer else 'UNSIGNED'}), "
-            f"{len(records)} deployment record(s) beside it")
-    _write(report, fmt, request.output, records, secrets)
+    try:
+        outcomes = runner.run(batches, settings, Progress(len(inventory.deployments), secrets))
+        report = FleetReport(name=inventory.name, runner=runner.name, outcomes=tuple(outcomes), inventory=str(request.inventory),
+                             started_at=started, finished_at=utc_now(), tool_version=__version__)
+        records: dict[str, str] = {}
+        if request.record is not None:
+            records = write_fleet_records(report, record=request.record, signer=signer, subjects=subjects,
+                                          command_line=list(request.command_line), secrets=secrets)
+            say(f"fleet record written to {request.record} ({'signed' if signer else 'UNSIGNED'}), "
+                f"{len(records)} deployment record(s) beside it")
+        _write(report, fmt, request.output, records, secrets)
+    finally:
+        if temporary is not None and request.keep:
+            say(f"boot logs kept in {temporary}")
+        elif temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
     from kvpreflight.formats.ci import github_actions_side_effects
 
     github_actions_side_effects(merged_report(report), format_name=fmt if request.output is None else None)

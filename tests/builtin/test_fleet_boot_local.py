@@ -1,5 +1,5 @@
 """`kvpreflight fleet` booting builtin deployments on this machine (no Ray): the example inventory
-gives each deployment its own verdict and records; a fleet stopped with SIGTERM mid-boot leaves no
+gives each deployment its own verdict and records, and leaves no temporary folder; a fleet stopped with SIGTERM mid-boot leaves no
 engine behind."""
 
 from __future__ import annotations
@@ -26,11 +26,14 @@ def test_example_inventory_gives_each_deployment_its_verdict_and_a_record(tmp_pa
     _, private, public = make_keys(tmp_path / "keys")
     tag = uuid.uuid4().hex
     records = tmp_path / "records"
+    temp = tmp_path / "tmp"  # no --work-dir: the boot logs' temporary folder lands here, and must be gone after
+    temp.mkdir()
     result = subprocess.run(
-        [str(KVPREFLIGHT), "fleet", str(EXAMPLE), "--parallel", "2", "--format", "json", "--work-dir", str(tmp_path / "work"),
+        [str(KVPREFLIGHT), "fleet", str(EXAMPLE), "--parallel", "2", "--format", "json",
          "--record", str(records / "fleet.dsse.json"), "--sign-key", str(private)],
-        capture_output=True, text=True, timeout=600, env={**os.environ, "KVPREFLIGHT_TEST_TAG": tag})
+        capture_output=True, text=True, timeout=600, env={**os.environ, "KVPREFLIGHT_TEST_TAG": tag, "TMPDIR": str(temp)})
     assert processes_tagged(tag) == set(), "engine processes left behind"
+    assert [p.name for p in temp.iterdir() if p.name.startswith("kvpreflight-")] == [], "temporary folders left behind"
     assert result.returncode == 1, result.stderr[-3000:]
     rows = {d["name"]: d for d in json.loads(result.stdout)["deployments"]}
     assert list(rows) == ["chat-fixed", "chat-incident-ratio"]
