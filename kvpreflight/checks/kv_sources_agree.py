@@ -19,6 +19,11 @@ MISSING_HINT = {
     Origin.ALLOCATOR: "the allocator's start-up log line (pass --log URL=PATH, or use --boot so kvpreflight owns the log)",
     Origin.SCHEDULER: "the scheduler's API or metrics (enable /metrics or /server_info)",
 }
+# The same, as short as the report's message says it (MISSING_HINT is in the evidence).
+MISSING_FIX = {
+    Origin.ALLOCATOR: "--log URL=PATH or --boot (the start-up log)",
+    Origin.SCHEDULER: "enable /metrics or /server_info",
+}
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
@@ -69,9 +74,9 @@ def _one(ctx: CheckContext, snap: EngineSnapshot) -> CheckResult:
         return CheckResult(ID, Status.INCONCLUSIVE, f"{snap.role.value} engine: no source reported the KV pool", snap.url, evidence)
     if len(origin_values) == 1:
         (only,) = origin_values
-        missing = [hint for o, hint in MISSING_HINT.items() if o.value != only]
-        return CheckResult(ID, Status.WARN,
-                           f"{snap.role.value} engine: only one origin ({only}) reports the pool; missing: {'; '.join(missing)}",
+        evidence["missing"] = [hint for o, hint in MISSING_HINT.items() if o.value != only]
+        fix = " or ".join(hint for o, hint in MISSING_FIX.items() if o.value != only)
+        return CheckResult(ID, Status.WARN, f"{snap.role.value} engine: only one origin ({only}) reports the pool; fix: {fix}",
                            snap.url, evidence)
     return CheckResult(ID, Status.PASS,
                        f"{snap.role.value} engine: {len(origin_values)} independent origins agree on {min(origin_values.values()):,} tokens "

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any
 from urllib.parse import urlsplit
@@ -290,6 +290,82 @@ def fit(text: str, width: int | None) -> str:
         out += textwrap.wrap(line, width, initial_indent="", subsequent_indent=indent + "  ",
                              break_long_words=True, break_on_hyphens=False, drop_whitespace=True) or [""]
     return "\n".join(out)
+
+
+# A message in the table or the Markdown summary: at most this many lines (wrapped at the width
+# it is shown at); the rest is in the JSON report, whose `message` stays whole (as SARIF's, JUnit's
+# and the annotations' do): a pipeline reads one complete field, and no consumer joins two.
+MESSAGE_LINES = 3
+MARKDOWN_WIDTH = 100  # the message column a PR comment or step summary gives, for MESSAGE_LINES
+SHORTENED_NOTE = "… marks a message cut short here; --format json has every message whole."
+
+
+def wrapped_lines(text: str, width: int) -> int:
+    """Lines `text` takes wrapped at `width`, as the table wraps a cell."""
+    import textwrap
+
+    return sum(len(textwrap.wrap(line, width, break_long_words=True, break_on_hyphens=False) or [""])
+               for line in text.split("\n"))
+
+
+def clauses(text: str) -> list[str]:
+    """The findings a message joins with "; " (not those inside brackets)."""
+    parts, depth, start = [], 0, 0
+    for i, ch in enumerate(text):
+        depth += ch in "([{"
+        depth -= ch in ")]}" and depth > 0
+        if depth == 0 and text.startswith("; ", i):
+            parts.append(text[start:i])
+            start = i + 2
+    return [*parts, text[start:]]
+
+
+def _cut(text: str, fits: Callable[[str], bool]) -> str:
+    """`text`, or its longest run of leading words, ending in "…", that `fits`."""
+    if fits(text):
+        return text
+    words = text.split(" ")
+    lo, hi = 0, len(words) - 1  # words[:lo] + "…" fits; words[:hi + 1] + "…" does not
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if fits(" ".join(words[:mid]) + "…"):
+            lo = mid
+        else:
+            hi = mid - 1
+    return " ".join(words[:lo]) + "…"
+
+
+def brief(message: str, width: int | None, lines: int = MESSAGE_LINES) -> str:
+    """The message as the table and Markdown show it: whole when it takes at most `lines` lines at
+    `width` (None: never shortened); else its leading findings (the "; "-joined clauses) that fit,
+    "…" for the ones left out, and its fix ("fix: ...", always kept, last)."""
+    if not width or wrapped_lines(message, width) <= lines:
+        return message
+    parts = clauses(" ".join(message.split()))
+    fixes = [i for i, part in enumerate(parts) if part.startswith("fix: ")]
+    fix = parts[fixes[-1]] if fixes else ""
+    findings = [part for i, part in enumerate(parts) if not fixes or i != fixes[-1]] or [""]
+
+    def shown(head: str, fix_text: str = fix) -> str:
+        return "; ".join(text for text in (head, fix_text) if text)
+
+    def fits(text: str) -> bool:
+        return wrapped_lines(text, width) <= lines
+
+    best = ""
+    for n in range(1, len(findings) + 1):
+        head = "; ".join(findings[:n]) + ("; …" if n < len(findings) else "")
+        if not fits(shown(head)):
+            break
+        best = head
+    if best:
+        return shown(best)
+    head = _cut(findings[0], lambda h: fits(shown(h)))
+    one_line = _cut(findings[0], lambda h: wrapped_lines(h, width) <= 1)
+    if not fix or len(head) >= len(one_line):
+        return shown(head)
+    # The first finding's first line, and as much of the fix as the other lines hold.
+    return shown(one_line, _cut(fix, lambda f: fits(shown(one_line, f))))
 
 
 def colour_wanted(stream: IO[str], environ: Mapping[str, str] = os.environ) -> bool:

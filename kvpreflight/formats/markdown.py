@@ -1,7 +1,8 @@
 """A Markdown summary ready for a PR comment or `$GITHUB_STEP_SUMMARY`.
 
-Verdict headline, an engines table, a checks table, the waivers. Every value is escaped so that a
-message can neither break a table (`|`, newlines) nor inject HTML or Markdown markup.
+Verdict headline, an engines table, a checks table (each message at most three lines of a
+MARKDOWN_WIDTH column: `_common.brief`; the JSON report keeps it whole), the waivers. Every value is
+escaped so that a message can neither break a table (`|`, newlines) nor inject HTML or Markdown markup.
 """
 
 from __future__ import annotations
@@ -93,10 +94,12 @@ class MarkdownFormat(ReportFormat):
             out.append("No engine was reached.")
         out += ["", "### Checks", ""]
         if report.checks:
-            rows = [
-                [f"{ICONS[c.status]} {c.status.value}", c.id, c.endpoint or "", c.message] for c in report.checks
-            ]
+            briefs = [_common.brief(c.message, _common.MARKDOWN_WIDTH) for c in report.checks]
+            rows = [[f"{ICONS[c.status]} {c.status.value}", c.id, c.endpoint or "", text]
+                    for c, text in zip(report.checks, briefs, strict=True)]
             out += _table(["status", "check", _common.where_label(report), "message"], rows)
+            if any(text != c.message for c, text in zip(report.checks, briefs, strict=True)):
+                out += ["", escape(_common.SHORTENED_NOTE)]
         else:
             out.append("No check ran.")
         if cost := _common.cost_lines(report):

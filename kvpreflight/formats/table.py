@@ -1,8 +1,9 @@
 """The human report: a block per engine, the checks, the waivers, then one verdict line.
 
-Colour only on a terminal (and never with NO_COLOR). Checks are listed failures first. Messages
-are never cut but a passing check's on a terminal (one line, cut with "…"; whole in JSON and
-Markdown): on a terminal the checks are one row each, their columns measured without colour codes
+Colour only on a terminal (and never with NO_COLOR). Checks are listed failures first. On a
+terminal a passing check's message is one line (cut with "…"), any other at most three lines (its
+leading findings and its fix, then where the rest is: `_common.brief`); JSON keeps every message
+whole. On a terminal the checks are one row each, their columns measured without colour codes
 and summing to the terminal's width, and a long message wraps inside the message column only (a
 long endpoint inside its own); below STACK_BELOW columns each check stacks (status and id, then its
 endpoint and message indented). Anywhere else each message is kept whole on its row. Control
@@ -80,17 +81,20 @@ class TableFormat(ReportFormat):
         ]
         headers = ["status", "check", _common.where_label(report), "message"]
         # a pass is one line on a terminal; its whole message is in JSON and Markdown
-        table = _columns(headers, rows, width, one_line=[r.status is Status.PASS for r in shown])
-        return f"Checks ({_common.counts_text(report)})\n" + table
+        table, shortened = _columns(headers, rows, width, one_line=[r.status is Status.PASS for r in shown])
+        note = f"\n{_common.SHORTENED_NOTE}" if shortened else ""
+        return f"Checks ({_common.counts_text(report)})\n" + table + note
 
 
-def _columns(headers: list[str], rows: list[list[str]], width: int | None, one_line: list[bool]) -> str:
+def _columns(headers: list[str], rows: list[list[str]], width: int | None, one_line: list[bool]) -> tuple[str, bool]:
     """The checks, one row each, in tabulate's "simple" look. With a width: the message column
     takes what the others leave and wraps within itself (the endpoint shrinks to its minimum and
     wraps within itself first); below STACK_BELOW, or when even that leaves no room, each row
-    stacks; the rows marked `one_line` keep one line of message, cut with "…". Without one (a pipe,
-    a file) nothing wraps or is cut."""
+    stacks; the rows marked `one_line` keep one line of message, cut with "…", the others at most
+    MESSAGE_LINES (`_common.brief`: the leading findings and the fix). Without one (a pipe, a file)
+    nothing wraps or is cut. Also says whether a message other than a pass's was shortened."""
     widths = [max(_common.visible_len(text) for text in [h, *(r[i] for r in rows)]) for i, h in enumerate(headers)]
+    shortened = False
     if width:
         fixed = widths[0] + widths[1] + 3 * len(_GAP)
         room = width - fixed - widths[2]
@@ -99,16 +103,19 @@ def _columns(headers: list[str], rows: list[list[str]], width: int | None, one_l
             room = width - fixed - widths[2]
         stacked = width < STACK_BELOW or room < _MIN_MESSAGE_WIDTH
         message_width = max(width - 4, 20) if stacked else room
-        rows = [[*row[:3], _one_line(row[3], message_width)] if short else row for row, short in zip(rows, one_line, strict=True)]
+        briefs = [row[3] if short else _common.brief(row[3], message_width) for row, short in zip(rows, one_line, strict=True)]
+        shortened = any(text != row[3] for text, row in zip(briefs, rows, strict=True))
+        rows = [[*row[:3], _one_line(row[3], message_width) if short else text]
+                for row, short, text in zip(rows, one_line, briefs, strict=True)]
         if stacked:
-            return _stacked(rows, width)
+            return _stacked(rows, width), shortened
         widths[3] = min(widths[3], room)
     lines = [_line(headers, widths), _GAP.join("-" * w for w in widths)]
     for row in rows:
         cells = [[row[0]], [row[1]], _wrap(row[2], widths[2] if width else None), _wrap(row[3], widths[3] if width else None)]
         for i in range(max(len(c) for c in cells)):
             lines.append(_line([c[i] if i < len(c) else "" for c in cells], widths))
-    return "\n".join(lines)
+    return "\n".join(lines), shortened
 
 
 def _line(cells: list[str], widths: list[int]) -> str:

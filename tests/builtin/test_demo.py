@@ -253,6 +253,16 @@ def test_a_passing_demo_report_fits_one_screen_and_a_failing_one_reads_failures_
                          if line.split()[:1] and line.split()[0] in ("FAIL", "INCONCLUSIVE", "WARN", "SKIP", "PASS")]
     assert statuses_in_order[0] == "FAIL" and "PASS" in statuses_in_order
     assert statuses_in_order.index("PASS") > max(i for i, s in enumerate(statuses_in_order) if s == "FAIL")
+    # every message at most three lines of its column (the incident's run to 12 whole); JSON keeps them whole
+    lines = checks_block.splitlines()
+    column = lines[1].index("message")
+    per_row: list[int] = []
+    for line in lines[3:]:
+        if not line.startswith(" "):
+            per_row.append(0)
+        per_row[-1] += bool(line[column:].strip())
+    assert max(per_row) <= 3 and "--format json has every message whole" in table, table
+    assert any(len(c["message"]) > 400 for c in failing["checks"])
 
 
 def test_the_printed_verify_command_accepts_the_record_it_names(demo_run):

@@ -138,16 +138,48 @@ def test_table_lists_checks_and_waivers_with_reasons():
     assert "gpu.memory: CPU-only runner" in out.split("Waivers:")[1]
 
 
-@pytest.mark.parametrize("width", [None, 100])
-def test_table_never_truncates_a_long_message(width):
+@pytest.mark.parametrize("width", [50, 80, 100, 120])
+def test_table_shows_a_long_message_in_at_most_three_lines_and_says_where_the_rest_is(width):
     out = plain_table(report(FAIL), width=width)
-    squeezed = "".join(out.split())
-    assert "".join(LONG.split()) in squeezed
-    if width:  # wrapped to fit, not cut
-        checks_part = out.split("Checks")[1].split("\n\n")[0]
-        assert max(len(line) for line in checks_part.splitlines()) <= width
-    else:
-        assert LONG in out
+    rows = _common.strip_colour(out).split("Checks (")[1].split("\n\n")[0].splitlines()[1 if width < 60 else 3:]
+    message_lines = rows[1:] if width < 60 else rows  # stacked: status and id, endpoint, then the message
+    assert 1 <= len(message_lines) - (width < 60) <= 3, out
+    assert max(len(line) for line in rows) <= width
+    squeezed = " ".join(out.split())
+    assert "the engine accepted a request of 200,001 tokens" in squeezed and "THE-END" not in out
+    assert squeezed.count("…") == 1 and _common.SHORTENED_NOTE in squeezed
+    assert json.loads(get_format("json").render(report(FAIL)))["checks"][0]["message"] == LONG  # JSON keeps it whole
+
+
+def test_table_to_a_pipe_or_file_keeps_a_long_message_whole():
+    assert LONG in plain_table(report(FAIL), width=None)
+
+
+FINDINGS = "; ".join(f"over-pool probe {i} (9,000 tokens): served, not rejected, {i} tokens generated" for i in range(6))
+FIXED = CheckResult("overcapacity-rejected", Status.FAIL, f"{FINDINGS}; fix: serve a --context-length the pool holds",
+                    PREFILL)
+
+
+@pytest.mark.parametrize("width", [100, 120])
+def test_a_long_failure_shows_its_first_findings_whole_and_its_fix(width):
+    out = " ".join(plain_table(report(FIXED), width=width).split())
+    assert "over-pool probe 0 (9,000 tokens): served, not rejected, 0 tokens generated;" in out  # whole findings
+    assert "probe 5" not in out
+    assert "generated; …; fix: serve a --context-length the pool holds" in out  # the findings left out: "…"
+
+
+def test_brief_keeps_what_fits_and_cuts_nothing_else():
+    assert _common.brief("short; and whole", 20) == "short; and whole"
+    assert _common.brief(LONG, None) == LONG
+    assert _common.clauses("a (x; y); b; fix: z") == ["a (x; y)", "b", "fix: z"]  # a bracket's "; " is no boundary
+    for width in (20, 46, 60, 100):
+        assert _common.wrapped_lines(_common.brief(FIXED.message, width), width) <= 3
+
+
+def test_markdown_shows_a_long_message_in_three_lines_of_its_column():
+    out = MarkdownFormat().render(report(FAIL, FIXED))
+    assert "THE-END" not in out and "probe 5" not in out
+    assert "fix: serve a --context-length the pool holds" in out and _common.SHORTENED_NOTE in out
 
 
 def test_table_cannot_drive_the_terminal():
@@ -461,7 +493,8 @@ def test_table_on_a_colour_terminal_keeps_one_row_per_result_and_wraps_a_message
     for line in rows:
         if line.startswith(" "):  # a continuation: only the message (or endpoint) column has text
             assert line[:header.index("endpoint")].strip() == "", line
-    assert "".join(LONG.split()) in "".join("".join(line[message_column:] for line in rows).split())
+    message = " ".join(" ".join(line[message_column:] for line in rows).split())
+    assert "the engine accepted a request of 200,001" in message and message.endswith("…")
     if width == 120:  # a short message is not wrapped just because its row carries colour
         assert any(line.endswith("decode accepted 70,000 tokens") for line in rows)
 
