@@ -33,10 +33,10 @@ ID = "tenant-isolation"
 
 def request_evidence(r: TenantRequest) -> dict[str, Any]:
     ev: dict[str, Any] = {"tenant": r.tenant.value, "request": r.name}
-    if r.scanned:
-        ev["own_canary_seen"] = r.own_seen
-    else:
+    if not r.scanned:
         ev["scanned"] = "no: its answer had no room for a canary; it planted the tenant's canary in the pool"
+    elif r.served:  # the positive control is about answers; a refusal (HTTP 200 in a stream too) has none
+        ev["own_canary_seen"] = r.own_seen
     if r.abandoned:
         ev["disconnected"] = r.abandoned
         if r.completion is None and r.request_id:  # a served request's id is in its completion's evidence
@@ -58,14 +58,46 @@ def names_abandoned(line: DangerLine, requests: Sequence[TenantRequest]) -> bool
                                          for r in requests)
 
 
-def late_read_verdict(s: Scenario, snapshots: Sequence[EngineSnapshot]) -> tuple[Status, str] | None:
+def names_ours(line: DangerLine, requests: Sequence[TenantRequest]) -> bool:
+    """The line names one of the check's requests (behind vllm-router it names the router's id instead)."""
+    return bool(line.request_id) and any(r.request_id and r.request_id in (line.request_id or "") for r in requests)
+
+
+def abandoned_late_reads(scenarios: Sequence[Scenario], between: Sequence[DangerLine]) -> set[int]:
+    """Which late-read lines (by id()) belong to requests whose clients left on purpose. A line that
+    names one of them does; a line that names no request of ours (vLLM's ids replaced by a router)
+    is counted against the abandoned requests not yet accounted for, in the order the lines came
+    (a disconnect scenario's window first, then between scenarios, where vLLM logs a read that
+    ended after its scenario): one late read per abandoned request at most. Any other late read,
+    and one past that count, is an answered request's (a fail): never more forgiven than left."""
+    requests = [r for s in scenarios for r in s.requests]
+    late: list[tuple[Scenario | None, DangerLine]] = [(s, d) for s in scenarios for d in s.danger_lines
+                                                      if d.hazard is Hazard.LATE_READ]
+    late += [(None, d) for d in between if d.hazard is Hazard.LATE_READ]
+    named = {id(d) for _, d in late if names_abandoned(d, requests)}
+    allowance = sum(1 for r in requests if r.abandoned) - len(named)
+    untied = set()
+    for scenario, d in late:
+        if id(d) in named or names_ours(d, requests) or allowance <= 0:
+            continue
+        if scenario is None or any(r.abandoned for r in scenario.requests):
+            untied.add(id(d))
+            allowance -= 1
+    return named | untied
+
+
+def late_read_verdict(s: Scenario, snapshots: Sequence[EngineSnapshot],
+                      abandoned: set[int] | None = None) -> tuple[Status, str] | None:
     """A decode read KV its prefill had released during this scenario: a failure when the request
     was answered; a warning when it was one whose client had left (a disconnect scenario), or a
-    read the counter alone shows there. None when nothing read late."""
+    read the counter alone shows there. None when nothing read late. `abandoned`: the late-read
+    lines of the whole run that belong to abandoned requests (abandoned_late_reads); by default
+    this scenario's alone."""
+    abandoned = abandoned_late_reads([s], ()) if abandoned is None else abandoned
     late = [d for d in s.danger_lines if d.hazard is Hazard.LATE_READ]
     counted = [(url, n, f"during the {s.name} scenario") for url, n in stale_reads(s.counter_deltas).items()]
     disconnects = any(r.abandoned for r in s.requests)
-    left = [d for d in late if disconnects and (names_abandoned(d, s.requests) or not d.request_id)]
+    left = [d for d in late if id(d) in abandoned]
     answered = [d for d in late if d not in left]
     when = f"logged during the {s.name} scenario"
     if answered or (counted and not disconnects):
@@ -75,7 +107,8 @@ def late_read_verdict(s: Scenario, snapshots: Sequence[EngineSnapshot]) -> tuple
     return None if said is None else (Status.WARN, f"{s.name}: {said}")
 
 
-def scenario_verdict(s: Scenario, snapshots: Sequence[EngineSnapshot] = ()) -> tuple[Status, str]:
+def scenario_verdict(s: Scenario, snapshots: Sequence[EngineSnapshot] = (),
+                     abandoned: set[int] | None = None) -> tuple[Status, str]:
     """One scenario's status and a one-line reason (crossings are judged by the caller)."""
     if s.skipped:
         return Status.SKIP, f"{s.name}: not run ({s.skipped})"
@@ -83,7 +116,7 @@ def scenario_verdict(s: Scenario, snapshots: Sequence[EngineSnapshot] = ()) -> t
                              if d.hazard is Hazard.KV_CANARY])
     if canary is not None:
         return Status.FAIL, f"{s.name}: {canary}"
-    late = late_read_verdict(s, snapshots)
+    late = late_read_verdict(s, snapshots, abandoned)
     if late is not None and late[0] is Status.FAIL:
         return late
     if s.stopped:
@@ -118,18 +151,21 @@ def scenario_verdict(s: Scenario, snapshots: Sequence[EngineSnapshot] = ()) -> t
     return Status.PASS, f"{s.name}: {len(s.requests)} requests, no crossing"
 
 
-def between_verdict(lines: Sequence[DangerLine], requests: Sequence[TenantRequest], entries: Sequence[Mapping[str, Any]],
-                    snapshots: Sequence[EngineSnapshot]) -> tuple[Status, str]:
+def between_verdict(lines: Sequence[DangerLine], entries: Sequence[Mapping[str, Any]],
+                    snapshots: Sequence[EngineSnapshot], abandoned: set[int]) -> tuple[Status, str]:
     """Lines logged while no scenario ran (vLLM logs a late read when the decode's read ends, which
     can be after the scenario, or during the prefix-cache probes): a late read there fails unless
-    it names a request whose client had left."""
+    it belongs to a request whose client had left (abandoned_late_reads)."""
     canary = canary_finding([e for d, e in zip(lines, entries, strict=True) if d.hazard is Hazard.KV_CANARY])
     if canary is not None:
         return Status.FAIL, f"no scenario was running: {canary}"
     late = [(d, e) for d, e in zip(lines, entries, strict=True) if d.hazard is Hazard.LATE_READ]
-    answered = [e for d, e in late if not names_abandoned(d, requests)]
+    answered = [e for d, e in late if id(d) not in abandoned]
     if answered:
         return Status.FAIL, f"no scenario was running: {late_read_finding(answered, [], snapshots)}"
+    left = [e for d, e in late if id(d) in abandoned]
+    if left:
+        return Status.WARN, f"no scenario was running: {late_read_finding(left, [], snapshots, CANCEL_PATH_MEANING)}"
     return Status.WARN, f"no scenario was running{logged_lines(entries)}"
 
 
@@ -154,10 +190,11 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     between = [danger_entry(d, "logged between the scenarios or during the prefix-cache probes") for d in run.untied_danger_lines]
     if between:  # in the evidence of a failure too
         evidence["danger_lines_between_scenarios"] = between
+    abandoned = abandoned_late_reads(run.scenarios, run.untied_danger_lines)
     crossed = [(s, r) for s in run.scenarios for r in s.requests if r.crossings]
     if crossed:
         lines = [f"tenant {r.tenant.label}'s {r.name} ({s.name}) carried {', '.join(r.crossings)}" for s, r in crossed]
-        lines += [said for st, said in (scenario_verdict(s, ctx.snapshots) for s in run.scenarios)
+        lines += [said for st, said in (scenario_verdict(s, ctx.snapshots, abandoned) for s in run.scenarios)
                   if st is Status.FAIL and CANARY_MEANING in said]  # the engine's own detector saw it too
         return [CheckResult(ID, Status.FAIL, "canary crossed tenants: " + "; ".join(lines), ctx.entry,
                             {**evidence, "crossings": [{"scenario": s.name, **request_evidence(r)} for s, r in crossed]})]
@@ -180,9 +217,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if stuck:
         results.append((Status.FAIL, f"KV pages still held after the isolation probes at {', '.join(stuck)}"))
     for s in run.scenarios:
-        results.append(scenario_verdict(s, ctx.snapshots))
+        results.append(scenario_verdict(s, ctx.snapshots, abandoned))
     if between:
-        results.append(between_verdict(run.untied_danger_lines, requests, between, ctx.snapshots))
+        results.append(between_verdict(run.untied_danger_lines, between, ctx.snapshots, abandoned))
     judged = [(st, m) for st, m in results if st is not Status.SKIP]
     worst = worst_status(st for st, _ in judged) if judged else Status.INCONCLUSIVE
     reasons: dict[str, list[str]] = {}

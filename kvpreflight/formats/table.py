@@ -96,6 +96,9 @@ def _columns(headers: list[str], rows: list[list[str]], width: int | None, one_l
     widths = [max(_common.visible_len(text) for text in [h, *(r[i] for r in rows)]) for i, h in enumerate(headers)]
     shortened = False
     if width:
+        # checks grouped under one finding wrap within their own column, one id per piece at least
+        widths[1] = min(widths[1], max(len(headers[1]), *(_common.visible_len(part) + 1 for r in rows
+                                                          for part in r[1].split(", "))))
         fixed = widths[0] + widths[1] + 3 * len(_GAP)
         room = width - fixed - widths[2]
         if room < _MIN_MESSAGE_WIDTH:
@@ -112,7 +115,8 @@ def _columns(headers: list[str], rows: list[list[str]], width: int | None, one_l
         widths[3] = min(widths[3], room)
     lines = [_line(headers, widths), _GAP.join("-" * w for w in widths)]
     for row in rows:
-        cells = [[row[0]], [row[1]], _wrap(row[2], widths[2] if width else None), _wrap(row[3], widths[3] if width else None)]
+        cells = [[row[0]], _wrap(row[1], widths[1] if width else None), _wrap(row[2], widths[2] if width else None),
+                 _wrap(row[3], widths[3] if width else None)]
         for i in range(max(len(c) for c in cells)):
             lines.append(_line([c[i] if i < len(c) else "" for c in cells], widths))
     return "\n".join(lines), shortened

@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from misbehaving_http import DIALECTS, fake_engine
 
+from kvpreflight.checks import CHECK_IDS
+
 ROOT = Path(__file__).resolve().parents[2]
 SGR = re.compile(r"\x1b\[[0-9;]*m")  # colour and style
 MODEL_DIR = ROOT / "tests/fixtures/review/models/DeepSeek-V3"
@@ -126,6 +128,10 @@ def test_a_tmux_pane_of_80_columns_shows_every_row_of_the_table_on_whole_lines(t
     table = plain[plain.index(heading) + 3:]
     table = table[:table.index("")]
     starts = [line for line in table if not line.startswith(" ")]
-    assert len(starts) == expected >= 10, table  # one row per result
+    assert all(line.split()[0] in ("FAIL", "INCONCLUSIVE", "WARN", "SKIP", "PASS") for line in starts), table
+    # one row per result, the same finding on several checks grouped into one row naming them all:
+    # every check the heading counts is named once in the table
+    named = [word.rstrip(",") for line in table for word in line.split() if word.rstrip(",") in CHECK_IDS]
+    assert len(named) == len(set(named)) == expected >= 10, table
     assert len(table) > len(starts), table  # and a long message wrapped, within its column
     assert all(len(line) <= 80 for line in plain)

@@ -44,9 +44,13 @@ def assert_isolation_passes_with_positive_controls(report: dict) -> None:
     served = [r for s in iso["evidence"]["scenarios"] for r in s.get("requests", []) if r.get("http_status") == 200]
     # prompt-integrity's probe at the limit (1-token answer) carries tenant a's canary into the
     # pool; with no room for the canary in its answer it is marked not scanned, never a failed control
-    planted = [r for r in served if "own_canary_seen" not in r]
+    planted = [r for r in served if "scanned" in r]
     assert [r["request"] for r in planted] == ["boundary-accept-a"] and "no room for a canary" in planted[0]["scanned"]
-    scanned = [r for r in served if r not in planted]
+    # a refusal sent inside a stream comes with HTTP 200 too (llama.cpp's "Context size has been
+    # exceeded."): no answer, so no positive control in its evidence
+    refused = [r for r in served if "own_canary_seen" not in r and r not in planted]
+    assert all(r.get("error_message") for r in refused), refused
+    scanned = [r for r in served if "own_canary_seen" in r]
     assert {r["tenant"] for r in scanned} == {"a", "b"}
     assert all(r["own_canary_seen"] for r in scanned), [r for r in scanned if not r["own_canary_seen"]]
     assert not any("foreign_markers" in r for r in served)
@@ -125,14 +129,16 @@ def test_vllm_disruptive_scenarios_run_when_allowed_and_leave_it_idle(vllm_serve
     scenarios = {s["scenario"]: s for s in iso["evidence"]["scenarios"]}
     assert not any("skipped" in s for s in scenarios.values())
     # a unified engine moves no KV between engines: a disconnect mid-transfer cannot apply (said in
-    # the evidence, not a warn), and vLLM's abort count (finished_reason="abort") with no token
-    # generated for them shows the clients left during the prefill; every scanned answer of both
-    # tenants still carried its own canary and nothing foreign: a clean pass
-    assert iso["status"] == "pass", iso["message"]
+    # the evidence, not a warn). The disconnect during prefill would be confirmed by vLLM's abort
+    # count (finished_reason="abort") with no token generated for the leavers; on this CPU the tiny
+    # model answers them before the disconnect lands (no abort counted, their tokens generated), so
+    # it stays unconfirmed: a warn that says so from vLLM's own counters. (The builtin engine,
+    # throttled, earns the clean pass: tests/builtin/test_isolation_probes.py.)
+    assert iso["status"] == "warn", iso["message"]
     cancel = scenarios["cancel-transfer"]
     assert cancel["not_applicable"] == "a disconnect mid-transfer: a unified engine moves no KV between engines"
-    assert cancel["occurrence"].startswith("confirmed: the engine counted 2 aborted request(s) for the 2 that left, "
-                                           "with no token generated for them"), cancel["occurrence"]
+    assert cancel["occurrence"].startswith("unconfirmed: the engine counted "), cancel["occurrence"]
+    assert "aborted request(s) for the 2 that left" in cancel["occurrence"]
     served = [r for s in scenarios.values() for r in s["requests"] if r.get("http_status") == 200 and "own_canary_seen" in r]
     assert {r["tenant"] for r in served} == {"a", "b"} and all(r["own_canary_seen"] for r in served)
     assert not any("foreign_markers" in r for r in scenarios["cancel-decode"]["requests"] + served)

@@ -548,3 +548,18 @@ def test_json_report_has_a_summary_of_every_status_and_the_waivers_beside_the_ol
     assert data["summary"] == {"total": 4, "pass": 1, "fail": 1, "warn": 0, "skip": 2, "inconclusive": 0, "waived": 1}
     assert {"schema_version", "verdict", "exit_code", "engines", "checks", "waivers", "cost"} <= set(data)
     assert Report.from_dict(data).checks == report(PASS, FAIL, SKIP, WAIVED).checks
+
+
+def test_many_checks_grouped_under_one_finding_wrap_in_the_check_column_at_80_columns():
+    # seven skipped checks share one message (--capacity-only): their ids wrap within the check
+    # column, one row for the finding, and the table keeps its columns (it stacks only below 60)
+    same = "--capacity-only: no request was sent (read-only mode)"
+    ids = ("overcapacity-rejected", "prompt-integrity", "max-tokens-clamp", "concurrent-capacity",
+           "engine-healthy-after", "tenant-isolation", "prefix-cache-isolation")
+    out = TableFormat(color=False, width=80).render(report(PASS, *(CheckResult(cid, Status.SKIP, same, PREFILL) for cid in ids)))
+    lines = out.split("Checks (")[1].split("\n\n")[0].splitlines()
+    assert lines[1].split() == ["status", "check", "endpoint", "message"]  # not stacked
+    assert max(len(line) for line in out.splitlines()) <= 80
+    rows = lines[3:]
+    assert [line.split()[0] for line in rows if not line.startswith(" ")] == ["SKIP", "PASS"]
+    assert [w.rstrip(",") for line in rows for w in line.split() if w.rstrip(",") in ids] == list(ids)

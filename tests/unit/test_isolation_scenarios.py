@@ -11,8 +11,9 @@ from support.fake_adapter import FakeAdapter, FakeEngine, Sent, snapshot
 
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CheckContext, run_checks, tenant_isolation
+from kvpreflight.checks.probe_common import danger_entry
 from kvpreflight.engines.http import HttpClient
-from kvpreflight.model import Completion, EngineSnapshot, Role, Status
+from kvpreflight.model import Completion, EngineSnapshot, Hazard, Role, Status
 from kvpreflight.probes import isolation
 from kvpreflight.probes.budget import Budget
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, deployment_limits
@@ -21,12 +22,14 @@ from kvpreflight.probes.isolation import IsolationSettings, run_isolation
 from kvpreflight.probes.isolation_plan import IsolationSizes
 from kvpreflight.probes.results import (
     CacheProbeKind,
+    DangerLine,
     Expect,
     IsolationRun,
     Limits,
     ProbeRun,
     Scenario,
     Tenant,
+    TenantRequest,
 )
 
 URL = "http://engine:1"
@@ -437,3 +440,45 @@ def test_abandoned_requests_carry_a_fresh_request_id_a_danger_line_can_name(depa
     assert [r.request_id for r in left] == [q.request_id for q in sent]
     assert all(q.request_id and q.request_id.startswith("kvpreflight-") and q.body["rid"] == q.request_id for q in sent)
     assert len({q.request_id for q in sent}) == 4
+
+
+ROUTER_ID = "cmpl-___prefill_addr_127.0.0.1:5611___decode_addr_127.0.0.1:5612_{}-0-1f2e"  # vllm-router's, not ours
+
+
+def late_read(n: int) -> DangerLine:
+    return DangerLine(source="http://prefill:1", what="Potentially invalid KV blocks for unrecognized request ... were "
+                      "retrieved by a decode worker", request_id=ROUTER_ID.format(n), hazard=Hazard.LATE_READ)
+
+
+def disconnect_scenario(*lines: DangerLine) -> Scenario:
+    left = tuple(TenantRequest(tenant=t, name=f"cancel-transfer-{t.value}-left", completion=None, abandoned="after transfer start")
+                 for t in Tenant)
+    return Scenario(name="cancel-transfer", purpose="", requests=left, occurred=True, occurrence="confirmed",
+                    danger_lines=lines, churn=True)
+
+
+@pytest.mark.parametrize("in_scenario,between,status", [
+    (2, 0, Status.WARN),  # one late read per abandoned request: the cancel path's, behind a router that renames ids
+    (1, 1, Status.WARN),  # the second read ended after its scenario: logged between scenarios, still the leaver's
+    (2, 1, Status.FAIL),  # one more than the clients that left: an answered request read late
+    (3, 0, Status.FAIL),
+])
+def test_late_reads_no_id_ties_count_against_the_requests_whose_clients_left(in_scenario, between, status):
+    """Behind vllm-router the prefill's late-read line names the router's id, none of ours: such a
+    line is put down to a request whose client left only while the disconnect scenarios have
+    abandoned requests not yet accounted for, never more; beyond that it is an answered request's."""
+    lines = [late_read(i) for i in range(in_scenario + between)]
+    cancel = disconnect_scenario(*lines[:in_scenario])
+    abandoned = tenant_isolation.abandoned_late_reads([cancel], lines[in_scenario:])
+    verdicts = [tenant_isolation.late_read_verdict(cancel, (), abandoned)[0]]  # type: ignore[index]
+    if between:
+        entries = [danger_entry(d, "logged between the scenarios") for d in lines[in_scenario:]]
+        verdicts.append(tenant_isolation.between_verdict(lines[in_scenario:], entries, (), abandoned)[0])
+    assert max(verdicts, key=[Status.PASS, Status.WARN, Status.FAIL].index) is status, verdicts
+
+
+def test_a_late_read_with_no_id_tie_in_a_scenario_where_nobody_left_fails():
+    normal = Scenario(name="normal", purpose="", occurred=True, occurrence="confirmed", danger_lines=(late_read(0),),
+                      requests=(TenantRequest(tenant=Tenant.A, name="normal-a1", completion=None),))
+    abandoned = tenant_isolation.abandoned_late_reads([normal, disconnect_scenario()], ())
+    assert tenant_isolation.late_read_verdict(normal, (), abandoned)[0] is Status.FAIL  # type: ignore[index]
