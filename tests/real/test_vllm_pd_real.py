@@ -204,11 +204,24 @@ def pd_check(pd_pair: BootedPair) -> CheckRun:
     return run
 
 
+# The one fail this pair may earn: on 2 shared cores its decode sometimes stalls past the prefill's
+# default 30 s NIXL lease, and vLLM then serves a request from KV the prefill had released (it only
+# logs "Potentially invalid KV blocks ..."; docs/FINDINGS.md). kvpreflight fails that, naming the
+# lease and the fix (issue 27); seen in one of two clean-clone runs, during the clamp probe.
+LATE_READ = "a decode read KV its prefill had already released"
+
+
+def late_read_fail(check: dict[str, Any]) -> bool:
+    return check["status"] == "fail" and LATE_READ in check["message"] and "kv_lease_duration" in check["message"]
+
+
 def test_the_honest_pair_gets_no_fail(pd_check: CheckRun) -> None:
     # exit 0: every check passed or warned (cancel-transfer stays unconfirmed on vLLM: a warn); 3,
-    # "could not measure", is not a result for an honest pair (issue 24)
-    assert pd_check.exit_code == 0, (pd_check.stderr[-2000:], pd_check.summary())
-    assert not [c["id"] for c in pd_check.report["checks"] if c["status"] == "fail"], pd_check.summary()
+    # "could not measure", is not a result for an honest pair (issue 24); exit 1 only for the lease
+    # the pair really outlived (above), quoted with its fix
+    failed = [c for c in pd_check.report["checks"] if c["status"] == "fail"]
+    assert all(late_read_fail(c) for c in failed), pd_check.summary()
+    assert pd_check.exit_code == (1 if failed else 0), (pd_check.stderr[-2000:], pd_check.summary())
 
 
 def test_both_engines_pools_are_read_with_their_roles_from_the_router(pd_check: CheckRun, pd_pair: BootedPair) -> None:
@@ -243,7 +256,7 @@ def test_no_canary_crosses_and_each_tenant_gets_its_own_back(pd_check: CheckRun)
     # kv_transfer_params": docs/FINDINGS.md) and the prefill's count of stale KV reads (vLLM's
     # notifications-after-expiry, which moves in both disconnect scenarios) warn where they fall
     # and are quoted to the user.
-    assert iso["status"] in ("pass", "warn"), iso["message"]
+    assert iso["status"] in ("pass", "warn") or late_read_fail(iso), iso["message"]
     load = next(s for s in scenarios if s["scenario"] == "load")
     assert "the concurrent-capacity requests, one per tenant" in load["occurrence"], load
     for scenario in scenarios:
@@ -262,7 +275,7 @@ def test_no_canary_crosses_and_each_tenant_gets_its_own_back(pd_check: CheckRun)
 def test_pd_transfer_sees_the_kv_move_from_prefill_to_decode(pd_check: CheckRun) -> None:
     transfer = pd_check.check("pd-transfer")
     moved = [p for p in transfer["evidence"].get("probes", []) if p["verdict"] == "moved"]
-    assert transfer["status"] in ("pass", "warn") and moved, transfer["message"]
+    assert (transfer["status"] in ("pass", "warn") or late_read_fail(transfer)) and moved, transfer["message"]
     assert all(p["decode_kv_received_tokens"] for p in moved), transfer["evidence"]["probes"]
 
 
