@@ -43,19 +43,19 @@ class GroupPlan:
 
     @property
     def request_count(self) -> int:
-        return sum(p.concurrent for p in self.sent)
+        return _requests_in(self.sent)
 
     @property
     def submitted_tokens(self) -> int:
-        return sum(p.prompt_tokens * p.concurrent for p in self.sent)
+        return _tokens_in(self.sent)
 
     @property
     def conditional_count(self) -> int:
-        return sum(p.concurrent for p in self.conditional)
+        return _requests_in(self.conditional)
 
     @property
     def conditional_tokens(self) -> int:
-        return sum(p.prompt_tokens * p.concurrent for p in self.conditional)
+        return _tokens_in(self.conditional)
 
     @property
     def accepted_tokens(self) -> int:
@@ -166,3 +166,11 @@ def _grouped(requests: tuple[PlannedRequest, ...]) -> list[PlannedRequest]:
         else:
             rows.append(p)
     return rows
+
+
+def _requests_in(planned: tuple[PlannedRequest, ...]) -> int:
+    return sum(p.concurrent for p in planned)
+
+
+def _tokens_in(planned: tuple[PlannedRequest, ...]) -> int:
+    return sum(p.prompt_tokens * p.concurrent for p in planned)
