@@ -100,11 +100,13 @@ def late_read_verdict(s: Scenario, snapshots: Sequence[EngineSnapshot],
     left = [d for d in late if id(d) in abandoned]
     answered = [d for d in late if d not in left]
     when = f"logged during the {s.name} scenario"
+    # the scenario's other lines (an expired lease, a transfer error) are quoted with the verdict: it is all the user reads
+    others = logged_lines([danger_entry(d, when) for d in s.danger_lines if d.hazard is not Hazard.LATE_READ])
     if answered or (counted and not disconnects):
         said = late_read_finding([danger_entry(d, when) for d in answered], [] if disconnects else counted, snapshots)
-        return Status.FAIL, f"{s.name}: {said}"
+        return Status.FAIL, f"{s.name}: {said}{others}"
     said = late_read_finding([danger_entry(d, when) for d in left], counted, snapshots, CANCEL_PATH_MEANING)
-    return None if said is None else (Status.WARN, f"{s.name}: {said}")
+    return None if said is None else (Status.WARN, f"{s.name}: {said}{others}")
 
 
 def scenario_verdict(s: Scenario, snapshots: Sequence[EngineSnapshot] = (),
@@ -160,12 +162,13 @@ def between_verdict(lines: Sequence[DangerLine], entries: Sequence[Mapping[str, 
     if canary is not None:
         return Status.FAIL, f"no scenario was running: {canary}"
     late = [(d, e) for d, e in zip(lines, entries, strict=True) if d.hazard is Hazard.LATE_READ]
+    others = logged_lines([e for d, e in zip(lines, entries, strict=True) if d.hazard is not Hazard.LATE_READ])
     answered = [e for d, e in late if id(d) not in abandoned]
     if answered:
-        return Status.FAIL, f"no scenario was running: {late_read_finding(answered, [], snapshots)}"
+        return Status.FAIL, f"no scenario was running: {late_read_finding(answered, [], snapshots)}{others}"
     left = [e for d, e in late if id(d) in abandoned]
     if left:
-        return Status.WARN, f"no scenario was running: {late_read_finding(left, [], snapshots, CANCEL_PATH_MEANING)}"
+        return Status.WARN, f"no scenario was running: {late_read_finding(left, [], snapshots, CANCEL_PATH_MEANING)}{others}"
     return Status.WARN, f"no scenario was running{logged_lines(entries)}"
 
 

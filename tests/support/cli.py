@@ -29,11 +29,26 @@ def _environment(env: Mapping[str, str] | None, env_exact: Mapping[str, str] | N
             os.environ.update({k: str(v) for k, v in env.items()})
         if cwd is not None:
             os.chdir(cwd)
-        yield
+        with _help_width(os.environ.get("TERMINAL_WIDTH")):
+            yield
     finally:
         os.chdir(saved_cwd)
         os.environ.clear()
         os.environ.update(saved_env)
+
+
+@contextlib.contextmanager
+def _help_width(width: str | None) -> Iterator[None]:
+    """typer reads TERMINAL_WIDTH once, when rich_utils is first imported: in one process the first
+    test's width would hold for every later one, so each call sets it as a new process would."""
+    import typer.rich_utils as rich_utils
+
+    saved = rich_utils.MAX_WIDTH
+    rich_utils.MAX_WIDTH = int(width) if width and width.isdigit() else None
+    try:
+        yield
+    finally:
+        rich_utils.MAX_WIDTH = saved
 
 
 def invoke(*args: object, env: Mapping[str, str] | None = None, env_exact: Mapping[str, str] | None = None,

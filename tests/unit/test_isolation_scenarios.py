@@ -482,3 +482,15 @@ def test_a_late_read_with_no_id_tie_in_a_scenario_where_nobody_left_fails():
                       requests=(TenantRequest(tenant=Tenant.A, name="normal-a1", completion=None),))
     abandoned = tenant_isolation.abandoned_late_reads([normal, disconnect_scenario()], ())
     assert tenant_isolation.late_read_verdict(normal, (), abandoned)[0] is Status.FAIL  # type: ignore[index]
+
+
+def test_a_late_read_verdict_quotes_the_scenarios_other_lines_too():
+    """vLLM logs the lease's expiry beside the cancel path's late read: the warning a user reads
+    must quote both, not only the line that set its status."""
+    expired = DangerLine(source="http://prefill:1", what="Releasing expired KV blocks for request ... which were "
+                         "retrieved by ... worker(s)", hazard=Hazard.KV_EXPIRED)
+    cancel = disconnect_scenario(late_read(0), expired)
+    status, said = tenant_isolation.late_read_verdict(cancel, ())  # type: ignore[misc]
+    assert status is Status.WARN and said.startswith("cancel-transfer: a decode read KV of a request its client had abandoned")
+    assert '"Releasing expired KV blocks for request ... which were retrieved by ... worker(s)"' in said
+    assert "logged during the cancel-transfer scenario" in said
