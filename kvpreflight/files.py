@@ -137,13 +137,14 @@ def _opened(path: str | os.PathLike[str], kind: FileKind, error: type[Kvprefligh
 
 
 def check_private(path: str | os.PathLike[str], what: str, *, allow_insecure: bool,
-                  error: type[KvpreflightError] = ConfigError) -> None:
+                  error: type[KvpreflightError] = ConfigError, name_path: bool = True) -> None:
     """A private key its group or others can read is refused, as ssh refuses one, unless
-    `allow_insecure` (--allow-insecure-key)."""
+    `allow_insecure` (--allow-insecure-key). `name_path=False` where the path must not be printed
+    (a boot spec's key: the caller names its field)."""
     mode = stat.S_IMODE(os.stat(path).st_mode)
     if mode & 0o077 and not allow_insecure:
-        raise error(f"{what} {path} can be read by others (mode {mode:04o}); run `chmod 600 {path}`, "
-                    "or pass --allow-insecure-key to use it anyway")
+        said, fix = (f"{what} {path}", f"run `chmod 600 {path}`") if name_path else (what, "run `chmod 600` on it")
+        raise error(f"{said} can be read by others (mode {mode:04o}); {fix}, or pass --allow-insecure-key to use it anyway")
 
 
 def read_text(path: str | os.PathLike[str], kind: FileKind, error: type[KvpreflightError] = ConfigError, *,

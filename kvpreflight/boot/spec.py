@@ -110,6 +110,20 @@ class DeploymentSpec:
         except EngineConfigError as exc:
             raise _error(self.source, None, str(exc)) from None
 
+    def check_client_key_private(self, *, allow_insecure: bool) -> None:
+        """The spec's private key (client_key, or client_cert when the key is inside it) is refused
+        when its group or others can read it, as --client-key's is (--allow-insecure-key). After
+        check_client_certificate: a file that holds no key has been refused by then."""
+        from kvpreflight.files import check_private
+
+        name, key = ("client_key", self.client_key) if self.client_key else ("client_cert", self.client_cert)
+        if key is None:
+            return
+        try:
+            check_private(key, "the private key", allow_insecure=allow_insecure, error=BootConfigError, name_path=False)
+        except BootConfigError as exc:
+            raise _error(self.source, name, str(exc)) from None
+
     def engine(self, name: str) -> EngineSpec:
         for engine in self.engines:
             if engine.name == name:

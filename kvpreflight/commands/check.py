@@ -108,6 +108,8 @@ def register(app: typer.Typer) -> None:
             from kvpreflight.boot import load_spec
 
             spec = load_spec(boot)
+            spec.check_client_certificate()
+            spec.check_client_key_private(allow_insecure=allow_insecure_key)
         elif log_dir is not None or keep:
             raise ConfigError(f"{'--log-dir' if log_dir is not None else '--keep'} only makes sense with --boot SPEC.yaml")
         elif not endpoint and not entry:

@@ -112,6 +112,7 @@ def test_check_boot_sends_the_spec_certificate_to_the_gateway(tmp_path: Path, pk
     certs.mkdir()
     for name in ("client_cert", "client_key"):
         (certs / f"{name}.pem").write_bytes(pki[name].read_bytes())
+    (certs / "client_key.pem").chmod(0o600)  # a key others can read is refused
 
     without = tmp_path / "without"
     without.mkdir()

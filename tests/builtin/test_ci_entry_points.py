@@ -1,7 +1,7 @@
 """The CI entry points a platform team wires in: the GitHub Action at the repository root
 (action.yml, run here step by step with bash as a runner would: inputs as INPUT_* in each step's
 env, GITHUB_OUTPUT / GITHUB_ENV / GITHUB_PATH / GITHUB_STEP_SUMMARY as files) and the pre-commit
-hook (.pre-commit-hooks.yaml, through `pre-commit try-repo` in a fresh venv)."""
+hook (.pre-commit-hooks.yaml, by a config that names this checkout, run by pre-commit in a fresh venv)."""
 
 from __future__ import annotations
 
@@ -117,15 +117,38 @@ def test_the_action_refuses_args_it_cannot_split_and_an_unknown_command(installe
     assert proc.returncode == 2 and "input command must be check or review" in proc.stdout
 
 
+@pytest.fixture(scope="module")
+def pre_commit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path, Path]]:
+    """pre-commit in a fresh venv, and a config naming this checkout as a user's names the hook
+    (repo and rev): the working tree committed to a throwaway repository, as `pre-commit try-repo`
+    does, but once, so both manifests run in the one hook environment pre-commit installs for
+    that rev (try-repo installs kvpreflight anew on every call: ~25 s each on 2 cores)."""
+    base = tmp_path_factory.mktemp("pre-commit")
+    venv, shadow = base / "venv", base / "repo"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
+    subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "pre-commit"], check=True, timeout=600)
+    files = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=ROOT,
+                           check=True, capture_output=True, text=True, timeout=60).stdout.split("\0")
+    for name in filter(None, files):
+        if (ROOT / name).is_file():
+            (shadow / name).parent.mkdir(parents=True, exist_ok=True)
+            (shadow / name).write_bytes((ROOT / name).read_bytes())
+    git = ["git", "-c", "user.name=kvpreflight-test", "-c", "user.email=test@localhost", "-c", "commit.gpgsign=false"]
+    for args in (["init", "-q"], ["add", "-A"], ["commit", "-q", "-m", "the working tree"]):
+        subprocess.run([*git, *args], cwd=shadow, check=True, timeout=120)
+    rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=shadow, check=True, capture_output=True, text=True).stdout.strip()
+    config = base / "pre-commit-config.yaml"
+    config.write_text(yaml.safe_dump({"repos": [{"repo": str(shadow), "rev": rev, "hooks": [{"id": "kvpreflight-review"}]}]}))
+    yield venv / "bin" / "pre-commit", config
+
+
 @pytest.mark.parametrize(("manifest", "code"), [(FIXED, 0), (INCIDENT, 1)])
-def test_the_pre_commit_hook_passes_the_fixed_manifest_and_fails_the_incident(tmp_path_factory: pytest.TempPathFactory,
+def test_the_pre_commit_hook_passes_the_fixed_manifest_and_fails_the_incident(pre_commit: tuple[Path, Path],
+                                                                             tmp_path_factory: pytest.TempPathFactory,
                                                                              manifest: str, code: int) -> None:
-    venv = tmp_path_factory.getbasetemp() / "pre-commit-venv"
-    if not (venv / "bin" / "pre-commit").exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)
-        subprocess.run([str(venv / "bin" / "pip"), "install", "--quiet", "pre-commit"], check=True, timeout=600)
+    binary, config = pre_commit
     home = tmp_path_factory.getbasetemp() / "pre-commit-home"
-    proc = subprocess.run([str(venv / "bin" / "pre-commit"), "try-repo", str(ROOT), "kvpreflight-review", "--files", manifest],
+    proc = subprocess.run([str(binary), "run", "--config", str(config), "kvpreflight-review", "--files", manifest],
                           cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env={**os.environ, "PRE_COMMIT_HOME": str(home), "KVPREFLIGHT_MODEL_DIR": str(MODEL_DIR)})
     assert proc.returncode == code, (proc.stdout[-3000:], proc.stderr[-3000:])
