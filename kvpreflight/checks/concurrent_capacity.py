@@ -13,7 +13,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     run = probe_run(ctx, ID)
     if isinstance(run, CheckResult):
         return [run]
-    probes = run.named("concurrent-")
+    probes = run.concurrent
     if not probes:
         return [CheckResult(ID, Status.INCONCLUSIVE, run.missing("the concurrent probe"), ctx.entry)]
     verdicts = []

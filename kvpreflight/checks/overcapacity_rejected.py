@@ -13,6 +13,7 @@ from kvpreflight.checks.probe_common import (
     worst_status,
 )
 from kvpreflight.model import CheckResult, Status
+from kvpreflight.probes.results import OVER_CAPACITY_PROBES, ProbeName
 
 ID = "overcapacity-rejected"
 # What to do about a failure, said with it (the report reads failures first).
@@ -27,8 +28,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     run = probe_run(ctx, ID)
     if isinstance(run, CheckResult):
         return [run]
-    probes = run.named("over-pool") + run.named("over-context")
-    twin = run.get("boundary-accept")
+    probes = run.of(*OVER_CAPACITY_PROBES)
+    twin = run.get(ProbeName.BOUNDARY_ACCEPT)
     verdicts = []
     decoders = decode_urls(ctx)
     for p in probes:

@@ -73,3 +73,39 @@ def test_no_engine_metric_or_setting_name_outside_the_adapters():
             for found in ENGINE_NAME.findall(line):
                 hits.append(f"{path.relative_to(PACKAGE.parent)}:{number}: {found}")
     assert not hits, "engine facts belong in kvpreflight/engines/ (typed Counters/EngineSnapshot fields):\n" + "\n".join(hits)
+
+
+# What a check must not match a probe or scenario by: its name as a string (or a prefix of it).
+PROBE_NAMES = re.compile(r"^(?:over-pool|over-context|boundary-|clamp|concurrent|health|normal|over-capacity|cancel-|load)")
+
+
+def probe_names_as_strings(path: Path, root: Path = PACKAGE.parent) -> list[str]:
+    """`run.get("clamp")`, `run.of("concurrent")`, `p.name.startswith("concurrent-")`, `s.name == "load"`."""
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        literals: list[ast.expr] = []
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("get", "of", "named", "startswith", "endswith") and not (
+                    node.func.attr == "get" and isinstance(node.func.value, ast.Name) and node.func.value.id in ("d", "e")):
+                literals = list(node.args[:1])
+        elif isinstance(node, ast.Compare) and any(isinstance(side, ast.Attribute) and side.attr == "name"
+                                                   for side in (node.left, *node.comparators)):
+            literals = [node.left, *node.comparators]
+        for literal in literals:
+            if isinstance(literal, ast.Constant) and isinstance(literal.value, str) and PROBE_NAMES.match(literal.value):
+                hits.append(f"{path.relative_to(root)}:{literal.lineno}: {literal.value!r}")
+    return hits
+
+
+def test_checks_find_probes_and_scenarios_only_through_their_enums():
+    hits = [hit for path in modules(PACKAGE / "checks") for hit in probe_names_as_strings(path)]
+    assert not hits, "name a probe by kvpreflight.probes.results.ProbeName (a scenario by ScenarioName):\n" + "\n".join(hits)
+
+
+def test_the_probe_name_scan_sees_lookups_prefixes_and_comparisons(tmp_path):
+    sample = tmp_path / "kvpreflight" / "checks" / "x.py"
+    sample.parent.mkdir(parents=True)
+    sample.write_text('run.get("clamp")\nrun.named("concurrent-")\np.name.startswith("over-pool")\nok = s.name == "load"\n'
+                      'run.get(ProbeName.CLAMP)\nd.get("health")\n')
+    assert [hit.rsplit(": ", 1)[1] for hit in probe_names_as_strings(sample, tmp_path)] == [
+        "'clamp'", "'concurrent-'", "'over-pool'", "'load'"]
