@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kvpreflight import __version__
 from kvpreflight.checkdata import Thresholds, load_thresholds
-from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
+from kvpreflight.checks import CheckContext, CheckId, Scope, ids_of, run_checks
 from kvpreflight.checks.advisory_data import load_advisories
 from kvpreflight.checks.probe_common import outlived_deadlines
 from kvpreflight.clock import utc_now
@@ -53,7 +53,7 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
         state = EngineState(adapters)
         counters_before = state.counters() if not options.capacity_only else {}
         probes_started = time.monotonic()
-        per_group_ids = [c for c in CHECK_IDS if c != "pd-consistency"]
+        per_group_ids = ids_of(Scope.GROUP)
         for entry_url, group in _groups(options, snapshots):
             entry = _entry_adapter(entry_url, group, client)
             logs = _log_watch(options, group, adapters, listing)
@@ -67,7 +67,7 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
         if snapshots:
             ctx = CheckContext(tuple(snapshots), thresholds, options.context_length, None, options.entry, advisories,
                                expected_model=options.model)
-            results.extend(run_checks(ctx, ["pd-consistency"], options.waivers))
+            results.extend(run_checks(ctx, ids_of(Scope.DEPLOYMENT), options.waivers))
         return Report(
             tool_version=__version__, engines=tuple(snapshots), checks=tuple(results), waivers=options.waivers,
             context_length_promised=options.context_length, entry=options.entry, started_at=started,
@@ -203,7 +203,7 @@ def _read_engines(options: CheckPlan, client: HttpClient, progress: Callable[[st
             snapshots.append(listing.applied_to(snapshot) if listing is not None else snapshot)
             adapters[url] = adapter
         except EngineError as exc:
-            unreadable.append(CheckResult("kv-capacity", Status.INCONCLUSIVE,
+            unreadable.append(CheckResult(CheckId.KV_CAPACITY, Status.INCONCLUSIVE,
                                           f"could not read the engine: {exc}{_wrong_kind_hint(url, client, options.engine)}", url))
     return adapters, snapshots, unreadable, listing
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import not_served, probe_evidence, stalled_or_broken, worst_status
 from kvpreflight.model import CheckResult, ErrorKind, Status
 
-ID = "concurrent-capacity"
+ID = CheckId.CONCURRENT_CAPACITY
+SCOPE = Scope.GROUP
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:

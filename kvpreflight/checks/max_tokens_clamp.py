@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import probe_evidence
 from kvpreflight.model import CheckResult, ErrorKind, Status
 from kvpreflight.probes.results import ProbeName
 
-ID = "max-tokens-clamp"
+ID = CheckId.MAX_TOKENS_CLAMP
+SCOPE = Scope.GROUP
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:

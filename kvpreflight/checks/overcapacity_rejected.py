@@ -3,6 +3,7 @@ rejection with zero generated tokens, before any KV transfer; a shorter twin is 
 
 from __future__ import annotations
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import (
     accepted,
@@ -15,7 +16,8 @@ from kvpreflight.checks.probe_common import (
 from kvpreflight.model import CheckResult, Status
 from kvpreflight.probes.results import OVER_CAPACITY_PROBES, ProbeName
 
-ID = "overcapacity-rejected"
+ID = CheckId.OVERCAPACITY_REJECTED
+SCOPE = Scope.GROUP
 # What to do about a failure, said with it (the report reads failures first).
 FIX = ("fix: the engine must refuse a prompt over its pool or context before prefill: turn off auto-truncation "
        "(SGLang --allow-auto-truncate), serve a --context-length the smallest pool holds, or upgrade the engine "

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.counts import DEFAULT_PAGE, Tally, prompt_count
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import (
@@ -35,7 +36,8 @@ from kvpreflight.checks.probe_common import (
 from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, EngineSnapshot, Hazard, Role, Status
 from kvpreflight.probes.results import DangerLine, Expect, ProbeName, ProbeResult, counter_moved, stale_reads
 
-ID = "pd-transfer"
+ID = CheckId.PD_TRANSFER
+SCOPE = Scope.GROUP
 
 
 class Transfer(enum.StrEnum):

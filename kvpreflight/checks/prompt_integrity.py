@@ -6,13 +6,15 @@ and reports its full length in the answer fails on its counters."""
 
 from __future__ import annotations
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.counts import PromptCount, Tally, computing_tier, prompt_count
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import not_served, probe_evidence, stalled_or_broken
 from kvpreflight.model import CheckResult, EngineSnapshot, Status
 from kvpreflight.probes.results import ProbeName, ProbeResult, ProbeRun
 
-ID = "prompt-integrity"
+ID = CheckId.PROMPT_INTEGRITY
+SCOPE = Scope.GROUP
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
