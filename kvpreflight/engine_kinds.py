@@ -20,6 +20,9 @@ class EngineRegistration:
     # spec's `engine: auto` guesses from them; the adapter confirms over HTTP).
     launched_by: tuple[tuple[str, ...], ...] = ()
     review: str | None = None  # the module `kvpreflight review` estimates its pool with; None: not estimated
+    # How `kvpreflight review` finds its launch in a file: the words a launch command starts with
+    # (the first one by its base name), or ("-m", module, ...) after a Python interpreter.
+    launch_forms: tuple[tuple[str, ...], ...] = ()
 
 
 def _register(*registrations: EngineRegistration) -> dict[str, EngineRegistration]:
@@ -29,13 +32,15 @@ def _register(*registrations: EngineRegistration) -> dict[str, EngineRegistratio
 # In auto-detection order: the builtin engine before SGLang, whose wire format it speaks.
 ENGINES: dict[str, EngineRegistration] = _register(
     EngineRegistration("builtin", "kvpreflight.engines.builtin:BuiltinAdapter", "",
-                       (("kvpreflight", "engine"),), "kvpreflight.review.engines.builtin"),
+                       (("kvpreflight", "engine"),), "kvpreflight.review.engines.builtin",
+                       (("-m", "kvpreflight", "engine", "serve"), ("kvpreflight", "engine", "serve"))),
     EngineRegistration("sglang", "kvpreflight.engines.sglang:SglangAdapter", "SGLang /server_info", (("sglang",),),
-                       "kvpreflight.review.engines.sglang"),
+                       "kvpreflight.review.engines.sglang", (("-m", "sglang.launch_server"), ("sglang", "serve"))),
     EngineRegistration("vllm", "kvpreflight.engines.vllm:VllmAdapter", "vLLM /version", (("vllm",),),
-                       "kvpreflight.review.engines.vllm"),
+                       "kvpreflight.review.engines.vllm", (("-m", "vllm.entrypoints.openai.api_server"), ("vllm", "serve"))),
     EngineRegistration("llamacpp", "kvpreflight.engines.llamacpp:LlamaCppAdapter", "llama.cpp /props",
-                       (("llama-server",), ("llama_cpp",), ("llama-cpp",)), "kvpreflight.review.engines.llamacpp"),
+                       (("llama-server",), ("llama_cpp",), ("llama-cpp",)), "kvpreflight.review.engines.llamacpp",
+                       (("llama-server",),)),
     EngineRegistration("tgi", "kvpreflight.engines.tgi:TgiAdapter", "TGI /info", (("text-generation-launcher",),)),
 )
 

@@ -17,10 +17,11 @@ from support.cli import invoke
 from kvpreflight import engine_kinds
 from kvpreflight.boot.spec import guess_engine, parse_spec
 from kvpreflight.engine_kinds import EngineRegistration
+from kvpreflight.review import find_all_launches
 from kvpreflight.review.engines import estimator
 
 TOY = EngineRegistration("toy", "support.toy_adapter:ToyAdapter", "toy /v1/models", (("toyllm",),),
-                         "kvpreflight.review.engines.vllm")
+                         "kvpreflight.review.engines.vllm", (("toyllm", "serve"),))
 
 
 class Toy(Vllm):
@@ -69,8 +70,14 @@ def test_a_boot_spec_takes_the_new_engine_and_guesses_it_from_its_launch_command
     assert [e.kind for e in spec.engines] == ["toy", "toy"]
 
 
-def test_review_estimates_the_new_engine_with_the_module_its_registration_names(monkeypatch: pytest.MonkeyPatch):
+def test_review_finds_the_new_engines_launch_and_estimates_it_with_the_module_its_registration_names(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path):
+    script = tmp_path / "serve.sh"
+    script.write_text("exec toyllm serve m --max-model-len 4096\n")
+    assert find_all_launches([script]) == [[]]
     with pytest.raises(KeyError):
         estimator("toy")
     monkeypatch.setitem(engine_kinds.ENGINES, TOY.kind, TOY)
+    ((launch,),) = find_all_launches([script])
+    assert launch.engine == "toy"
     assert estimator("toy").__name__ == "kvpreflight.review.engines.vllm"
