@@ -23,6 +23,9 @@ class EngineRegistration:
     # How `kvpreflight review` finds its launch in a file: the words a launch command starts with
     # (the first one by its base name), or ("-m", module, ...) after a Python interpreter.
     launch_forms: tuple[tuple[str, ...], ...] = ()
+    # Words of an image repository name that say the image holds this engine (review reads the
+    # engine version from such an image's tag; a private build's image says nothing).
+    image_names: tuple[str, ...] = ()
 
 
 def _register(*registrations: EngineRegistration) -> dict[str, EngineRegistration]:
@@ -35,12 +38,13 @@ ENGINES: dict[str, EngineRegistration] = _register(
                        (("kvpreflight", "engine"),), "kvpreflight.review.engines.builtin",
                        (("-m", "kvpreflight", "engine", "serve"), ("kvpreflight", "engine", "serve"))),
     EngineRegistration("sglang", "kvpreflight.engines.sglang:SglangAdapter", "SGLang /server_info", (("sglang",),),
-                       "kvpreflight.review.engines.sglang", (("-m", "sglang.launch_server"), ("sglang", "serve"))),
+                       "kvpreflight.review.engines.sglang", (("-m", "sglang.launch_server"), ("sglang", "serve")), ("sglang",)),
     EngineRegistration("vllm", "kvpreflight.engines.vllm:VllmAdapter", "vLLM /version", (("vllm",),),
-                       "kvpreflight.review.engines.vllm", (("-m", "vllm.entrypoints.openai.api_server"), ("vllm", "serve"))),
+                       "kvpreflight.review.engines.vllm", (("-m", "vllm.entrypoints.openai.api_server"), ("vllm", "serve")),
+                       ("vllm",)),
     EngineRegistration("llamacpp", "kvpreflight.engines.llamacpp:LlamaCppAdapter", "llama.cpp /props",
                        (("llama-server",), ("llama_cpp",), ("llama-cpp",)), "kvpreflight.review.engines.llamacpp",
-                       (("llama-server",),)),
+                       (("llama-server",),), ("llama.cpp", "llama-cpp", "llamacpp")),
     EngineRegistration("tgi", "kvpreflight.engines.tgi:TgiAdapter", "TGI /info", (("text-generation-launcher",),)),
 )
 
