@@ -16,6 +16,7 @@ from typing import Any
 import yaml
 from yaml.nodes import MappingNode, Node, SequenceNode
 
+from kvpreflight.check_ids import CHECK_IDS
 from kvpreflight.errors import ConfigError, KvpreflightError
 from kvpreflight.model import Waiver
 from kvpreflight.targets import waiver_expiry
@@ -191,8 +192,6 @@ class FieldParser:
 
     def waivers(self, raw: Any, where: str) -> tuple[Waiver, ...]:
         """`[{id, reason, until?}]`: each id a known check, each with a reason, `until` its last day."""
-        from kvpreflight.checks import CHECK_IDS
-
         if raw is None:
             return ()
         if not isinstance(raw, list):
@@ -216,14 +215,12 @@ class FieldParser:
             out.append(Waiver(item["id"], reason.strip(), until))
         return tuple(out)
 
-    def subjects(self, value: Any, where: str) -> tuple[str, ...]:
-        """`NAME=sha256:HEX` strings, each checked."""
-        from kvpreflight.record import parse_subject
-
+    def subjects(self, value: Any, where: str, parse: Callable[[str], object]) -> tuple[str, ...]:
+        """`NAME=sha256:HEX` strings, each checked by `parse` (kvpreflight.record.parse_subject)."""
         items = self.strings(value, where)
         for i, text in enumerate(items):
             try:
-                parse_subject(text)
+                parse(text)
             except KvpreflightError as exc:
                 raise self.adopt(f"{where}[{i}]", exc) from None
         return items

@@ -51,16 +51,6 @@ class ProcessRole(enum.StrEnum):
         return None if self is ProcessRole.ROUTER else Role(self.value)
 
 
-class EngineKind(enum.StrEnum):
-    """The engines kvpreflight has an adapter for (kvpreflight.engines.ENGINES, one module each)."""
-
-    BUILTIN = "builtin"
-    SGLANG = "sglang"
-    VLLM = "vllm"
-    LLAMACPP = "llamacpp"
-    TGI = "tgi"
-
-
 class RouterKind(enum.StrEnum):
     """The PD routers kvpreflight knows how to run in front of prefill/decode engines."""
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from kvpreflight import __version__
 from kvpreflight.checkdata import Thresholds, load_thresholds
-from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
+from kvpreflight.checks import CheckContext, CheckId, Scope, ids_of, run_checks
 from kvpreflight.checks.advisory_data import load_advisories
 from kvpreflight.checks.probe_common import outlived_deadlines
 from kvpreflight.clock import utc_now
@@ -33,6 +33,8 @@ from kvpreflight.probes.isolation_plan import IsolationSizes
 from kvpreflight.probes.logs import LogWatch
 from kvpreflight.probes.prefix_cache import DEFAULT_TIMING_SAMPLES
 from kvpreflight.probes.results import IsolationRun, Limits, ProbeRun
+from kvpreflight.probes.scenarios import isolation_plan
+from kvpreflight.probes.session import Connection, ProbeSession
 from kvpreflight.routers import ROUTERS, RouterListing, open_router, router_class
 from kvpreflight.targets import Target
 
@@ -51,7 +53,7 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
         state = EngineState(adapters)
         counters_before = state.counters() if not options.capacity_only else {}
         probes_started = time.monotonic()
-        per_group_ids = [c for c in CHECK_IDS if c != "pd-consistency"]
+        per_group_ids = ids_of(Scope.GROUP)
         for entry_url, group in _groups(options, snapshots):
             entry = _entry_adapter(entry_url, group, client)
             logs = _log_watch(options, group, adapters, listing)
@@ -65,7 +67,7 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
         if snapshots:
             ctx = CheckContext(tuple(snapshots), thresholds, options.context_length, None, options.entry, advisories,
                                expected_model=options.model)
-            results.extend(run_checks(ctx, ["pd-consistency"], options.waivers))
+            results.extend(run_checks(ctx, ids_of(Scope.DEPLOYMENT), options.waivers))
         return Report(
             tool_version=__version__, engines=tuple(snapshots), checks=tuple(results), waivers=options.waivers,
             context_length_promised=options.context_length, entry=options.entry, started_at=started,
@@ -168,7 +170,7 @@ def group_plan(options: CheckPlan, entry_url: str | None, entry: EngineAdapter |
     sizes = IsolationSizes.of(limits, group, settings.concurrency)
     # The concurrent requests carry the tenants' canaries and scanned answers (probes/isolation.py).
     requests = (*capacity_plan(limits, settings.concurrency, scan_tokens=sizes.gen),
-                *sizes.plan(churn=_churn_allowed(options, group), timing_samples=_timing_samples(options)))
+                *isolation_plan(sizes, churn=_churn_allowed(options, group), timing_samples=_timing_samples(options)))
     return GroupPlan(entry=entry_url, engines=tuple(s.url for s in group), limits=limits, requests=requests)
 
 
@@ -177,8 +179,7 @@ def _timing_samples(options: CheckPlan) -> int:
 
 
 def _client(options: CheckPlan) -> HttpClient:
-    return HttpClient(headers=options.headers, ca_bundle=options.ca_bundle, timeout_s=options.timeout_s,
-                      client_cert=options.client_cert, client_key=options.client_key)
+    return _connection(options).client()
 
 
 def _settings(options: CheckPlan, thresholds: Thresholds) -> ProbeSettings:
@@ -202,7 +203,7 @@ def _read_engines(options: CheckPlan, client: HttpClient, progress: Callable[[st
             snapshots.append(listing.applied_to(snapshot) if listing is not None else snapshot)
             adapters[url] = adapter
         except EngineError as exc:
-            unreadable.append(CheckResult("kv-capacity", Status.INCONCLUSIVE,
+            unreadable.append(CheckResult(CheckId.KV_CAPACITY, Status.INCONCLUSIVE,
                                           f"could not read the engine: {exc}{_wrong_kind_hint(url, client, options.engine)}", url))
     return adapters, snapshots, unreadable, listing
 
@@ -291,6 +292,8 @@ def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSn
         return _not_probed(ProbeRun(limits=limits, not_run=f"no probe was sent: {budget.stopped}"))
     engines = {s.url: adapters[s.url] for s in group}
     iso_settings = _isolation_settings(options, group, settings)
+    session = ProbeSession(entry=entry, engines=engines, snapshots=tuple(group), limits=limits, budget=budget, logs=logs,
+                           progress=progress, connection=_connection(options))
 
     def measure() -> None:
         budget.enter("calibration")
@@ -312,21 +315,18 @@ def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSn
             progress(f"warning: {said}")
 
     try:
-        with open_tenants(entry, engines, limits, iso_settings, options.headers, options.tenant_headers,
-                          salted=options.tenant_binding is None) as prompts:
+        with open_tenants(session, options.tenant_headers, salted=options.tenant_binding is None) as prompts:
             try:
-                run = CapacityProber(entry, engines, limits, settings, budget, progress, logs, tenants=prompts).run(calibrate=measure)
+                run = CapacityProber(session, settings, tenants=prompts).run(calibrate=measure)
             except EngineError as exc:
                 return _not_probed(ProbeRun(limits=None, not_run=f"probes could not run: {exc}"))
             if run.not_run or run.limits is None:
                 return _not_probed(run)
             iso_settings = replace(iso_settings, known_markers=iso_settings.known_markers | run.own_markers)
-            return run, run_isolation(entry, engines, group, run.limits, iso_settings, budget, options.headers,
-                                      options.tenant_headers, salted=options.tenant_binding is None, progress=progress,
-                                      prompts=prompts, shared=run, concurrency=settings.concurrency, logs=logs)
+            return run, run_isolation(replace(session, limits=run.limits), iso_settings, prompts=prompts, shared=run)
     except EngineError as exc:  # the tenants' prompts could not be built: capacity probes without them
         try:
-            run = CapacityProber(entry, engines, limits, settings, budget, progress, logs).run(calibrate=measure)
+            run = CapacityProber(session, settings).run(calibrate=measure)
         except EngineError as again:
             return _not_probed(ProbeRun(limits=None, not_run=f"probes could not run: {again}"))
         return run, IsolationRun(not_run=f"isolation probes could not run: {exc}")
@@ -343,15 +343,18 @@ def _churn_allowed(options: CheckPlan, group: Sequence[EngineSnapshot]) -> bool:
 def _isolation_settings(options: CheckPlan, group: Sequence[EngineSnapshot], settings: ProbeSettings) -> IsolationSettings:
     kinds = sorted({s.engine for s in group})
     return IsolationSettings(
-        timeout_s=options.timeout_s,
         churn_allowed=_churn_allowed(options, group),
         churn_not_allowed_reason=(f"disruptive (client disconnects, load near the pool) against a live {', '.join(kinds)} "
                                   "deployment; pass --allow-disruptive to run it (it runs by default with --boot, "
                                   "the demo and builtin engines)"),
         binding=options.tenant_binding or "a cache_salt per tenant", timing_samples=_timing_samples(options),
-        known_markers=frozenset(settings.known_markers), ca_bundle=options.ca_bundle,
-        client_cert=options.client_cert, client_key=options.client_key,
+        known_markers=frozenset(settings.known_markers), concurrency=settings.concurrency,
     )
+
+
+def _connection(options: CheckPlan) -> Connection:
+    return Connection(headers=options.headers, timeout_s=options.timeout_s, ca_bundle=options.ca_bundle,
+                      client_cert=options.client_cert, client_key=options.client_key)
 
 
 def _read_log(path: Path | None) -> str | None:

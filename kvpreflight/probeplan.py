@@ -157,15 +157,16 @@ def render(previews: list[GroupPreview]) -> str:
 
 
 def _grouped(requests: tuple[PlannedRequest, ...]) -> list[PlannedRequest]:
-    """Consecutive identical requests as one row with their count."""
-    rows: list[PlannedRequest] = []
+    """Identical requests of one probe or scenario as one row with their count, where the first
+    of them is (a mirrored scenario alternates its sizes: one row per size)."""
+    rows: dict[tuple[str, int, int, Expect], PlannedRequest] = {}
     for p in requests:
-        last = rows[-1] if rows else None
-        if last and (last.name, last.prompt_tokens, last.max_tokens, last.expect) == (p.name, p.prompt_tokens, p.max_tokens, p.expect):
-            rows[-1] = PlannedRequest(p.name, p.prompt_tokens, p.max_tokens, p.expect, last.concurrent + p.concurrent, p.only_if)
+        key = (p.name, p.prompt_tokens, p.max_tokens, p.expect)
+        if (seen := rows.get(key)) is not None:
+            rows[key] = PlannedRequest(p.name, p.prompt_tokens, p.max_tokens, p.expect, seen.concurrent + p.concurrent, p.only_if)
         else:
-            rows.append(p)
-    return rows
+            rows[key] = p
+    return list(rows.values())
 
 
 def _requests_in(planned: tuple[PlannedRequest, ...]) -> int:

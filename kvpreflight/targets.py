@@ -11,7 +11,7 @@ import math
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -39,7 +39,7 @@ class Auth:
     client_key: str | None = None
     # Two-tenant probes: headers for synthetic tenants a and b; when either is set the deployment
     # binds tenants itself and no cache_salt is added.
-    tenant_headers: tuple[Mapping[str, str], Mapping[str, str]] = ({}, {})
+    tenant_headers: tuple[Mapping[str, str], Mapping[str, str]] = field(default_factory=lambda: ({}, {}))  # each Auth its own
     tenant_binding: str | None = None  # how the deployment tells tenants apart (None: a cache_salt per tenant)
     secrets: frozenset[str] = frozenset()  # every secret value above, for redaction
 

@@ -33,14 +33,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kvpreflight.boot.errors import BootConfigError
+from kvpreflight.engine_kinds import ENGINES, engine_kinds, launched_kind
 from kvpreflight.fields import FieldParser, describe, load_yaml
 from kvpreflight.files import FileKind, read_bytes
-from kvpreflight.model import AUTO_ENGINE, EngineKind, ProcessRole, RouterKind, Waiver
+from kvpreflight.model import AUTO_ENGINE, ProcessRole, RouterKind, Waiver
 
 ROLES = tuple(r.value for r in ProcessRole)
-ENGINE_KINDS = (*(k.value for k in EngineKind), AUTO_ENGINE)
-# Routers that are no engine's own: only a role: router process may be one.
-ROUTER_ONLY_KINDS = tuple(k.value for k in RouterKind if k.value not in ENGINE_KINDS)
 DEFAULT_READY_TIMEOUT_S = 600.0
 DEFAULT_HEALTH_PATH = "/health"
 # smg and sglang-router answer /health before their workers are registered; /readiness only once
@@ -131,24 +129,25 @@ class DeploymentSpec:
         raise KeyError(name)
 
 
+def router_only_kinds() -> tuple[str, ...]:
+    """Routers that are no engine's own: only a role: router process may be one."""
+    return tuple(k.value for k in RouterKind if k.value not in ENGINES)
+
+
+def spec_engine_kinds() -> tuple[str, ...]:
+    """What a boot spec's `engine:` may say: a registered engine, auto, or a router of its own."""
+    return (*engine_kinds(), AUTO_ENGINE, *router_only_kinds())
+
+
 def guess_engine(command: tuple[str, ...]) -> str:
-    """A cheap guess from the command line; adapters confirm over HTTP."""
+    """A cheap guess from the command line (routers first, then each registered engine's launch
+    words, kvpreflight.engine_kinds); adapters confirm over HTTP."""
     text = " ".join(command).lower()
     if any(os.path.basename(arg).lower() in ("smg", "smg.launch_router") for arg in command):
         return RouterKind.SMG.value  # before "sglang": smg's command says --backend sglang
     if "sglang_router" in text:
         return RouterKind.SGLANG_ROUTER.value
-    if "kvpreflight" in text and "engine" in text:
-        return "builtin"
-    if "sglang" in text:
-        return "sglang"
-    if "vllm" in text:
-        return "vllm"
-    if "llama-server" in text or "llama_cpp" in text or "llama-cpp" in text:
-        return "llamacpp"
-    if "text-generation-launcher" in text:
-        return "tgi"
-    return "auto"
+    return launched_kind(text) or AUTO_ENGINE
 
 
 def load_spec(path: str | os.PathLike[str]) -> DeploymentSpec:
@@ -241,10 +240,10 @@ class _Parser(FieldParser):
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0:
             raise self.error(f"{where}.ready_timeout_s", f"expected a positive number of seconds, got {describe(timeout)}")
         kind = raw.get("engine", "auto")
-        if kind in ROUTER_ONLY_KINDS and role is not ProcessRole.ROUTER:
+        if kind in router_only_kinds() and role is not ProcessRole.ROUTER:
             raise self.error(f"{where}.engine", f"{kind} is a router, not an engine: give it role: router")
-        if kind not in ENGINE_KINDS + ROUTER_ONLY_KINDS:
-            raise self.error(f"{where}.engine", f"expected one of {', '.join(ENGINE_KINDS + ROUTER_ONLY_KINDS)}, "
+        if kind not in spec_engine_kinds():
+            raise self.error(f"{where}.engine", f"expected one of {', '.join(spec_engine_kinds())}, "
                              f"got {describe(kind)}")
         cwd = raw.get("cwd")
         if cwd is not None:

@@ -6,27 +6,17 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+from kvpreflight.check_ids import CHECK_IDS, CheckId, Scope
 from kvpreflight.checks.interface import CheckContext, run_checks
-
-# Stable ids (the JSON report and waivers use them), in report order.
-CHECK_IDS = (
-    "kv-capacity",
-    "kv-sources-agree",
-    "overcapacity-rejected",
-    "prompt-integrity",
-    "max-tokens-clamp",
-    "concurrent-capacity",
-    "engine-healthy-after",
-    "tenant-isolation",
-    "prefix-cache-isolation",
-    "pd-transfer",
-    "pd-consistency",
-    "engine-advisories",
-)
 
 
 def check_module(check_id: str) -> ModuleType:
     return importlib.import_module(f"kvpreflight.checks.{check_id.replace('-', '_')}")
 
 
-__all__ = ["CHECK_IDS", "CheckContext", "check_module", "run_checks"]
+def ids_of(scope: Scope) -> list[str]:
+    """The check ids of one scope, in report order (each check module declares its SCOPE)."""
+    return [c for c in CHECK_IDS if check_module(c).SCOPE is scope]
+
+
+__all__ = ["CHECK_IDS", "CheckContext", "CheckId", "Scope", "check_module", "ids_of", "run_checks"]

@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import not_served, probe_evidence, stalled_or_broken, worst_status
 from kvpreflight.model import CheckResult, ErrorKind, Status
 
-ID = "concurrent-capacity"
+ID = CheckId.CONCURRENT_CAPACITY
+SCOPE = Scope.GROUP
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
     run = probe_run(ctx, ID)
     if isinstance(run, CheckResult):
         return [run]
-    probes = run.named("concurrent-")
+    probes = run.concurrent
     if not probes:
         return [CheckResult(ID, Status.INCONCLUSIVE, run.missing("the concurrent probe"), ctx.entry)]
     verdicts = []

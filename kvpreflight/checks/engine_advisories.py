@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.advisory_data import EngineFacts, summarise
 from kvpreflight.checks.interface import CheckContext
 from kvpreflight.model import CheckResult, Role
 
-ID = "engine-advisories"
+ID = CheckId.ENGINE_ADVISORIES
+SCOPE = Scope.GROUP
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:

@@ -3,10 +3,12 @@ used-token gauges are back to idle (no leaked pages) where the engine has them."
 
 from __future__ import annotations
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.model import CheckResult, Status
 
-ID = "engine-healthy-after"
+ID = CheckId.ENGINE_HEALTHY_AFTER
+SCOPE = Scope.GROUP
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext
 from kvpreflight.model import CheckResult, Origin, Status
 
-ID = "kv-capacity"
+ID = CheckId.KV_CAPACITY
+SCOPE = Scope.GROUP
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:

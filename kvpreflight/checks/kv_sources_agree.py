@@ -10,11 +10,13 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Any
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext
 from kvpreflight.model import CheckResult, EngineSnapshot, ErrorKind, Origin, Status
-from kvpreflight.probes.results import ProbeRun
+from kvpreflight.probes.results import ProbeName, ProbeRun
 
-ID = "kv-sources-agree"
+ID = CheckId.KV_SOURCES_AGREE
+SCOPE = Scope.GROUP
 MISSING_HINT = {
     Origin.ALLOCATOR: "the allocator's start-up log line (pass --log URL=PATH, or use --boot so kvpreflight owns the log)",
     Origin.SCHEDULER: "the scheduler's API or metrics (enable /metrics or /server_info)",
@@ -87,7 +89,7 @@ def _behaviour(run: ProbeRun | None, snap: EngineSnapshot) -> tuple[dict | None,
     """What the accept/reject boundary says about this engine's pool, if it can say anything."""
     if run is None or run.limits is None or run.not_run:
         return None, None
-    accept, reject = run.get("boundary-accept"), run.get("boundary-reject")
+    accept, reject = run.get(ProbeName.BOUNDARY_ACCEPT), run.get(ProbeName.BOUNDARY_REJECT)
     if accept is None or reject is None:
         return None, None
     limits = run.limits

@@ -2,18 +2,21 @@
 
 from __future__ import annotations
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import probe_evidence
 from kvpreflight.model import CheckResult, ErrorKind, Status
+from kvpreflight.probes.results import ProbeName
 
-ID = "max-tokens-clamp"
+ID = CheckId.MAX_TOKENS_CLAMP
+SCOPE = Scope.GROUP
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
     run = probe_run(ctx, ID)
     if isinstance(run, CheckResult):
         return [run]
-    p = run.get("clamp")
+    p = run.get(ProbeName.CLAMP)
     if p is None or run.limits is None:
         return [CheckResult(ID, Status.INCONCLUSIVE, run.missing("the clamp probe"), ctx.entry)]
     c, ev = p.completion, probe_evidence(p)

@@ -3,6 +3,7 @@ rejection with zero generated tokens, before any KV transfer; a shorter twin is 
 
 from __future__ import annotations
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import (
     accepted,
@@ -13,8 +14,10 @@ from kvpreflight.checks.probe_common import (
     worst_status,
 )
 from kvpreflight.model import CheckResult, Status
+from kvpreflight.probes.results import OVER_CAPACITY_PROBES, ProbeName
 
-ID = "overcapacity-rejected"
+ID = CheckId.OVERCAPACITY_REJECTED
+SCOPE = Scope.GROUP
 # What to do about a failure, said with it (the report reads failures first).
 FIX = ("fix: the engine must refuse a prompt over its pool or context before prefill: turn off auto-truncation "
        "(SGLang --allow-auto-truncate), serve a --context-length the smallest pool holds, or upgrade the engine "
@@ -27,8 +30,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     run = probe_run(ctx, ID)
     if isinstance(run, CheckResult):
         return [run]
-    probes = run.named("over-pool") + run.named("over-context")
-    twin = run.get("boundary-accept")
+    probes = run.of(*OVER_CAPACITY_PROBES)
+    twin = run.get(ProbeName.BOUNDARY_ACCEPT)
     verdicts = []
     decoders = decode_urls(ctx)
     for p in probes:

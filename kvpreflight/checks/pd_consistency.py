@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext
 from kvpreflight.model import CheckResult, Status
 
-ID = "pd-consistency"
+ID = CheckId.PD_CONSISTENCY
+SCOPE = Scope.DEPLOYMENT
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:

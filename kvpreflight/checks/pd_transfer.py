@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.counts import DEFAULT_PAGE, Tally, prompt_count
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import (
@@ -33,9 +34,10 @@ from kvpreflight.checks.probe_common import (
     outlived_deadlines,
 )
 from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, EngineSnapshot, Hazard, Role, Status
-from kvpreflight.probes.results import DangerLine, Expect, ProbeResult, counter_moved, stale_reads
+from kvpreflight.probes.results import DangerLine, Expect, ProbeName, ProbeResult, counter_moved, stale_reads
 
-ID = "pd-transfer"
+ID = CheckId.PD_TRANSFER
+SCOPE = Scope.GROUP
 
 
 class Transfer(enum.StrEnum):
@@ -132,14 +134,14 @@ def _danger_lines(probes: Sequence[ProbeResult], untied: Sequence[DangerLine]) -
         if id(probe.danger_lines) in seen:  # concurrent probes share one window's lines
             continue
         seen.add(id(probe.danger_lines))
-        when = "concurrent probes" if probe.name.startswith("concurrent-") else f"probe {probe.name}"
+        when = "concurrent probes" if probe.probe is ProbeName.CONCURRENT else f"probe {probe.name}"
         out += [danger_entry(d, f"logged during {when}") for d in probe.danger_lines]
     return out + [danger_entry(d, "logged between probes") for d in untied]
 
 
 def _windows(probes: Sequence[ProbeResult]) -> list[Window]:
-    concurrent = tuple(p for p in probes if p.name.startswith("concurrent-"))
-    out = [Window(name=p.name, probes=(p,)) for p in probes if not p.name.startswith("concurrent-")]
+    concurrent = tuple(p for p in probes if p.probe is ProbeName.CONCURRENT)
+    out = [Window(name=p.name, probes=(p,)) for p in probes if p.probe is not ProbeName.CONCURRENT]
     if concurrent:
         out.append(Window(name=f"concurrent (x{len(concurrent)})", probes=concurrent))
     return out

@@ -14,12 +14,14 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext, isolation_run
 from kvpreflight.checks.kstest import KsResult, ks_2samp
 from kvpreflight.model import CheckResult, EngineSnapshot, Status
 from kvpreflight.probes.results import CacheProbe, CacheProbeKind, PrefixCacheRun, ttft_summary
 
-ID = "prefix-cache-isolation"
+ID = CheckId.PREFIX_CACHE_ISOLATION
+SCOPE = Scope.GROUP
 ALPHA = 0.001  # the timing audit's significance level, for each KS test
 # The fix where the engine kind's cache cannot be bound to a tenant at all.
 FIXES = {

@@ -6,20 +6,22 @@ and reports its full length in the answer fails on its counters."""
 
 from __future__ import annotations
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.counts import PromptCount, Tally, computing_tier, prompt_count
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import not_served, probe_evidence, stalled_or_broken
 from kvpreflight.model import CheckResult, EngineSnapshot, Status
-from kvpreflight.probes.results import ProbeResult, ProbeRun
+from kvpreflight.probes.results import ProbeName, ProbeResult, ProbeRun
 
-ID = "prompt-integrity"
+ID = CheckId.PROMPT_INTEGRITY
+SCOPE = Scope.GROUP
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
     run = probe_run(ctx, ID)
     if isinstance(run, CheckResult):
         return [run]
-    p = run.get("boundary-accept")
+    p = run.get(ProbeName.BOUNDARY_ACCEPT)
     if p is None:
         return [CheckResult(ID, Status.INCONCLUSIVE, run.missing("the near-limit request"), ctx.entry)]
     c, ev = p.completion, probe_evidence(p)
@@ -53,10 +55,10 @@ def _counted(run: ProbeRun, tier: tuple[EngineSnapshot, ...]) -> list[tuple[str,
     """The computing engines' account of each served near-limit window: the boundary request
     alone, the concurrent ones together (they share one window)."""
     windows: list[tuple[str, list[ProbeResult]]] = []
-    if (p := run.get("boundary-accept")) is not None and p.completion.served:
+    if (p := run.get(ProbeName.BOUNDARY_ACCEPT)) is not None and p.completion.served:
         windows.append((p.name, [p]))
-    concurrent = [p for p in run.named("concurrent-") if p.completion.served]
-    if concurrent and len(concurrent) == len(run.named("concurrent-")):  # a refused one moved no counter of ours
+    concurrent = [p for p in run.concurrent if p.completion.served]
+    if concurrent and len(concurrent) == len(run.concurrent):  # a refused one moved no counter of ours
         windows.append((f"concurrent (x{len(concurrent)})", concurrent))
     out = []
     for name, probes in windows:

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext, isolation_run
 from kvpreflight.checks.probe_common import (
     CANARY_MEANING,
@@ -28,7 +29,8 @@ from kvpreflight.checks.probe_common import (
 from kvpreflight.model import CheckResult, EngineSnapshot, Hazard, Status
 from kvpreflight.probes.results import DangerLine, Expect, Scenario, Tenant, TenantRequest, counter_moved, stale_reads
 
-ID = "tenant-isolation"
+ID = CheckId.TENANT_ISOLATION
+SCOPE = Scope.GROUP
 
 
 def request_evidence(r: TenantRequest) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """`kvpreflight check`: prove live engines' KV pools hold the served context and that
 over-capacity requests are hard-rejected. Parses arguments into a `CheckPlan`, calls
-`kvpreflight.preflight`, writes the outputs, returns the exit code. No logic here."""
+`kvpreflight.preflight`, writes the outputs, returns the exit code. What it decides itself is
+which mode runs (attach, --boot, --plan) and where its outputs go; every check is the library's."""
 
 from __future__ import annotations
 
@@ -11,15 +12,16 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from kvpreflight.engine_kinds import engine_kinds
 from kvpreflight.formats import FORMATS
-from kvpreflight.model import AUTO_ENGINE, EngineKind
+from kvpreflight.model import AUTO_ENGINE
 
 if TYPE_CHECKING:
     from kvpreflight.boot.spec import DeploymentSpec
     from kvpreflight.model import Report
     from kvpreflight.plan import CheckPlan
 
-ENGINE_HELP = ", ".join([AUTO_ENGINE, *EngineKind])
+ENGINE_HELP = ", ".join([AUTO_ENGINE, *engine_kinds()])
 FORMAT_HELP = ", ".join(FORMATS)
 
 

@@ -1,32 +1,29 @@
-"""Engine adapters: one module per engine kind, one registry line each.
+"""Engine adapters: one module per engine kind, one registration each (kvpreflight/engine_kinds.py).
 
-Auto-detection asks each adapter, in this order, whether the server is its kind (by what the
-server answers). The builtin engine comes before SGLang because it speaks SGLang's wire format.
+Auto-detection asks each adapter, in the registry's order, whether the server is its kind (by
+what the server answers). The builtin engine comes before SGLang because it speaks SGLang's wire
+format.
 """
 
 from __future__ import annotations
 
 import importlib
 
+from kvpreflight.engine_kinds import ENGINES
 from kvpreflight.engines.errors import EngineConfigError, EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
 from kvpreflight.engines.interface import EngineAdapter
 
-ENGINES: dict[str, str] = {
-    "builtin": "kvpreflight.engines.builtin:BuiltinAdapter",
-    "sglang": "kvpreflight.engines.sglang:SglangAdapter",
-    "vllm": "kvpreflight.engines.vllm:VllmAdapter",
-    "llamacpp": "kvpreflight.engines.llamacpp:LlamaCppAdapter",
-    "tgi": "kvpreflight.engines.tgi:TgiAdapter",
-}
-
 
 def adapter_class(kind: str) -> type[EngineAdapter]:
     try:
-        module_name, _, cls = ENGINES[kind].partition(":")
+        module_name, _, name = ENGINES[kind].adapter.partition(":")
     except KeyError:
         raise EngineConfigError(f"unknown --engine {kind!r}; choose auto or one of: {', '.join(ENGINES)}") from None
-    return getattr(importlib.import_module(module_name), cls)
+    cls: type[EngineAdapter] = getattr(importlib.import_module(module_name), name)
+    if cls.kind != kind:  # what reports and records name the engine: the registration's kind
+        raise EngineConfigError(f"the engine registration {kind!r} names {ENGINES[kind].adapter}, whose kind is {cls.kind!r}")
+    return cls
 
 
 def open_adapter(url: str, client: HttpClient, kind: str = "auto") -> EngineAdapter:
@@ -43,9 +40,9 @@ def open_adapter(url: str, client: HttpClient, kind: str = "auto") -> EngineAdap
             raise EngineTimeout(f"{exc}; asked while detecting the engine kind (--engine KIND skips that)") from None
         if detected:
             return cls(url, client)
+    asked = ", ".join(r.detected_by for r in ENGINES.values() if r.detected_by)
     raise EngineError(
-        f"{url}: not recognised as any of {', '.join(ENGINES)} (no SGLang /server_info, vLLM /version, "
-        "llama.cpp /props, TGI /info); pass --engine KIND if it is one of them"
+        f"{url}: not recognised as any of {', '.join(ENGINES)} (no {asked}); pass --engine KIND if it is one of them"
     )
 
 

@@ -47,6 +47,13 @@ _ATTACH_KEYS = ("endpoints", "entry", "engine", "model", "context_length", "logs
 _BUILTIN_KEYS = ("pool_ratio", "decode_pool_ratio", "context_length", "faults")
 
 
+def _subject(text: str) -> object:
+    """A `NAME=sha256:HEX` subject, checked (the record package is loaded only when one is given)."""
+    from kvpreflight.record import parse_subject
+
+    return parse_subject(text)
+
+
 @dataclass(frozen=True)
 class AttachTarget:
     """Engines that already run: what `kvpreflight check --endpoint ...` is given."""
@@ -171,7 +178,7 @@ def parse_inventory(data: Any, *, source: str = "<inventory>", base_dir: str | N
         raise p.error("defaults", f"expected a mapping, got {describe(defaults)}")
     p.unknown_keys(defaults, _DEFAULT_KEYS, "defaults")
     default_timeout = p.positive_number(defaults.get("timeout_s", DEFAULT_TIMEOUT_S), "defaults.timeout_s")
-    subjects = p.subjects(defaults.get("subjects"), "defaults.subjects")
+    subjects = p.subjects(defaults.get("subjects"), "defaults.subjects", _subject)
     raw = data.get("deployments")
     if not isinstance(raw, list) or not raw:
         raise p.error("deployments", f"expected a non-empty list of deployments, got {describe(raw)}")
@@ -208,7 +215,7 @@ class _Parser(FieldParser):
         return Deployment(
             name=name, target=target, placement=placement,
             waivers=self.waivers(raw.get("skip"), f"{where}.skip"),
-            subjects=self.subjects(raw.get("subjects"), f"{where}.subjects"),
+            subjects=self.subjects(raw.get("subjects"), f"{where}.subjects", _subject),
             timeout_s=self.positive_number(raw.get("timeout_s", default_timeout), f"{where}.timeout_s"),
         )
 

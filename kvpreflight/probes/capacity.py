@@ -13,11 +13,12 @@ from dataclasses import dataclass, replace
 
 from kvpreflight.engines.interface import Counters, EngineAdapter
 from kvpreflight.model import Completion, EngineSnapshot
-from kvpreflight.probes.budget import Budget, PlannedRequest, Speed
+from kvpreflight.probes.budget import PlannedRequest, Speed
 from kvpreflight.probes.engine_state import EngineState, counter_deltas
-from kvpreflight.probes.logs import LogWatch, named_by_request_id
+from kvpreflight.probes.logs import named_by_request_id
 from kvpreflight.probes.markers import foreign_markers, new_marker
-from kvpreflight.probes.results import DangerLine, Expect, Limits, ProbeResult, ProbeRun, Tenant
+from kvpreflight.probes.results import DangerLine, Expect, Limits, ProbeName, ProbeResult, ProbeRun, Tenant
+from kvpreflight.probes.session import ProbeSession
 from kvpreflight.probes.tenants import TenantPrompts
 from kvpreflight.probes.tokens import valid_token_ids
 
@@ -29,16 +30,16 @@ IDLE_WAIT_S = 10.0
 HEALTH_PROMPT = 16
 # Served probes sent streamed (besides the `-stream` ones): prompt-integrity's limit prompt is,
 # and every other concurrent request, so the served near-limit answers are read both ways.
-STREAMED = frozenset({"boundary-accept"})
+STREAMED = frozenset({ProbeName.BOUNDARY_ACCEPT})
 
 PURPOSES = {
-    "over-pool": "longer than the KV pool but within the served context (the incident's danger zone)",
-    "over-context": "one token over the served context",
-    "boundary-accept": "the longest prompt the stated limits accept; must succeed with every token processed",
-    "boundary-reject": "one token more than the stated limits accept; must be refused",
-    "clamp": "prompt plus max_tokens 8 tokens over the served context: refuse, or say it cut max_tokens",
-    "concurrent": "{k} near-limit requests at once: each must succeed or be refused with a capacity error",
-    "health": "a small request after the probes",
+    ProbeName.OVER_POOL: "longer than the KV pool but within the served context (the incident's danger zone)",
+    ProbeName.OVER_CONTEXT: "one token over the served context",
+    ProbeName.BOUNDARY_ACCEPT: "the longest prompt the stated limits accept; must succeed with every token processed",
+    ProbeName.BOUNDARY_REJECT: "one token more than the stated limits accept; must be refused",
+    ProbeName.CLAMP: "prompt plus max_tokens 8 tokens over the served context: refuse, or say it cut max_tokens",
+    ProbeName.CONCURRENT: "{k} near-limit requests at once: each must succeed or be refused with a capacity error",
+    ProbeName.HEALTH: "a small request after the probes",
 }
 
 
@@ -77,18 +78,19 @@ def capacity_plan(limits: Limits, concurrency: int, scan_tokens: int | None = No
     if limits.pool_bound and limits.pool_tokens is not None:
         over_pool = limits.pool_tokens + max(1, (limits.served_context - limits.pool_tokens) // 2)
         over_pool = min(max(over_pool, m + 1), limits.served_context - 1)
-        out += [PlannedRequest(name, over_pool, OVER_MAX_TOKENS, Expect.REJECT) for name in ("over-pool", "over-pool-stream")]
+        out += [PlannedRequest(name, over_pool, OVER_MAX_TOKENS, Expect.REJECT)
+                for name in (ProbeName.OVER_POOL, ProbeName.OVER_POOL_STREAM)]
     out += [PlannedRequest(name, limits.served_context + 1, OVER_MAX_TOKENS, Expect.REJECT)
-            for name in ("over-context", "over-context-stream")]
-    out.append(PlannedRequest("boundary-accept", m, 1, Expect.ACCEPT))
-    out.append(PlannedRequest("boundary-reject", m + 1, 1, Expect.REJECT))
+            for name in (ProbeName.OVER_CONTEXT, ProbeName.OVER_CONTEXT_STREAM)]
+    out.append(PlannedRequest(ProbeName.BOUNDARY_ACCEPT, m, 1, Expect.ACCEPT))
+    out.append(PlannedRequest(ProbeName.BOUNDARY_REJECT, m + 1, 1, Expect.REJECT))
     clamp_prompt = max(1, m - 8)
-    out.append(PlannedRequest("clamp", clamp_prompt, limits.served_context - clamp_prompt + 8, Expect.REJECT))
+    out.append(PlannedRequest(ProbeName.CLAMP, clamp_prompt, limits.served_context - clamp_prompt + 8, Expect.REJECT))
     # Near the limit, but leaving room for the 4 generated tokens so no engine has to cut them.
     k = max(1, concurrency)
     answer = scan_tokens or CONCURRENT_MAX_TOKENS
-    out.append(PlannedRequest("concurrent", max(1, m - answer), answer, Expect.ACCEPT, k))
-    out.append(PlannedRequest("health", HEALTH_PROMPT, 4, Expect.ACCEPT))
+    out.append(PlannedRequest(ProbeName.CONCURRENT, max(1, m - answer), answer, Expect.ACCEPT, k))
+    out.append(PlannedRequest(ProbeName.HEALTH, HEALTH_PROMPT, 4, Expect.ACCEPT))
     return out
 
 
@@ -98,20 +100,18 @@ class CapacityProber:
     requests alternate A and B. The isolation prober reads them as its boundary scenario, and the
     pair as its load scenario where it fills the pool."""
 
-    def __init__(self, entry: EngineAdapter, engines: Mapping[str, EngineAdapter], limits: Limits,
-                 settings: ProbeSettings, budget: Budget, progress: Callable[[str], None] = lambda _: None,
-                 logs: LogWatch | None = None, tenants: TenantPrompts | None = None) -> None:
-        self.entry = entry
+    def __init__(self, session: ProbeSession, settings: ProbeSettings, tenants: TenantPrompts | None = None) -> None:
+        self.entry = session.entry
         self.tenants = tenants
-        self.engines = engines  # url -> adapter, for counters
-        self.state = EngineState(engines)
-        self.limits = limits
+        self.engines = session.engines
+        self.state = EngineState(session.engines)
+        self.limits = session.limits
         self.settings = settings
-        self.budget = budget
-        self.progress = progress
+        self.budget = session.budget
+        self.progress = session.progress
         self.marker = new_marker("PROBE")
         self._latest: dict[str, Counters | None] | None = None  # counters after the last probe
-        self.logs = logs or LogWatch({})
+        self.logs = session.logs
         self._lines: tuple[DangerLine, ...] = ()  # danger lines logged while the last probe was in flight
         self._untied: list[DangerLine] = []  # logged between probes
 
@@ -134,15 +134,15 @@ class CapacityProber:
                 if self.budget.may_send():
                     calibrate()
                     self._latest = None  # the calibration requests moved the counters: not this probe's doing
-            if planned.name == "concurrent":
+            if planned.name is ProbeName.CONCURRENT:
                 probes.extend(self._concurrent(ids[: planned.prompt_tokens], planned.concurrent, planned.max_tokens))
-            elif planned.name == "health":
+            elif planned.name is ProbeName.HEALTH:
                 if self.budget.may_send():
                     small_ids = self._token_ids(planned.prompt_tokens, f"kvpreflight health check {self.marker}")
                     small = self.budget.send(self.entry, small_ids, max_tokens=planned.max_tokens, stream=False,
                                                 timeout_s=self.budget.request_s(planned.prompt_tokens, Expect.ACCEPT,
                                                                                 max_tokens=planned.max_tokens))
-            elif planned.name == "boundary-accept" and self.tenants is not None:
+            elif planned.name is ProbeName.BOUNDARY_ACCEPT and self.tenants is not None:
                 if (result := self._one(planned, self.tenants.ids[Tenant.A][: planned.prompt_tokens], Tenant.A)) is not None:
                     probes.append(result)
             elif (result := self._one(planned, ids[: planned.prompt_tokens])) is not None:
@@ -167,8 +167,9 @@ class CapacityProber:
     def _one(self, planned: PlannedRequest, ids: list[int], tenant: Tenant | None = None) -> ProbeResult | None:
         """Send one probe (as `tenant`, when given); None when it was not sent, or the deadline
         cut it short (it proves nothing)."""
-        name, expect, max_tokens = planned.name, planned.expect, planned.max_tokens
-        stream = name.endswith("-stream") or name in STREAMED
+        probe, expect, max_tokens = ProbeName(planned.name), planned.expect, planned.max_tokens
+        name = probe.value
+        stream = probe.streamed or probe in STREAMED
         if not self.budget.may_send():
             return None
         self.budget.enter(f"the capacity probe {name}")
@@ -183,7 +184,7 @@ class CapacityProber:
                                  engines=self.engines.values(), extra=extra, after_send=self._read_counters)
         if sent is None:
             return None
-        return self._result(name, expect, sent[0], PURPOSES[name.removesuffix("-stream")], before, self._latest or {}, tenant)
+        return self._result(name, expect, sent[0], PURPOSES[probe.unstreamed], before, self._latest or {}, tenant)
 
     def _sender(self, tenant: Tenant | None) -> tuple[EngineAdapter, dict[str, object] | None]:
         """The adapter and extra request fields a probe is sent with: the entry's, or the tenant's."""
@@ -227,7 +228,7 @@ class CapacityProber:
         self._window_opens()
         tenants: list[Tenant | None] = [None] * k
         if self.tenants is None:
-            completions = self.budget.probe(self.entry, ids, name="concurrent", expect=Expect.ACCEPT,
+            completions = self.budget.probe(self.entry, ids, name=ProbeName.CONCURRENT.value, expect=Expect.ACCEPT,
                                             max_tokens=max_tokens, engines=self.engines.values(), copies=k,
                                             after_send=self._read_counters)
         else:  # tenants A and B alternating, each its own canary prompt of the same size; B's streamed
@@ -242,14 +243,14 @@ class CapacityProber:
             completions = None if any(c is None for c in each) else tuple(c[0] for c in each if c is not None)
         if completions is None:
             return []
-        purpose = PURPOSES["concurrent"].format(k=k)
-        return [self._result(f"concurrent-{i + 1}", Expect.ACCEPT, c, purpose, before, self._latest or {}, tenants[i])
+        purpose = PURPOSES[ProbeName.CONCURRENT].format(k=k)
+        return [self._result(f"{ProbeName.CONCURRENT.value}-{i + 1}", Expect.ACCEPT, c, purpose, before, self._latest or {}, tenants[i])
                 for i, c in enumerate(completions)]
 
     def _send_concurrent(self, tenant: Tenant, ids: list[int], k: int, max_tokens: int,
                          stream: bool) -> tuple[Completion, ...] | None:
         adapter, extra = self._sender(tenant)
-        return self.budget.probe(adapter, ids, name="concurrent", expect=Expect.ACCEPT, max_tokens=max_tokens,
+        return self.budget.probe(adapter, ids, name=ProbeName.CONCURRENT.value, expect=Expect.ACCEPT, max_tokens=max_tokens,
                                  engines=self.engines.values(), extra=extra, at_once=k, stream=stream)
 
 

@@ -1,4 +1,4 @@
-"""How large each isolation scenario's requests are, and the plan of what the scenarios send.
+"""How large each isolation scenario's requests are (the scenarios themselves: probes/scenarios.py).
 
 What a check costs (issue 14): only the boundary and load scenarios need near-limit prompts, and
 they ride on requests the capacity checks send anyway. Every other scenario prompt is short
@@ -14,17 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from kvpreflight.model import EngineSnapshot, Role
-from kvpreflight.probes.budget import PlannedRequest
 from kvpreflight.probes.prefix_cache import (
     CACHE_PREFIXES,
-    DEFAULT_TIMING_SAMPLES,
-    ORDER,
-    TIMING_REQUESTS_PER_SAMPLE,
     cache_prompt_tokens,
     caching_off,
-    timing_prompt_tokens,
 )
-from kvpreflight.probes.results import Expect, Limits
+from kvpreflight.probes.results import Limits
 
 SCAN_MAX_TOKENS = 256  # answers long enough to reach past a lost first transfer batch
 MIN_SCAN_TOKENS = 16  # an answer shorter than this cannot hold a canary: not a scan (TenantRequest.scanned)
@@ -36,20 +31,11 @@ SCAN_PROMPT_MIN = 256  # ...and at least this: more than one KV transfer batch (
 # transfer lost after its first batch leaves stale pages behind
 LOAD_POOL_FRACTION = 0.9  # the load scenario's prompts and answers fill this much of the smallest pool
 
-PURPOSES = {
-    "normal": "long prompts of both tenants, interleaved (A B A B A B): each reuses pages the other just freed",
-    "boundary": "the longest accepted prompt, interleaved (A B B A)",
-    "over-capacity": "a long request of one tenant, then an over-capacity request of the other (the incident path), and mirrored",
-    "cancel-transfer": "one tenant disconnects while its KV is being written; the other tenant's requests take the freed pages",
-    "cancel-decode": "one tenant disconnects after its first streamed token; the other tenant follows at once",
-    "load": "both tenants at once, near the smallest KV pool",
-}
-
 
 @dataclass(frozen=True)
 class IsolationSizes:
-    """Every scenario's request sizes, from the limits and the smallest pool: what is sent, and
-    what the estimate before the run counts."""
+    """Every scenario's request sizes, from the limits and the smallest pool (probes/scenarios.py
+    declares which request takes which)."""
 
     gen: int  # tokens generated per scanned answer
     longest: int  # the longest scanned prompt: within the stated limits, with room for the answer
@@ -115,26 +101,3 @@ class IsolationSizes:
     def load_tokens(self) -> int:
         """The KV the load requests hold at once when all are decoding: prompts and answers."""
         return self.load_count * (self.load_per + self.load_max_tokens)
-
-    def plan(self, *, churn: bool, timing_samples: int = DEFAULT_TIMING_SAMPLES) -> list[PlannedRequest]:
-        """What the scenarios send, for the estimate (the scenarios below send exactly these sizes).
-        The boundary scenario, and the load scenario where the concurrent pair is it, send
-        nothing of their own: they are the capacity probes' requests. The timing audit is listed
-        with its condition (it runs only where cache counters are silent): the estimate (and the
-        default deadline) allow for it, the counts of what will be sent do not."""
-        accept, reject = Expect.ACCEPT, Expect.REJECT
-        out = [PlannedRequest("normal", self.normal_tokens, self.gen, accept) for _ in range(6)]
-        out += [PlannedRequest("over-capacity", self.short, self.gen, accept) for _ in range(2)]
-        out += [PlannedRequest("over-capacity", self.over, self.gen, reject) for _ in range(2)]
-        if churn:
-            out += [PlannedRequest("cancel-transfer", self.transfer_size, 1, accept) for _ in range(2)]
-            out += [PlannedRequest("cancel-transfer", self.transfer_victim, self.gen, accept, 2) for _ in range(2)]
-            out += [PlannedRequest("cancel-decode", self.decode_prompt, 2, accept) for _ in range(2)]
-            out += [PlannedRequest("cancel-decode", self.decode_prompt, self.gen, accept) for _ in range(2)]
-            if not self.pair_is_load:
-                out.append(PlannedRequest("load", self.load_per, self.load_max_tokens, accept, self.load_count))
-        out += [PlannedRequest("prefix-cache", self.cache_tokens, 1, accept) for _ in range(1 + self.cache_prefixes * len(ORDER))]
-        timing = timing_prompt_tokens(self.longest)
-        out += [PlannedRequest("prefix-cache-timing", timing, 1, accept, only_if=TIMING_AUDIT_CONDITION)
-                for _ in range(TIMING_REQUESTS_PER_SAMPLE * timing_samples)]
-        return out

@@ -41,6 +41,53 @@ class CacheProbeKind(str, enum.Enum):
     CROSS = "cross"
 
 
+class ProbeName(enum.StrEnum):
+    """The capacity probes, as the report names them. The concurrent requests are one probe sent
+    k times at once: each result is named `concurrent-N`, and its `probe` is CONCURRENT."""
+
+    OVER_POOL = "over-pool"
+    OVER_POOL_STREAM = "over-pool-stream"
+    OVER_CONTEXT = "over-context"
+    OVER_CONTEXT_STREAM = "over-context-stream"
+    BOUNDARY_ACCEPT = "boundary-accept"
+    BOUNDARY_REJECT = "boundary-reject"
+    CLAMP = "clamp"
+    CONCURRENT = "concurrent"
+    HEALTH = "health"
+
+    @property
+    def streamed(self) -> bool:
+        return self.value.endswith("-stream")
+
+    @property
+    def unstreamed(self) -> ProbeName:
+        """The probe this one repeats streamed (its purpose is that one's)."""
+        return ProbeName(self.value.removesuffix("-stream"))
+
+    @classmethod
+    def of(cls, name: str) -> ProbeName | None:
+        """The probe a result's name is (`concurrent-2`: CONCURRENT); None for none of them."""
+        base, _, index = name.rpartition("-")
+        if index.isdigit() and base == cls.CONCURRENT.value:
+            return cls.CONCURRENT
+        return next((p for p in cls if p.value == name), None)
+
+
+OVER_CAPACITY_PROBES = (ProbeName.OVER_POOL, ProbeName.OVER_POOL_STREAM, ProbeName.OVER_CONTEXT,
+                        ProbeName.OVER_CONTEXT_STREAM)
+
+
+class ScenarioName(enum.StrEnum):
+    """The isolation scenarios, in the order they run (probes/scenarios.py declares each)."""
+
+    NORMAL = "normal"
+    BOUNDARY = "boundary"
+    OVER_CAPACITY = "over-capacity"
+    CANCEL_TRANSFER = "cancel-transfer"
+    CANCEL_DECODE = "cancel-decode"
+    LOAD = "load"
+
+
 # -- capacity probes -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -92,6 +139,10 @@ class ProbeResult:
     danger_lines: tuple[DangerLine, ...] = ()  # logged while this probe was in flight
     tenant: Tenant | None = None  # sent as this synthetic tenant, its canary in the prompt (isolation reuses it)
 
+    @property
+    def probe(self) -> ProbeName | None:
+        return ProbeName.of(self.name)
+
 
 @dataclass(frozen=True, kw_only=True)
 class ProbeRun:
@@ -112,11 +163,17 @@ class ProbeRun:
         """Why a probe a check needs is absent."""
         return f"{what} was not sent: {self.stopped}" if self.stopped else f"{what} was not sent"
 
-    def get(self, name: str) -> ProbeResult | None:
-        return next((p for p in self.probes if p.name == name), None)
+    def get(self, probe: ProbeName) -> ProbeResult | None:
+        """The first result of `probe` (the concurrent ones: `of`)."""
+        return next((p for p in self.probes if p.probe is probe), None)
 
-    def named(self, prefix: str) -> list[ProbeResult]:
-        return [p for p in self.probes if p.name.startswith(prefix)]
+    def of(self, *probes: ProbeName) -> list[ProbeResult]:
+        """Every result of these probes, in the order they were sent."""
+        return [p for p in self.probes if p.probe in probes]
+
+    @property
+    def concurrent(self) -> list[ProbeResult]:
+        return self.of(ProbeName.CONCURRENT)
 
 
 # -- isolation probes ----------------------------------------------------------------------------

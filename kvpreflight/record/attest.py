@@ -22,6 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from kvpreflight.check_ids import CheckId
 from kvpreflight.model import CheckResult, Report, Status
 from kvpreflight.record.statement import Subject, file_subject
 
@@ -37,10 +38,10 @@ VERIFIER_ID = "https://kvpreflight.dev/verifier/verify"
 POLICY_URI = "https://kvpreflight.dev/verify-policy/v1"
 BUILTIN_PREFIX = "kvpreflight:checks/"
 # A VSA level per required check; other check ids get KVPREFLIGHT_<ID>_VERIFIED.
-LEVELS = {
-    "kv-capacity": "KVPREFLIGHT_CAPACITY_VERIFIED",
-    "overcapacity-rejected": "KVPREFLIGHT_OVERCAPACITY_REJECTED",
-    "tenant-isolation": "KVPREFLIGHT_TENANT_ISOLATION_VERIFIED",
+LEVELS: dict[str, str] = {
+    CheckId.KV_CAPACITY: "KVPREFLIGHT_CAPACITY_VERIFIED",
+    CheckId.OVERCAPACITY_REJECTED: "KVPREFLIGHT_OVERCAPACITY_REJECTED",
+    CheckId.TENANT_ISOLATION: "KVPREFLIGHT_TENANT_ISOLATION_VERIFIED",
 }
 # Every VSA that passed carries this: signature, subjects, age and verdict were checked.
 RECORD_LEVEL = "KVPREFLIGHT_RECORD_VERIFIED"

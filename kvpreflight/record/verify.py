@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from kvpreflight.check_ids import CHECK_IDS, CheckId
 from kvpreflight.files import FileKind, sha256_of
 from kvpreflight.model import Status
 from kvpreflight.record.attest import (
@@ -36,7 +37,7 @@ from kvpreflight.redact import cut
 
 DEFAULT_MAX_AGE = "24h"
 # A release must have proved these, not skipped, waived or failed to measure them (verify --require).
-DEFAULT_REQUIRED = ("kv-capacity", "overcapacity-rejected", "tenant-isolation")
+DEFAULT_REQUIRED = (CheckId.KV_CAPACITY, CheckId.OVERCAPACITY_REJECTED, CheckId.TENANT_ISOLATION)
 # A fleet record's subjects name each deployment's record file with this prefix.
 RECORD_SUBJECT_PREFIX = "record:"
 FUTURE_SKEW = timedelta(minutes=5)
@@ -53,8 +54,6 @@ def parse_duration(text: str) -> timedelta:
 
 def parse_required(values: list[str] | None) -> tuple[str, ...]:
     """--require values: check ids (repeatable or comma-separated), or `none`; none given: the default."""
-    from kvpreflight.checks import CHECK_IDS
-
     if not values:
         return DEFAULT_REQUIRED
     ids = [part.strip() for value in values for part in value.split(",") if part.strip()]

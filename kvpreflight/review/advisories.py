@@ -14,13 +14,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvpreflight.checks.advisory_data import Advisory, EngineFacts, Match, summarise
+from kvpreflight.engine_kinds import ENGINES
 from kvpreflight.model import CheckResult, Status
 from kvpreflight.review.interface import Launch
 
 CHECK_ID = "engine-advisories"
-# The image repository names that say which engine the image holds; any other image (a private
-# build) says nothing about the engine version.
-IMAGE_NAMES = {"sglang": ("sglang",), "vllm": ("vllm",), "llamacpp": ("llama.cpp", "llama-cpp", "llamacpp")}
 # How a launch says it is one side of a prefill/decode pair (each engine's own flag).
 PD_SETTINGS = {"disaggregation_mode": ("prefill", "decode"), "role": ("prefill", "decode")}
 PD_CONNECTOR_ROLES = ("kv_producer", "kv_consumer", "kv_both")
@@ -38,7 +36,8 @@ def image_version(engine: str, image: str | None) -> str | None:
     if not image:
         return None
     name, _, tag = posixpath.basename(image.split("@", 1)[0]).partition(":")
-    if not tag or not any(word in name.lower() for word in IMAGE_NAMES.get(engine, ())):
+    registration = ENGINES.get(engine)  # its image_names say which images hold it
+    if not tag or registration is None or not any(word in name.lower() for word in registration.image_names):
         return None
     if engine == "llamacpp":
         m = re.search(r"(?:^|[-_])b(\d+)(?:$|[-_])", tag)

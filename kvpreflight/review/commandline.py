@@ -12,6 +12,7 @@ import posixpath
 import re
 from collections.abc import Iterable, Iterator, Mapping
 
+from kvpreflight.engine_kinds import ENGINES
 from kvpreflight.errors import ConfigError
 from kvpreflight.files import FileKind, read_text
 from kvpreflight.review.interface import CommandSite, Launch, ReviewError, Token
@@ -19,14 +20,6 @@ from kvpreflight.review.interface import CommandSite, Launch, ReviewError, Token
 _SEPARATORS = (";", "&&", "||", "|", "&", "\n")
 _SHELLS = {"sh", "bash", "dash", "zsh", "ash"}
 _PYTHON = re.compile(r"^(python(\d+(\.\d+)?)?|\{python\})$")
-# module run with `python -m` -> engine
-_MODULES = {
-    "sglang.launch_server": "sglang",
-    "vllm.entrypoints.openai.api_server": "vllm",
-}
-# console script followed by a sub-command -> engine
-_SCRIPTS = {("sglang", "serve"): "sglang", ("vllm", "serve"): "vllm"}
-_BINARIES = {"llama-server": "llamacpp"}
 _VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)|\$\{([A-Za-z_][A-Za-z0-9_]*)\}|\$([A-Za-z_][A-Za-z0-9_]*)")
 
 
@@ -203,17 +196,16 @@ def _file_lines(path: str) -> tuple[str, ...]:
 
 
 def _launch_at(words: list[Token], i: int) -> tuple[str | None, int]:
+    """The engine whose launch starts at words[i] and how many words the launch itself takes: each
+    registered engine's launch forms (kvpreflight.engine_kinds), `python -m MODULE` ones after an
+    interpreter, the others by the first word's base name."""
     base = posixpath.basename(words[i].text)
-    nxt = words[i + 1].text if i + 1 < len(words) else None
-    if _PYTHON.match(base) and nxt == "-m" and i + 2 < len(words):
-        if words[i + 2].text == "kvpreflight" and [w.text for w in words[i + 3 : i + 5]] == ["engine", "serve"]:
-            return "builtin", 5
-        engine = _MODULES.get(words[i + 2].text)
-        return (engine, 3) if engine else (None, 0)
-    if base == "kvpreflight" and [w.text for w in words[i + 1 : i + 3]] == ["engine", "serve"]:
-        return "builtin", 3
-    if nxt is not None and (base, nxt) in _SCRIPTS:
-        return _SCRIPTS[(base, nxt)], 2
-    if base in _BINARIES:
-        return _BINARIES[base], 1
+    texts = [base, *(w.text for w in words[i + 1:])]
+    module = _PYTHON.match(base) is not None and texts[1:2] == ["-m"]
+    for registration in ENGINES.values():
+        for form in registration.launch_forms:
+            if module and form[0] == "-m" and texts[1:1 + len(form)] == list(form):
+                return registration.kind, 1 + len(form)
+            if not module and form[0] != "-m" and texts[:len(form)] == list(form):
+                return registration.kind, len(form)
     return None, 0

@@ -16,6 +16,7 @@ from support import fake_adapter
 from support.no_processes import SPAWNERS, child_pids, refuse
 
 from kvpreflight import engines
+from kvpreflight.engine_kinds import EngineRegistration
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -36,7 +37,7 @@ def no_child_processes() -> Iterator[None]:
 
 @pytest.fixture(autouse=True)
 def fake_engines(monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, fake_adapter.FakeEngine]]:
-    monkeypatch.setitem(engines.ENGINES, "fake", "support.fake_adapter:FakeAdapter")
+    monkeypatch.setitem(engines.ENGINES, "fake", EngineRegistration("fake", "support.fake_adapter:FakeAdapter", ""))
     fake_adapter.ENGINES.clear()
     fake_adapter.FakeAdapter.seeds.clear()
     yield fake_adapter.ENGINES

@@ -11,7 +11,8 @@ from kvpreflight.engines.http import HttpClient
 from kvpreflight.model import Completion, Role, Status
 from kvpreflight.probes.budget import Budget
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, deployment_limits
-from kvpreflight.probes.results import Expect, Limits
+from kvpreflight.probes.results import Expect, Limits, ProbeName
+from kvpreflight.probes.session import ProbeSession
 
 URL = "http://engine:1"
 
@@ -22,7 +23,9 @@ def probe(engine: FakeEngine, *, concurrency: int = 2):
     limits = deployment_limits(adapter, [engine.snap])
     assert limits is not None
     budget = Budget(timeout_s=5, fallback_tokens_per_second=20000)
-    return CapacityProber(adapter, {engine.snap.url: adapter}, limits, settings, budget).run()
+    session = ProbeSession(entry=adapter, engines={engine.snap.url: adapter}, snapshots=(engine.snap,), limits=limits,
+                           budget=budget)
+    return CapacityProber(session, settings).run()
 
 
 def shape(sent: list[Sent]) -> list[tuple[int, int, bool]]:
@@ -55,7 +58,7 @@ def test_context_smaller_than_pool_has_no_over_pool_probe():
     engine = FakeEngine(snapshot(URL, pool=16384, context=8192))
     run = probe(engine, concurrency=3)
     assert run.limits == Limits(served_context=8192, pool_tokens=16384, max_accepted=8185)
-    assert not run.named("over-pool")
+    assert not run.of(ProbeName.OVER_POOL, ProbeName.OVER_POOL_STREAM)
     assert shape(engine.sent) == [(8193, 96, False), (8193, 96, True), (8185, 1, True), (8186, 1, False),
                                   (8177, 23, False), *[(8181, 4, False)] * 3, (16, 4, False)]
 
@@ -63,7 +66,7 @@ def test_context_smaller_than_pool_has_no_over_pool_probe():
 def test_answers_are_attributed_to_the_engine_whose_counters_moved():
     engine = FakeEngine(snapshot(URL, pool=4096, context=8192))
     run = probe(engine)
-    accepted, refused = run.get("boundary-accept"), run.get("boundary-reject")
+    accepted, refused = run.get(ProbeName.BOUNDARY_ACCEPT), run.get(ProbeName.BOUNDARY_REJECT)
     assert accepted is not None and refused is not None
     assert accepted.reached == (URL,) and accepted.counter_deltas[URL]["prompt_tokens"] == 4089
     assert refused.reached == () and refused.completion.rejected

@@ -31,6 +31,7 @@ from kvpreflight.probes.results import (
     Tenant,
     TenantRequest,
 )
+from kvpreflight.probes.session import Connection, ProbeSession
 
 URL = "http://engine:1"
 LIMITS = Limits(served_context=8192, pool_tokens=4096, max_accepted=4089)
@@ -49,11 +50,15 @@ def isolate(*engines: FakeEngine, entry: FakeEngine | None = None, churn: bool =
     entry = entry or engines[0]
     client = HttpClient()
     adapters = {e.snap.url: FakeAdapter(e.snap.url, client) for e in engines}
-    settings = IsolationSettings(timeout_s=5, churn_allowed=churn, churn_not_allowed_reason="not in this test",
+    settings = IsolationSettings(churn_allowed=churn, churn_not_allowed_reason="not in this test",
                                  binding="a cache_salt per tenant" if salted else "API keys")
-    budget = Budget(timeout_s=5, fallback_tokens_per_second=20000)
-    return run_isolation(FakeAdapter(entry.snap.url, client), adapters, [e.snap for e in engines], limits, settings,
-                         budget, {}, ({}, {}), salted=salted)
+    return run_isolation(session(FakeAdapter(entry.snap.url, client), adapters, [e.snap for e in engines], limits),
+                         settings, salted=salted)
+
+
+def session(entry: FakeAdapter, engines: dict[str, FakeAdapter], snaps: list[EngineSnapshot], limits: Limits) -> ProbeSession:
+    return ProbeSession(entry=entry, engines=engines, snapshots=tuple(snaps), limits=limits,
+                        budget=Budget(timeout_s=5, fallback_tokens_per_second=20000), connection=Connection(timeout_s=5))
 
 
 def scenario(run: IsolationRun, name: str) -> Scenario:
@@ -356,13 +361,12 @@ def test_near_limit_prompts_are_sent_once_and_are_the_boundary_and_load_scenario
     engines = {URL: adapter}
     limits = deployment_limits(adapter, [engine.snap])
     assert limits is not None and limits.max_accepted == 8185
-    settings = IsolationSettings(timeout_s=5, churn_allowed=True, binding="a cache_salt per tenant")
-    budget = Budget(timeout_s=5, fallback_tokens_per_second=20000)
-    with isolation.open_tenants(adapter, engines, limits, settings, {}, ({}, {}), salted=True) as prompts:
-        capacity = CapacityProber(adapter, engines, limits, ProbeSettings(), budget, tenants=prompts).run()
+    settings = IsolationSettings(churn_allowed=True, binding="a cache_salt per tenant")
+    probing = session(adapter, engines, [engine.snap], limits)
+    with isolation.open_tenants(probing, ({}, {}), salted=True) as prompts:
+        capacity = CapacityProber(probing, ProbeSettings(), tenants=prompts).run()
         by_capacity = len(engine.sent)
-        run = run_isolation(adapter, engines, [engine.snap], limits, settings, budget, {}, ({}, {}), salted=True,
-                            prompts=prompts, shared=capacity)
+        run = run_isolation(probing, settings, prompts=prompts, shared=capacity)
     carried = [(p.name, p.tenant) for p in capacity.probes if p.tenant is not None]
     assert carried == [("boundary-accept", Tenant.A), ("concurrent-1", Tenant.A), ("concurrent-2", Tenant.B)]
     # the pair leaves room for a scanned answer (256 tokens) in place of capacity's 4
@@ -404,12 +408,11 @@ def test_a_pair_that_refuses_tenant_b_leaves_the_boundary_scenario_its_own_reque
     engines = {URL: adapter}
     limits = deployment_limits(adapter, [engine.snap])
     assert limits is not None
-    settings = IsolationSettings(timeout_s=5, churn_allowed=True, binding="a cache_salt per tenant")
-    budget = Budget(timeout_s=5, fallback_tokens_per_second=20000)
-    with isolation.open_tenants(adapter, engines, limits, settings, {}, ({}, {}), salted=True) as prompts:
-        capacity = CapacityProber(adapter, engines, limits, ProbeSettings(), budget, tenants=prompts).run()
-        run = run_isolation(adapter, engines, [engine.snap], limits, settings, budget, {}, ({}, {}), salted=True,
-                            prompts=prompts, shared=capacity)
+    settings = IsolationSettings(churn_allowed=True, binding="a cache_salt per tenant")
+    probing = session(adapter, engines, [engine.snap], limits)
+    with isolation.open_tenants(probing, ({}, {}), salted=True) as prompts:
+        capacity = CapacityProber(probing, ProbeSettings(), tenants=prompts).run()
+        run = run_isolation(probing, settings, prompts=prompts, shared=capacity)
     boundary = scenario(run, "boundary")
     assert [(r.name, r.served) for r in boundary.requests] == [
         ("boundary-accept-a", True), ("concurrent-1-a", True), ("concurrent-2-b", False), ("boundary-b", True)]

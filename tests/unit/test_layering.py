@@ -12,8 +12,10 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "kvpreflight"
 
 # What a check may import from kvpreflight: the shared result types, the probe results, the
-# thresholds and advisory data it judges against, and the checks' own interface.
-CHECKS_MAY_IMPORT = ("kvpreflight.model", "kvpreflight.probes.results", "kvpreflight.checkdata", "kvpreflight.checks")
+# engine and check vocabularies, the thresholds and advisory data it judges against, and the
+# checks' own interface.
+CHECKS_MAY_IMPORT = ("kvpreflight.model", "kvpreflight.probes.results", "kvpreflight.checkdata", "kvpreflight.checks",
+                     "kvpreflight.engine_kinds", "kvpreflight.check_ids")
 
 # Engine metric names and engine settings keys: engine facts that adapters turn into typed fields.
 ENGINE_NAME = re.compile(r"\b(?:sglang|vllm):[a-z_]+|kv_dedicated_per_slot|enable_prefix_caching|disable_radix_cache|kv_unified")
@@ -73,3 +75,91 @@ def test_no_engine_metric_or_setting_name_outside_the_adapters():
             for found in ENGINE_NAME.findall(line):
                 hits.append(f"{path.relative_to(PACKAGE.parent)}:{number}: {found}")
     assert not hits, "engine facts belong in kvpreflight/engines/ (typed Counters/EngineSnapshot fields):\n" + "\n".join(hits)
+
+
+# What a check must not match a probe or scenario by: its name as a string (or a prefix of it).
+PROBE_NAMES = re.compile(r"^(?:over-pool|over-context|boundary-|clamp|concurrent|health|normal|over-capacity|cancel-|load)")
+
+
+def probe_names_as_strings(path: Path, root: Path = PACKAGE.parent) -> list[str]:
+    """`run.get("clamp")`, `run.of("concurrent")`, `p.name.startswith("concurrent-")`, `s.name == "load"`."""
+    hits = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+        literals: list[ast.expr] = []
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in ("get", "of", "named", "startswith", "endswith") and not (
+                    node.func.attr == "get" and isinstance(node.func.value, ast.Name) and node.func.value.id in ("d", "e")):
+                literals = list(node.args[:1])
+        elif isinstance(node, ast.Compare) and any(isinstance(side, ast.Attribute) and side.attr == "name"
+                                                   for side in (node.left, *node.comparators)):
+            literals = [node.left, *node.comparators]
+        for literal in literals:
+            if isinstance(literal, ast.Constant) and isinstance(literal.value, str) and PROBE_NAMES.match(literal.value):
+                hits.append(f"{path.relative_to(root)}:{literal.lineno}: {literal.value!r}")
+    return hits
+
+
+def test_checks_find_probes_and_scenarios_only_through_their_enums():
+    hits = [hit for path in modules(PACKAGE / "checks") for hit in probe_names_as_strings(path)]
+    assert not hits, "name a probe by kvpreflight.probes.results.ProbeName (a scenario by ScenarioName):\n" + "\n".join(hits)
+
+
+def test_the_probe_name_scan_sees_lookups_prefixes_and_comparisons(tmp_path):
+    sample = tmp_path / "kvpreflight" / "checks" / "x.py"
+    sample.parent.mkdir(parents=True)
+    sample.write_text('run.get("clamp")\nrun.named("concurrent-")\np.name.startswith("over-pool")\nok = s.name == "load"\n'
+                      'run.get(ProbeName.CLAMP)\nd.get("health")\n')
+    assert [hit.rsplit(": ", 1)[1] for hit in probe_names_as_strings(sample, tmp_path)] == [
+        "'clamp'", "'concurrent-'", "'over-pool'", "'load'"]
+
+
+# The ground floor: vocabularies, errors, the report model and its schema, the bounded readers and
+# parsers every layer uses. They import only each other (and no adapter, probe, check or record code).
+GROUND_FLOOR = ("errors", "clock", "files", "gpus", "model", "schema", "redact", "targets", "fields", "checkdata",
+                "engine_kinds", "check_ids")
+# The one circle allowed: Report.to_dict/from_dict defer, when called, to the schema that imports model.
+ALLOWED_CIRCLES = {frozenset({"model", "schema"})}
+
+
+def room(name: str) -> str | None:
+    """The top-level module or subpackage of kvpreflight a dotted name is in."""
+    parts = name.split(".")
+    if parts[0] != "kvpreflight" or len(parts) < 2:
+        return None
+    return parts[1] if (PACKAGE / parts[1]).is_dir() or (PACKAGE / f"{parts[1]}.py").exists() else None
+
+
+def test_the_ground_floor_imports_nothing_above_it():
+    wrong = []
+    for name in GROUND_FLOOR:
+        path = PACKAGE / f"{name}.py"
+        for line, imported_name in imported(path):
+            if (to := room(imported_name)) is not None and to not in GROUND_FLOOR:
+                wrong.append(f"kvpreflight/{name}.py:{line} imports {imported_name}")
+    assert not wrong, "the ground floor (" + ", ".join(GROUND_FLOOR) + ") imports only itself:\n" + "\n".join(wrong)
+
+
+def test_no_import_circle_across_packages():
+    graph: dict[str, set[str]] = {}
+    for path in modules():
+        parts = path.relative_to(PACKAGE).with_suffix("").parts
+        if parts == ("__init__",):
+            continue
+        for _, name in imported(path):
+            if (to := room(name)) is not None and to != parts[0]:
+                graph.setdefault(parts[0], set()).add(to)
+
+    def reaches(start: str, goal: str) -> bool:
+        seen, todo = set(), [start]
+        while todo:
+            for nxt in graph.get(todo.pop(), ()):
+                if nxt == goal:
+                    return True
+                if nxt not in seen:
+                    seen.add(nxt)
+                    todo.append(nxt)
+        return False
+
+    circles = sorted({f"{a} <-> {b}" for a, tos in graph.items() for b in tos
+                      if reaches(b, a) and frozenset({a, b}) not in ALLOWED_CIRCLES})
+    assert not circles, "import circles between kvpreflight's packages:\n" + "\n".join(circles)

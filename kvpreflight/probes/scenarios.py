@@ -1,0 +1,174 @@
+"""The isolation scenarios, each declared once as data: its requests (tenant, size, answer,
+streamed or not, where the client leaves, which go at once) in the order they are sent. The
+prober (probes/isolation.py) sends exactly these; `check --plan` and the budget estimate count
+exactly these (`isolation_plan`). A new scenario or a new request mode is one entry here.
+
+The incident's paths (issue 4), interleaved so that one tenant's KV pages are freed right before
+the other tenant's requests reuse them:
+  normal           short prompts, A B A B A B, read to the end streamed and not
+  boundary         the longest prompt the limits accept: the capacity probes' near-limit requests
+                   (prompt-integrity's, then the concurrent pair) carry the canaries of A, then A and B
+  over-capacity    A short, then B over the pool/context (the incident path), and mirrored
+  cancel-transfer  (churn) A disconnects while its KV is being written, then B's requests take
+                   the freed pages; mirrored
+  cancel-decode    (churn) A disconnects after its first streamed token, then B; mirrored
+  load             (churn) A and B at once, near the smallest pool: the concurrent pair where its
+                   KV fills 80-100% of the smallest pool, else requests of its own
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+from dataclasses import dataclass
+
+from kvpreflight.probes.budget import PlannedRequest
+from kvpreflight.probes.isolation_plan import TIMING_AUDIT_CONDITION, IsolationSizes
+from kvpreflight.probes.prefix_cache import DEFAULT_TIMING_SAMPLES, ORDER, TIMING_REQUESTS_PER_SAMPLE, timing_prompt_tokens
+from kvpreflight.probes.results import Expect, ProbeName, ScenarioName, Tenant
+
+CANCEL_PROPAGATION_S = 0.06  # router and decode notice a closed socket within ~40 ms
+A, B = Tenant.A, Tenant.B
+# The normal scenario's requests, (tenant, streamed): each tenant's answers are read to the end
+# both streamed and not, since streaming is its own code path in every engine, router and gateway.
+NORMAL_ORDER = ((A, False), (B, False), (A, True), (B, True), (A, False), (B, False))
+
+
+class Leave(enum.Enum):
+    """Where a request's client goes away on purpose."""
+
+    DURING_TRANSFER = "while its KV is being written"
+    AFTER_FIRST_TOKEN = "after its first streamed token"
+
+    @property
+    def answer_tokens(self) -> int:
+        """What the engine generates for it before the client leaves (what the estimate counts)."""
+        return 1 if self is Leave.DURING_TRANSFER else 2
+
+
+class Evidence(enum.Enum):
+    """How a run of the scenario is shown to have happened as intended (probes/isolation.py)."""
+
+    SERVED = "an answered request"
+    LEFT_MID_TRANSFER = "a deferred release, the crossing itself, or the engine's abort count"
+    LEFT_AFTER_TOKEN = "a streamed token before each disconnect"
+    POOL_FILLED = "the requests' KV held at once against the smallest pool"
+
+
+@dataclass(frozen=True)
+class ScenarioRequest:
+    tenant: Tenant
+    name: str  # as the report names it: normal-a1, cancel-transfer-b-left, ...
+    prompt_tokens: int
+    max_tokens: int
+    expect: Expect = Expect.ACCEPT
+    stream: bool = False
+    leave: Leave | None = None  # None: read to the end
+
+    def planned(self, scenario: ScenarioName) -> PlannedRequest:
+        answer = self.max_tokens if self.leave is None else self.leave.answer_tokens
+        return PlannedRequest(scenario, self.prompt_tokens, answer, self.expect)
+
+
+@dataclass(frozen=True)
+class Step:
+    """Requests sent at once (each one of `len(requests)` together), then a pause or a wait for
+    the engines' pages to come back before the next step."""
+
+    requests: tuple[ScenarioRequest, ...]
+    pause_s: float = 0.0
+    settle: bool = False  # wait for idle pools afterwards
+
+
+@dataclass(frozen=True)
+class ScenarioSpec:
+    name: ScenarioName
+    purpose: str
+    steps: tuple[Step, ...]
+    churn: bool = False  # disruptive to a live deployment: sent only where allowed
+    evidence: Evidence = Evidence.SERVED
+    shown: str = ""  # what an answered run shows (Evidence.SERVED)
+    # The capacity probes that, sent as the tenants, are this scenario: then its own steps are
+    # sent only where those did not serve it (and are not planned).
+    carried_by: tuple[ProbeName, ...] = ()
+
+    def planned(self) -> list[PlannedRequest]:
+        """Its requests for the estimate: each step's requests of one size as one entry, counted
+        as sent at once."""
+        out: list[PlannedRequest] = []
+        for step in self.steps:
+            sizes = Counter(r.planned(self.name) for r in step.requests)
+            out += [PlannedRequest(p.name, p.prompt_tokens, p.max_tokens, p.expect, n) for p, n in sizes.items()]
+        return out
+
+
+def one(*requests: ScenarioRequest, pause_s: float = 0.0, settle: bool = False) -> Step:
+    return Step(requests, pause_s=pause_s, settle=settle)
+
+
+def declared(sizes: IsolationSizes) -> tuple[ScenarioSpec, ...]:
+    """Every scenario, in the order the prober runs them, sized from `sizes`."""
+    gen, short, longest = sizes.gen, sizes.short, sizes.longest
+    normal = tuple(one(ScenarioRequest(t, f"normal-{t.value}{i // 2 + 1}", sizes.normal_tokens, gen, stream=stream))
+                   for i, (t, stream) in enumerate(NORMAL_ORDER))
+    boundary = tuple(one(ScenarioRequest(t, f"boundary-{t.value}{i + 1}", longest, gen)) for i, t in enumerate((A, B, B, A)))
+    over: list[Step] = []
+    for streamed, first in ((False, A), (True, B)):  # mirrored in the other mode: each path refuses, streamed or not
+        second = first.other
+        over += [one(ScenarioRequest(first, f"over-capacity-{first.value}-long", short, gen, stream=streamed)),
+                 one(ScenarioRequest(second, f"over-capacity-{second.value}-over", sizes.over, gen, Expect.REJECT,
+                                     stream=streamed))]
+    transfer: list[Step] = []
+    decode: list[Step] = []
+    for leaver in (A, B):
+        other = leaver.other
+        # A disconnect during the transfer needs no stream, and a router may not pass a streamed
+        # client's disconnect on (smg 1.13.0 does not): only the after-first-token case streams.
+        transfer += [one(ScenarioRequest(leaver, f"cancel-transfer-{leaver.value}-left", sizes.transfer_size, gen,
+                                         leave=Leave.DURING_TRANSFER), pause_s=CANCEL_PROPAGATION_S),
+                     one(*(ScenarioRequest(other, f"cancel-transfer-{other.value}{i + 1}", sizes.transfer_victim, gen,
+                                           stream=i == 1) for i in range(2)), settle=True)]
+        decode += [one(ScenarioRequest(leaver, f"cancel-decode-{leaver.value}-left", sizes.decode_prompt,
+                                       sizes.decode_max_tokens, stream=True, leave=Leave.AFTER_FIRST_TOKEN)),
+                   one(ScenarioRequest(other, f"cancel-decode-{other.value}", sizes.decode_prompt, gen))]
+    order = [(A, B)[i % 2] for i in range(sizes.load_count)]
+    load = one(*(ScenarioRequest(t, f"load-{t.value}{i // 2 + 1}", sizes.load_per, sizes.load_max_tokens,
+                                 stream=(i // 2) % 2 == 1) for i, t in enumerate(order)))
+    return (
+        ScenarioSpec(ScenarioName.NORMAL, "short prompts of both tenants, interleaved (A B A B A B), streamed and not: "
+                     "each reuses pages the other just freed", normal,
+                     shown="both tenants ran and were scanned, streamed and not"),
+        ScenarioSpec(ScenarioName.BOUNDARY, "the longest accepted prompt, interleaved (A B B A)", boundary,
+                     shown="both tenants ran at the longest accepted prompt",
+                     carried_by=(ProbeName.BOUNDARY_ACCEPT, ProbeName.CONCURRENT)),
+        ScenarioSpec(ScenarioName.OVER_CAPACITY, "a short request of one tenant, then an over-capacity request of the "
+                     "other (the incident path), and mirrored", tuple(over),
+                     shown=f"refusal path exercised right after the other tenant's pages were freed ({sizes.over_where})"),
+        ScenarioSpec(ScenarioName.CANCEL_TRANSFER, "one tenant disconnects while its KV is being written; the other "
+                     "tenant's requests take the freed pages", tuple(transfer), churn=True,
+                     evidence=Evidence.LEFT_MID_TRANSFER),
+        ScenarioSpec(ScenarioName.CANCEL_DECODE, "one tenant disconnects after its first streamed token; the other "
+                     "tenant follows at once", tuple(decode), churn=True, evidence=Evidence.LEFT_AFTER_TOKEN),
+        ScenarioSpec(ScenarioName.LOAD, "both tenants at once, near the smallest KV pool", (load,), churn=True,
+                     evidence=Evidence.POOL_FILLED, carried_by=(ProbeName.CONCURRENT,) if sizes.pair_is_load else ()),
+    )
+
+
+def isolation_plan(sizes: IsolationSizes, *, churn: bool, timing_samples: int = DEFAULT_TIMING_SAMPLES,
+                   scenarios: tuple[ScenarioSpec, ...] | None = None) -> list[PlannedRequest]:
+    """What the isolation probes send, for `--plan` and the estimate: the declared scenarios (a
+    scenario the capacity probes carry sends nothing of its own; churn only where allowed), then
+    the prefix-cache controls. The timing audit is listed with its condition (it runs only where
+    cache counters are silent): the estimate (and the default deadline) allow for it, the counts
+    of what will be sent do not."""
+    out: list[PlannedRequest] = []
+    for spec in declared(sizes) if scenarios is None else scenarios:
+        if (spec.churn and not churn) or spec.carried_by:
+            continue
+        out += spec.planned()
+    accept = Expect.ACCEPT
+    out += [PlannedRequest("prefix-cache", sizes.cache_tokens, 1, accept) for _ in range(1 + sizes.cache_prefixes * len(ORDER))]
+    timing = timing_prompt_tokens(sizes.longest)
+    out += [PlannedRequest("prefix-cache-timing", timing, 1, accept, only_if=TIMING_AUDIT_CONDITION)
+            for _ in range(TIMING_REQUESTS_PER_SAMPLE * timing_samples)]
+    return out
