@@ -24,7 +24,7 @@ from kvpreflight.watch.drift import Baseline, drift_findings
 from kvpreflight.watch.findings import Finding, FindingKind, Round, RoundOutcome
 from kvpreflight.watch.hazards import HazardWatch
 
-STOP_GRACE_S = 5.0  # after SIGTERM, how long a round in flight may take to notice (well inside 10 s)
+STOP_GRACE_S = 2.0  # after SIGTERM, how long a round in flight may take to end (the stop is well inside 10 s)
 
 
 @dataclass(frozen=True, kw_only=True)
