@@ -75,9 +75,6 @@ class Watcher:
                     findings.extend(drift_findings(self.settings.baseline, snapshots,
                                                    unreadable=[f.endpoint for f in unreadable]))
                 self.hazards.follow_logs(_log_signals(adapters, listing))
-                hazards, hazard_notes, _ = self.hazards.take(EngineState(adapters).counters())
-                findings.extend(hazards)
-                notes.extend(hazard_notes)
             if self.settings.canaries and snapshots:
                 planned = REQUESTS_PER_ROUND * self._last_prompt_tokens * len(_groups(plan, snapshots))
                 if not self.spend.allows(planned, self.settings.budget.max_tokens_per_hour):
@@ -98,6 +95,10 @@ class Watcher:
                         outcome = RoundOutcome.THROTTLED
             elif self.settings.canaries and not findings:
                 not_measured.append("canaries: no engine could be read")
+            if adapters:  # after the canaries: what this round's own requests met counts in this round
+                hazards, hazard_notes, _ = self.hazards.take(EngineState(adapters).counters())
+                findings.extend(hazards)
+                notes.extend(hazard_notes)
         finally:
             client.close()
             self.spend.add(sent["requests"], sent["tokens"])
