@@ -18,11 +18,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import yaml
 from support.cli import invoke
+from support.consumers import run_consumer
 
 from kvpreflight.boot.plan import free_port
 from kvpreflight.builtin_engine.testbed import PDTrio, pd_trio, start_engine, stop_engine
 
+REPO = Path(__file__).resolve().parents[2]
+RULES = REPO / "examples" / "prometheus" / "kvpreflight.rules.yml"
 CONTEXT, POOL, SMALLER_POOL = 4096, 8192, 4096
 INTERVAL_S = 1.0
 ROUND_WAIT_S = 20.0  # one round on 2 shared cores: a read of three processes and four short requests
@@ -128,3 +132,49 @@ def test_the_decode_restarted_with_a_smaller_pool_is_drift_against_the_signed_re
     smaller = drift["smaller-pool", trio.decode.url]
     assert (smaller["recorded"], smaller["found"]) == (POOL, SMALLER_POOL)
     assert ("smaller-pool", trio.prefill.url) not in drift
+
+
+def test_promtool_reads_the_metrics_and_the_shipped_rules_fire_on_drift_and_a_fault(tmp_path):
+    """No engine: the series of two rounds as watch renders them, one deployment drifted, one with
+    a hazard; promtool checks the text and fires exactly the alerts each deserves."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from kvpreflight.watch.findings import Finding, FindingKind, Round, RoundOutcome
+    from kvpreflight.watch.metrics import WatchMetrics
+
+    def rendered(name: str, finding: Finding) -> str:
+        metrics = WatchMetrics(name)
+        metrics.record(Round(number=1, started_at="2026-12-02T00:00:00Z", finished_at="2026-12-02T00:00:01Z",
+                             outcome=RoundOutcome.FINDINGS, findings=(finding,), requests=4, prompt_tokens=640))
+        return metrics.text()
+
+    texts = {
+        "drifted": rendered("drifted", Finding(kind=FindingKind.DRIFT, what="smaller-pool", endpoint="http://d:1",
+                                               message="pool", recorded=8192, found=4096)),
+        "faulty": rendered("faulty", Finding(kind=FindingKind.HAZARD, what="transfer-failures", endpoint="http://p:1",
+                                             message="failed", found=4)),
+    }
+    series = []
+    for name, text in texts.items():
+        (tmp_path / f"{name}.prom").write_text(text)
+        checked = run_consumer("promtool", "check", "metrics", stdin=open(tmp_path / f"{name}.prom"))
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        for family in text_string_to_metric_families(text):
+            for s in family.samples:
+                if s.name.endswith("_timestamp_seconds"):
+                    continue  # 2026 is in promtool's future: staleness is not what this test is about
+                labels = ",".join(f'{k}="{v}"' for k, v in sorted(s.labels.items()))
+                series.append({"series": f"{s.name}{{{labels}}}", "values": f"{s.value:.17g}+0x30"})
+    tests = [{"interval": "1m", "input_series": series, "alert_rule_test": [
+        {"eval_time": "10m", "alertname": "KvpreflightWatchDrift", "exp_alerts": [{
+            "exp_labels": {"deployment": "drifted", "kind": "drift", "severity": "critical"},
+            "exp_annotations": {"summary": "drifted: 1 engine setting(s) differ from what the signed release record verified"}}]},
+        {"eval_time": "10m", "alertname": "KvpreflightWatchHazard", "exp_alerts": [{
+            "exp_labels": {"deployment": "faulty", "kind": "hazard", "severity": "critical"},
+            "exp_annotations": {"summary": "faulty: the last watch round found 1 hazard finding(s)"}}]},
+        {"eval_time": "10m", "alertname": "KvpreflightWatchUnreachable", "exp_alerts": []},
+    ]}]
+    test_file = tmp_path / "watch.rules.test.yml"
+    test_file.write_text(yaml.safe_dump({"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": tests}))
+    result = run_consumer("promtool", "test", "rules", test_file)
+    assert result.returncode == 0 and "SUCCESS" in result.stdout + result.stderr, result.stdout + result.stderr
