@@ -178,3 +178,14 @@ def test_promtool_reads_the_metrics_and_the_shipped_rules_fire_on_drift_and_a_fa
     test_file.write_text(yaml.safe_dump({"rule_files": [str(RULES)], "evaluation_interval": "1m", "tests": tests}))
     result = run_consumer("promtool", "test", "rules", test_file)
     assert result.returncode == 0 and "SUCCESS" in result.stdout + result.stderr, result.stdout + result.stderr
+
+
+def test_the_kubernetes_example_passes_kubernetes_validate_strict():
+    manifest = REPO / "examples" / "k8s" / "watch.yaml"
+    result = run_consumer("kubernetes-validate", "--strict", manifest)
+    out = result.stdout + result.stderr
+    assert result.returncode == 0, out
+    for resource in ("deployment/kvpreflight-watch", "service/kvpreflight-watch", "cronjob/kvpreflight-watch-once"):
+        assert f"passed for resource {resource}" in out, out
+    # the Prometheus Operator's CRD has no schema there: said, not validated
+    assert "kind ServiceMonitor" in out

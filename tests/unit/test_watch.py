@@ -115,6 +115,27 @@ def test_usage_errors_exit_2_in_one_line(args, says):
     assert proc.returncode == 2 and says in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_worker_the_router_lists_that_the_record_does_not_name_is_drift(fake_engines):
+    """vllm-router 0.1.17's GET /workers (tests/unit/test_roles.py) lists a decode the record does
+    not name (an autoscaler added it): drift naming it and its role; the recorded two are clean."""
+    from static_server import static_server
+
+    prefill = FakeEngine(snapshot("http://p:1", role=Role.PREFILL)).snap
+    decode = FakeEngine(snapshot("http://d:2", role=Role.DECODE)).snap
+    FakeEngine(snapshot("http://d:3", role=Role.DECODE, pool=1024))
+    worker = {"model_id": "unknown", "worker_type": "decode", "is_healthy": True, "load": 0}
+    listed = {"workers": [{**worker, "url": "http://p:1", "worker_type": "prefill"}, {**worker, "url": "http://d:2"},
+                          {**worker, "url": "http://d:3"}]}
+    routes = {"GET /workers": (200, "application/json", listed),
+              "GET /list_workers": (200, "application/json", {"urls": ["http://p:1", "http://d:2", "http://d:3"]})}
+    baseline = Baseline(source="rec.json", keyid="k", time="t", engines={"http://p:1": prefill, "http://d:2": decode})
+    with static_server(routes) as router:
+        r = watcher(urls=(), entry=router, baseline=baseline, canaries=False).round()
+    (finding,) = r.findings
+    assert (finding.what, finding.endpoint, finding.found) == ("unrecorded-engine", "http://d:3", "decode")
+    assert set(r.engines) == {"http://p:1", "http://d:2", "http://d:3"} and r.requests == 0
+
+
 # -- hazards -----------------------------------------------------------------------------------
 
 def test_danger_counters_are_findings_only_for_their_delta_since_the_last_round(fake_engines):
