@@ -120,7 +120,8 @@ class Watcher:
         try:
             adapters, snapshots, unreadable, listing = read_engines(plan, client, lambda _: None)
         except (EngineError, ConfigError) as exc:  # the router's worker list is unreadable this round
-            return Finding(kind=FindingKind.UNREACHABLE, what="entry", endpoint=where, message=f"{where}: {exc}")
+            return Finding(kind=FindingKind.UNREACHABLE, what="entry", endpoint=where,
+                           message=f"{where}: the engines behind it could not be read this round (down, or not a router): {exc}")
         lost = [Finding(kind=FindingKind.UNREACHABLE, what="engine", endpoint=r.endpoint or where, message=r.message)
                 for r in unreadable if r.status is Status.INCONCLUSIVE]
         return adapters, snapshots, lost, listing

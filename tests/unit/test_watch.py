@@ -372,3 +372,21 @@ def test_the_fault_switch_is_refused_unless_the_engine_listens_on_loopback():
     assert local.replies[-1][0] == 400 and local.engine.faults == {Fault.LEAK_STREAMED}
     set_faults(local, {})
     assert local.engine.faults == frozenset() and local.engine.config.transfer_fail_every == 0
+
+
+def test_an_engines_429_over_http_carries_its_retry_after():
+    """The adapter keeps a 429's Retry-After (vLLM's /v1/completions shape, in-process HTTP)."""
+    from static_server import static_server
+
+    from kvpreflight.engines.http import HttpClient
+    from kvpreflight.engines.vllm import VllmAdapter
+
+    routes = {"POST /v1/completions": (429, "application/json", {"error": {"message": "too many requests"}},
+                                       {"Retry-After": "12"})}
+    with static_server(routes) as url:
+        client = HttpClient(timeout_s=5)
+        try:
+            done = VllmAdapter(url, client, model="m").complete([1, 2, 3], max_tokens=1, stream=False, timeout_s=5)
+        finally:
+            client.close()
+    assert (done.status, done.retry_after_s) == (429, 12.0)
