@@ -46,9 +46,10 @@ class HazardWatch:
         went down) sets its baseline and finds nothing."""
         before = {url: self._last.get(url) for url in counters}
         deltas = {url: d for url, d in counter_deltas(before, counters).items() if all(v >= 0 for v in d.values())}
-        for url, now in counters.items():
-            if now is not None:
-                self._last[url] = now
+        # Kept: each engine read this round (one unreadable now keeps its last counters, so what
+        # moved meanwhile is counted when it answers again); dropped: engines no longer listed.
+        self._last = {url: now if now is not None else self._last[url]
+                      for url, now in counters.items() if now is not None or url in self._last}
         findings: list[Finding] = []
         for name, meaning in DANGER_COUNTERS.items():
             for url, moved in counter_moved(deltas, name).items():

@@ -96,7 +96,9 @@ class Watcher:
             elif self.settings.canaries and not findings:
                 not_measured.append("canaries: no engine could be read")
             if adapters:  # after the canaries: what this round's own requests met counts in this round
-                hazards, hazard_notes, _ = self.hazards.take(EngineState(adapters).counters())
+                counters = EngineState(adapters).counters()
+                hazards, hazard_notes, _ = self.hazards.take(counters)
+                not_measured.extend(f"hazards: {url}'s counters could not be read" for url, c in counters.items() if c is None)
                 findings.extend(hazards)
                 notes.extend(hazard_notes)
         finally:

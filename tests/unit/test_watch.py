@@ -154,6 +154,28 @@ def test_danger_counters_are_findings_only_for_their_delta_since_the_last_round(
     assert w.round().findings == ()
 
 
+def test_what_moved_while_the_metrics_were_unreadable_is_counted_when_they_answer_again(fake_engines, monkeypatch):
+    from kvpreflight.engines.errors import EngineError
+
+    engine = FakeEngine(snapshot(URL))
+    engine.counters = replace(engine.counters, stale_kv_reads=0)
+    w = watcher(canaries=False)
+    assert w.round().findings == ()
+    original = FakeAdapter.counters
+
+    def unreadable(self):
+        raise EngineError("metrics unreadable")
+
+    monkeypatch.setattr(FakeAdapter, "counters", unreadable)
+    engine.counters = replace(engine.counters, stale_kv_reads=3)
+    blind = w.round()
+    assert blind.findings == () and blind.outcome is RoundOutcome.NOT_MEASURED and blind.exit_code == 3
+    assert blind.not_measured == (f"hazards: {URL}'s counters could not be read",)
+    monkeypatch.setattr(FakeAdapter, "counters", original)
+    (found,) = w.round().findings
+    assert (found.what, found.found) == ("stale-kv-reads", 3)
+
+
 def test_a_danger_line_the_log_gains_between_rounds_is_a_finding(fake_engines, tmp_path):
     FakeEngine(snapshot(URL))
     log = tmp_path / "engine.log"
