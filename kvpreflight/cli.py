@@ -26,6 +26,7 @@ app = typer.Typer(
 # One line per command module (kvpreflight/commands/NAME.py, each with register(app)).
 COMMAND_MODULES = (
     "check",
+    "watch",
     "demo",
     "engine",
     "keygen",

@@ -182,6 +182,7 @@ class Completion:
     # A reply kvpreflight could not read whole (a frame that is not JSON, a count that is not a
     # count): what it says. What came before it (text, tokens) is kept; nothing else of it is believed.
     malformed: str | None = None
+    retry_after_s: float | None = None  # an HTTP 429's Retry-After, in seconds (kvpreflight watch backs off)
 
     @property
     def rejected(self) -> bool:

@@ -45,17 +45,17 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
     budget = Budget(timeout_s=options.timeout_s, deadline_s=options.deadline_s,
                     fallback_tokens_per_second=options.accepted_tokens_per_second or thresholds.accepted_tokens_per_second)
     advisories = load_advisories(options.advisory_dirs)
-    client = _client(options)
+    client = client_of(options)
     try:
-        adapters, snapshots, unreadable, listing = _read_engines(options, client, progress)
+        adapters, snapshots, unreadable, listing = read_engines(options, client, progress)
         settings = _settings(options, thresholds)
         results: list[CheckResult] = list(unreadable)
         state = EngineState(adapters)
         counters_before = state.counters() if not options.capacity_only else {}
         probes_started = time.monotonic()
         per_group_ids = ids_of(Scope.GROUP)
-        for entry_url, group in _groups(options, snapshots):
-            entry = _entry_adapter(entry_url, group, client)
+        for entry_url, group in probe_groups(options, snapshots):
+            entry = entry_adapter(entry_url, group, client)
             logs = _log_watch(options, group, adapters, listing)
             run, isolation = _probe(options, entry, group, adapters, settings, budget, progress, logs)
             ctx = CheckContext(tuple(group), thresholds, options.context_length, run, entry_url, advisories,
@@ -113,13 +113,13 @@ def preview(options: CheckPlan, *, measure: bool, progress: Callable[[str], None
     requests and, with `measure`, send one short calibration request per entry to estimate the
     duration (an upper estimate: see `calibrate_once`). No other request is sent."""
     thresholds = load_thresholds()
-    client = _client(options)
+    client = client_of(options)
     try:
-        adapters, snapshots, _, _ = _read_engines(options, client, progress)
+        adapters, snapshots, _, _ = read_engines(options, client, progress)
         settings = _settings(options, thresholds)
         out = []
-        for entry_url, group in _groups(options, snapshots):
-            entry = _entry_adapter(entry_url, group, client)
+        for entry_url, group in probe_groups(options, snapshots):
+            entry = entry_adapter(entry_url, group, client)
             plan = group_plan(options, entry_url, entry, group, settings)
             plan.refuse_above(options.max_context_equivalents)  # before the calibration requests
             if plan.not_probed or plan.limits is None or entry is None or not measure:
@@ -178,7 +178,7 @@ def _timing_samples(options: CheckPlan) -> int:
     return DEFAULT_TIMING_SAMPLES if options.timing_samples is None else options.timing_samples
 
 
-def _client(options: CheckPlan) -> HttpClient:
+def client_of(options: CheckPlan) -> HttpClient:
     return _connection(options).client()
 
 
@@ -187,7 +187,7 @@ def _settings(options: CheckPlan, thresholds: Thresholds) -> ProbeSettings:
                          known_markers=options.known_markers)
 
 
-def _read_engines(options: CheckPlan, client: HttpClient, progress: Callable[[str], None],
+def read_engines(options: CheckPlan, client: HttpClient, progress: Callable[[str], None],
                   ) -> tuple[dict[str, EngineAdapter], list[EngineSnapshot], list[CheckResult], RouterListing | None]:
     adapters: dict[str, EngineAdapter] = {}
     snapshots: list[EngineSnapshot] = []
@@ -257,14 +257,14 @@ def _targets(options: CheckPlan, client: HttpClient, progress: Callable[[str], N
     return tuple(Target(w.url) for w in listing.workers), listing
 
 
-def _groups(options: CheckPlan, snapshots: Sequence[EngineSnapshot]) -> list[tuple[str | None, list[EngineSnapshot]]]:
+def probe_groups(options: CheckPlan, snapshots: Sequence[EngineSnapshot]) -> list[tuple[str | None, list[EngineSnapshot]]]:
     """Which engines each probe run covers: all of them behind --entry, else each unified engine."""
     if options.entry or any(s.role is not Role.UNIFIED for s in snapshots):
         return [(options.entry.rstrip("/") if options.entry else None, list(snapshots))] if snapshots else []
     return [(s.url, [s]) for s in snapshots]
 
 
-def _entry_adapter(entry_url: str | None, group: list[EngineSnapshot], client: HttpClient) -> EngineAdapter | None:
+def entry_adapter(entry_url: str | None, group: list[EngineSnapshot], client: HttpClient) -> EngineAdapter | None:
     """The adapter every probe request goes through: the engines' kind at the entry's URL, naming
     the model they serve (OpenAI-style routes need it). None when there is no entry to probe."""
     if entry_url is None or not group:

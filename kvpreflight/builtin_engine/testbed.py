@@ -81,11 +81,13 @@ def engine_argv(role: str, port: int, *, context_length: int | None = None, pool
 
 def start_engine(role: str, workdir: Path, *, name: str | None = None, context_length: int | None = None,
                  pool_tokens: int | None = None, faults: Sequence[str] = (), page_log: bool = False,
-                 enable_metrics: bool = True, extra_args: Sequence[str] = (), wait_s: float = 60.0) -> RunningEngine:
+                 enable_metrics: bool = True, extra_args: Sequence[str] = (), wait_s: float = 60.0,
+                 port: int | None = None) -> RunningEngine:
+    """`port`: this one (an engine restarted where the last one listened), else a free one."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     name = name or role
-    port = free_port()
+    port = port or free_port()
     plog = workdir / f"{name}.pages.jsonl" if page_log else None
     argv = engine_argv(role, port, context_length=context_length, pool_tokens=pool_tokens, page_log=plog,
                        enable_metrics=enable_metrics, extra_args=extra_args)

@@ -303,6 +303,7 @@ class EngineAdapter(abc.ABC):
             sent_tokens=request.sent_tokens, max_tokens=request.max_tokens, streamed=request.stream,
             status=reply.status, elapsed_s=reply.elapsed_s, error_message=message, error_kind=self.classify_error(message),
             body_bytes=len(reply.body), body_sha256=reply.sha256,
+            retry_after_s=retry_after(reply.headers.get("retry-after")) if isinstance(reply, HttpReply) else None,
         )
 
     def _error_after(self, request: EngineRequest, reply: StreamReply, message: str, events: list[Any]) -> Completion:
@@ -395,6 +396,13 @@ def readable_error(adapter: EngineAdapter, request: EngineRequest, event: Any) -
 
 
 LOG_ID_PREFIX = "kvpreflight-"
+
+
+def retry_after(value: str | None) -> float | None:
+    """Retry-After in seconds (RFC 9110: delay-seconds; an HTTP date is not read), capped at an hour."""
+    if value is None or not value.strip().isdigit():
+        return None
+    return float(min(int(value.strip()), 3600))
 
 
 def new_request_id() -> str:

@@ -17,6 +17,7 @@ CACHE = Path(os.environ.get("KVPREFLIGHT_CACHE") or Path.home() / ".cache" / "kv
 _PLACES = {
     "zizmor": CACHE / "consumers-venv" / "bin" / "zizmor",
     "actionlint": CACHE / "consumers-venv" / "bin" / "actionlint",
+    "kubernetes-validate": CACHE / "consumers-venv" / "bin" / "kubernetes-validate",
     # the npm package's own bin runs the binary through a shell, which splits "Gh;Sarif": call it directly
     "sarif-multitool": CACHE / "consumers-npm" / "node_modules" / "@microsoft" / "sarif-multitool-linux" / "Sarif.Multitool",
 }
