@@ -79,6 +79,8 @@ def canary_round(entry: EngineAdapter, engines: Sequence[EngineAdapter], limits:
     canaries = {t: new_marker(f"TENANT{t.label}") for t in Tenant}  # fresh every round
     clients: list[HttpClient] = []
     findings: list[Finding] = []
+    served: set[Tenant] = set()
+    echoed: set[Tenant] = set()  # tenants whose own canary came back in a served answer
     sent = submitted = 0
     try:
         tenants = {}
@@ -106,10 +108,20 @@ def canary_round(entry: EngineAdapter, engines: Sequence[EngineAdapter], limits:
                 return CanaryResult(findings=tuple(findings), requests=sent, prompt_tokens=submitted, throttled=True,
                                     retry_after_s=completion.retry_after_s)
             findings.extend(_scan(entry.url, tenant, streamed, completion, canaries))
+            if completion.served:
+                served.add(tenant)
+                if own_canary_seen(completion, canaries[tenant]):
+                    echoed.add(tenant)
     finally:
         for http in clients:
             http.close()
-    return CanaryResult(findings=tuple(findings), requests=sent, prompt_tokens=submitted)
+    # Fail closed, as tenant-isolation does: a model that does not repeat a tenant's own canary back
+    # could not have shown the other tenant's either, so those answers measured nothing (a request
+    # not served is a finding already).
+    silent = [t for t in Tenant if t in served and t not in echoed]
+    missing = (f"canaries: no served answer of tenant {' or '.join(t.label for t in silent)} repeated its own canary "
+               "(the model does not echo), so a missing foreign canary proves nothing",) if silent else ()
+    return CanaryResult(findings=tuple(findings), requests=sent, prompt_tokens=submitted, not_measured=missing)
 
 
 def _scan(url: str, tenant: Tenant, streamed: bool, completion: Completion, canaries: Mapping[Tenant, str]) -> list[Finding]:

@@ -230,6 +230,22 @@ def test_an_answer_holding_the_other_tenants_canary_is_a_finding_quoting_only_ma
     assert all("private text" not in f.message and "KVPF-TENANT" in f.message for f in crossings)
 
 
+def test_a_model_that_does_not_echo_makes_the_canaries_not_measured_never_clean(fake_engines):
+    """Fail closed, as tenant-isolation does: an answer that does not repeat the tenant's own canary
+    could not have shown the other tenant's either, so the round is not measured (exit 3)."""
+    def fluent(engine, sent):
+        return Completion(sent_tokens=sent.tokens, max_tokens=sent.max_tokens, streamed=sent.stream, status=200,
+                          elapsed_s=0.001, completion_tokens=sent.max_tokens, text="a fluent answer about something else")
+
+    FakeEngine(snapshot(URL), script=fluent)
+    proc = invoke("watch", "--endpoint", URL, "--engine", "fake", "--once")
+    assert proc.returncode == 3, (proc.stdout, proc.stderr)
+    (line,) = rounds(proc)
+    assert line["outcome"] == "not-measured" and line["findings"] == []
+    (said,) = line["not_measured"]
+    assert "tenant A or B repeated its own canary" in said and "proves nothing" in said
+
+
 def test_a_failed_canary_request_is_a_finding_and_no_secret_reaches_the_output(fake_engines):
     key = "sk-watch-secret-0123456789abcdef"
 
