@@ -379,6 +379,78 @@ def test_smg_in_front_of_the_vllm_pair_serves_degraded_and_refuses_token_id_prom
     assert integrity["status"] == "inconclusive" and "Failed to deserialize the JSON body" in integrity["message"]
 
 
+# The prefill's NIXL lease: the shipped spec states none, so vLLM's default (docs/ENGINE_SIGNALS.md).
+LEASE_S = 30
+
+
+def hold_a_decode_leg_past_the_lease(pair: BootedPair, prompt: str) -> requests.Response:
+    """The router's two legs by hand, as vLLM's NIXL proxy sends them: the prefill computes the
+    prompt and keeps its KV for a decode (do_remote_decode); the decode leg follows only after the
+    lease has run out, so the decode reads blocks the prefill has already released. Deterministic:
+    no stall is waited for."""
+    legs = {"model": "tiny-llama", "prompt": prompt, "max_tokens": 1, "stream": False}
+    prefill = requests.post(f"{pair.prefill.url}/v1/completions", timeout=120, json={**legs, "kv_transfer_params": {
+        "do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None, "remote_block_ids": None,
+        "remote_host": None, "remote_port": None}})
+    assert prefill.status_code == 200 and prefill.json().get("kv_transfer_params"), prefill.text[:300]
+    time.sleep(LEASE_S + 5)
+    decode = requests.post(f"{pair.decode.url}/v1/completions", timeout=120,
+                           json={**legs, "max_tokens": 8, "kv_transfer_params": prefill.json()["kv_transfer_params"]})
+    # vLLM's prefill reads the decode's "done" notifications only while it steps: an idle prefill
+    # counts the late read at its next request (in production, the next user's), so one follows.
+    after = requests.post(f"{pair.prefill.url}/v1/completions", timeout=120,
+                          json={"model": "tiny-llama", "prompt": "next request", "max_tokens": 2})
+    assert after.status_code == 200, after.text[:300]
+    return decode
+
+
+def test_watch_reports_a_late_kv_read_in_the_round_it_happens(pd_pair: BootedPair) -> None:
+    """Issue 31 on the real pair: `kvpreflight watch` (read-only: --no-canaries) follows the router,
+    the engines' counters and the prefill's log; the test makes the late read happen between its
+    rounds, and the round that sees it reports it as a hazard with the engine's own count; the
+    rounds before it are clean."""
+    wait_until_idle(pd_pair.prefill.url, pd_pair.decode.url)
+    prefill = pd_pair.prefill
+    proc = subprocess.Popen([sys.executable, "-m", "kvpreflight", "watch", "--entry", pd_pair.router.url, "--no-canaries",
+                             "--log", f"{prefill.url}={prefill.log_path}", "--interval", "2", "--listen", "off"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lines: list[dict[str, Any]] = []
+    stream = proc.stdout
+    assert stream is not None
+    reader = threading.Thread(target=lambda: lines.extend(json.loads(line) for line in stream if line.startswith("{")),
+                              daemon=True)
+    reader.start()
+    try:
+        deadline = time.monotonic() + 60
+        while not lines and time.monotonic() < deadline:
+            time.sleep(0.5)
+        assert lines, "no round in 60 s"
+        triggered_after = len(lines)
+        decode = hold_a_decode_leg_past_the_lease(pd_pair, "a late read " * 30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not any(f["what"] == "stale-kv-reads" for r in lines for f in r["findings"]):
+            time.sleep(0.5)
+    finally:
+        proc.terminate()  # SIGTERM, as Kubernetes stops it
+        try:
+            proc.wait(timeout=15)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        reader.join(timeout=10)
+    before = lines[:triggered_after]
+    assert all(r["outcome"] == "clean" for r in before), before
+    late = [(r, f) for r in lines for f in r["findings"] if f["what"] == "stale-kv-reads"]
+    print(f"vllm-pd-nixl watch: decode leg after the lease HTTP {decode.status_code}; {len(lines)} rounds; "
+          f"late read in round {[r['round'] for r, _ in late]}", file=sys.stderr)
+    assert late, [r["findings"] for r in lines]
+    (round_, finding), *_ = late
+    assert finding["endpoint"] == prefill.url and round_["outcome"] == "findings" and proc.returncode == 0
+    logged = [f for f in round_["findings"] if f["what"] == "log-late-read"]
+    assert logged or any(f["what"] == "log-late-read" for r in lines for f in r["findings"]), round_["findings"]
+
+
 def test_every_engine_is_stopped_with_the_pair(pd_pair: BootedPair) -> None:
     """Last: stopping the pair leaves none of its processes (each engine's whole family) behind."""
     engines = pd_pair.deployment.engines
