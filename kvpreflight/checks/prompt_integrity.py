@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from kvpreflight.checks.counts import PromptCount, Tally, computing_tier, prompt_count
 from kvpreflight.checks.interface import CheckContext, probe_run
-from kvpreflight.checks.probe_common import not_served, probe_evidence, stalled_or_broken
+from kvpreflight.checks.probe_common import answered_elsewhere, not_served, probe_evidence, stalled_or_broken
 from kvpreflight.model import CheckResult, EngineSnapshot, Status
 from kvpreflight.probes.results import ProbeResult, ProbeRun
 
@@ -35,6 +35,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         return [CheckResult(ID, Status.FAIL, f"sent {c.sent_tokens:,} tokens, the engine processed {c.prompt_tokens:,}", ctx.entry, ev)]
     if not c.completion_tokens:
         return [CheckResult(ID, Status.FAIL, f"a {c.sent_tokens:,}-token prompt within the stated limits was not served ({not_served(c)})", ctx.entry, ev)]
+    if (elsewhere := answered_elsewhere(p, ctx.snapshots)) is not None:
+        return [CheckResult(ID, Status.INCONCLUSIVE, f"a {c.sent_tokens:,}-token prompt within the stated limits was served, but "
+                            f"{elsewhere}, so it shows nothing about them", ctx.entry, ev)]
     counted = _counted(run, computing_tier(ctx.snapshots))
     ev = {**ev, "engine_counts": {name: count.evidence() for name, count in counted}}
     short = [f"{name}: {count.describe()}" for name, count in counted if count.tally is Tally.SHORT]

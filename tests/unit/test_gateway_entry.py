@@ -6,6 +6,7 @@ message shape is litellm/exceptions.py ContextWindowExceededError's)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -113,6 +114,28 @@ def test_a_twin_answered_by_another_deployment_proves_no_acceptance():
     (r,) = check("overcapacity-rejected", CheckContext((snap(),), T, probes=probes, entry=GATEWAY))
     assert r.status is Status.INCONCLUSIVE and "twin" in r.message and "another model or deployment" in r.message
     assert r.evidence["twin_accepted"] is False
+
+
+ELSEWHERE = "answered by another model or deployment"
+
+
+@pytest.mark.parametrize("check_id,probes", [
+    ("prompt-integrity", [("boundary-accept", ok(9992, answer_model="builtin-large"))]),
+    ("concurrent-capacity", [("concurrent-1", ok(9992, answer_model="builtin-large")), ("concurrent-2", ok(9992))]),
+    ("max-tokens-clamp", [("clamp", ok(9985, generated=8, max_tokens=8, answer_model="builtin-large"))]),
+])
+def test_no_check_passes_on_an_answer_the_checked_engine_never_produced(check_id, probes):
+    (r,) = check(check_id, CheckContext((snap(),), T, probes=run(*probes), entry=GATEWAY))
+    assert r.status is Status.INCONCLUSIVE and ELSEWHERE in r.message, r.message
+    honest = [(n, replace(c, answer_model="m")) for n, c in probes]  # the engine's own model name: as before
+    (r,) = check(check_id, CheckContext((snap(),), T, probes=run(*honest), entry=GATEWAY))
+    assert r.status is Status.PASS and ELSEWHERE not in r.message, r.message
+
+
+def test_a_clamp_answered_elsewhere_past_the_context_still_fails_and_says_who():
+    clamp = ok(9985, generated=23, max_tokens=23, answer_model="builtin-large")
+    (r,) = check("max-tokens-clamp", CheckContext((snap(),), T, probes=run(("clamp", clamp)), entry=GATEWAY))
+    assert r.status is Status.FAIL and "past the served context" in r.message and ELSEWHERE in r.message
 
 
 @pytest.mark.parametrize("args,said", [
