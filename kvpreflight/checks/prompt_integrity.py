@@ -35,15 +35,17 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         return [CheckResult(ID, Status.FAIL, f"sent {c.sent_tokens:,} tokens, the engine processed {c.prompt_tokens:,}", ctx.entry, ev)]
     if not c.completion_tokens:
         return [CheckResult(ID, Status.FAIL, f"a {c.sent_tokens:,}-token prompt within the stated limits was not served ({not_served(c)})", ctx.entry, ev)]
-    if (elsewhere := answered_elsewhere(p, ctx.snapshots)) is not None:
-        return [CheckResult(ID, Status.INCONCLUSIVE, f"a {c.sent_tokens:,}-token prompt within the stated limits was served, but "
-                            f"{elsewhere}, so it shows nothing about them", ctx.entry, ev)]
     counted = _counted(run, computing_tier(ctx.snapshots))
     ev = {**ev, "engine_counts": {name: count.evidence() for name, count in counted}}
     short = [f"{name}: {count.describe()}" for name, count in counted if count.tally is Tally.SHORT]
-    if short:
+    elsewhere = answered_elsewhere(p, ctx.snapshots)
+    if short:  # a deficit is evidence whoever answered: a fail, with the other deployment named if it shows
+        also = f"; or it was {elsewhere}" if elsewhere else ""
         return [CheckResult(ID, Status.FAIL, f"the answer reports all {c.sent_tokens:,} prompt tokens processed, but the engines' "
-                            "counters do not: " + "; ".join(short) + " (the prompt was shortened silently)", ctx.entry, ev)]
+                            "counters do not: " + "; ".join(short) + f" (the prompt was shortened silently){also}", ctx.entry, ev)]
+    if elsewhere is not None:
+        return [CheckResult(ID, Status.INCONCLUSIVE, f"a {c.sent_tokens:,}-token prompt within the stated limits was served, but "
+                            f"{elsewhere}, so it shows nothing about them", ctx.entry, ev)]
     unmeasured = [f"{name}: {count.describe()}" for name, count in counted if count.tally is Tally.UNMEASURED]
     also = "; not cross-checked with the engines' counters: " + "; ".join(unmeasured) if unmeasured else ""
     if not counted:

@@ -145,3 +145,10 @@ def test_a_clamp_answered_elsewhere_past_the_context_still_fails_and_says_who():
 def test_entry_api_mistakes_are_usage_errors(args, said):
     r = invoke("check", *args)
     assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_counter_deficit_still_fails_prompt_integrity_when_another_model_answered():
+    deltas = {PREFILL: {"prompt_tokens": 0.0, "prefilled_tokens": 0.0, "cached_prompt_tokens": 0.0, "requests": 1.0}}
+    probes = run(("boundary-accept", ok(9992, answer_model="builtin-large"), deltas))
+    (r,) = check("prompt-integrity", CheckContext((snap(),), T, probes=probes, entry=GATEWAY))
+    assert r.status is Status.FAIL and "shortened silently" in r.message and ELSEWHERE in r.message, r.message
