@@ -147,6 +147,14 @@ class EngineSnapshot:
         return min(values) if values else None
 
 
+class EntryApi(str, enum.Enum):
+    """The routes probes use at the entry: the engines' own (SGLang's /generate, ...), or only the
+    OpenAI API (a gateway such as the LiteLLM proxy: /v1/completions with token-id prompts)."""
+
+    NATIVE = "native"
+    OPENAI = "openai"
+
+
 class ErrorKind(str, enum.Enum):
     """Why an engine refused a prompt. Only LENGTH is a capacity verdict."""
 
@@ -183,6 +191,9 @@ class Completion:
     # count): what it says. What came before it (text, tokens) is kept; nothing else of it is believed.
     malformed: str | None = None
     retry_after_s: float | None = None  # an HTTP 429's Retry-After, in seconds (kvpreflight watch backs off)
+    # The model an OpenAI-style answer names; behind a gateway, another deployment's name says it
+    # answered instead of the checked engines (a fallback).
+    answer_model: str | None = None
 
     @property
     def rejected(self) -> bool:

@@ -19,9 +19,10 @@ from kvpreflight.checks.probe_common import outlived_deadlines
 from kvpreflight.clock import utc_now
 from kvpreflight.engines import EngineConfigError, EngineError, HttpClient, adapter_class, open_adapter
 from kvpreflight.engines.interface import Counters, EngineAdapter
+from kvpreflight.engines.openai_completions import openai_entry
 from kvpreflight.errors import ConfigError
 from kvpreflight.files import FileKind, read_tail
-from kvpreflight.model import CheckResult, Cost, EngineCost, EngineSnapshot, Report, Role, Status
+from kvpreflight.model import CheckResult, Cost, EngineCost, EngineSnapshot, EntryApi, Report, Role, Status
 from kvpreflight.plan import CheckPlan
 from kvpreflight.probeplan import GroupPlan, GroupPreview
 from kvpreflight.probes.budget import Budget, calibrate, calibrate_once
@@ -55,7 +56,7 @@ def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: No
         probes_started = time.monotonic()
         per_group_ids = ids_of(Scope.GROUP)
         for entry_url, group in probe_groups(options, snapshots):
-            entry = entry_adapter(entry_url, group, client)
+            entry = entry_adapter(options, entry_url, group, client)
             logs = _log_watch(options, group, adapters, listing)
             run, isolation = _probe(options, entry, group, adapters, settings, budget, progress, logs)
             ctx = CheckContext(tuple(group), thresholds, options.context_length, run, entry_url, advisories,
@@ -119,7 +120,7 @@ def preview(options: CheckPlan, *, measure: bool, progress: Callable[[str], None
         settings = _settings(options, thresholds)
         out = []
         for entry_url, group in probe_groups(options, snapshots):
-            entry = entry_adapter(entry_url, group, client)
+            entry = entry_adapter(options, entry_url, group, client)
             plan = group_plan(options, entry_url, entry, group, settings)
             plan.refuse_above(options.max_context_equivalents)  # before the calibration requests
             if plan.not_probed or plan.limits is None or entry is None or not measure:
@@ -264,12 +265,17 @@ def probe_groups(options: CheckPlan, snapshots: Sequence[EngineSnapshot]) -> lis
     return [(s.url, [s]) for s in snapshots]
 
 
-def entry_adapter(entry_url: str | None, group: list[EngineSnapshot], client: HttpClient) -> EngineAdapter | None:
-    """The adapter every probe request goes through: the engines' kind at the entry's URL, naming
-    the model they serve (OpenAI-style routes need it). None when there is no entry to probe."""
+def entry_adapter(options: CheckPlan, entry_url: str | None, group: list[EngineSnapshot], client: HttpClient
+                   ) -> EngineAdapter | None:
+    """The adapter every probe request goes through: the engines' kind at the entry's URL (on the
+    OpenAI routes for a gateway that serves only those), naming the model they serve (OpenAI-style
+    routes need it). None when there is no entry to probe."""
     if entry_url is None or not group:
         return None
-    return adapter_class(group[0].engine)(entry_url, client, model=group[0].model)
+    cls = adapter_class(group[0].engine)
+    if options.entry_api is EntryApi.OPENAI:
+        cls = openai_entry(cls)
+    return cls(entry_url, client, model=group[0].model)
 
 
 def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvpreflight.model import Waiver
+from kvpreflight.model import EntryApi, Waiver
 from kvpreflight.targets import Auth, Target
 
 
@@ -20,6 +20,7 @@ class CheckPlan:
 
     targets: tuple[Target, ...]
     entry: str | None = None  # the client-facing URL probes go to (router, gateway)
+    entry_api: EntryApi = EntryApi.NATIVE  # the routes the entry serves
     engine: str = "auto"  # an engine kind from kvpreflight.engines.ENGINES, or auto
     model: str | None = None
     context_length: int | None = None  # the context promised to users

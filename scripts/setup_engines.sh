@@ -8,12 +8,14 @@
 #   * SGLang's PD routers, each in its own small venv, to front the builtin prefill/decode engines
 #     as they front SGLang: smg (Shepherd Model Gateway) and the older sglang-router (a Rust
 #     extension with a Python launcher);
+#   * the LiteLLM proxy (a gateway with fallbacks, fronting the builtin engine as production gateways
+#     front engines) in its own venv;
 #   * the echo model (scripts/make_echo_model.py: an HF folder for vLLM, a GGUF for llama.cpp, built
 #     here from constructed weights in seconds) under models/echo-<hash of the builder>.
 # Idempotent: a second run only checks the markers and rewrites engines.env (a few seconds).
 # Everything lives under ${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}; nothing touches the dev venv.
 #
-# Usage: scripts/setup_engines.sh [--only vllm|vllm-pd|llama|smg]   (vllm-pd: vLLM and its PD stack; smg: smg and sglang-router)
+# Usage: scripts/setup_engines.sh [--only vllm|vllm-pd|llama|smg|litellm]   (vllm-pd: vLLM and its PD stack; smg: smg and sglang-router)
 # Then:  source "${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}/engines.env"   (tests/conftest.py also
 #        loads that file by itself when it exists).
 set -euo pipefail
@@ -24,11 +26,12 @@ VLLM_ROUTER_VERSION=0.1.17
 LLAMA_VERSION=11434.0.0
 SMG_VERSION=1.13.0
 SGLANG_ROUTER_VERSION=0.3.2
+LITELLM_VERSION=1.110.2
 CACHE="${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}"
 PY="${KVPREFLIGHT_SETUP_PYTHON:-python3}"
 ONLY=""
-if [[ "${1:-}" == "--only" ]]; then ONLY="${2:?--only needs vllm, vllm-pd, llama or smg}"; fi
-case "$ONLY" in ""|vllm|vllm-pd|llama|smg) ;; *) echo "usage: $0 [--only vllm|vllm-pd|llama|smg]" >&2; exit 2 ;; esac
+if [[ "${1:-}" == "--only" ]]; then ONLY="${2:?--only needs vllm, vllm-pd, llama, smg or litellm}"; fi
+case "$ONLY" in ""|vllm|vllm-pd|llama|smg|litellm) ;; *) echo "usage: $0 [--only vllm|vllm-pd|llama|smg|litellm]" >&2; exit 2 ;; esac
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ECHO_BUILDER="$REPO/scripts/make_echo_model.py"
@@ -38,6 +41,7 @@ VLLM_VENV="$CACHE/vllm-venv"
 LLAMA_VENV="$CACHE/llama-venv"
 SMG_VENV="$CACHE/smg-venv"
 SGLANG_ROUTER_VENV="$CACHE/sglang-router-venv"
+LITELLM_VENV="$CACHE/litellm-venv"
 WHEELS="$CACHE/wheels"
 LOGS="$CACHE/logs"
 mkdir -p "$CACHE" "$WHEELS" "$LOGS"
@@ -175,6 +179,31 @@ setup_sglang_router() {
     log "sglang-router $SGLANG_ROUTER_VERSION: installed in $(( $(now) - t0 )) s"
 }
 
+# The LiteLLM proxy. The litellm wheel carries the proxy server (litellm/proxy); its `[proxy]` extra
+# also requires the split-out `litellm-proxy` package, which package indexes may not hold, so the
+# proxy's own dependencies are named here: what `import litellm.proxy.proxy_server` (what
+# `litellm --config` runs) needs, from the 1.110.2 wheel's `extra == 'proxy'` requirements.
+LITELLM_PROXY_DEPS=("uvicorn>=0.33,<1" "fastapi>=0.136.3,<1" "starlette>=1.0.1,<2" "backoff>=2.2.1,<3" "orjson>=3.12,<4"
+    "apscheduler>=3.11.2,<4" "pyjwt>=2.13,<3" "python-multipart>=0.0.27,<1" "cryptography>=49,<51" "pynacl>=1.6.2,<2"
+    "websockets>=15.0.1,<16" "uvloop>=0.22.1,<1" "gunicorn>=23,<24" "rq>=2.7,<3" "semver>=3.0.4,<4" "expression>=5.6,<6"
+    "fastapi-sso>=0.19,<1" "mcp>=2.3,<3" "soundfile>=0.12.1,<1")
+setup_litellm() {
+    local marker="$LITELLM_VENV/.kvpreflight-litellm-$LITELLM_VERSION"
+    if [[ -f "$marker" ]] && [[ -x "$LITELLM_VENV/bin/litellm" ]]; then
+        log "litellm $LITELLM_VERSION: cached in $LITELLM_VENV"
+        return 0
+    fi
+    local t0; t0=$(now)
+    log "litellm $LITELLM_VERSION: installing into $LITELLM_VENV (log $LOGS/litellm-install.log)"
+    rm -rf "$LITELLM_VENV"
+    "$PY" -m venv "$LITELLM_VENV"
+    { "$LITELLM_VENV/bin/pip" install --no-compile "litellm==$LITELLM_VERSION" "${LITELLM_PROXY_DEPS[@]}" \
+        && "$LITELLM_VENV/bin/python" -c "import litellm.proxy.proxy_server"; } \
+        >"$LOGS/litellm-install.log" 2>&1 || { tail -n 30 "$LOGS/litellm-install.log" >&2; return 1; }
+    touch "$marker"
+    log "litellm $LITELLM_VERSION: installed in $(( $(now) - t0 )) s"
+}
+
 # The echo model's parts for the engines that are set up: the HF folder needs the vLLM venv
 # (torch, tokenizers), the GGUF either venv (gguf, numpy). Built into a staging folder, then moved.
 setup_echo_model() {
@@ -213,6 +242,9 @@ if [[ -z "$ONLY" || "$ONLY" == "smg" ]]; then
     setup_smg || rc=1
     setup_sglang_router || rc=1
 fi
+if [[ -z "$ONLY" || "$ONLY" == "litellm" ]]; then
+    setup_litellm || rc=1
+fi
 if [[ -n "$llama_pid" ]]; then
     wait "$llama_pid" || rc=1
 fi
@@ -242,6 +274,9 @@ tmp_env="$ENV_FILE.tmp.$$"
     if [[ -f "$SGLANG_ROUTER_VENV/.kvpreflight-sglang-router-$SGLANG_ROUTER_VERSION" ]]; then
         echo "export KVPREFLIGHT_SGLANG_ROUTER_PYTHON=$SGLANG_ROUTER_VENV/bin/python"
     fi
+    if [[ -f "$LITELLM_VENV/.kvpreflight-litellm-$LITELLM_VERSION" ]]; then
+        echo "export KVPREFLIGHT_LITELLM=$LITELLM_VENV/bin/litellm"
+    fi
     if [[ -d "$ECHO_DIR" ]]; then
         echo "export KVPREFLIGHT_ECHO_MODEL=$ECHO_DIR"
     fi
@@ -254,6 +289,7 @@ echo "llama-server:      $( [[ -f "$LLAMA_VENV/.kvpreflight-llama-$LLAMA_VERSION
 echo "llama.cpp wheel:   $(llama_wheel)"
 echo "smg:               $( [[ -f "$SMG_VENV/.kvpreflight-smg-$SMG_VERSION" ]] && echo "$SMG_VENV/bin/smg" )"
 echo "sglang-router:     $( [[ -f "$SGLANG_ROUTER_VENV/.kvpreflight-sglang-router-$SGLANG_ROUTER_VERSION" ]] && echo "$SGLANG_ROUTER_VENV/bin/python -m sglang_router.launch_router" )"
+echo "litellm:           $( [[ -f "$LITELLM_VENV/.kvpreflight-litellm-$LITELLM_VERSION" ]] && echo "$LITELLM_VENV/bin/litellm" )"
 echo "echo model:        $( [[ -d "$ECHO_DIR" ]] && echo "$ECHO_DIR (hf/, echo.gguf)" )"
 echo "engines.env:       $ENV_FILE"
 echo "next: source $ENV_FILE   (pytest loads it by itself)"

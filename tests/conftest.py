@@ -47,6 +47,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 # Fixtures that boot or need a real engine; a test using one is a `real` test.
 ENGINE_FIXTURES = {
+    "litellm_binary",
     "vllm_python",
     "llama_server_binary",
     "echo_hf_model",
@@ -114,6 +115,12 @@ def llama_server_binary() -> str:
 def vllm_router_binary() -> str:
     """Path of ``vllm-router`` (``$KVPREFLIGHT_VLLM_ROUTER``); fails if not set up."""
     return _require(realengines.vllm_router_binary)
+
+
+@pytest.fixture(scope="session")
+def litellm_binary() -> str:
+    """Path of the LiteLLM proxy's ``litellm`` (``$KVPREFLIGHT_LITELLM``); fails if not set up."""
+    return _require(realengines.litellm_binary)
 
 
 @pytest.fixture(scope="session")

@@ -44,6 +44,7 @@ ENV_VLLM_PYTHON = "KVPREFLIGHT_VLLM_PYTHON"
 ENV_LLAMA_SERVER = "KVPREFLIGHT_LLAMA_SERVER"
 ENV_LLAMA_PYTHON = "KVPREFLIGHT_LLAMA_PYTHON"
 ENV_VLLM_ROUTER = "KVPREFLIGHT_VLLM_ROUTER"
+ENV_LITELLM = "KVPREFLIGHT_LITELLM"
 
 VLLM_READY_TIMEOUT_S = float(os.environ.get("KVPREFLIGHT_VLLM_READY_TIMEOUT", "300"))
 LLAMA_READY_TIMEOUT_S = float(os.environ.get("KVPREFLIGHT_LLAMA_READY_TIMEOUT", "60"))
@@ -110,6 +111,11 @@ def llama_server_binary() -> str:
 def vllm_router_binary() -> str:
     """vLLM's PD router (``vllm-router``, installed into the vLLM venv with NIXL)."""
     return _required_executable(ENV_VLLM_ROUTER)
+
+
+def litellm_binary() -> str:
+    """The LiteLLM proxy's ``litellm`` command (its own venv, scripts/setup_engines.sh --only litellm)."""
+    return _required_executable(ENV_LITELLM)
 
 
 def llama_python() -> str:
@@ -640,6 +646,6 @@ def echo_model(kind: str, python: str) -> Path:
 
 if __name__ == "__main__":  # pragma: no cover - manual helper: print the engines' env
     load_engines_env()
-    for var in (ENV_VLLM_PYTHON, ENV_LLAMA_SERVER, ENV_LLAMA_PYTHON, ENV_VLLM_ROUTER):
+    for var in (ENV_VLLM_PYTHON, ENV_LLAMA_SERVER, ENV_LLAMA_PYTHON, ENV_VLLM_ROUTER, ENV_LITELLM):
         print(f"{var}={os.environ.get(var, '')}")
     sys.exit(0)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext, probe_run
-from kvpreflight.checks.probe_common import not_served, probe_evidence, stalled_or_broken, worst_status
+from kvpreflight.checks.probe_common import answered_elsewhere, not_served, probe_evidence, stalled_or_broken, worst_status
 from kvpreflight.model import CheckResult, ErrorKind, Status
 
 ID = CheckId.CONCURRENT_CAPACITY
@@ -35,7 +35,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         elif c.truncated or (c.prompt_tokens is not None and c.prompt_tokens < c.sent_tokens):
             verdicts.append((Status.FAIL, f"{p.name}: prompt truncated ({c.prompt_tokens} of {c.sent_tokens})"))
         elif c.served and c.completion_tokens:
-            verdicts.append((Status.PASS, f"{p.name}: served"))
+            elsewhere = answered_elsewhere(p, ctx.snapshots)
+            verdicts.append((Status.PASS, f"{p.name}: served") if elsewhere is None else
+                            (Status.INCONCLUSIVE, f"{p.name}: served, but {elsewhere}, so it shows nothing about them"))
         else:
             verdicts.append((Status.FAIL, f"{p.name}: not served ({not_served(c)})"))
     worst = worst_status(s for s, _ in verdicts)

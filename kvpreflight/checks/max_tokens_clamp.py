@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext, probe_run
-from kvpreflight.checks.probe_common import probe_evidence
+from kvpreflight.checks.probe_common import answered_elsewhere, probe_evidence
 from kvpreflight.model import CheckResult, ErrorKind, Status
 from kvpreflight.probes.results import ProbeName
 
@@ -30,8 +30,12 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     generated = c.completion_tokens
     if generated is None:
         return [CheckResult(ID, Status.INCONCLUSIVE, "served, but the engine reports no completion token count", ctx.entry, ev)]
-    if c.sent_tokens + generated > served:
-        return [CheckResult(ID, Status.FAIL, f"generated {generated} tokens after a {c.sent_tokens:,}-token prompt: past the served context of {served:,}", ctx.entry, ev)]
+    elsewhere = answered_elsewhere(p, ctx.snapshots)
+    if c.sent_tokens + generated > served:  # what the client got, whoever answered it
+        also = f"; {elsewhere}" if elsewhere else ""
+        return [CheckResult(ID, Status.FAIL, f"generated {generated} tokens after a {c.sent_tokens:,}-token prompt: past the served context of {served:,}{also}", ctx.entry, ev)]
+    if elsewhere is not None:
+        return [CheckResult(ID, Status.INCONCLUSIVE, f"the clamp probe was served, but {elsewhere}, so it shows nothing about them", ctx.entry, ev)]
     if generated < c.max_tokens:
         return [CheckResult(ID, Status.WARN,
                             f"max_tokens {c.max_tokens} silently cut to {generated} (finish_reason {c.finish_reason!r}, HTTP {c.status}); "

@@ -7,6 +7,7 @@ from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import (
     accepted,
+    answered_elsewhere,
     decode_urls,
     probe_evidence,
     refusal_verdict,
@@ -42,7 +43,10 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             moved = {u: d for u, d in moved.items() if d}
             if moved:
                 status, message = Status.FAIL, f"refused, but KV reached the decode engine first (counters moved: {moved})"
-        if status is Status.FAIL and not p.completion.rejected:
+        elsewhere = answered_elsewhere(p, ctx.snapshots)
+        if elsewhere is not None:  # the gateway's 200 hides the checked engine's refusal: still a fail (clients got an answer)
+            status, message = Status.FAIL, f"{message}; {elsewhere}"
+        elif status is Status.FAIL and not p.completion.rejected:
             processed = {u: d["prompt_tokens"] for u, d in p.counter_deltas.items() if d.get("prompt_tokens")}
             short = {u: int(v) for u, v in processed.items() if v < p.completion.sent_tokens}
             if short:
@@ -58,6 +62,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if twin is None:
         verdicts.append((Status.INCONCLUSIVE, run.missing("the shorter twin (boundary-accept)")
                          + ", so a refusal cannot be shown to be about length", {}))
+    elif (twin_elsewhere := answered_elsewhere(twin, ctx.snapshots)) is not None:
+        verdicts.append((Status.INCONCLUSIVE, f"the shorter twin (boundary-accept) was {twin_elsewhere}, so the checked "
+                         "engine's acceptance of it is not shown", probe_evidence(twin)))
     elif not accepted(twin.completion):
         verdicts.append((Status.INCONCLUSIVE,
                          "the shorter twin (boundary-accept) was not accepted, so a refusal cannot be shown to be about length",
@@ -69,5 +76,6 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         gap = " (the pool holds the served context: no over-pool gap exists, only over-context was probed)"
     fix = f"; {FIX}" if worst is Status.FAIL else ""
     result = CheckResult(ID, worst, "; ".join(lines) + gap + fix, ctx.entry,
-                         {"probes": [e for _, _, e in verdicts], "twin_accepted": bool(twin and accepted(twin.completion))})
+                         {"probes": [e for _, _, e in verdicts], "twin_accepted": bool(twin and accepted(twin.completion)
+                                                                and answered_elsewhere(twin, ctx.snapshots) is None)})
     return [result, *unreached(ctx, ID)]

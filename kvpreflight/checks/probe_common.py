@@ -70,6 +70,27 @@ def refusal_verdict(c: Completion) -> tuple[Status, str]:
                          f"generated tokens{finish}: the over-capacity request was served, not rejected")
 
 
+def answered_elsewhere(p: ProbeResult, snapshots: Sequence[EngineSnapshot]) -> str | None:
+    """Why an answer to this probe did not come from the checked engines (a gateway's fallback to
+    another deployment), or None: the answer names a model none of them serves, or every checked
+    engine's counters were read and no prompt-token counter moved."""
+    c = p.completion
+    if c.status != 200 or not (c.text or c.completion_tokens):
+        return None
+    said = []
+    served = {s.model for s in snapshots if s.model}
+    if c.answer_model is not None and served and c.answer_model not in served:
+        said.append(f"the answer names model {c.answer_model!r}, which the checked engine(s) do not serve "
+                    f"({', '.join(sorted(served))})")
+    counted = [p.counter_deltas[s.url].get("prompt_tokens") for s in snapshots if s.url in p.counter_deltas]
+    # None moved at all (a shortened prompt moves them by less: that is truncation, said elsewhere).
+    if snapshots and len(counted) == len(snapshots) and all(v == 0 for v in counted):  # None: not read
+        said.append(f"no checked engine's prompt-token counter moved for the {c.sent_tokens:,} tokens sent")
+    if not said:
+        return None
+    return "answered by another model or deployment, not the checked engine(s) (a gateway's fallback): " + "; ".join(said)
+
+
 def accepted(c: Completion) -> bool:
     """Taken on and answered: served cleanly, or answered with text in a reply whose counts do
     not read (a bad count voids the counts, not the answer)."""

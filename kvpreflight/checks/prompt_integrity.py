@@ -9,7 +9,7 @@ from __future__ import annotations
 from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.counts import PromptCount, Tally, computing_tier, prompt_count
 from kvpreflight.checks.interface import CheckContext, probe_run
-from kvpreflight.checks.probe_common import not_served, probe_evidence, stalled_or_broken
+from kvpreflight.checks.probe_common import answered_elsewhere, not_served, probe_evidence, stalled_or_broken
 from kvpreflight.model import CheckResult, EngineSnapshot, Status
 from kvpreflight.probes.results import ProbeName, ProbeResult, ProbeRun
 
@@ -40,9 +40,14 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     counted = _counted(run, computing_tier(ctx.snapshots))
     ev = {**ev, "engine_counts": {name: count.evidence() for name, count in counted}}
     short = [f"{name}: {count.describe()}" for name, count in counted if count.tally is Tally.SHORT]
-    if short:
+    elsewhere = answered_elsewhere(p, ctx.snapshots)
+    if short:  # a deficit is evidence whoever answered: a fail, with the other deployment named if it shows
+        also = f"; or it was {elsewhere}" if elsewhere else ""
         return [CheckResult(ID, Status.FAIL, f"the answer reports all {c.sent_tokens:,} prompt tokens processed, but the engines' "
-                            "counters do not: " + "; ".join(short) + " (the prompt was shortened silently)", ctx.entry, ev)]
+                            "counters do not: " + "; ".join(short) + f" (the prompt was shortened silently){also}", ctx.entry, ev)]
+    if elsewhere is not None:
+        return [CheckResult(ID, Status.INCONCLUSIVE, f"a {c.sent_tokens:,}-token prompt within the stated limits was served, but "
+                            f"{elsewhere}, so it shows nothing about them", ctx.entry, ev)]
     unmeasured = [f"{name}: {count.describe()}" for name, count in counted if count.tally is Tally.UNMEASURED]
     also = "; not cross-checked with the engines' counters: " + "; ".join(unmeasured) if unmeasured else ""
     if not counted:

@@ -46,6 +46,7 @@ def register(app: typer.Typer) -> None:
     @app.command("check", epilog=CHECK_EXAMPLES)
     def check(
         endpoint: list[str] | None = typer.Option(None, "--endpoint", metavar="URL|ROLE=URL", rich_help_panel="Target", help="Engine URL, or ROLE=URL (prefill, decode, unified) to override the role it reports. Repeatable."),
+        entry_api: str = typer.Option("native", "--entry-api", metavar="native|openai", rich_help_panel="Target", help="The routes the --entry serves: the engines' own, or only the OpenAI API (a gateway such as the LiteLLM proxy; probes go to its /v1/completions naming the model the engines serve)."),
         entry: str | None = typer.Option(None, "--entry", metavar="URL", rich_help_panel="Target", help="Client-facing URL (router, load balancer, gateway) where probes are sent. A router that lists its workers (builtin, smg, vllm-router) names the engines and their roles when no --endpoint is given. [default: each unified endpoint itself]"),
         engine: str = typer.Option("auto", "--engine", metavar="NAME", rich_help_panel="Target", help=f"The engine kind: {ENGINE_HELP}; auto detects it from what the server answers."),
         model: str | None = typer.Option(None, "--model", metavar="NAME", rich_help_panel="Target", help="Model name the engines must serve (and the OpenAI `model` field)."),
@@ -95,7 +96,7 @@ def register(app: typer.Typer) -> None:
         from kvpreflight.errors import ConfigError
 
         args = CheckArgs(
-            endpoints=tuple(endpoint or ()), entry=entry, engine=engine, model=model, context_length=context_length,
+            endpoints=tuple(endpoint or ()), entry=entry, entry_api=entry_api, engine=engine, model=model, context_length=context_length,
             logs=tuple(log or ()), api_key_env=api_key_env, api_key_file=api_key_file, headers=tuple(header or ()),
             secret_headers=tuple(secret_header or ()), client_cert=client_cert, client_key=client_key, ca_bundle=ca_bundle, capacity_only=capacity_only, skips=tuple(skip or ()), reasons=tuple(reason or ()), untils=tuple(until or ()),
             timeout=timeout, deadline=deadline, max_context_equivalents=max_context_equivalents, concurrency=concurrency, timing_samples=timing_samples, accepted_tps=accepted_tps, advisories=tuple(advisories or ()),

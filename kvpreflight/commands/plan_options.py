@@ -11,6 +11,7 @@ from pathlib import Path
 
 from kvpreflight.errors import ConfigError, naming
 from kvpreflight.files import FileKind, check_file, check_private, check_writable
+from kvpreflight.model import EntryApi
 from kvpreflight.plan import CheckPlan, OutputPlan
 
 # Two samples of 7 can differ at best with a Kolmogorov-Smirnov p of 2/C(14,7) = 0.00058 (8: 0.00016);
@@ -25,6 +26,7 @@ class CheckArgs:
 
     endpoints: tuple[str, ...] = ()
     entry: str | None = None
+    entry_api: str = "native"
     engine: str = "auto"
     model: str | None = None
     context_length: int | None = None
@@ -145,7 +147,7 @@ def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
     all_secrets = secrets_of(values=secrets, headers=[*headers.items(), *tenant_headers[0].items(), *tenant_headers[1].items()],
                              urls=[*(e.url for e in endpoints), entry])
     return CheckPlan(
-        targets=endpoints, entry=entry, engine=args.engine, model=args.model, context_length=args.context_length,
+        targets=endpoints, entry=entry, entry_api=_entry_api(args.entry_api, entry), engine=args.engine, model=args.model, context_length=args.context_length,
         logs=logs, auth=Auth(headers=headers, ca_bundle=str(args.ca_bundle) if args.ca_bundle else None,
                              client_cert=str(args.client_cert) if args.client_cert else None,
                              client_key=str(args.client_key) if args.client_key else None,
@@ -182,3 +184,13 @@ def build_output(*, fmt: str | None, output: Path | None, record: Path | None, s
     if quiet and fmt not in (None, "table"):
         raise ConfigError(f"--quiet leaves the passing checks out of the table; --format {fmt} keeps every check, drop --quiet")
     return OutputPlan(format=fmt or "table", path=output, record=record_plan, name=name, spec=spec, quiet=quiet)
+
+
+def _entry_api(text: str, entry: str | None) -> EntryApi:
+    try:
+        api = EntryApi(text)
+    except ValueError:
+        raise ConfigError(f"--entry-api {text!r}: choose one of {', '.join(a.value for a in EntryApi)}") from None
+    if api is EntryApi.OPENAI and entry is None:
+        raise ConfigError("--entry-api openai names the API of the --entry URL; add --entry URL (the gateway)")
+    return api

@@ -50,6 +50,7 @@ class ReplyFacts:
     finish_reason: str | None = None
     truncated: bool | None = None
     error_message: str | None = None  # an error inside a 200 answer (SGLang's abort finish)
+    model: str | None = None  # the OpenAI answer's `model`: who says they answered
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -371,6 +372,7 @@ class EngineAdapter(abc.ABC):
             completion_tokens=facts.completion_tokens, prompt_tokens=facts.prompt_tokens,
             cached_tokens=facts.cached_tokens, finish_reason=facts.finish_reason, truncated=facts.truncated,
             body_bytes=len(reply.body), body_sha256=reply.sha256, ttft_s=ttft_s, text=facts.text,
+            answer_model=facts.model,
         )
 
     def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]] | None:

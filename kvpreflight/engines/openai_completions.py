@@ -9,6 +9,12 @@ from kvpreflight.engines.http import HttpReply
 from kvpreflight.engines.interface import EngineAdapter, EngineRequest, ReplyFacts
 from kvpreflight.engines.untrusted import json_list, json_object, optional_object, optional_text, token_count
 
+# LiteLLM's proxy (1.110.2, litellm/exceptions.py ContextWindowExceededError, HTTP 400): it turns
+# an upstream's length refusal into "litellm.ContextWindowExceededError: ..." in an OpenAI error
+# body ({"error": {"message", "type": "invalid_request_error", "code": "400"}}), keeping the
+# upstream's own message inside, which a gateway may reword.
+GATEWAY_LENGTH_PATTERNS = (r"\bContextWindowExceededError\b",)
+
 
 class OpenAICompletionsMixin(EngineAdapter):
     def build_request(self, ids: list[int], *, max_tokens: int, stream: bool,
@@ -30,16 +36,18 @@ class OpenAICompletionsMixin(EngineAdapter):
         text: list[str] = []
         usage_event: dict[str, Any] = {}
         finish = None
+        model = None
         for i, event in enumerate(events):
             what = f"stream frame {i}"
             event = json_object(event, what, url)
             text.append(_choice_text(event, url, what))
             for choice in _choices(event, url, what):
                 finish = optional_text(choice.get("finish_reason"), f"{what} choices[].finish_reason", url) or finish
+            model = _model(event) or model
             if event.get("usage"):
                 usage_event = event
         # The usage arrives in a last frame of its own; the finish reason in the frame before it.
-        merged = {**usage_event, "choices": [{"finish_reason": finish}]}
+        merged = {**usage_event, "model": model, "choices": [{"finish_reason": finish}]}
         return _facts(merged, "".join(text), url, "usage frame")
 
 
@@ -54,7 +62,15 @@ def _facts(data: Mapping[str, Any], text: str, url: str, what: str) -> ReplyFact
                        if isinstance(details, dict) else None),
         finish_reason=optional_text(choices[0].get("finish_reason"), f"{what} choices[0].finish_reason", url),
         truncated=data.get("truncated") if isinstance(data.get("truncated"), bool) else None,
+        model=_model(data),
     )
+
+
+def _model(data: Mapping[str, Any]) -> str | None:
+    """The answer's `model`, where it is a name (it is evidence of who answered, not a count:
+    another shape is not a malformed reply)."""
+    model = data.get("model")
+    return model if isinstance(model, str) and model else None
 
 
 def _choices(data: Mapping[str, Any], url: str, what: str) -> list[dict[str, Any]]:
@@ -65,3 +81,17 @@ def _choices(data: Mapping[str, Any], url: str, what: str) -> list[dict[str, Any
 
 def _choice_text(data: Mapping[str, Any], url: str, what: str) -> str:
     return "".join(str(c.get("text") or "") for c in _choices(data, url, what))
+
+
+def openai_entry(engine: type[EngineAdapter]) -> type[EngineAdapter]:
+    """An engine kind's adapter on the OpenAI completions route, for a gateway in front of it that
+    serves only the OpenAI API: the engine's own length messages, as the gateway relays them, plus
+    the gateway's. No request-id field: a gateway may refuse a body field it does not know."""
+    if issubclass(engine, OpenAICompletionsMixin):
+        base: tuple[type[EngineAdapter], ...] = (engine,)
+    else:
+        base = (OpenAICompletionsMixin, engine)
+    return type(f"OpenAIEntry{engine.__name__}", base, {
+        "request_id_field": None, "request_id_header": None,
+        "length_error_patterns": (*engine.length_error_patterns, *GATEWAY_LENGTH_PATTERNS),
+    })

@@ -139,7 +139,7 @@ class Watcher:
                                   salted=plan.tenant_binding is None, ca_bundle=plan.ca_bundle,
                                   client_cert=plan.client_cert, client_key=plan.client_key)
         for entry_url, group in _groups(plan, snapshots):
-            entry = entry_adapter(entry_url, group, client)
+            entry = entry_adapter(plan, entry_url, group, client)
             if entry is None:
                 missing.append("canaries: a prefill/decode deployment is probed through its router; pass --entry URL")
                 continue
