@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
 from kvpreflight.builtin_engine.testbed import pd_trio, unified_engine  # noqa: E402
-from kvpreflight.plan import CheckPlan  # noqa: E402
+from kvpreflight.check_plan import CheckPlan  # noqa: E402
 from kvpreflight.targets import Target  # noqa: E402
 from kvpreflight.watch.budget import HOUR_S, BudgetPlan  # noqa: E402
 from kvpreflight.watch.findings import Round  # noqa: E402

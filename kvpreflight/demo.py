@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kvpreflight.builtin_engine.config import FAULTS, FAULTS_ENV, Fault
+from kvpreflight.check_plan import OutputPlan
 from kvpreflight.errors import ConfigError, NotMeasured
 from kvpreflight.model import Report, RouterKind
-from kvpreflight.plan import OutputPlan
 
 if TYPE_CHECKING:
     from kvpreflight.boot.deployment import BootedDeployment
@@ -122,7 +122,7 @@ def _router(settings: BuiltinDeployment, bootstrap_port: int | None) -> dict[str
                 "command": [sys.executable, "-m", "kvpreflight", "engine", "serve", "--role", "router",
                             "--host", "127.0.0.1", "--port", "{port}", "--prefill-url", "{prefill.url}",
                             "--decode-url", "{decode.url}"]}
-    from kvpreflight.boot.plan import free_port
+    from kvpreflight.boot.launch import free_port
 
     assert bootstrap_port is not None  # demo_spec fixes it for any router but the builtin one
     # SGLang's routers are told the prefill's bootstrap port at launch (--prefill URL BOOTSTRAP_PORT);
@@ -140,7 +140,7 @@ def _router(settings: BuiltinDeployment, bootstrap_port: int | None) -> dict[str
 
 def demo_spec(settings: BuiltinDeployment) -> DeploymentSpec:
     from kvpreflight.boot import parse_spec
-    from kvpreflight.boot.plan import free_port
+    from kvpreflight.boot.launch import free_port
 
     ratio, faults = settings.prefill_pool_ratio, settings.engine_faults
     ctx = settings.context_length
@@ -238,7 +238,7 @@ def _run_demo(deployment: BuiltinDeployment, output: OutputPlan, spec: Any, *, l
               record_path: Path, pub_path: Path | None, command_line: Sequence[str],
               progress: Callable[[str], None], allow_insecure_key: bool) -> DemoRun:
     from kvpreflight import preflight
-    from kvpreflight.plan import CheckPlan
+    from kvpreflight.check_plan import CheckPlan
     from kvpreflight.probes.markers import new_marker
 
     # The demo's logs and spec are the record's subjects.

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from kvpreflight import __version__
+from kvpreflight.check_plan import CheckPlan
 from kvpreflight.checkdata import Thresholds, load_thresholds
 from kvpreflight.checks import CheckContext, CheckId, Scope, ids_of, run_checks
 from kvpreflight.checks.advisory_data import load_advisories
@@ -23,56 +24,55 @@ from kvpreflight.engines.openai_completions import openai_entry
 from kvpreflight.errors import ConfigError
 from kvpreflight.files import FileKind, read_tail
 from kvpreflight.model import CheckResult, Cost, EngineCost, EngineSnapshot, EntryApi, Report, Role, Status
-from kvpreflight.plan import CheckPlan
-from kvpreflight.probeplan import GroupPlan, GroupPreview
 from kvpreflight.probes.budget import Budget, calibrate, calibrate_once
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, capacity_plan, deployment_limits, near_context_s
 from kvpreflight.probes.cost import CostMeter
 from kvpreflight.probes.engine_state import EngineState
 from kvpreflight.probes.isolation import IsolationSettings, open_tenants, run_isolation
-from kvpreflight.probes.isolation_plan import IsolationSizes
+from kvpreflight.probes.isolation_sizes import IsolationSizes
 from kvpreflight.probes.logs import LogWatch
 from kvpreflight.probes.prefix_cache import DEFAULT_TIMING_SAMPLES
 from kvpreflight.probes.results import IsolationRun, Limits, ProbeRun
-from kvpreflight.probes.scenarios import isolation_plan
+from kvpreflight.probes.scenarios import isolation_sizes
 from kvpreflight.probes.session import Connection, ProbeSession
+from kvpreflight.request_plan import GroupPlan, GroupPreview
 from kvpreflight.routers import ROUTERS, RouterListing, open_router, router_class
 from kvpreflight.targets import Target
 
 
-def run_check(options: CheckPlan, progress: Callable[[str], None] = lambda _: None) -> Report:
+def run_check(check_plan: CheckPlan, progress: Callable[[str], None] = lambda _: None) -> Report:
     started = utc_now()
     thresholds = load_thresholds()
-    budget = Budget(timeout_s=options.timeout_s, deadline_s=options.deadline_s,
-                    fallback_tokens_per_second=options.accepted_tokens_per_second or thresholds.accepted_tokens_per_second)
-    advisories = load_advisories(options.advisory_dirs)
-    client = client_of(options)
+    budget = Budget(timeout_s=check_plan.timeout_s, deadline_s=check_plan.deadline_s,
+                    fallback_tokens_per_second=check_plan.accepted_tokens_per_second or thresholds.accepted_tokens_per_second)
+    advisories = load_advisories(check_plan.advisory_dirs)
+    client = client_of(check_plan)
     try:
-        adapters, snapshots, unreadable, listing = read_engines(options, client, progress)
-        settings = _settings(options, thresholds)
+        adapters, snapshots, unreadable, listing = read_engines(check_plan, client, progress)
+        settings = _settings(check_plan, thresholds)
         results: list[CheckResult] = list(unreadable)
         state = EngineState(adapters)
-        counters_before = state.counters() if not options.capacity_only else {}
+        counters_before = state.counters() if not check_plan.capacity_only else {}
         probes_started = time.monotonic()
         per_group_ids = ids_of(Scope.GROUP)
-        for entry_url, group in probe_groups(options, snapshots):
-            entry = entry_adapter(options, entry_url, group, client)
-            logs = _log_watch(options, group, adapters, listing)
-            run, isolation = _probe(options, entry, group, adapters, settings, budget, progress, logs)
-            ctx = CheckContext(tuple(group), thresholds, options.context_length, run, entry_url, advisories,
+        for entry_url, group in probe_groups(check_plan, snapshots):
+            entry = entry_adapter(check_plan, entry_url, group, client)
+            logs = _log_watch(check_plan, group, adapters, listing)
+            run, isolation = _probe(check_plan, entry, group, adapters, settings, budget, progress, logs)
+            ctx = CheckContext(tuple(group), thresholds, check_plan.context_length, run, entry_url, advisories,
                                isolation=isolation)
-            results.extend(run_checks(ctx, per_group_ids, options.waivers))
+            results.extend(run_checks(ctx, per_group_ids, check_plan.waivers))
         cost = None
         if budget.cost.requests:
             cost = engine_cost(snapshots, counters_before, state.counters(), budget.cost, time.monotonic() - probes_started)
         if snapshots:
-            ctx = CheckContext(tuple(snapshots), thresholds, options.context_length, None, options.entry, advisories,
-                               expected_model=options.model)
-            results.extend(run_checks(ctx, ids_of(Scope.DEPLOYMENT), options.waivers))
+            ctx = CheckContext(tuple(snapshots), thresholds, check_plan.context_length, None, check_plan.entry, advisories,
+                               expected_model=check_plan.model)
+            results.extend(run_checks(ctx, ids_of(Scope.DEPLOYMENT), check_plan.waivers))
         return Report(
-            tool_version=__version__, engines=tuple(snapshots), checks=tuple(results), waivers=options.waivers,
-            context_length_promised=options.context_length, entry=options.entry, started_at=started,
-            finished_at=utc_now(), gpus=tuple(options.gpus), cost=cost,
+            tool_version=__version__, engines=tuple(snapshots), checks=tuple(results), waivers=check_plan.waivers,
+            context_length_promised=check_plan.context_length, entry=check_plan.entry, started_at=started,
+            finished_at=utc_now(), gpus=tuple(check_plan.gpus), cost=cost,
         )
     finally:
         client.close()
@@ -109,29 +109,29 @@ def engine_cost(snapshots: Sequence[EngineSnapshot], before: Mapping[str, Counte
                 measured=measured, basis=basis, engines=engines)
 
 
-def preview(options: CheckPlan, *, measure: bool, progress: Callable[[str], None] = lambda _: None) -> list[GroupPreview]:
+def preview(check_plan: CheckPlan, *, measure: bool, progress: Callable[[str], None] = lambda _: None) -> list[GroupPreview]:
     """`check --plan`: read the engines (as --capacity-only does), derive every probe run's
     requests and, with `measure`, send one short calibration request per entry to estimate the
     duration (an upper estimate: see `calibrate_once`). No other request is sent."""
     thresholds = load_thresholds()
-    client = client_of(options)
+    client = client_of(check_plan)
     try:
-        adapters, snapshots, _, _ = read_engines(options, client, progress)
-        settings = _settings(options, thresholds)
+        adapters, snapshots, _, _ = read_engines(check_plan, client, progress)
+        settings = _settings(check_plan, thresholds)
         out = []
-        for entry_url, group in probe_groups(options, snapshots):
-            entry = entry_adapter(options, entry_url, group, client)
-            plan = group_plan(options, entry_url, entry, group, settings)
-            plan.refuse_above(options.max_context_equivalents)  # before the calibration requests
+        for entry_url, group in probe_groups(check_plan, snapshots):
+            entry = entry_adapter(check_plan, entry_url, group, client)
+            plan = group_plan(check_plan, entry_url, entry, group, settings)
+            plan.refuse_above(check_plan.max_context_equivalents)  # before the calibration requests
             if plan.not_probed or plan.limits is None or entry is None or not measure:
                 why = "not sent (--no-calibrate)" if not measure else "none: no probe request is planned"
                 out.append(GroupPreview(plan=plan, calibration=why))
                 continue
-            budget = Budget(timeout_s=options.timeout_s, fallback_tokens_per_second=thresholds.accepted_tokens_per_second)
+            budget = Budget(timeout_s=check_plan.timeout_s, fallback_tokens_per_second=thresholds.accepted_tokens_per_second)
             engines = [adapters[s.url] for s in group if s.url in adapters]
             try:
                 calibration = calibrate_once(entry, engines, budget, max_accepted=plan.limits.max_accepted,
-                                             timeout_s=options.timeout_s)
+                                             timeout_s=check_plan.timeout_s)
             except EngineError as exc:
                 out.append(GroupPreview(plan=plan, calibration=f"failed: {exc}"))
                 continue
@@ -149,13 +149,13 @@ def preview(options: CheckPlan, *, measure: bool, progress: Callable[[str], None
         client.close()
 
 
-def group_plan(options: CheckPlan, entry_url: str | None, entry: EngineAdapter | None, group: Sequence[EngineSnapshot],
+def group_plan(check_plan: CheckPlan, entry_url: str | None, entry: EngineAdapter | None, group: Sequence[EngineSnapshot],
                settings: ProbeSettings) -> GroupPlan:
     """Every request one probe run will send, or why it sends none."""
     def none(why: str, limits: Limits | None = None) -> GroupPlan:
         return GroupPlan(entry=entry_url, engines=tuple(s.url for s in group), limits=limits, not_probed=why)
 
-    if options.capacity_only:
+    if check_plan.capacity_only:
         return none("--capacity-only: no request is sent (read-only mode)")
     if not group:
         return none("no engine could be read")
@@ -171,41 +171,41 @@ def group_plan(options: CheckPlan, entry_url: str | None, entry: EngineAdapter |
     sizes = IsolationSizes.of(limits, group, settings.concurrency)
     # The concurrent requests carry the tenants' canaries and scanned answers (probes/isolation.py).
     requests = (*capacity_plan(limits, settings.concurrency, scan_tokens=sizes.gen),
-                *isolation_plan(sizes, churn=_churn_allowed(options, group), timing_samples=_timing_samples(options)))
+                *isolation_sizes(sizes, churn=_churn_allowed(check_plan, group), timing_samples=_timing_samples(check_plan)))
     return GroupPlan(entry=entry_url, engines=tuple(s.url for s in group), limits=limits, requests=requests)
 
 
-def _timing_samples(options: CheckPlan) -> int:
-    return DEFAULT_TIMING_SAMPLES if options.timing_samples is None else options.timing_samples
+def _timing_samples(check_plan: CheckPlan) -> int:
+    return DEFAULT_TIMING_SAMPLES if check_plan.timing_samples is None else check_plan.timing_samples
 
 
-def client_of(options: CheckPlan) -> HttpClient:
-    return _connection(options).client()
+def client_of(check_plan: CheckPlan) -> HttpClient:
+    return _connection(check_plan).client()
 
 
-def _settings(options: CheckPlan, thresholds: Thresholds) -> ProbeSettings:
-    return ProbeSettings(concurrency=options.concurrency or thresholds.concurrency,
-                         known_markers=options.known_markers)
+def _settings(check_plan: CheckPlan, thresholds: Thresholds) -> ProbeSettings:
+    return ProbeSettings(concurrency=check_plan.concurrency or thresholds.concurrency,
+                         known_markers=check_plan.known_markers)
 
 
-def read_engines(options: CheckPlan, client: HttpClient, progress: Callable[[str], None],
+def read_engines(check_plan: CheckPlan, client: HttpClient, progress: Callable[[str], None],
                   ) -> tuple[dict[str, EngineAdapter], list[EngineSnapshot], list[CheckResult], RouterListing | None]:
     adapters: dict[str, EngineAdapter] = {}
     snapshots: list[EngineSnapshot] = []
     unreadable: list[CheckResult] = []
-    targets, listing = _targets(options, client, progress)
+    targets, listing = _targets(check_plan, client, progress)
     for target in targets:
         url = target.url.rstrip("/")
         progress(f"reading {url}")
         try:
-            adapter = open_adapter(url, client, options.engine)
-            log_text = _read_log(options.logs.get(url))
+            adapter = open_adapter(url, client, check_plan.engine)
+            log_text = _read_log(check_plan.logs.get(url))
             snapshot = adapter.snapshot(role=target.role, log_text=log_text)
             snapshots.append(listing.applied_to(snapshot) if listing is not None else snapshot)
             adapters[url] = adapter
         except EngineError as exc:
             unreadable.append(CheckResult(CheckId.KV_CAPACITY, Status.INCONCLUSIVE,
-                                          f"could not read the engine: {exc}{_wrong_kind_hint(url, client, options.engine)}", url))
+                                          f"could not read the engine: {exc}{_wrong_kind_hint(url, client, check_plan.engine)}", url))
     return adapters, snapshots, unreadable, listing
 
 
@@ -219,23 +219,23 @@ def _wrong_kind_hint(url: str, client: HttpClient, named: str) -> str:
     return f"; it answers as {found}, not {named}: pass --engine {found} or drop --engine" if found else ""
 
 
-def _log_watch(options: CheckPlan, group: Sequence[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
+def _log_watch(check_plan: CheckPlan, group: Sequence[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
                listing: RouterListing | None) -> LogWatch:
     """The logs of the group's engines and of the router at the entry, followed while probing."""
-    sources = {s.url: (options.logs[s.url], adapters[s.url].log_signals)
-               for s in group if s.url in options.logs and s.url in adapters}
-    if listing is not None and listing.url in options.logs:
-        sources[listing.url] = (options.logs[listing.url], router_class(listing.router).log_signals)
+    sources = {s.url: (check_plan.logs[s.url], adapters[s.url].log_signals)
+               for s in group if s.url in check_plan.logs and s.url in adapters}
+    if listing is not None and listing.url in check_plan.logs:
+        sources[listing.url] = (check_plan.logs[listing.url], router_class(listing.router).log_signals)
     return LogWatch(sources)
 
 
-def _targets(options: CheckPlan, client: HttpClient, progress: Callable[[str], None]
+def _targets(check_plan: CheckPlan, client: HttpClient, progress: Callable[[str], None]
              ) -> tuple[tuple[Target, ...], RouterListing | None]:
     """The engines to read, and what the router at the entry lists (None: no entry, or not a
     router kvpreflight knows). Without --endpoint the router's workers are the engines."""
-    entry = options.entry.rstrip("/") if options.entry else None
+    entry = check_plan.entry.rstrip("/") if check_plan.entry else None
     if entry is None:
-        return options.targets, None
+        return check_plan.targets, None
     router = open_router(entry, client)
     listing = None
     if router is not None:
@@ -243,12 +243,12 @@ def _targets(options: CheckPlan, client: HttpClient, progress: Callable[[str], N
         try:
             listing = router.listing()
         except EngineError as exc:
-            if not options.targets:
+            if not check_plan.targets:
                 raise ConfigError(f"--entry {entry}: the {router.kind} router's worker list is unreadable ({exc}); "
                                   "add --endpoint ROLE=URL for every engine behind it") from None
             progress(f"the {router.kind} router's worker list is unreadable ({exc}); using the --endpoint roles")
-    if options.targets:
-        return options.targets, listing
+    if check_plan.targets:
+        return check_plan.targets, listing
     if listing is None:
         raise ConfigError(f"--entry {entry} is not a router kvpreflight can ask for its workers ({', '.join(ROUTERS)}); "
                           "add --endpoint URL (or ROLE=URL) for every engine behind it")
@@ -258,14 +258,14 @@ def _targets(options: CheckPlan, client: HttpClient, progress: Callable[[str], N
     return tuple(Target(w.url) for w in listing.workers), listing
 
 
-def probe_groups(options: CheckPlan, snapshots: Sequence[EngineSnapshot]) -> list[tuple[str | None, list[EngineSnapshot]]]:
+def probe_groups(check_plan: CheckPlan, snapshots: Sequence[EngineSnapshot]) -> list[tuple[str | None, list[EngineSnapshot]]]:
     """Which engines each probe run covers: all of them behind --entry, else each unified engine."""
-    if options.entry or any(s.role is not Role.UNIFIED for s in snapshots):
-        return [(options.entry.rstrip("/") if options.entry else None, list(snapshots))] if snapshots else []
+    if check_plan.entry or any(s.role is not Role.UNIFIED for s in snapshots):
+        return [(check_plan.entry.rstrip("/") if check_plan.entry else None, list(snapshots))] if snapshots else []
     return [(s.url, [s]) for s in snapshots]
 
 
-def entry_adapter(options: CheckPlan, entry_url: str | None, group: list[EngineSnapshot], client: HttpClient
+def entry_adapter(check_plan: CheckPlan, entry_url: str | None, group: list[EngineSnapshot], client: HttpClient
                    ) -> EngineAdapter | None:
     """The adapter every probe request goes through: the engines' kind at the entry's URL (on the
     OpenAI routes for a gateway that serves only those), naming the model they serve (OpenAI-style
@@ -273,39 +273,39 @@ def entry_adapter(options: CheckPlan, entry_url: str | None, group: list[EngineS
     if entry_url is None or not group:
         return None
     cls = adapter_class(group[0].engine)
-    if options.entry_api is EntryApi.OPENAI:
+    if check_plan.entry_api is EntryApi.OPENAI:
         cls = openai_entry(cls)
     return cls(entry_url, client, model=group[0].model)
 
 
-def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
+def _probe(check_plan: CheckPlan, entry: EngineAdapter | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],
            settings: ProbeSettings, budget: Budget, progress: Callable[[str], None], logs: LogWatch,
            ) -> tuple[ProbeRun | None, IsolationRun | None]:
     """The capacity probes, then the two-tenant probes through the same entry and as the same
     tenants: the capacity probes' near-limit requests carry the tenants' canaries, so the
     isolation probes need not send near-limit prompts of their own (issue 14)."""
-    if options.capacity_only:
+    if check_plan.capacity_only:
         return None, None  # the checks say so
     try:
-        plan = group_plan(options, entry.url if entry else None, entry, group, settings)
+        plan = group_plan(check_plan, entry.url if entry else None, entry, group, settings)
     except EngineError as exc:
         return _not_probed(ProbeRun(limits=None, not_run=f"probes could not run: {exc}"))
     limits = plan.limits
     if plan.not_probed or limits is None or entry is None:
         return _not_probed(ProbeRun(limits=limits, not_run=plan.not_probed))
-    plan.refuse_above(options.max_context_equivalents)  # before any request
+    plan.refuse_above(check_plan.max_context_equivalents)  # before any request
     if not budget.may_send():
         return _not_probed(ProbeRun(limits=limits, not_run=f"no probe was sent: {budget.stopped}"))
     engines = {s.url: adapters[s.url] for s in group}
-    iso_settings = _isolation_settings(options, group, settings)
+    iso_settings = _isolation_settings(check_plan, group, settings)
     session = ProbeSession(entry=entry, engines=engines, snapshots=tuple(group), limits=limits, budget=budget, logs=logs,
-                           progress=progress, connection=_connection(options))
+                           progress=progress, connection=_connection(check_plan))
 
     def measure() -> None:
         budget.enter("calibration")
         progress("calibrating: a warm-up and two short requests through the entry measure its speed")
         calibration = calibrate(entry, engines.values(), budget, max_accepted=limits.max_accepted,
-                                timeout_s=min(options.timeout_s, budget.remaining_s()))
+                                timeout_s=min(check_plan.timeout_s, budget.remaining_s()))
         for retry in calibration.retried:
             progress(f"warning: {retry}")
         if calibration.speed is None:
@@ -321,7 +321,7 @@ def _probe(options: CheckPlan, entry: EngineAdapter | None, group: list[EngineSn
             progress(f"warning: {said}")
 
     try:
-        with open_tenants(session, options.tenant_headers, salted=options.tenant_binding is None) as prompts:
+        with open_tenants(session, check_plan.auth.tenant_headers, salted=check_plan.auth.tenant_binding is None) as prompts:
             try:
                 run = CapacityProber(session, settings, tenants=prompts).run(calibrate=measure)
             except EngineError as exc:
@@ -342,25 +342,25 @@ def _not_probed(run: ProbeRun) -> tuple[ProbeRun, IsolationRun]:
     return run, IsolationRun(not_run=run.not_run or "the capacity limits are unknown, so no isolation probe size can be derived")
 
 
-def _churn_allowed(options: CheckPlan, group: Sequence[EngineSnapshot]) -> bool:
-    return options.allow_disruptive or options.booted or sorted({s.engine for s in group}) == ["builtin"]
+def _churn_allowed(check_plan: CheckPlan, group: Sequence[EngineSnapshot]) -> bool:
+    return check_plan.allow_disruptive or check_plan.booted or sorted({s.engine for s in group}) == ["builtin"]
 
 
-def _isolation_settings(options: CheckPlan, group: Sequence[EngineSnapshot], settings: ProbeSettings) -> IsolationSettings:
+def _isolation_settings(check_plan: CheckPlan, group: Sequence[EngineSnapshot], settings: ProbeSettings) -> IsolationSettings:
     kinds = sorted({s.engine for s in group})
     return IsolationSettings(
-        churn_allowed=_churn_allowed(options, group),
+        churn_allowed=_churn_allowed(check_plan, group),
         churn_not_allowed_reason=(f"disruptive (client disconnects, load near the pool) against a live {', '.join(kinds)} "
                                   "deployment; pass --allow-disruptive to run it (it runs by default with --boot, "
                                   "the demo and builtin engines)"),
-        binding=options.tenant_binding or "a cache_salt per tenant", timing_samples=_timing_samples(options),
+        binding=check_plan.auth.tenant_binding or "a cache_salt per tenant", timing_samples=_timing_samples(check_plan),
         known_markers=frozenset(settings.known_markers), concurrency=settings.concurrency,
     )
 
 
-def _connection(options: CheckPlan) -> Connection:
-    return Connection(headers=options.headers, timeout_s=options.timeout_s, ca_bundle=options.ca_bundle,
-                      client_cert=options.client_cert, client_key=options.client_key)
+def _connection(check_plan: CheckPlan) -> Connection:
+    return Connection(headers=check_plan.auth.headers, timeout_s=check_plan.timeout_s, ca_bundle=check_plan.auth.ca_bundle,
+                      client_cert=check_plan.auth.client_cert, client_key=check_plan.auth.client_key)
 
 
 def _read_log(path: Path | None) -> str | None:

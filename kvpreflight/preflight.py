@@ -3,7 +3,7 @@
 `check` (the CLI command), `demo` and the fleet all come here; none of them goes through the CLI.
 
     from kvpreflight import preflight
-    from kvpreflight.plan import CheckPlan, OutputPlan
+    from kvpreflight.check_plan import CheckPlan, OutputPlan
     from kvpreflight.targets import parse_endpoints
 
     plan = CheckPlan(targets=parse_endpoints(["prefill=http://p:30000", "decode=http://d:30001"]),
@@ -23,15 +23,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvpreflight.check_plan import CheckPlan, OutputPlan, RecordPlan
 from kvpreflight.errors import ConfigError
 from kvpreflight.model import ProcessRole, Report
-from kvpreflight.plan import CheckPlan, OutputPlan, RecordPlan
 from kvpreflight.targets import Target
 
 if TYPE_CHECKING:
     from kvpreflight.boot.deployment import BootedDeployment
     from kvpreflight.boot.spec import DeploymentSpec
-    from kvpreflight.probeplan import GroupPreview
+    from kvpreflight.request_plan import GroupPreview
 
 Progress = Callable[[str], None]
 
@@ -88,7 +88,7 @@ def run_booted(spec: DeploymentSpec, plan: CheckPlan, *, log_dir: Path,
     from kvpreflight.boot import boot_deployment
 
     validate(replace(plan, waivers=(*spec.checks.skip, *plan.waivers)))
-    if spec.client_cert is not None and plan.client_cert is not None:
+    if spec.client_cert is not None and plan.auth.client_cert is not None:
         raise ConfigError(f"{spec.source}: sets client_cert, and --client-cert is given too; keep one")
     spec.check_client_certificate()
     # The boot's steps go through the caller's progress too (on a terminal: its live line).

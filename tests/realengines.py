@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from kvpreflight.boot import load_spec
-from kvpreflight.boot.plan import free_port, plan_deployment  # free_port: below the ephemeral range (see there)
+from kvpreflight.boot.launch import free_port, plan_deployment  # free_port: below the ephemeral range (see there)
 
 TESTS_DIR = Path(__file__).resolve().parent
 TINY_MODELS = TESTS_DIR / "tiny_models.py"

@@ -26,9 +26,9 @@ from typing import TextIO
 
 from kvpreflight.boot.deployment import BootedDeployment, BootedEngine
 from kvpreflight.boot.errors import BootConfigError, BootError
-from kvpreflight.boot.plan import DeploymentPlan, LaunchPlan, plan_deployment
+from kvpreflight.boot.launch import DeploymentPlan, LaunchPlan, plan_deployment
 from kvpreflight.boot.process import EngineProcess, stop_all
-from kvpreflight.boot.progress import Progress, clip
+from kvpreflight.boot.progress import BootProgress, clip
 from kvpreflight.boot.readiness import probe
 from kvpreflight.boot.signals import signals_held, sigterm_raises
 from kvpreflight.boot.spec import DeploymentSpec
@@ -51,12 +51,12 @@ def boot_deployment(
 ) -> Iterator[BootedDeployment]:
     """Start every engine of `spec`, yield once all are ready, stop them all on exit. The values of
     `secrets` are removed from every line shown (engines' log lines are quoted in progress and errors).
-    Progress goes to `say` when given (each line "boot: ..."), else to `stderr`.
+    BootProgress goes to `say` when given (each line "boot: ..."), else to `stderr`.
 
     Raises BootConfigError (exit 2) for a problem found before anything started (port in use, program
     not found), exit 3 when an engine exits or is not ready in time.
     """
-    progress = Progress(stderr, progress_interval_s, Redactor(secrets).text, say=say)
+    progress = BootProgress(stderr, progress_interval_s, Redactor(secrets).text, say=say)
     plan = plan_deployment(spec)
     log_dir = os.fspath(log_dir)
     try:
@@ -91,7 +91,7 @@ def boot_deployment(
 
 
 def _start_all(plans: list[LaunchPlan], log_dir: str, started: list[EngineProcess],
-               progress: Progress) -> list[EngineProcess]:
+               progress: BootProgress) -> list[EngineProcess]:
     batch = []
     for plan in plans:
         proc = EngineProcess(plan, os.path.join(log_dir, f"{plan.name}.log"))
@@ -103,7 +103,7 @@ def _start_all(plans: list[LaunchPlan], log_dir: str, started: list[EngineProces
     return batch
 
 
-def _wait_ready(batch: list[EngineProcess], progress: Progress) -> None:
+def _wait_ready(batch: list[EngineProcess], progress: BootProgress) -> None:
     pending = list(batch)
     last_status = {p.name: "not asked yet" for p in batch}
     while pending:

@@ -14,7 +14,7 @@ from typing import IO
 
 from kvpreflight.boot import proctree
 from kvpreflight.boot.errors import BootConfigError
-from kvpreflight.boot.plan import LaunchPlan
+from kvpreflight.boot.launch import LaunchPlan
 from kvpreflight.files import open_log
 
 TAIL_LINES = 200

@@ -13,7 +13,7 @@ from typing import TextIO
 from kvpreflight.redact import cut
 
 
-class Progress:
+class BootProgress:
     """`scrub` removes the run's secrets from every line shown (an engine's log lines are quoted).
     `say`, when given, takes each line ("boot: ...") instead of `stream`."""
 

@@ -3,7 +3,7 @@
 Every problem is one line that names the file and the field, e.g.
 ``spec.yaml: engines[1].port: expected an integer or "auto", got 'x'``. Unknown keys are errors
 (a typo must not silently drop a setting). Placeholders are checked here and filled in at boot
-(see ``kvpreflight.boot.plan``):
+(see ``kvpreflight.boot.launch``):
 
 - ``{port}``, ``{url}``, ``{host}``: this engine's port, URL and host;
 - ``{NAME.port}``, ``{NAME.url}``, ``{NAME.host}``: another engine's (a router needs its workers');

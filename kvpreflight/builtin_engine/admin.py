@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from kvpreflight.builtin_engine.config import EngineConfigError, parse_faults
+from kvpreflight.builtin_engine.config import ServeConfigError, parse_faults
 
 if TYPE_CHECKING:
     from kvpreflight.builtin_engine.server import EngineHandler
@@ -30,7 +30,7 @@ def set_faults(handler: EngineHandler, body: dict[str, Any]) -> None:
         return
     try:
         faults = parse_faults(names, FAULTS_PATH)
-    except EngineConfigError as exc:
+    except ServeConfigError as exc:
         handler.reply_json(400, {"error": {"message": str(exc)}})
         return
     engine = handler.engine

@@ -76,7 +76,7 @@ CELL_BYTES = 2 * KV_DIM * 4
 WEIGHT_BYTES = 260 * KV_DIM * 4
 
 
-class EngineConfigError(ConfigError):
+class ServeConfigError(ConfigError):
     """A builtin-engine setting that cannot work; found before the engine starts."""
 
 
@@ -85,7 +85,7 @@ def parse_faults(names: Iterable[str], source: str) -> frozenset[Fault]:
     wanted = {name.strip() for name in names if name.strip()}
     unknown = sorted(wanted - FAULTS.keys())
     if unknown:
-        raise EngineConfigError(
+        raise ServeConfigError(
             f"{source} names unknown fault {', '.join(unknown)}; known: {', '.join(sorted(FAULTS))}"
         )
     return frozenset(Fault(name) for name in wanted)
@@ -96,7 +96,7 @@ def parse_role(text: str) -> ProcessRole:
         return ProcessRole(text)
     except ValueError:
         known = ", ".join(role.value for role in ProcessRole)
-        raise EngineConfigError(f"--role {text!r} is not one of {known}") from None
+        raise ServeConfigError(f"--role {text!r} is not one of {known}") from None
 
 
 KV_CANARY_MODES = ("none", "log", "raise")  # SGLang's CanaryMode (srt/kv_canary/config.py, 0.5.13+)
@@ -131,11 +131,11 @@ class EngineConfig:
 
     def validate(self) -> None:
         if not (0 <= self.port <= 65535):
-            raise EngineConfigError(f"--port {self.port} is not a TCP port (0-65535)")
+            raise ServeConfigError(f"--port {self.port} is not a TCP port (0-65535)")
         if not (0 <= self.bootstrap_port <= 65535):
-            raise EngineConfigError(f"--disaggregation-bootstrap-port {self.bootstrap_port} is not a TCP port (0-65535)")
+            raise ServeConfigError(f"--disaggregation-bootstrap-port {self.bootstrap_port} is not a TCP port (0-65535)")
         if self.kv_canary not in KV_CANARY_MODES:
-            raise EngineConfigError(f"--kv-canary {self.kv_canary!r} is not one of {', '.join(KV_CANARY_MODES)}")
+            raise ServeConfigError(f"--kv-canary {self.kv_canary!r} is not one of {', '.join(KV_CANARY_MODES)}")
         # Every missing required flag at once, not one failed start at a time.
         missing = []
         if self.role is ProcessRole.ROUTER:
@@ -147,25 +147,25 @@ class EngineConfig:
             if self.pool_tokens is None and self.mem_fraction_static is None:
                 missing.append("--pool-tokens N (or --mem-budget-bytes B with --mem-fraction-static F)")
         if missing:
-            raise EngineConfigError(f"--role {self.role.value} needs {', '.join(missing)}; e.g. kvpreflight engine serve "
+            raise ServeConfigError(f"--role {self.role.value} needs {', '.join(missing)}; e.g. kvpreflight engine serve "
                                     + ("--role router --decode-url URL --prefill-url URL" if self.role is ProcessRole.ROUTER
                                        else f"--role {self.role.value} --context-length 8192 --pool-tokens 16384"))
         if self.role is ProcessRole.ROUTER:
             return
         if self.page_size < 1:
-            raise EngineConfigError(f"--page-size {self.page_size} must be at least 1")
+            raise ServeConfigError(f"--page-size {self.page_size} must be at least 1")
         if self.pool_tokens is not None and (self.mem_budget_bytes is not None or self.mem_fraction_static is not None):
-            raise EngineConfigError("give either --pool-tokens or --mem-budget-bytes with --mem-fraction-static, not both")
+            raise ServeConfigError("give either --pool-tokens or --mem-budget-bytes with --mem-fraction-static, not both")
         if self.mem_fraction_static is not None and not (0.0 < self.mem_fraction_static <= 1.0):
-            raise EngineConfigError(f"--mem-fraction-static {self.mem_fraction_static} must be in (0, 1]")
+            raise ServeConfigError(f"--mem-fraction-static {self.mem_fraction_static} must be in (0, 1]")
         if self.pool_tokens is not None and self.pool_tokens < self.page_size:
-            raise EngineConfigError(f"--pool-tokens {self.pool_tokens} is smaller than one page ({self.page_size} tokens)")
+            raise ServeConfigError(f"--pool-tokens {self.pool_tokens} is smaller than one page ({self.page_size} tokens)")
         if self.device not in ("cpu", "cuda", "auto"):
-            raise EngineConfigError(f"--device {self.device!r} is not one of cpu, cuda, auto")
+            raise ServeConfigError(f"--device {self.device!r} is not one of cpu, cuda, auto")
         if self.transfer_delay_ms < 0 or self.transfer_fail_every < 0:
-            raise EngineConfigError("--transfer-delay-ms and --transfer-fail-every must not be negative")
+            raise ServeConfigError("--transfer-delay-ms and --transfer-fail-every must not be negative")
         if not (self.prefill_tokens_per_second >= 0 and math.isfinite(self.prefill_tokens_per_second)):
-            raise EngineConfigError(f"--prefill-tokens-per-second {self.prefill_tokens_per_second} must be a finite number, 0 or more")
+            raise ServeConfigError(f"--prefill-tokens-per-second {self.prefill_tokens_per_second} must be a finite number, 0 or more")
 
 
 # SGLang's names for the two PD waits (srt/environ.py, both 300 s there; 60 s here): the prefill
@@ -185,7 +185,7 @@ def pd_wait_from_env(role: ProcessRole, environ: Mapping[str, str] | None = None
     except ValueError:
         value = math.nan
     if not (0 < value <= 86_400):
-        raise EngineConfigError(f"{name}={raw!r} is not a number of seconds in (0, 86400]; unset it for the default {DEFAULT_PD_WAIT_S:.0f}")
+        raise ServeConfigError(f"{name}={raw!r} is not a number of seconds in (0, 86400]; unset it for the default {DEFAULT_PD_WAIT_S:.0f}")
     return value
 
 
@@ -203,7 +203,7 @@ def fault_probability_from_env(environ: Mapping[str, str] | None = None) -> floa
     except ValueError:
         value = float("nan")
     if not 0.0 < value <= 1.0:
-        raise EngineConfigError(f"{FAULT_PROBABILITY_ENV}={raw} must be a probability in (0, 1]; unset it for always")
+        raise ServeConfigError(f"{FAULT_PROBABILITY_ENV}={raw} must be a probability in (0, 1]; unset it for always")
     return value
 
 
@@ -216,7 +216,7 @@ def derive_pool_tokens(total_bytes: int, available_bytes: int, mem_fraction_stat
     rest = (available_bytes - WEIGHT_BYTES) - total_bytes * (1.0 - mem_fraction_static)
     tokens = int(rest // CELL_BYTES) // page_size * page_size
     if tokens <= 0:
-        raise EngineConfigError("Not enough memory. Please try to increase --mem-fraction-static.")
+        raise ServeConfigError("Not enough memory. Please try to increase --mem-fraction-static.")
     return tokens
 
 

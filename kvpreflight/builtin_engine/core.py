@@ -15,8 +15,8 @@ from dataclasses import replace
 import torch
 
 from kvpreflight.builtin_engine import tokenizer
-from kvpreflight.builtin_engine.config import KV_DIM, EngineConfig, EngineConfigError, Fault, max_req_input_len
-from kvpreflight.builtin_engine.metrics import Counters
+from kvpreflight.builtin_engine.config import KV_DIM, EngineConfig, Fault, ServeConfigError, max_req_input_len
+from kvpreflight.builtin_engine.metrics import ServedCounters
 from kvpreflight.builtin_engine.model import CopyModel
 from kvpreflight.builtin_engine.pagelog import PageLog
 from kvpreflight.builtin_engine.pool import PagedKVPool
@@ -43,7 +43,7 @@ class Engine:
         self.pool = PagedKVPool(pool_tokens // self.page_size, self.page_size, KV_DIM, device)
         self.model = CopyModel(device)
         self.page_log = PageLog(config.page_log)
-        self.counters = Counters()
+        self.counters = ServedCounters()
         self._counter_lock = threading.Lock()
         self.compute_lock = threading.Lock()  # one forward pass at a time, like one scheduler
         use_cache = self.role in (ProcessRole.UNIFIED, ProcessRole.PREFILL) and not config.disable_radix_cache
@@ -355,5 +355,5 @@ def device_for(choice: str) -> str:
     if torch.cuda.is_available():
         return "cuda"
     if choice == "cuda":
-        raise EngineConfigError("--device cuda was asked for but torch sees no CUDA device; use --device cpu or auto")
+        raise ServeConfigError("--device cuda was asked for but torch sees no CUDA device; use --device cpu or auto")
     return "cpu"

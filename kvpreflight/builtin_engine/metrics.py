@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Counters:
+class ServedCounters:
     """What /metrics reports; mutated only through `Engine.count`, under its counter lock."""
 
     prompt_tokens: int = 0

@@ -23,7 +23,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from kvpreflight.builtin_engine.config import EngineConfig, EngineConfigError
+from kvpreflight.builtin_engine.config import EngineConfig, ServeConfigError
 from kvpreflight.builtin_engine.httputil import client_gone, send_bytes, send_json, serve_until_stopped
 
 POLL_S = 0.02
@@ -38,7 +38,7 @@ def _log(message: str) -> None:
 def _host_port(url: str, flag: str) -> tuple[str, int]:
     parts = urllib.parse.urlsplit(url)
     if parts.scheme != "http" or not parts.hostname:
-        raise EngineConfigError(f"{flag} {url!r} is not an http://HOST:PORT URL")
+        raise ServeConfigError(f"{flag} {url!r} is not an http://HOST:PORT URL")
     return parts.hostname, parts.port or 80
 
 
@@ -247,7 +247,7 @@ def serve_router(config: EngineConfig) -> int:
     try:
         httpd = RouterServer((config.host, config.port), config)
     except OSError as exc:
-        raise EngineConfigError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
+        raise ServeConfigError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
     _log(f"Router running on http://{config.host}:{httpd.server_address[1]} "
          f"prefill={','.join(httpd.prefill_urls)} decode={httpd.decode_url}")
     return serve_until_stopped(httpd)

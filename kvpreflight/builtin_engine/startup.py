@@ -20,7 +20,7 @@ from kvpreflight.builtin_engine.config import (
     MAX_PREFILL_TOKENS,
     MAX_RUNNING_REQUESTS,
     EngineConfig,
-    EngineConfigError,
+    ServeConfigError,
     derive_pool_tokens,
 )
 from kvpreflight.builtin_engine.httputil import serve_until_stopped
@@ -66,7 +66,7 @@ def resolve_pool_tokens(config: EngineConfig, device: str) -> int:
             total, free = config.mem_budget_bytes, min(free, config.mem_budget_bytes)
         return derive_pool_tokens(total, free, config.mem_fraction_static, ps)
     if config.mem_budget_bytes is None:
-        raise EngineConfigError(
+        raise ServeConfigError(
             "--mem-fraction-static on CPU needs --mem-budget-bytes B (the memory the engine may use); or give --pool-tokens N"
         )
     return derive_pool_tokens(config.mem_budget_bytes, config.mem_budget_bytes, config.mem_fraction_static, ps)
@@ -173,7 +173,7 @@ def serve(config: EngineConfig) -> int:
         try:
             bootstrap = PrefillBootstrap(engine, config.host, config.bootstrap_port)
         except OSError as exc:
-            raise EngineConfigError(f"cannot listen on --disaggregation-bootstrap-port {config.bootstrap_port}: "
+            raise ServeConfigError(f"cannot listen on --disaggregation-bootstrap-port {config.bootstrap_port}: "
                                     f"{exc.strerror or exc}") from None
         bootstrap.start()
         handoff, bootstrap_port = bootstrap, bootstrap.port
@@ -183,7 +183,7 @@ def serve(config: EngineConfig) -> int:
     try:
         httpd = EngineServer((config.host, config.port), engine, handoff)
     except OSError as exc:
-        raise EngineConfigError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
+        raise ServeConfigError(f"cannot listen on {config.host}:{config.port}: {exc.strerror or exc}") from None
     port = httpd.server_address[1]
     httpd.server_info = build_server_info(engine, port, bootstrap_port, httpd.started_at)
     log(f"Uvicorn running on http://{config.host}:{port} (Press CTRL+C to quit)", tp=False)

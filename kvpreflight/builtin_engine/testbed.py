@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kvpreflight.boot.plan import free_port  # below the ephemeral range (see there)
+from kvpreflight.boot.launch import free_port  # below the ephemeral range (see there)
 from kvpreflight.builtin_engine.config import FAULTS_ENV
 from kvpreflight.builtin_engine.pagelog import read_page_log
 from kvpreflight.files import read_tail, writing

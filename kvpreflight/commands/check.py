@@ -18,8 +18,8 @@ from kvpreflight.model import AUTO_ENGINE
 
 if TYPE_CHECKING:
     from kvpreflight.boot.spec import DeploymentSpec
+    from kvpreflight.check_plan import CheckPlan
     from kvpreflight.model import Report
-    from kvpreflight.plan import CheckPlan
 
 ENGINE_HELP = ", ".join([AUTO_ENGINE, *engine_kinds()])
 FORMAT_HELP = ", ".join(FORMATS)
@@ -92,7 +92,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Check running engines (or boot them from a spec with --boot). Exit 0 pass, 1 a check failed, 2 usage error, 3 inconclusive."""
         from kvpreflight import preflight
-        from kvpreflight.commands.plan_options import CheckArgs, build_output, build_plan
+        from kvpreflight.check_options import CheckArgs, build_output, build_plan
         from kvpreflight.errors import ConfigError
 
         args = CheckArgs(
@@ -180,8 +180,8 @@ def _print_plan(plan: CheckPlan, spec: DeploymentSpec | None, *, measure: bool, 
     from kvpreflight import preflight
     from kvpreflight.errors import ConfigError
     from kvpreflight.formats import write_text
-    from kvpreflight.probeplan import render, to_dict
     from kvpreflight.redact import Redactor
+    from kvpreflight.request_plan import render, to_dict
 
     if spec is not None:
         raise ConfigError("--plan reads running engines; drop --boot (boot the deployment, then --plan its endpoints)")

@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         """
         import sys
 
-        from kvpreflight.commands.plan_options import build_output
+        from kvpreflight.check_options import build_output
         from kvpreflight.demo import BuiltinDeployment, run_demo
         from kvpreflight.errors import ConfigError
         from kvpreflight.model import RouterKind

@@ -50,8 +50,8 @@ def register(app: typer.Typer) -> None:
         name: str | None = typer.Option(None, "--name", metavar="NAME", rich_help_panel="Output", help="The deployment's name: the `deployment` label of every series. [default: the entry URL, else the first endpoint]"),
     ) -> None:
         """Watch running engines: every --interval, drift against a signed record, the engines' hazard counters and danger log lines, and two synthetic tenants' canaries. One JSON line per round on stdout; Prometheus metrics on --listen."""
+        from kvpreflight.check_options import CheckArgs, build_plan
         from kvpreflight.commands.check import progress
-        from kvpreflight.commands.plan_options import CheckArgs, build_plan
         from kvpreflight.errors import ConfigError
         from kvpreflight.formats._common import label_url
         from kvpreflight.redact import Redactor

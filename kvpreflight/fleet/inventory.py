@@ -28,13 +28,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from kvpreflight.check_plan import CheckPlan
 from kvpreflight.demo import BuiltinDeployment
 from kvpreflight.errors import KvpreflightError
 from kvpreflight.fields import FieldParser, describe, load_yaml
 from kvpreflight.files import FileKind, read_bytes
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.model import Waiver
-from kvpreflight.plan import CheckPlan
 from kvpreflight.targets import Auth, parse_endpoint, parse_endpoints, parse_log, parse_url, secret_from_env
 
 DEFAULT_TIMEOUT_S = 900.0

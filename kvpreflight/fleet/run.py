@@ -49,7 +49,7 @@ def say(message: str) -> None:
     sys.stderr.flush()
 
 
-class Progress(Events):
+class FleetProgress(Events):
     """Done / running / left on stderr, and each result as it comes (with no secret in it)."""
 
     def __init__(self, total: int, secrets: Iterable[str] = ()) -> None:
@@ -136,7 +136,7 @@ def execute(request: FleetRequest) -> int:
     secrets = _secrets(inventory)
     started = utc_now()
     try:
-        outcomes = runner.run(batches, settings, Progress(len(inventory.deployments), secrets))
+        outcomes = runner.run(batches, settings, FleetProgress(len(inventory.deployments), secrets))
         report = FleetReport(name=inventory.name, runner=runner.name, outcomes=tuple(outcomes), inventory=str(request.inventory),
                              started_at=started, finished_at=utc_now(), tool_version=__version__)
         records: dict[str, str] = {}

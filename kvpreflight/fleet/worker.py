@@ -65,9 +65,9 @@ def main() -> int:
 
 def _run() -> int:
     from kvpreflight import preflight
+    from kvpreflight.check_plan import CheckPlan, OutputPlan
     from kvpreflight.errors import KvpreflightError
     from kvpreflight.model import Waiver
-    from kvpreflight.plan import CheckPlan, OutputPlan
 
     job = json.load(sys.stdin)
     try:

@@ -4,7 +4,7 @@
   session.py         what every prober of one probe run shares (ProbeSession) and how it connects (Connection)
   capacity.py        requests at and beyond the limits the engines state (capacity_plan drives CapacityProber)
   scenarios.py       the isolation scenarios, each declared once as data: what --plan counts and the prober sends
-  isolation_plan.py  how large each isolation request is (IsolationSizes)
+  isolation_sizes.py  how large each isolation request is (IsolationSizes)
   isolation.py       the prober: two synthetic tenants through the declared scenarios
   tenants.py         one synthetic tenant's connection, cache_salt and canary prompt
   prefix_cache.py    the cold / same-tenant warm / cross-tenant cache controls, and the timing audit where counters are silent

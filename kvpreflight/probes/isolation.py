@@ -3,7 +3,7 @@ through the entry in the scenarios probes/scenarios.py declares (what each sends
 then the prefix-cache controls (probes/prefix_cache.py: cold, same-tenant warm, cross-tenant).
 Every response is scanned for the other tenant's canary (whole or a fragment) and for any other
 synthetic marker. The prober records; it never judges. How large each request is:
-probes/isolation_plan.py.
+probes/isolation_sizes.py.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from kvpreflight.probes.disconnect import (
     leave_during_transfer,
 )
 from kvpreflight.probes.engine_state import EngineState, counter_deltas
-from kvpreflight.probes.isolation_plan import MIN_SCAN_TOKENS, IsolationSizes
+from kvpreflight.probes.isolation_sizes import MIN_SCAN_TOKENS, IsolationSizes
 from kvpreflight.probes.logs import name_lines
 from kvpreflight.probes.markers import contains_marker, foreign_markers, new_marker
 from kvpreflight.probes.prefix_cache import (

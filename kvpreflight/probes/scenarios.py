@@ -1,7 +1,7 @@
 """The isolation scenarios, each declared once as data: its requests (tenant, size, answer,
 streamed or not, where the client leaves, which go at once) in the order they are sent. The
 prober (probes/isolation.py) sends exactly these; `check --plan` and the budget estimate count
-exactly these (`isolation_plan`). A new scenario or a new request mode is one entry here.
+exactly these (`isolation_sizes`). A new scenario or a new request mode is one entry here.
 
 The incident's paths (issue 4), interleaved so that one tenant's KV pages are freed right before
 the other tenant's requests reuse them:
@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from kvpreflight.probes.budget import PlannedRequest
-from kvpreflight.probes.isolation_plan import TIMING_AUDIT_CONDITION, IsolationSizes
+from kvpreflight.probes.isolation_sizes import TIMING_AUDIT_CONDITION, IsolationSizes
 from kvpreflight.probes.prefix_cache import DEFAULT_TIMING_SAMPLES, ORDER, TIMING_REQUESTS_PER_SAMPLE, timing_prompt_tokens
 from kvpreflight.probes.results import Expect, ProbeName, ScenarioName, Tenant
 
@@ -154,7 +154,7 @@ def declared(sizes: IsolationSizes) -> tuple[ScenarioSpec, ...]:
     )
 
 
-def isolation_plan(sizes: IsolationSizes, *, churn: bool, timing_samples: int = DEFAULT_TIMING_SAMPLES,
+def isolation_sizes(sizes: IsolationSizes, *, churn: bool, timing_samples: int = DEFAULT_TIMING_SAMPLES,
                    scenarios: tuple[ScenarioSpec, ...] | None = None) -> list[PlannedRequest]:
     """What the isolation probes send, for `--plan` and the estimate: the declared scenarios (a
     scenario the capacity probes carry sends nothing of its own; churn only where allowed), then

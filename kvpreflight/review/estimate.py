@@ -87,7 +87,7 @@ def resolve_model(launch: Launch, model_arg: str | None, inputs: ReviewInputs, c
     )
 
 
-def resolve_gpu(launch: Launch, inputs: ReviewInputs, required: bool = True) -> gpus.Gpu | None:
+def resolve_gpu(launch: Launch, inputs: ReviewInputs, required: bool = True) -> gpus.GpuModel | None:
     if inputs.gpu:
         return gpus.require(inputs.gpu, "--gpu")
     label = launch.site.gpu_product

@@ -19,7 +19,7 @@ MIB = 1 << 20
 
 
 @dataclass(frozen=True)
-class Gpu:
+class GpuModel:
     name: str
     memory_mib: int  # NVML memory.total
     vendor: str = "nvidia"
@@ -30,18 +30,18 @@ class Gpu:
 
 
 # name, NVML MiB, spellings (after normalising) that mean it
-_TABLE: tuple[tuple[Gpu, tuple[str, ...]], ...] = (
-    (Gpu("H100 80GB", 81559), ("h100", "h10080gb", "h10080gbhbm3", "h100sxm", "h100sxm580gb", "h100pcie", "h100pcie80gb")),
-    (Gpu("H100 NVL 94GB", 95830), ("h100nvl", "h100nvl94gb")),
-    (Gpu("H200 141GB", 143771), ("h200", "h200141gb", "h200141gbhbm3e", "h200sxm", "h200nvl")),
-    (Gpu("H20 96GB", 97871), ("h20", "h2096gb")),
-    (Gpu("B200 180GB", 183359), ("b200", "b200180gb")),
-    (Gpu("A100 40GB", 40960), ("a10040gb", "a100sxm440gb", "a100pcie40gb")),
-    (Gpu("A100 80GB", 81920), ("a100", "a10080gb", "a100sxm480gb", "a100pcie80gb")),
-    (Gpu("L40S 48GB", 46068), ("l40s", "l40s48gb")),
-    (Gpu("L4 24GB", 23034), ("l4", "l424gb")),
-    (Gpu("A10G 24GB", 23028), ("a10g",)),
-    (Gpu("MI300X 192GB", 196592, "amd"), ("mi300x", "amdinstinctmi300x", "instinctmi300x")),
+_TABLE: tuple[tuple[GpuModel, tuple[str, ...]], ...] = (
+    (GpuModel("H100 80GB", 81559), ("h100", "h10080gb", "h10080gbhbm3", "h100sxm", "h100sxm580gb", "h100pcie", "h100pcie80gb")),
+    (GpuModel("H100 NVL 94GB", 95830), ("h100nvl", "h100nvl94gb")),
+    (GpuModel("H200 141GB", 143771), ("h200", "h200141gb", "h200141gbhbm3e", "h200sxm", "h200nvl")),
+    (GpuModel("H20 96GB", 97871), ("h20", "h2096gb")),
+    (GpuModel("B200 180GB", 183359), ("b200", "b200180gb")),
+    (GpuModel("A100 40GB", 40960), ("a10040gb", "a100sxm440gb", "a100pcie40gb")),
+    (GpuModel("A100 80GB", 81920), ("a100", "a10080gb", "a100sxm480gb", "a100pcie80gb")),
+    (GpuModel("L40S 48GB", 46068), ("l40s", "l40s48gb")),
+    (GpuModel("L4 24GB", 23034), ("l4", "l424gb")),
+    (GpuModel("A10G 24GB", 23028), ("a10g",)),
+    (GpuModel("MI300X 192GB", 196592, "amd"), ("mi300x", "amdinstinctmi300x", "instinctmi300x")),
 )
 
 
@@ -54,7 +54,7 @@ def known_names() -> list[str]:
     return [g.name for g, _ in _TABLE]
 
 
-def lookup(name: str) -> Gpu | None:
+def lookup(name: str) -> GpuModel | None:
     key = _norm(name)
     for gpu, spellings in _TABLE:
         if key == _norm(gpu.name) or key in spellings:
@@ -62,7 +62,7 @@ def lookup(name: str) -> Gpu | None:
     return None
 
 
-def require(name: str, where: str) -> Gpu:
+def require(name: str, where: str) -> GpuModel:
     gpu = lookup(name)
     if gpu is None:
         raise ReviewError(

@@ -9,12 +9,12 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
+from kvpreflight.check_plan import CheckPlan
 from kvpreflight.clock import utc_now
 from kvpreflight.engines import EngineError, HttpClient
 from kvpreflight.engines.interface import EngineAdapter, LogSignal
 from kvpreflight.errors import ConfigError
 from kvpreflight.model import EngineSnapshot, Status
-from kvpreflight.plan import CheckPlan
 from kvpreflight.probes.capacity import deployment_limits
 from kvpreflight.probes.engine_state import EngineState
 from kvpreflight.routers import RouterListing, router_class
@@ -135,9 +135,9 @@ class Watcher:
 
         findings: list[Finding] = []
         missing: list[str] = []
-        settings = CanarySettings(timeout_s=plan.timeout_s, base_headers=plan.headers, tenant_headers=plan.tenant_headers,
-                                  salted=plan.tenant_binding is None, ca_bundle=plan.ca_bundle,
-                                  client_cert=plan.client_cert, client_key=plan.client_key)
+        settings = CanarySettings(timeout_s=plan.timeout_s, base_headers=plan.auth.headers, tenant_headers=plan.auth.tenant_headers,
+                                  salted=plan.auth.tenant_binding is None, ca_bundle=plan.auth.ca_bundle,
+                                  client_cert=plan.auth.client_cert, client_key=plan.auth.client_key)
         for entry_url, group in _groups(plan, snapshots):
             entry = entry_adapter(plan, entry_url, group, client)
             if entry is None:

@@ -11,8 +11,8 @@ import pytest
 from kvpreflight.builtin_engine.config import (
     FAULTS,
     FAULTS_ENV,
-    EngineConfigError,
     Fault,
+    ServeConfigError,
     faults_from_env,
     parse_faults,
     parse_role,
@@ -51,7 +51,7 @@ def test_fault_names_are_the_cli_and_environment_spellings():
     (["auto-truncate", "typo-fault"], FAULTS_ENV, f"{FAULTS_ENV} names unknown fault typo-fault; known: "),
 ])
 def test_unknown_fault_is_one_line_naming_where_it_came_from(names, source, message):
-    with pytest.raises(EngineConfigError) as caught:
+    with pytest.raises(ServeConfigError) as caught:
         parse_faults(names, source)
     assert str(caught.value).startswith(message) and "\n" not in str(caught.value)
 
@@ -62,14 +62,14 @@ def test_pd_waits_read_sglangs_variables_per_role():
     assert pd_wait_from_env(ProcessRole.DECODE, env) == 7.5
     assert pd_wait_from_env(ProcessRole.DECODE, {}) == 60.0
     for bad in ("0", "-3", "soon", "nan", "1e9"):
-        with pytest.raises(EngineConfigError) as caught:
+        with pytest.raises(ServeConfigError) as caught:
             pd_wait_from_env(ProcessRole.DECODE, {"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": bad})
         assert str(caught.value).startswith(f"SGLANG_DISAGGREGATION_WAITING_TIMEOUT={bad!r} is not a number of seconds")
 
 
 def test_roles_are_process_roles():
     assert [parse_role(r.value) for r in ProcessRole] == list(ProcessRole)
-    with pytest.raises(EngineConfigError, match=r"^--role 'leader' is not one of unified, prefill, decode, router$"):
+    with pytest.raises(ServeConfigError, match=r"^--role 'leader' is not one of unified, prefill, decode, router$"):
         parse_role("leader")
 
 

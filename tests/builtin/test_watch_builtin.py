@@ -22,7 +22,7 @@ import yaml
 from support.cli import invoke
 from support.consumers import run_consumer
 
-from kvpreflight.boot.plan import free_port
+from kvpreflight.boot.launch import free_port
 from kvpreflight.builtin_engine.testbed import PDTrio, pd_trio, start_engine, stop_engine
 
 REPO = Path(__file__).resolve().parents[2]

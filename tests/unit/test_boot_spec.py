@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from kvpreflight.boot import BootError, load_spec, parse_spec
-from kvpreflight.boot import plan as plan_module
-from kvpreflight.boot.plan import plan_deployment
+from kvpreflight.boot import launch as plan_module
+from kvpreflight.boot.launch import plan_deployment
 from kvpreflight.boot.spec import PLACEHOLDER
 
 EXAMPLES = sorted((Path(__file__).parents[2] / "examples" / "specs").glob("*.yaml"))
@@ -37,7 +37,7 @@ def test_examples_ship_for_every_engine_kind():
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
 def test_every_example_parses_and_plans(path, monkeypatch):
-    monkeypatch.setattr("kvpreflight.boot.plan.port_in_use", lambda port, host="127.0.0.1": False)
+    monkeypatch.setattr("kvpreflight.boot.launch.port_in_use", lambda port, host="127.0.0.1": False)
     parsed = load_spec(path)
     plan = plan_deployment(parsed)
     assert parsed.deployment and parsed.engines
@@ -49,7 +49,7 @@ def test_every_example_parses_and_plans(path, monkeypatch):
 
 
 def test_sglang_pd_example_is_the_incident_shape(monkeypatch):
-    monkeypatch.setattr("kvpreflight.boot.plan.port_in_use", lambda port, host="127.0.0.1": False)
+    monkeypatch.setattr("kvpreflight.boot.launch.port_in_use", lambda port, host="127.0.0.1": False)
     parsed = load_spec(next(p for p in EXAMPLES if p.name == "sglang-pd-8gpu.yaml"))
     prefill, decode, router = parsed.engines
     assert (prefill.role, decode.role, router.role) == ("prefill", "decode", "router")
@@ -63,7 +63,7 @@ def test_sglang_pd_example_is_the_incident_shape(monkeypatch):
 
 
 def test_vllm_pd_example_runs_nixl_producer_and_consumer_behind_vllm_router(monkeypatch):
-    monkeypatch.setattr("kvpreflight.boot.plan.port_in_use", lambda port, host="127.0.0.1": False)
+    monkeypatch.setattr("kvpreflight.boot.launch.port_in_use", lambda port, host="127.0.0.1": False)
     parsed = load_spec(next(p for p in EXAMPLES if p.name == "vllm-pd-nixl.yaml"))
     launch = {e.name: e for e in plan_deployment(parsed).engines}
     assert parsed.entry == "router" and parsed.context_length == 1024

@@ -10,9 +10,9 @@ from dataclasses import replace
 import pytest
 from support.fake_adapter import FakeEngine, Sent, snapshot
 
+from kvpreflight.check_plan import CheckPlan
 from kvpreflight.model import Completion, Report, Status
 from kvpreflight.pipeline import preview, run_check
-from kvpreflight.plan import CheckPlan
 from kvpreflight.probes.budget import SLACK, TINY_TOKENS, Budget, PlannedRequest, Speed
 from kvpreflight.probes.results import Expect
 from kvpreflight.targets import Target

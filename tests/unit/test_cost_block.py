@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from support.fake_adapter import FakeEngine, snapshot
 
+from kvpreflight.check_plan import CheckPlan
 from kvpreflight.formats import get_format
 from kvpreflight.model import Report
 from kvpreflight.pipeline import run_check
-from kvpreflight.plan import CheckPlan
 from kvpreflight.targets import Target
 
 

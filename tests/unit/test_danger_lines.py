@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from support.fake_adapter import FakeEngine, Sent, snapshot
 
+from kvpreflight.check_plan import CheckPlan
 from kvpreflight.model import Completion, Status
 from kvpreflight.pipeline import run_check
-from kvpreflight.plan import CheckPlan
 from kvpreflight.probes import isolation
 from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN, Departure, RawTarget
 from kvpreflight.targets import Target

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 import pytest
 
+from kvpreflight.check_options import CheckArgs, build_plan
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
 from kvpreflight.checks.prefix_cache_isolation import GENERIC_FIX
-from kvpreflight.commands.plan_options import CheckArgs, build_plan
 from kvpreflight.errors import UsageError
 from kvpreflight.model import Completion, EngineSnapshot, ErrorKind, Hazard, Role, Status, Waiver
 from kvpreflight.probes.markers import contains_marker, new_marker
@@ -328,13 +328,13 @@ def test_tenant_keys_come_from_the_environment_and_bind_the_tenants(monkeypatch)
     monkeypatch.setenv("KEY_A", "secret-a")
     monkeypatch.setenv("KEY_B", "secret-b")
     plan = build_plan(tenant_args("KEY_A", "KEY_B", "X-Tenant"))
-    a, b = plan.tenant_headers
+    a, b = plan.auth.tenant_headers
     assert a == {"Authorization": "Bearer secret-a", "X-Tenant": "a"} and b["X-Tenant"] == "b"
-    binding = plan.tenant_binding
+    binding = plan.auth.tenant_binding
     assert binding and "secret" not in binding and "$KEY_A" in binding and "X-Tenant" in binding
     assert {"secret-a", "secret-b"} <= plan.auth.secrets
     plain = build_plan(tenant_args(None, None, None))
-    assert plain.tenant_headers == ({}, {}) and plain.tenant_binding is None
+    assert plain.auth.tenant_headers == ({}, {}) and plain.auth.tenant_binding is None
 
 
 def tenant_args(a: str | None, b: str | None, header: str | None) -> CheckArgs:

@@ -19,7 +19,7 @@ from kvpreflight.probes.budget import Budget
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, deployment_limits
 from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN, Departure, RawTarget
 from kvpreflight.probes.isolation import IsolationSettings, run_isolation
-from kvpreflight.probes.isolation_plan import IsolationSizes
+from kvpreflight.probes.isolation_sizes import IsolationSizes
 from kvpreflight.probes.results import (
     CacheProbeKind,
     DangerLine,

@@ -28,11 +28,11 @@ class _Terminal(io.StringIO):
 
 
 def test_on_a_terminal_the_boot_steps_are_drawn_on_the_live_line_not_under_it():
-    from kvpreflight.boot.progress import Progress
+    from kvpreflight.boot.progress import BootProgress
 
     terminal, stderr = _Terminal(), io.StringIO()
     with progress_to_stderr("kvpreflight", terminal, environ={"TERM": "xterm"}) as show:
-        boot = Progress(stderr, scrub=lambda text: text.replace("sk-live-0123", "***"), say=show)
+        boot = BootProgress(stderr, scrub=lambda text: text.replace("sk-live-0123", "***"), say=show)
         boot.say("started prefill pid 41 sk-live-0123")
         time.sleep(0.4)  # rich redraws the live line several times a second
     out = terminal.getvalue()
@@ -47,9 +47,9 @@ def test_check_boot_hands_its_progress_to_the_boot(monkeypatch, tmp_path):
 
     import kvpreflight.boot
     from kvpreflight import preflight
+    from kvpreflight.check_plan import CheckPlan
     from kvpreflight.demo import BuiltinDeployment, demo_spec
     from kvpreflight.errors import NotMeasured
-    from kvpreflight.plan import CheckPlan
 
     @contextlib.contextmanager
     def boot_deployment(spec, log_dir, *, secrets=(), say=None):

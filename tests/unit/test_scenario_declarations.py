@@ -16,7 +16,7 @@ from kvpreflight.engines.http import HttpClient
 from kvpreflight.probes import scenarios
 from kvpreflight.probes.budget import Budget
 from kvpreflight.probes.isolation import IsolationSettings, run_isolation
-from kvpreflight.probes.isolation_plan import IsolationSizes
+from kvpreflight.probes.isolation_sizes import IsolationSizes
 from kvpreflight.probes.results import Limits, ScenarioName, Tenant
 from kvpreflight.probes.session import ProbeSession
 
@@ -76,10 +76,10 @@ def test_one_changed_scenario_entry_changes_both_the_plan_and_what_the_prober_se
 def test_the_plan_counts_each_declared_request_once_and_the_carried_scenarios_none():
     sizes = IsolationSizes.of(LIMITS, [snapshot(URL)], 2)
     declared = scenarios.declared(sizes)
-    plan = scenarios.isolation_plan(sizes, churn=True, timing_samples=0)
+    plan = scenarios.isolation_sizes(sizes, churn=True, timing_samples=0)
     for spec in declared:
         own = [p for p in plan if p.name == spec.name]
         sent = sum(len(step.requests) for step in spec.steps)
         assert sum(p.concurrent for p in own) == (0 if spec.carried_by else sent), spec.name
-    without_churn = scenarios.isolation_plan(sizes, churn=False, timing_samples=0)
+    without_churn = scenarios.isolation_sizes(sizes, churn=False, timing_samples=0)
     assert {p.name for p in without_churn} == {ScenarioName.NORMAL, ScenarioName.OVER_CAPACITY, "prefix-cache"}

@@ -17,9 +17,9 @@ import pytest
 from support.cli import invoke
 from support.fake_adapter import FakeAdapter, FakeEngine, snapshot
 
+from kvpreflight.check_plan import CheckPlan
 from kvpreflight.engines.interface import retry_after
 from kvpreflight.model import Completion, Role
-from kvpreflight.plan import CheckPlan
 from kvpreflight.targets import Target
 from kvpreflight.watch.budget import BudgetPlan, HourlySpend
 from kvpreflight.watch.canaries import SYNTHETIC_HEADER

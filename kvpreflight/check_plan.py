@@ -29,7 +29,7 @@ class CheckPlan:
     capacity_only: bool = False
     timeout_s: float = 30.0
     deadline_s: float | None = None
-    max_context_equivalents: float | None = None  # refuse (exit 2) a probe plan that submits more  # the whole check; None: derived from the measured speed (probes/budget.py)
+    max_context_equivalents: float | None = None  # refuse (exit 2) a probe plan that submits more prompt tokens than this many contexts
     concurrency: int | None = None
     timing_samples: int | None = None  # per kind, for the prefix-cache timing audit; None: the probe's default
     accepted_tokens_per_second: float | None = None
@@ -39,31 +39,6 @@ class CheckPlan:
     known_markers: frozenset[str] = frozenset()  # another tenant's markers planted on purpose (demo)
     gpus: tuple[Mapping[str, Any], ...] = ()
     booted: bool = False  # kvpreflight started the engines itself (boot mode, demo)
-
-    # The flat names the pipeline reads.
-    @property
-    def headers(self) -> Mapping[str, str]:
-        return self.auth.headers
-
-    @property
-    def ca_bundle(self) -> str | None:
-        return self.auth.ca_bundle
-
-    @property
-    def client_cert(self) -> str | None:
-        return self.auth.client_cert
-
-    @property
-    def client_key(self) -> str | None:
-        return self.auth.client_key
-
-    @property
-    def tenant_headers(self) -> tuple[Mapping[str, str], Mapping[str, str]]:
-        return self.auth.tenant_headers
-
-    @property
-    def tenant_binding(self) -> str | None:
-        return self.auth.tenant_binding
 
 
 @dataclass(frozen=True, kw_only=True)

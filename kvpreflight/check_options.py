@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from kvpreflight.check_plan import CheckPlan, OutputPlan
 from kvpreflight.errors import ConfigError, naming
 from kvpreflight.files import FileKind, check_file, check_private, check_writable
 from kvpreflight.model import EntryApi
-from kvpreflight.plan import CheckPlan, OutputPlan
 
 # Two samples of 7 can differ at best with a Kolmogorov-Smirnov p of 2/C(14,7) = 0.00058 (8: 0.00016);
 # above 1,000 the audit costs more than any deployment check should.
