@@ -1,28 +1,59 @@
-"""Turns `check`'s (and `demo`'s) option values into a `CheckPlan` and an `OutputPlan`.
+"""The one option model of a check: `CheckOptions` (every option as a user gives it, unparsed)
+and `build_plan`, which owns every rule between them and turns them into a `CheckPlan`.
 
-The parsing itself is the library's (`kvpreflight.targets`, `kvpreflight.preflight`); this module
-only says which flag each value came from, so an error reads "--endpoint: 'ftp://x' is not ...".
+The CLI (`check`, `watch`, `demo`), the fleet inventory's `attach:` entries and the library all
+build plans here; only the way an error names an option differs (`Label`): the CLI says
+"--endpoint", an inventory "fleet.yaml: deployments[2].attach.endpoints". A new option is one
+field of `CheckOptions` (and one typer parameter in `commands/options.py`); an inventory accepts
+it with no other edit (`kvpreflight.fleet.inventory` reads the fields).
 """
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from kvpreflight.check_plan import CheckPlan, OutputPlan
 from kvpreflight.errors import ConfigError, naming
 from kvpreflight.files import FileKind, check_file, check_private, check_writable
 from kvpreflight.model import EntryApi
 
+__all__ = ["CheckOptions", "Label", "build_output", "build_plan", "check_fields", "flag", "options_from", "under"]
+
 # Two samples of 7 can differ at best with a Kolmogorov-Smirnov p of 2/C(14,7) = 0.00058 (8: 0.00016);
 # above 1,000 the audit costs more than any deployment check should.
 MIN_TIMING_SAMPLES = 8
 MAX_TIMING_SAMPLES = 1000
 
+# A CheckOptions field -> how an error names it ("--endpoint", "fleet.yaml: deployments[0].attach.endpoints").
+Label = Callable[[str], str]
+
+# The flags whose name is not the field's (a list field's flag is singular: it is repeated).
+_FLAGS = {"endpoints": "--endpoint", "logs": "--log", "headers": "--header", "secret_headers": "--secret-header",
+          "skips": "--skip", "reasons": "--reason", "untils": "--until"}
+# Options that are the deployment's waivers: an inventory gives them as its `skip:` list.
+WAIVER_FIELDS = ("skips", "reasons", "untils")
+
+
+def flag(field: str) -> str:
+    """The command-line flag of a CheckOptions field."""
+    return _FLAGS.get(field, "--" + field.replace("_", "-"))
+
+
+def under(where: str) -> Label:
+    """Names fields as a YAML file does: `under("fleet.yaml: deployments[0].attach")`."""
+    return lambda field: f"{where}.{field}"
+
 
 @dataclass(frozen=True, kw_only=True)
-class CheckArgs:
-    """`check`'s options as typed on the command line, unparsed."""
+class CheckOptions:
+    """`check`'s options as a user gives them (flags, an inventory's attach entry), unparsed.
+
+    Files and environment variables are only named here; `build_plan` reads them, so the options
+    can travel to the node that runs the check (a fleet's Ray worker) and be read there."""
 
     endpoints: tuple[str, ...] = ()
     entry: str | None = None
@@ -30,10 +61,10 @@ class CheckArgs:
     engine: str = "auto"
     model: str | None = None
     context_length: int | None = None
-    logs: tuple[str, ...] = ()
+    logs: tuple[str, ...] = ()  # URL=PATH
     api_key_env: str | None = None
     api_key_file: Path | None = None
-    headers: tuple[str, ...] = ()
+    headers: tuple[str, ...] = ()  # 'Name: value'
     secret_headers: tuple[str, ...] = ()  # names of headers whose values are secrets
     ca_bundle: Path | None = None
     client_cert: Path | None = None
@@ -48,7 +79,7 @@ class CheckArgs:
     max_context_equivalents: float | None = None
     concurrency: int | None = None
     timing_samples: int | None = None
-    accepted_tps: float | None = None
+    accepted_tokens_per_second: float | None = None
     advisories: tuple[Path, ...] = ()
     tenant_a_key_env: str | None = None
     tenant_b_key_env: str | None = None
@@ -56,105 +87,144 @@ class CheckArgs:
     allow_disruptive: bool = False
 
 
-def build_plan(args: CheckArgs, *, booted: bool = False) -> CheckPlan:
-    """The validated plan. With `booted`, targets come later from the booted deployment."""
+def options_from(values: Mapping[str, Any], **fixed: Any) -> CheckOptions:
+    """CheckOptions from a command's parameters (named as the fields; typer's None for an unused
+    repeatable option is the empty tuple), plus `fixed` values the command decides itself."""
+    given: dict[str, Any] = {}
+    for f in dataclasses.fields(CheckOptions):
+        if f.name in values:
+            value = values[f.name]
+            given[f.name] = tuple(value or ()) if isinstance(f.default, tuple) else value
+    return CheckOptions(**{**given, **fixed})
+
+
+def check_fields(options: CheckOptions, label: Label = flag) -> None:
+    """Every rule that needs no file and no environment variable: URLs, names, numbers, and the
+    rules between options. An inventory runs it where it is parsed; `build_plan` runs it first."""
     from kvpreflight import targets as t
-    from kvpreflight.checks import CHECK_IDS
+    from kvpreflight.check_ids import CHECK_IDS
     from kvpreflight.engines import ENGINES
+
+    with naming(label("endpoints")):
+        endpoints = t.parse_endpoints(options.endpoints)
+    with naming(label("entry")):
+        entry = t.parse_url(options.entry) if options.entry else None
+    if options.engine != "auto" and options.engine not in ENGINES:
+        raise ConfigError(f"{label('engine')} {options.engine!r}: choose auto or one of {', '.join(ENGINES)}")
+    _entry_api(options.entry_api, entry, label)
+    for name in ("context_length", "timeout", "deadline", "max_context_equivalents", "concurrency", "accepted_tokens_per_second"):
+        with naming(label(name)):
+            t.positive(getattr(options, name))
+    if options.timing_samples is not None and not MIN_TIMING_SAMPLES <= options.timing_samples <= MAX_TIMING_SAMPLES:
+        raise ConfigError(f"{label('timing_samples')} {options.timing_samples}: give {MIN_TIMING_SAMPLES} to {MAX_TIMING_SAMPLES} "
+                          "(fewer samples can never reach the audit's p < 0.001)")
+    if options.client_key is not None and options.client_cert is None:
+        raise ConfigError(f"{label('client_key')} needs {label('client_cert')} (the certificate it belongs to)")
+    with naming(label("logs")):
+        for text in options.logs:
+            # Without endpoints the router names the engines: any URL may be one of them.
+            t.parse_log(text, [*(e.url for e in endpoints), *([entry] if entry else [])] if endpoints else None)
+    with naming(label("headers")):
+        for text in options.headers:
+            t.parse_header(text)
+    if options.api_key_env and options.api_key_file:
+        raise ConfigError(f"{label('api_key_env')} and {label('api_key_file')} both given; pass one")
+    a_env, b_env = options.tenant_a_key_env, options.tenant_b_key_env
+    if bool(a_env) != bool(b_env):
+        raise ConfigError(f"{label('tenant_a_key_env')} and {label('tenant_b_key_env')} go together: give both tenants their own key")
+    if a_env and a_env == b_env:
+        raise ConfigError(f"{label('tenant_a_key_env')} and {label('tenant_b_key_env')} name the same variable; "
+                          "the tenants need different keys")
+    if options.tenant_header is not None:
+        with naming(label("tenant_header")):
+            t.tenant_auth(None, None, options.tenant_header)
+    if len(options.skips) != len(options.reasons):
+        raise ConfigError(f"every {label('skips')} CHECK_ID needs its own {label('reasons')} TEXT (no reason, no skip)")
+    if options.untils and len(options.untils) != len(options.skips):
+        raise ConfigError(f"{label('untils')} DATE goes with each {label('skips')} (one per skip, in the same order), or with none")
+    untils: tuple[str | None, ...] = options.untils or (None,) * len(options.skips)
+    with naming(label("skips")):
+        for c, r, u in zip(options.skips, options.reasons, untils, strict=True):
+            t.parse_waiver(c, r, CHECK_IDS, u)
+
+
+def build_plan(options: CheckOptions, *, booted: bool = False, label: Label = flag) -> CheckPlan:
+    """The validated plan: `check_fields`, then the files and environment variables the options
+    name are read (keys, tenant keys, certificates, logs). With `booted`, targets come later from
+    the booted deployment."""
+    from kvpreflight import targets as t
+    from kvpreflight.check_ids import CHECK_IDS
+    from kvpreflight.redact import secrets_of
     from kvpreflight.targets import Auth
 
-    with naming("--endpoint"):
-        endpoints = t.parse_endpoints(args.endpoints)
-    with naming("--entry"):
-        entry = t.parse_url(args.entry) if args.entry else None
-    if args.engine != "auto" and args.engine not in ENGINES:
-        raise ConfigError(f"--engine {args.engine!r}: choose auto or one of {', '.join(ENGINES)}")
-    for flag, value in (("--context-length", args.context_length), ("--timeout", args.timeout), ("--deadline", args.deadline),
-                        ("--max-context-equivalents", args.max_context_equivalents),
-                        ("--concurrency", args.concurrency), ("--accepted-tokens-per-second", args.accepted_tps)):
-        with naming(flag):
-            t.positive(value)
-    if args.timing_samples is not None and not MIN_TIMING_SAMPLES <= args.timing_samples <= MAX_TIMING_SAMPLES:
-        raise ConfigError(f"--timing-samples {args.timing_samples}: give {MIN_TIMING_SAMPLES} to {MAX_TIMING_SAMPLES} (fewer "
-                          "samples can never reach the audit's p < 0.001)")
-    if args.ca_bundle is not None:
-        with naming("--ca-bundle"):
-            check_file(args.ca_bundle, FileKind.CERTIFICATE)
-    if args.client_key is not None and args.client_cert is None:
-        raise ConfigError("--client-key needs --client-cert (the certificate it belongs to)")
-    if args.client_cert is not None:
-        from kvpreflight.engines.http import HttpClient
+    check_fields(options, label)
+    endpoints = t.parse_endpoints(options.endpoints)
+    entry = t.parse_url(options.entry) if options.entry else None
+    if options.ca_bundle is not None:
+        with naming(label("ca_bundle")):
+            check_file(options.ca_bundle, FileKind.CERTIFICATE)
+    if options.client_cert is not None:
+        from kvpreflight.engines.http import client_certificate
 
-        # Loads and matches the files now (exit 2 naming the flag, never the path or contents).
-        HttpClient(client_cert=str(args.client_cert), client_key=str(args.client_key) if args.client_key else None).close()
-        flag, key_file = ("--client-key", args.client_key) if args.client_key else ("--client-cert", args.client_cert)
-        with naming(flag):
-            check_private(key_file, "the private key", allow_insecure=args.allow_insecure_key)
-    for folder in args.advisories:
+        # Loads and matches the files now (exit 2 naming the option, never the path or contents).
+        client_certificate(str(options.client_cert), str(options.client_key) if options.client_key else None,
+                           names=(label("client_cert"), label("client_key")))
+        name, key_file = ("client_key", options.client_key) if options.client_key else ("client_cert", options.client_cert)
+        with naming(label(name)):
+            check_private(key_file, "the private key", allow_insecure=options.allow_insecure_key)
+    for folder in options.advisories:
         if not folder.is_dir():
-            raise ConfigError(f"--advisories {folder}: not a folder")
+            raise ConfigError(f"{label('advisories')} {folder}: not a folder")
     logs = {}
-    with naming("--log"):
-        for text in args.logs:
-            # Without --endpoint the router names the engines: any URL may be one of them.
+    with naming(label("logs")):
+        for text in options.logs:
             known = [*(e.url for e in endpoints), *([entry] if entry else [])] if endpoints else None
             url, path = t.parse_log(text, known)
             check_file(path, FileKind.LOG, whole=False)  # read at the first snapshot: refuse a pipe now
             logs[url] = path
     headers: dict[str, str] = {}
     secrets: set[str] = set()
-    secret_headers = {n.strip().lower() for n in args.secret_headers}
-    with naming("--header"):
-        for text in args.headers:
+    secret_headers = {n.strip().lower() for n in options.secret_headers}
+    with naming(label("headers")):
+        for text in options.headers:
             header_name, header_value = t.parse_header(text)
             headers[header_name] = header_value
             if t.SECRET_HEADER.search(header_name) or header_name.lower() in secret_headers:
                 secrets.add(t.checked_secret(header_value, f"the value of header {header_name}"))
-    if args.api_key_env and args.api_key_file:
-        raise ConfigError("--api-key-env and --api-key-file both given; pass one")
     key = None
-    if args.api_key_env:
-        with naming(f"--api-key-env {args.api_key_env}"):
-            key = t.secret_from_env(args.api_key_env)
-    elif args.api_key_file:
-        with naming("--api-key-file"):
-            key = t.secret_from_file(args.api_key_file)
+    if options.api_key_env:
+        with naming(f"{label('api_key_env')} {options.api_key_env}"):
+            key = t.secret_from_env(options.api_key_env)
+    elif options.api_key_file:
+        with naming(label("api_key_file")):
+            key = t.secret_from_file(options.api_key_file)
     if key:
         headers["Authorization"] = f"Bearer {key}"
         secrets.add(key)
-    if bool(args.tenant_a_key_env) != bool(args.tenant_b_key_env):
-        raise ConfigError("--tenant-a-key-env and --tenant-b-key-env go together: give both tenants their own key")
-    if args.tenant_a_key_env and args.tenant_a_key_env == args.tenant_b_key_env:
-        raise ConfigError("--tenant-a-key-env and --tenant-b-key-env name the same variable; the tenants need different keys")
     tenant_keys: list[str | None] = []
-    for flag, env_name in (("--tenant-a-key-env", args.tenant_a_key_env), ("--tenant-b-key-env", args.tenant_b_key_env)):
-        with naming(f"{flag} {env_name}"):
+    for name, env_name in (("tenant_a_key_env", options.tenant_a_key_env), ("tenant_b_key_env", options.tenant_b_key_env)):
+        with naming(f"{label(name)} {env_name}"):
             tenant_keys.append(t.secret_from_env(env_name) if env_name else None)
     secrets.update(k for k in tenant_keys if k)
-    with naming("--tenant-a-key-env/--tenant-b-key-env/--tenant-header"):
+    with naming(f"{label('tenant_a_key_env')}/{label('tenant_b_key_env')}/{label('tenant_header')}"):
         tenant_headers, binding = t.tenant_auth(
-            tenant_keys[0], tenant_keys[1], args.tenant_header,
-            key_names=(f"${args.tenant_a_key_env}", f"${args.tenant_b_key_env}"))
-    if len(args.skips) != len(args.reasons):
-        raise ConfigError("every --skip CHECK_ID needs its own --reason TEXT (no reason, no skip)")
-    if args.untils and len(args.untils) != len(args.skips):
-        raise ConfigError("--until DATE goes with each --skip (one per --skip, in the same order), or with none")
-    untils: tuple[str | None, ...] = args.untils or (None,) * len(args.skips)
-    with naming("--skip"):
-        waivers = tuple(t.parse_waiver(c, r, CHECK_IDS, u) for c, r, u in zip(args.skips, args.reasons, untils, strict=True))
-    from kvpreflight.redact import secrets_of
-
+            tenant_keys[0], tenant_keys[1], options.tenant_header,
+            key_names=(f"${options.tenant_a_key_env}", f"${options.tenant_b_key_env}"))
+    untils: tuple[str | None, ...] = options.untils or (None,) * len(options.skips)
+    waivers = tuple(t.parse_waiver(c, r, CHECK_IDS, u) for c, r, u in zip(options.skips, options.reasons, untils, strict=True))
     all_secrets = secrets_of(values=secrets, headers=[*headers.items(), *tenant_headers[0].items(), *tenant_headers[1].items()],
                              urls=[*(e.url for e in endpoints), entry])
     return CheckPlan(
-        targets=endpoints, entry=entry, entry_api=_entry_api(args.entry_api, entry), engine=args.engine, model=args.model, context_length=args.context_length,
-        logs=logs, auth=Auth(headers=headers, ca_bundle=str(args.ca_bundle) if args.ca_bundle else None,
-                             client_cert=str(args.client_cert) if args.client_cert else None,
-                             client_key=str(args.client_key) if args.client_key else None,
-                             tenant_headers=tenant_headers, tenant_binding=binding, secrets=all_secrets),
-        capacity_only=args.capacity_only, timeout_s=args.timeout, deadline_s=args.deadline, max_context_equivalents=args.max_context_equivalents, concurrency=args.concurrency,
-        timing_samples=args.timing_samples, accepted_tokens_per_second=args.accepted_tps, allow_disruptive=args.allow_disruptive, waivers=waivers,
-        advisory_dirs=args.advisories, booted=booted,
+        targets=endpoints, entry=entry, entry_api=EntryApi(options.entry_api), engine=options.engine, model=options.model,
+        context_length=options.context_length, logs=logs,
+        auth=Auth(headers=headers, ca_bundle=str(options.ca_bundle) if options.ca_bundle else None,
+                  client_cert=str(options.client_cert) if options.client_cert else None,
+                  client_key=str(options.client_key) if options.client_key else None,
+                  tenant_headers=tenant_headers, tenant_binding=binding, secrets=all_secrets),
+        capacity_only=options.capacity_only, timeout_s=options.timeout, deadline_s=options.deadline,
+        max_context_equivalents=options.max_context_equivalents, concurrency=options.concurrency,
+        timing_samples=options.timing_samples, accepted_tokens_per_second=options.accepted_tokens_per_second,
+        allow_disruptive=options.allow_disruptive, waivers=waivers, advisory_dirs=options.advisories, booted=booted,
     )
 
 
@@ -186,11 +256,11 @@ def build_output(*, fmt: str | None, output: Path | None, record: Path | None, s
     return OutputPlan(format=fmt or "table", path=output, record=record_plan, name=name, spec=spec, quiet=quiet)
 
 
-def _entry_api(text: str, entry: str | None) -> EntryApi:
+def _entry_api(text: str, entry: str | None, label: Label) -> EntryApi:
     try:
         api = EntryApi(text)
     except ValueError:
-        raise ConfigError(f"--entry-api {text!r}: choose one of {', '.join(a.value for a in EntryApi)}") from None
+        raise ConfigError(f"{label('entry_api')} {text!r}: choose one of {', '.join(a.value for a in EntryApi)}") from None
     if api is EntryApi.OPENAI and entry is None:
-        raise ConfigError("--entry-api openai names the API of the --entry URL; add --entry URL (the gateway)")
+        raise ConfigError(f"{label('entry_api')} openai names the API of the {label('entry')} URL; add {label('entry')} URL (the gateway)")
     return api

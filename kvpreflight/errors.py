@@ -45,9 +45,6 @@ class ConfigError(KvpreflightError):
     exit_code = 2
 
 
-# The historical name, kept for readers of older code: a usage error is a configuration error.
-UsageError = ConfigError
-
 
 class NotMeasured(KvpreflightError):
     """Something could not be measured (exit 3): never a pass."""

@@ -33,10 +33,10 @@ def register(app: typer.Typer) -> None:
         import sys
 
         from kvpreflight.checks.advisory_data import ENGINES, load_advisories
-        from kvpreflight.errors import UsageError
+        from kvpreflight.errors import ConfigError
 
         if engine is not None and engine not in ENGINES:
-            raise UsageError(f"--engine {engine!r}: use one of {', '.join(ENGINES)}")
+            raise ConfigError(f"--engine {engine!r}: use one of {', '.join(ENGINES)}")
         found = [a for a in load_advisories(tuple(advisories or ())) if engine is None or a.engine == engine]
         if format is AdvisoriesFormat.json:
             sys.stdout.write(json.dumps([a.as_dict() for a in found], indent=2) + "\n")

@@ -12,16 +12,14 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from kvpreflight.engine_kinds import engine_kinds
+from kvpreflight.commands import options
 from kvpreflight.formats import FORMATS
-from kvpreflight.model import AUTO_ENGINE
 
 if TYPE_CHECKING:
     from kvpreflight.boot.spec import DeploymentSpec
     from kvpreflight.check_plan import CheckPlan
     from kvpreflight.model import Report
 
-ENGINE_HELP = ", ".join([AUTO_ENGINE, *engine_kinds()])
 FORMAT_HELP = ", ".join(FORMATS)
 
 
@@ -45,28 +43,28 @@ def progress(message: str) -> None:
 def register(app: typer.Typer) -> None:
     @app.command("check", epilog=CHECK_EXAMPLES)
     def check(
-        endpoint: list[str] | None = typer.Option(None, "--endpoint", metavar="URL|ROLE=URL", rich_help_panel="Target", help="Engine URL, or ROLE=URL (prefill, decode, unified) to override the role it reports. Repeatable."),
-        entry_api: str = typer.Option("native", "--entry-api", metavar="native|openai", rich_help_panel="Target", help="The routes the --entry serves: the engines' own, or only the OpenAI API (a gateway such as the LiteLLM proxy; probes go to its /v1/completions naming the model the engines serve)."),
-        entry: str | None = typer.Option(None, "--entry", metavar="URL", rich_help_panel="Target", help="Client-facing URL (router, load balancer, gateway) where probes are sent. A router that lists its workers (builtin, smg, vllm-router) names the engines and their roles when no --endpoint is given. [default: each unified endpoint itself]"),
-        engine: str = typer.Option("auto", "--engine", metavar="NAME", rich_help_panel="Target", help=f"The engine kind: {ENGINE_HELP}; auto detects it from what the server answers."),
-        model: str | None = typer.Option(None, "--model", metavar="NAME", rich_help_panel="Target", help="Model name the engines must serve (and the OpenAI `model` field)."),
+        endpoints: list[str] | None = options.ENDPOINTS,
+        entry_api: str = options.ENTRY_API,
+        entry: str | None = options.ENTRY,
+        engine: str = options.ENGINE,
+        model: str | None = options.MODEL,
         context_length: int | None = typer.Option(None, "--context-length", metavar="N", rich_help_panel="Target", help="Context length promised to users; the larger of it and what the engine serves is checked. [default: what the engine serves]"),
-        log: list[str] | None = typer.Option(None, "--log", metavar="URL=PATH", rich_help_panel="Target", help="URL=PATH of an engine's start-up log (an independent capacity source). Repeatable."),
-        api_key_env: str | None = typer.Option(None, "--api-key-env", metavar="VAR", rich_help_panel="Target", help="Name of the environment variable holding the API key."),
-        api_key_file: Path | None = typer.Option(None, "--api-key-file", metavar="PATH", rich_help_panel="Target", help="File holding the API key."),
-        header: list[str] | None = typer.Option(None, "--header", metavar="'NAME: VALUE'", rich_help_panel="Target", help="Extra request header 'Name: value'. Repeatable."),
-        secret_header: list[str] | None = typer.Option(None, "--secret-header", metavar="NAME", rich_help_panel="Target", help="NAME of a --header whose value is a secret (kept out of every output; Authorization, *token*, *key*, cookies are already). Repeatable."),
-        ca_bundle: Path | None = typer.Option(None, "--ca-bundle", metavar="PATH", rich_help_panel="Target", help="CA bundle for engines behind TLS with a private CA."),
-        client_cert: Path | None = typer.Option(None, "--client-cert", metavar="PATH", rich_help_panel="Target", help="Client certificate (PEM) for gateways that require mutual TLS; the key may be inside it."),
-        client_key: Path | None = typer.Option(None, "--client-key", metavar="PATH", rich_help_panel="Target", help="Private key (PEM, unencrypted) for --client-cert."),
+        logs: list[str] | None = options.LOGS,
+        api_key_env: str | None = options.API_KEY_ENV,
+        api_key_file: Path | None = options.API_KEY_FILE,
+        headers: list[str] | None = options.HEADERS,
+        secret_headers: list[str] | None = options.SECRET_HEADERS,
+        ca_bundle: Path | None = options.CA_BUNDLE,
+        client_cert: Path | None = options.CLIENT_CERT,
+        client_key: Path | None = options.CLIENT_KEY,
         capacity_only: bool = typer.Option(False, "--capacity-only", rich_help_panel="Probes", help="Read-only: send no request (production endpoints under a change freeze)."),
-        tenant_a_key_env: str | None = typer.Option(None, "--tenant-a-key-env", metavar="VAR", rich_help_panel="Isolation", help="Environment variable holding synthetic tenant A's API key (isolation probes)."),
-        tenant_b_key_env: str | None = typer.Option(None, "--tenant-b-key-env", metavar="VAR", rich_help_panel="Isolation", help="Environment variable holding synthetic tenant B's API key (isolation probes)."),
-        tenant_header: str | None = typer.Option(None, "--tenant-header", metavar="NAME", rich_help_panel="Isolation", help="Header NAME the deployment reads the tenant from; tenants send NAME: a and NAME: b."),
+        tenant_a_key_env: str | None = options.TENANT_A_KEY_ENV,
+        tenant_b_key_env: str | None = options.TENANT_B_KEY_ENV,
+        tenant_header: str | None = options.TENANT_HEADER,
         allow_disruptive: bool = typer.Option(False, "--allow-disruptive", rich_help_panel="Isolation", help="Also run the isolation scenarios that churn the engine (client disconnects, load near the pool) against a live deployment."),
-        skip: list[str] | None = typer.Option(None, "--skip", metavar="CHECK_ID", rich_help_panel="Probes", help="Waive a check id; needs a matching --reason. Repeatable."),
-        reason: list[str] | None = typer.Option(None, "--reason", metavar="TEXT", rich_help_panel="Probes", help="Why the matching --skip is waived (kept in the report and record)."),
-        until: list[str] | None = typer.Option(None, "--until", metavar="YYYY-MM-DD", rich_help_panel="Probes", help="YYYY-MM-DD: the matching --skip's last day; `verify` refuses a record whose waiver expired."),
+        skips: list[str] | None = typer.Option(None, "--skip", metavar="CHECK_ID", rich_help_panel="Probes", help="Waive a check id; needs a matching --reason. Repeatable."),
+        reasons: list[str] | None = typer.Option(None, "--reason", metavar="TEXT", rich_help_panel="Probes", help="Why the matching --skip is waived (kept in the report and record)."),
+        untils: list[str] | None = typer.Option(None, "--until", metavar="YYYY-MM-DD", rich_help_panel="Probes", help="YYYY-MM-DD: the matching --skip's last day; `verify` refuses a record whose waiver expired."),
         fmt: str | None = typer.Option(None, "--format", metavar="FORMAT", rich_help_panel="Output", help=f"One of: {FORMAT_HELP}. [default: table]"),
         output: Path | None = typer.Option(None, "--output", metavar="PATH", rich_help_panel="Output", help="Write the report here instead of stdout."),
         quiet: bool = typer.Option(False, "--quiet", "-q", rich_help_panel="Output", help="Leave the passing checks out of the table (the verdict line still counts them)."),
@@ -78,7 +76,7 @@ def register(app: typer.Typer) -> None:
         deadline: float | None = typer.Option(None, "--deadline", metavar="S", rich_help_panel="Budgets", help="Seconds the whole check may take; past it, exit 3 naming the stage. [default: 3x the estimate printed after calibration, plus room for waits]"),
         concurrency: int | None = typer.Option(None, "--concurrency", metavar="N", rich_help_panel="Probes", help="Near-limit requests sent at once by concurrent-capacity. [default: from checks/thresholds.yaml]"),
         timing_samples: int | None = typer.Option(None, "--timing-samples", metavar="N", rich_help_panel="Isolation", help="Requests per kind (cold, same-tenant warm, cross-tenant) of the prefix-cache timing audit, sent only where the engine reports no cache hits. [default: 30]"),
-        accepted_tps: float | None = typer.Option(None, "--accepted-tokens-per-second", metavar="N", rich_help_panel="Budgets", help="Assumed prompt speed for budgets only when the engine's speed could not be measured."),
+        accepted_tokens_per_second: float | None = typer.Option(None, "--accepted-tokens-per-second", metavar="N", rich_help_panel="Budgets", help="Assumed prompt speed for budgets only when the engine's speed could not be measured."),
         advisories: list[Path] | None = typer.Option(None, "--advisories", metavar="DIR", rich_help_panel="Probes", help="Extra folder of advisory YAML files. Repeatable."),
         record: Path | None = typer.Option(None, "--record", metavar="PATH", rich_help_panel="Record", help="Write a signed release record (DSSE, in-toto) of this run here, pass or fail."),
         sign_key: str | None = typer.Option(None, "--sign-key", metavar="PATH", rich_help_panel="Record", help="Private key file for --record (or set KVPREFLIGHT_SIGN_KEY to its path)."),
@@ -91,22 +89,17 @@ def register(app: typer.Typer) -> None:
         log_dir: Path | None = typer.Option(None, "--log-dir", metavar="DIR", rich_help_panel="Boot", help="With --boot: where engine logs go. [default: a temporary folder, removed afterwards unless --keep]"),
     ) -> None:
         """Check running engines (or boot them from a spec with --boot). Exit 0 pass, 1 a check failed, 2 usage error, 3 inconclusive."""
+        from kvpreflight.check_options import options_from
+
+        args = options_from(locals())  # the parameters are CheckOptions' fields
         from kvpreflight import preflight
-        from kvpreflight.check_options import CheckArgs, build_output, build_plan
+        from kvpreflight.check_options import build_output, build_plan
         from kvpreflight.errors import ConfigError
 
-        args = CheckArgs(
-            endpoints=tuple(endpoint or ()), entry=entry, entry_api=entry_api, engine=engine, model=model, context_length=context_length,
-            logs=tuple(log or ()), api_key_env=api_key_env, api_key_file=api_key_file, headers=tuple(header or ()),
-            secret_headers=tuple(secret_header or ()), client_cert=client_cert, client_key=client_key, ca_bundle=ca_bundle, capacity_only=capacity_only, skips=tuple(skip or ()), reasons=tuple(reason or ()), untils=tuple(until or ()),
-            timeout=timeout, deadline=deadline, max_context_equivalents=max_context_equivalents, concurrency=concurrency, timing_samples=timing_samples, accepted_tps=accepted_tps, advisories=tuple(advisories or ()),
-            tenant_a_key_env=tenant_a_key_env, tenant_b_key_env=tenant_b_key_env, tenant_header=tenant_header,
-            allow_disruptive=allow_disruptive, allow_insecure_key=allow_insecure_key,
-        )
         # Everything is validated here, before any engine is contacted or booted.
         spec = None
         if boot is not None:
-            if endpoint or entry or log:
+            if endpoints or entry or logs:
                 raise ConfigError("--boot takes its engines, entry and logs from the spec; drop --endpoint, --entry and --log")
             from kvpreflight.boot import load_spec
 
@@ -115,7 +108,7 @@ def register(app: typer.Typer) -> None:
             spec.check_client_key_private(allow_insecure=allow_insecure_key)
         elif log_dir is not None or keep:
             raise ConfigError(f"{'--log-dir' if log_dir is not None else '--keep'} only makes sense with --boot SPEC.yaml")
-        elif not endpoint and not entry:
+        elif not endpoints and not entry:
             raise ConfigError("no --endpoint given; pass the URL of every prefill, decode or unified engine, "
                               "--entry ROUTER (a router that lists its workers), or --boot SPEC.yaml")
         plan = build_plan(args, booted=spec is not None)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import typer
 
-from kvpreflight.commands.check import ENGINE_HELP
+from kvpreflight.commands.options import ENGINE_HELP
 
 WATCH_EXAMPLES = (
     "Examples:\n\n"
@@ -50,7 +50,7 @@ def register(app: typer.Typer) -> None:
         name: str | None = typer.Option(None, "--name", metavar="NAME", rich_help_panel="Output", help="The deployment's name: the `deployment` label of every series. [default: the entry URL, else the first endpoint]"),
     ) -> None:
         """Watch running engines: every --interval, drift against a signed record, the engines' hazard counters and danger log lines, and two synthetic tenants' canaries. One JSON line per round on stdout; Prometheus metrics on --listen."""
-        from kvpreflight.check_options import CheckArgs, build_plan
+        from kvpreflight.check_options import CheckOptions, build_plan
         from kvpreflight.commands.check import progress
         from kvpreflight.errors import ConfigError
         from kvpreflight.formats._common import label_url
@@ -78,7 +78,7 @@ def register(app: typer.Typer) -> None:
             where = parse_listen(listen if listen is not None else ("off" if once else DEFAULT_LISTEN))
         except ConfigError as exc:
             raise exc.under("--listen") from None
-        args = CheckArgs(endpoints=tuple(endpoint or ()), entry=entry, engine=engine, model=model, logs=tuple(log or ()),
+        args = CheckOptions(endpoints=tuple(endpoint or ()), entry=entry, engine=engine, model=model, logs=tuple(log or ()),
                          api_key_env=api_key_env, api_key_file=api_key_file, headers=tuple(header or ()),
                          secret_headers=tuple(secret_header or ()), ca_bundle=ca_bundle, client_cert=client_cert,
                          client_key=client_key, allow_insecure_key=allow_insecure_key, capacity_only=True, timeout=timeout,

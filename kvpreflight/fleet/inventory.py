@@ -12,7 +12,10 @@ Every problem is one line naming the file and the field, e.g.
         attach: {endpoints: [prefill=http://..., decode=http://...], entry: http://router:8000,
                  context_length: 131072, engine: auto, model: ..., logs: [URL=PATH],
                  api_key_env: SERVING_KEY, capacity_only: false, timeout: 30,
-                 client_cert: certs/client.pem, client_key: certs/client.key}
+                 client_cert: certs/client.pem, client_key: certs/client.key,
+                 tenant_a_key_env: TENANT_A_KEY, tenant_b_key_env: TENANT_B_KEY, ...}
+        #   every option `check` takes, named as its CheckOptions field (--accepted-tokens-per-second:
+        #   accepted_tokens_per_second); paths relative to the inventory; the waivers are `skip:`
         # or boot: specs/chat-8b.yaml   (a boot spec, relative to the inventory)
         # or builtin: {pool_ratio: 2.0, decode_pool_ratio: 2.0, context_length: 8192, faults: []}
         skip: [{id: engine-advisories, reason: ...}]
@@ -22,28 +25,31 @@ Every problem is one line naming the file and the field, e.g.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Any
 
+from kvpreflight.check_options import WAIVER_FIELDS, CheckOptions, build_plan, check_fields, under
 from kvpreflight.check_plan import CheckPlan
 from kvpreflight.demo import BuiltinDeployment
-from kvpreflight.errors import KvpreflightError
+from kvpreflight.errors import ConfigError, KvpreflightError
 from kvpreflight.fields import FieldParser, describe, load_yaml
 from kvpreflight.files import FileKind, read_bytes
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.model import Waiver
-from kvpreflight.targets import Auth, parse_endpoint, parse_endpoints, parse_log, parse_url, secret_from_env
+from kvpreflight.targets import parse_endpoint
 
 DEFAULT_TIMEOUT_S = 900.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _TOP_KEYS = ("fleet", "defaults", "deployments")
 _DEFAULT_KEYS = ("timeout_s", "subjects")
 _DEPLOYMENT_KEYS = ("name", "node", "node_ip", "attach", "boot", "builtin", "skip", "subjects", "timeout_s")
-_ATTACH_KEYS = ("endpoints", "entry", "engine", "model", "context_length", "logs", "api_key_env", "capacity_only", "timeout",
-                "client_cert", "client_key")
+# An attach entry takes every check option but the waivers (the deployment's `skip:`), by field name.
+_ATTACH_FIELDS = {f.name: f for f in dataclasses.fields(CheckOptions) if f.name not in WAIVER_FIELDS}
 _BUILTIN_KEYS = ("pool_ratio", "decode_pool_ratio", "context_length", "faults")
 
 
@@ -56,42 +62,31 @@ def _subject(text: str) -> object:
 
 @dataclass(frozen=True)
 class AttachTarget:
-    """Engines that already run: what `kvpreflight check --endpoint ...` is given."""
+    """Engines that already run: what `kvpreflight check --endpoint ...` is given, as its options
+    (files and environment variables are named, and read where the check runs)."""
 
-    endpoints: tuple[str, ...]
-    entry: str | None = None
-    engine: str = "auto"
-    model: str | None = None
-    context_length: int | None = None
-    logs: tuple[str, ...] = ()  # URL=PATH, read where the check runs
-    api_key_env: str | None = None  # the variable's name; its value is read where the check runs
-    capacity_only: bool = False
-    timeout: float = 30.0
-    client_cert: str | None = None  # mutual TLS: PEM paths, read where the check runs
-    client_key: str | None = None
+    options: CheckOptions
+    source: str = "<inventory>"  # errors name the file and the field: "fleet.yaml: deployments[0].attach.entry: ..."
+    where: str = "attach"
 
     def engine_urls(self) -> frozenset[str]:
-        urls = {parse_endpoint(e).url for e in self.endpoints}
-        return frozenset(urls | ({self.entry} if self.entry else set()))
+        urls = {parse_endpoint(e).url for e in self.options.endpoints}
+        return frozenset(urls | ({self.options.entry} if self.options.entry else set()))
 
     def plan(self, waivers: tuple[Waiver, ...]) -> CheckPlan:
-        """The check plan, built where the check runs: log files and the API key are read there."""
-        targets = parse_endpoints(self.endpoints)
-        logs = dict(parse_log(text, [t.url for t in targets]) for text in self.logs)
-        from kvpreflight.redact import secrets_of
+        """The check plan, built where the check runs: log files, keys and certificates are read there."""
+        try:
+            return replace(build_plan(self.options, label=under(self.where)), waivers=waivers)
+        except KvpreflightError as exc:
+            raise exc.under(self.source) from None
 
-        headers: dict[str, str] = {}
-        if self.api_key_env:
-            headers = {"Authorization": f"Bearer {secret_from_env(self.api_key_env)}"}
-        secrets = secrets_of(headers=headers, urls=[*(t.url for t in targets), self.entry])
-        if self.client_cert:
-            from kvpreflight.engines.http import HttpClient
-
-            HttpClient(client_cert=self.client_cert, client_key=self.client_key).close()  # the files load here
-        return CheckPlan(targets=targets, entry=self.entry, engine=self.engine, model=self.model,
-                         context_length=self.context_length, logs=logs,
-                         auth=Auth(headers=headers, secrets=secrets, client_cert=self.client_cert, client_key=self.client_key),
-                         capacity_only=self.capacity_only, timeout_s=self.timeout, waivers=waivers)
+    def secrets_here(self) -> frozenset[str]:
+        """The secrets this machine holds for the target (kept out of the fleet's own outputs)."""
+        try:
+            return self.plan(()).auth.secrets
+        except KvpreflightError:  # a file or variable only the checking node has
+            names = (self.options.api_key_env, self.options.tenant_a_key_env, self.options.tenant_b_key_env)
+            return frozenset(v for v in (os.environ.get(n) for n in names if n) if v)
 
 
 @dataclass(frozen=True)
@@ -220,14 +215,15 @@ class _Parser(FieldParser):
         )
 
     def attach(self, raw: Any, where: str) -> AttachTarget:
-        from kvpreflight.engines import ENGINES
-
-        self.mapping(raw, _ATTACH_KEYS, where, "a mapping with endpoints and entry")
-        endpoints = self.strings(raw.get("endpoints"), f"{where}.endpoints")
-        if not endpoints:
-            raise self.error(f"{where}.endpoints", "missing; list every prefill, decode or unified engine URL (ROLE=URL to set the role)")
+        self.mapping(raw, tuple(_ATTACH_FIELDS), where, "a mapping with endpoints and entry")
+        values = {name: self.option(raw[name], f"{where}.{name}", field) for name, field in _ATTACH_FIELDS.items()
+                  if raw.get(name) is not None}
+        options = CheckOptions(**values)
+        if not options.endpoints and not options.entry:
+            raise self.error(f"{where}.endpoints", "missing; list every prefill, decode or unified engine URL (ROLE=URL to set "
+                                                   "the role), or give entry: a router that lists its workers")
         urls: list[str] = []
-        for i, text in enumerate(endpoints):
+        for i, text in enumerate(options.endpoints):
             try:
                 url = parse_endpoint(text).url
             except KvpreflightError as exc:
@@ -235,29 +231,32 @@ class _Parser(FieldParser):
             if url in urls:
                 raise self.error(f"{where}.endpoints[{i}]", f"{url} listed twice")
             urls.append(url)
-        entry = self.optional_str(raw.get("entry"), f"{where}.entry")
-        if entry is not None:
-            try:
-                entry = parse_url(entry)
-            except KvpreflightError as exc:
-                raise self.adopt(f"{where}.entry", exc) from None
-        engine = raw.get("engine", "auto")
-        if not isinstance(engine, str) or engine != "auto" and engine not in ENGINES:
-            raise self.error(f"{where}.engine", f"expected auto or one of {', '.join(ENGINES)}, got {describe(engine)}")
-        logs = self.strings(raw.get("logs"), f"{where}.logs")
-        for i, text in enumerate(logs):
-            url, sep, path = text.rpartition("=")
-            if not sep or not path or url.rstrip("/") not in urls:
-                raise self.error(f"{where}.logs[{i}]", f"write it as URL=PATH with URL one of the endpoints, got {describe(text)}")
-        return AttachTarget(
-            endpoints=endpoints, entry=entry, engine=engine, model=self.optional_str(raw.get("model"), f"{where}.model"),
-            context_length=self.positive_int(raw.get("context_length"), f"{where}.context_length"), logs=logs,
-            api_key_env=self.env_name(raw.get("api_key_env"), f"{where}.api_key_env"),
-            capacity_only=self.boolean(raw.get("capacity_only"), f"{where}.capacity_only"),
-            timeout=self.positive_number(raw.get("timeout", 30.0), f"{where}.timeout"),
-            client_cert=self.path(raw.get("client_cert"), f"{where}.client_cert"),
-            client_key=self.path(raw.get("client_key"), f"{where}.client_key"),
-        )
+        try:
+            check_fields(options, under(where))
+        except ConfigError as exc:
+            raise self.error(None, str(exc)) from None
+        return AttachTarget(options=options, source=self.source, where=where)
+
+    def option(self, value: Any, where: str, field: dataclasses.Field[Any]) -> Any:
+        """One check option from YAML, typed as its CheckOptions field."""
+        kind = str(field.type)
+        if kind == "tuple[str, ...]":
+            return self.strings(value, where)
+        if kind == "tuple[Path, ...]":
+            return tuple(Path(self.path(v, f"{where}[{i}]") or "") for i, v in enumerate(self.strings(value, where)))
+        if kind == "Path | None":
+            return Path(self.path(value, where) or "")
+        if kind == "bool":
+            return self.boolean(value, where)
+        if kind in ("float", "float | None"):
+            return self.positive_number(value, where)
+        if kind == "int | None":
+            return self.positive_int(value, where)
+        if field.name.endswith("_env"):
+            return self.env_name(value, where)
+        if kind in ("str", "str | None"):
+            return self.optional_str(value, where)
+        raise TypeError(f"CheckOptions.{field.name}: no YAML reading for {kind}")  # a new kind of option: teach it here
 
     def boot(self, raw: Any, where: str) -> BootTarget:
         from kvpreflight.boot import parse_spec

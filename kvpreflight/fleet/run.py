@@ -3,7 +3,6 @@ deployment through a runner, print the merged report, write the records, exit wi
 
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
@@ -162,8 +161,8 @@ def _secrets(inventory: Inventory) -> frozenset[str]:
     report or record; a node that checks one reads its own copy)."""
     from kvpreflight.fleet.inventory import AttachTarget
 
-    return secrets_of(values=[os.environ.get(d.target.api_key_env) for d in inventory.deployments
-                              if isinstance(d.target, AttachTarget) and d.target.api_key_env])
+    return secrets_of(values=[s for d in inventory.deployments if isinstance(d.target, AttachTarget)
+                              for s in d.target.secrets_here()])
 
 
 def _write(report: FleetReport, fmt: str, output: Path | None, records: dict[str, str], secrets: Iterable[str]) -> None:

@@ -29,7 +29,7 @@ def test_a_good_inventory_parses_into_targets_placements_and_deadlines():
     inv = parse(GOOD)
     a, b, c = inv.deployments
     assert inv.name == "rel-42" and inv.subjects == ("image=sha256:" + "ab" * 32,)
-    assert isinstance(a.target, AttachTarget) and a.target.context_length == 4096 and a.timeout_s == 120
+    assert isinstance(a.target, AttachTarget) and a.target.options.context_length == 4096 and a.timeout_s == 120
     assert isinstance(b.target, BuiltinTarget) and b.target.pool_ratio == 0.65 and b.placement.node == "gpu-7" and b.timeout_s == 30
     assert c.waivers[0].check_id == "engine-advisories"
     # a and c share http://p:1: one batch, run one after the other; b alone

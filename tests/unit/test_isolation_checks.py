@@ -8,11 +8,11 @@ from dataclasses import replace
 
 import pytest
 
-from kvpreflight.check_options import CheckArgs, build_plan
+from kvpreflight.check_options import CheckOptions, build_plan
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
 from kvpreflight.checks.prefix_cache_isolation import GENERIC_FIX
-from kvpreflight.errors import UsageError
+from kvpreflight.errors import ConfigError
 from kvpreflight.model import Completion, EngineSnapshot, ErrorKind, Hazard, Role, Status, Waiver
 from kvpreflight.probes.markers import contains_marker, new_marker
 from kvpreflight.probes.results import (
@@ -337,8 +337,8 @@ def test_tenant_keys_come_from_the_environment_and_bind_the_tenants(monkeypatch)
     assert plain.auth.tenant_headers == ({}, {}) and plain.auth.tenant_binding is None
 
 
-def tenant_args(a: str | None, b: str | None, header: str | None) -> CheckArgs:
-    return CheckArgs(endpoints=("http://127.0.0.1:1",), tenant_a_key_env=a, tenant_b_key_env=b, tenant_header=header)
+def tenant_args(a: str | None, b: str | None, header: str | None) -> CheckOptions:
+    return CheckOptions(endpoints=("http://127.0.0.1:1",), tenant_a_key_env=a, tenant_b_key_env=b, tenant_header=header)
 
 
 @pytest.mark.parametrize("args,needle", [
@@ -352,7 +352,7 @@ def test_bad_tenant_options_are_usage_errors(monkeypatch, args, needle):
     monkeypatch.setenv("KEY_A", "secret-a")
     monkeypatch.setenv("KEY_SAME", "secret-a")
     monkeypatch.delenv("UNSET_KEY", raising=False)
-    with pytest.raises(UsageError) as err:
+    with pytest.raises(ConfigError) as err:
         build_plan(tenant_args(*args))
     assert needle in str(err.value) and "secret" not in str(err.value)
 

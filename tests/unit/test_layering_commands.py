@@ -57,7 +57,8 @@ def test_the_scan_sees_imports_inside_functions():
 def test_cli_choices_come_from_the_registries():
     """--engine and --format help list exactly what the registries hold (no copy to drift)."""
     from kvpreflight.boot.spec import router_only_kinds, spec_engine_kinds
-    from kvpreflight.commands.check import ENGINE_HELP, FORMAT_HELP
+    from kvpreflight.commands.check import FORMAT_HELP
+    from kvpreflight.commands.options import ENGINE_HELP
     from kvpreflight.engines import ENGINES
     from kvpreflight.formats import FORMATS
 
