@@ -13,6 +13,8 @@ from typing import Any
 from kvpreflight.model import EntryApi, Waiver
 from kvpreflight.targets import Auth, Target
 
+__all__ = ["CheckPlan", "OutputPlan", "RecordPlan"]
+
 
 @dataclass(frozen=True, kw_only=True)
 class CheckPlan:

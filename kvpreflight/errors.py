@@ -15,6 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+__all__ = ["ConfigError", "KvpreflightError", "NotMeasured", "Refused", "naming"]
+
 
 class KvpreflightError(Exception):
     """Every error kvpreflight raises on purpose. `exit_code` is a class attribute."""

@@ -11,8 +11,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+__all__ = ["CheckResult", "Completion", "Cost", "EngineSnapshot", "EntryApi", "PoolReading", "ProcessRole", "Report", "Role", "Status", "Waiver", "combined_verdict"]
+
 
 class Status(str, enum.Enum):
+    """A check's outcome, and the report's verdict: the worst one (`combined_verdict`). Inconclusive is never a pass."""
     PASS = "pass"
     FAIL = "fail"
     WARN = "warn"

@@ -28,6 +28,8 @@ from kvpreflight.errors import ConfigError
 from kvpreflight.model import ProcessRole, Report
 from kvpreflight.targets import Target
 
+__all__ = ["BootedRun", "booted_plan", "prepare_record", "preview", "publish", "run", "run_booted", "validate", "verify_command"]
+
 if TYPE_CHECKING:
     from kvpreflight.boot.deployment import BootedDeployment
     from kvpreflight.boot.spec import DeploymentSpec

@@ -20,6 +20,8 @@ from kvpreflight.files import FileKind, read_text
 from kvpreflight.model import Role, Waiver
 from kvpreflight.redact import cut
 
+__all__ = ["Auth", "Target", "parse_endpoint", "parse_endpoints", "parse_header", "parse_log", "parse_url", "parse_waiver", "secret_from_env", "secret_from_file", "tenant_auth"]
+
 
 @dataclass(frozen=True)
 class Target:
@@ -45,6 +47,7 @@ class Auth:
 
 
 def parse_url(text: str) -> str:
+    """An http(s) URL with a host, without its trailing slash (ConfigError showing how to write one)."""
     parts = urlsplit(text)
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise ConfigError(f"{text!r} is not an http(s) URL; write it like http://host:30000")
@@ -63,6 +66,7 @@ def parse_endpoint(text: str) -> Target:
 
 
 def parse_endpoints(texts: Iterable[str]) -> tuple[Target, ...]:
+    """Each `URL` or `ROLE=URL`, parsed; a URL given twice is refused."""
     targets: list[Target] = []
     for text in texts:
         target = parse_endpoint(text)
@@ -87,6 +91,7 @@ def parse_log(text: str, endpoints: Sequence[str] | None) -> tuple[str, Path]:
 
 
 def parse_header(text: str) -> tuple[str, str]:
+    """`Name: value` as (name, value), both stripped; a missing colon or a name with spaces is refused."""
     name, sep, content = text.partition(":")
     if not sep or not name.strip() or any(c.isspace() for c in name.strip()):
         raise ConfigError(f"{text.split(':')[0]!r}...: write a header as 'Name: value'")
@@ -115,6 +120,7 @@ def secret_from_env(name: str) -> str:
 
 
 def secret_from_file(path: Path) -> str:
+    """A secret's value from a file (bounded, a regular file), stripped; never from argv."""
     value = read_text(path, FileKind.SECRET).strip()
     if not value:
         raise ConfigError(f"{path} is empty")
@@ -146,6 +152,7 @@ def tenant_auth(a_key: str | None, b_key: str | None, header_name: str | None,
 
 
 def parse_waiver(check_id: str, reason: str, known_ids: Sequence[str], until: str | None = None) -> Waiver:
+    """A waiver of a known check id, with its reason and optional last day (YYYY-MM-DD)."""
     if check_id not in known_ids:
         raise ConfigError(f"{check_id!r}: no such check; ids are {', '.join(known_ids)}")
     if not reason.strip():

@@ -16,6 +16,7 @@ from kvpreflight.engines.interface import EngineAdapter
 
 
 def adapter_class(kind: str) -> type[EngineAdapter]:
+    """The adapter class registered for engine kind `kind` (imported only now)."""
     try:
         module_name, _, name = ENGINES[kind].adapter.partition(":")
     except KeyError:

@@ -109,6 +109,8 @@ class HttpReply:
 
 
 class HttpClient:
+    """One HTTP session to the engines: bounded reads, no proxies from the environment, mutual TLS if asked."""
+
     def __init__(
         self,
         *,

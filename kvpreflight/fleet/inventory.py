@@ -161,6 +161,7 @@ def load_inventory(path: str | os.PathLike[str]) -> Inventory:
 
 
 def parse_inventory(data: Any, *, source: str = "<inventory>", base_dir: str | None = None, sha256: str = "") -> Inventory:
+    """An inventory from its parsed YAML; FleetError (exit 2) naming `source` and the field on any problem."""
     p = _Parser(source, base_dir or os.getcwd())
     if not isinstance(data, dict):
         raise p.error(None, f"expected a mapping with {', '.join(_TOP_KEYS)}, got {describe(data)}")

@@ -92,6 +92,7 @@ def _runner(request: FleetRequest, inventory: Inventory) -> Runner:
 
 
 def execute(request: FleetRequest) -> int:
+    """Run `kvpreflight fleet`: check every deployment of the inventory, write the report and records; the exit code."""
     from kvpreflight import __version__
     from kvpreflight.fleet.inventory import load_inventory
     from kvpreflight.fleet.records import check_record_path, write_fleet_records

@@ -26,6 +26,7 @@ FORMATS = {
 
 
 def get_format(name: str) -> ReportFormat:
+    """The report format registered as `name` (FormatError naming the choices for another name)."""
     try:
         module_name, _, cls = FORMATS[name].partition(":")
     except KeyError:

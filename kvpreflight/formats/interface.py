@@ -13,6 +13,7 @@ class FormatError(ConfigError):
 
 
 class ReportFormat(abc.ABC):
+    """One report format: renders a Report as text (`render`); the registry is FORMATS."""
     name: str
 
     @abc.abstractmethod

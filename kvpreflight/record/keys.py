@@ -126,6 +126,7 @@ class SigningKey:
 
 
 def generate(algorithm: str = "ecdsa-p256") -> SigningKey:
+    """A new signing key: ecdsa-p256 (the default, what sigstore and in-toto tools read) or ed25519."""
     if algorithm == "ecdsa-p256":
         return SigningKey.from_crypto(ec.generate_private_key(ec.SECP256R1()))
     if algorithm == "ed25519":
@@ -203,6 +204,7 @@ def load_signing_key(path: str | os.PathLike[str], *, allow_insecure: bool = Fal
 
 
 def load_public_key(path: str | os.PathLike[str]) -> PublicKey:
+    """The verification key `kvpreflight keygen` wrote (RecordError, exit 2, for a private key or a bad file)."""
     path = Path(path)
     data = read_input(path, FileKind.PUBLIC_KEY, "pass the kvpreflight.pub written by `kvpreflight keygen`")
     if b"PRIVATE KEY" in data:

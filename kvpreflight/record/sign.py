@@ -43,6 +43,7 @@ def write_record(path: str | os.PathLike[str], envelope: dict[str, Any]) -> Path
 
 
 def read_record(path: str | os.PathLike[str]) -> Envelope:
+    """The DSSE envelope in `path`, read within the record size bound (its signature not yet checked)."""
     path = Path(path)
     raw = read_input(path, FileKind.RECORD, "pass the file that `kvpreflight check --record` wrote")
     return envelope_from_bytes(raw, str(path))

@@ -359,6 +359,7 @@ def _expired_waivers(predicate: Mapping[str, Any], now: datetime) -> list[str]:
 
 
 def summary(record: VerifiedRecord, *, path: str, now: datetime | None = None) -> str:
+    """What `kvpreflight verify` prints for a record it accepted: verdict, subjects, engines, waivers."""
     now = now or datetime.now(UTC)
     p = record.predicate
     lines = [

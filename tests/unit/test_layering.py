@@ -163,3 +163,28 @@ def test_no_import_circle_across_packages():
     circles = sorted({f"{a} <-> {b}" for a, tos in graph.items() for b in tos
                       if reaches(b, a) and frozenset({a, b}) not in ALLOWED_CIRCLES})
     assert not circles, "import circles between kvpreflight's packages:\n" + "\n".join(circles)
+
+
+def test_the_public_api_is_stated_and_documented():
+    """kvpreflight's public modules (kvpreflight.PUBLIC_MODULES) each list their public names in
+    `__all__`; each name exists, and each public function and class says what it does."""
+    import importlib
+    import inspect
+
+    import kvpreflight
+
+    problems = []
+    for short in kvpreflight.PUBLIC_MODULES:
+        module = importlib.import_module(f"kvpreflight.{short}")
+        names = getattr(module, "__all__", None)
+        if not names:
+            problems.append(f"kvpreflight.{short} has no __all__")
+            continue
+        for name in names:
+            if not hasattr(module, name):
+                problems.append(f"kvpreflight.{short}.__all__ names {name}, which it does not define")
+                continue
+            value = getattr(module, name)
+            if (inspect.isfunction(value) or inspect.isclass(value)) and not (value.__doc__ or "").strip():
+                problems.append(f"kvpreflight.{short}.{name} has no docstring")
+    assert not problems, "\n".join(problems)
