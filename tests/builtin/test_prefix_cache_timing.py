@@ -65,7 +65,11 @@ def test_without_a_prefix_cache_timing_is_inconclusive(tmp_path: Path) -> None:
     cache = prefix_cache(report)
     assert cache["status"] == "inconclusive", (cache["message"], err[-1500:])
     assert "not measurably faster than a cold prompt" in cache["message"]
-    assert cache["evidence"]["timing_audit"]["ks"]["cold_vs_warm"]["p_value"] >= 0.001
+    # Not faster, which the check states as "KS p >= 0.001 or slower": the cold prompt of each
+    # triple is always sent first, onto an idle engine, and on a loaded machine that alone made the
+    # repeats ~1 ms slower in every one of 20 samples (KS p 1.4e-07, warm the slower; CI 2026-12-02).
+    audit = cache["evidence"]["timing_audit"]
+    assert audit["ks"]["cold_vs_warm"]["p_value"] >= 0.001 or audit["ttft_median_ms"]["warm"] >= audit["ttft_median_ms"]["cold"], audit
     assert code == 3
 
 
