@@ -96,7 +96,7 @@ def main() -> int:
         "round_period_s": round(statistics.median(durations), 3), "outcomes": outcomes,
         "requests_sent": sent["requests"], "prompt_tokens_sent": sent["tokens"],
         "requests_per_hour": round(sent["requests"] * per_hour), "prompt_tokens_per_hour": round(sent["tokens"] * per_hour),
-        "stated_requests_per_hour": budget.requests_per_hour, "stated_prompt_tokens_per_hour": budget.tokens_per_hour,
+        "stated_requests_per_hour": budget.requests_per_hour, "stated_prompt_tokens_per_hour": budget.canary_tokens_per_hour,
         "rss_kib_first_last": [samples[0]["rss_kib"], samples[-1]["rss_kib"]],
         "rss_kib_after_warmup_min_max": [min(s["rss_kib"] for s in after_warmup), max(s["rss_kib"] for s in after_warmup)],
         "fds_min_max": [min(s["fds"] for s in samples), max(s["fds"] for s in samples)],
@@ -104,7 +104,7 @@ def main() -> int:
         "samples": samples,
     }
     print(json.dumps(out))
-    within = out["requests_per_hour"] <= budget.requests_per_hour and out["prompt_tokens_per_hour"] <= budget.tokens_per_hour
+    within = out["requests_per_hour"] <= budget.requests_per_hour and out["prompt_tokens_per_hour"] <= budget.canary_tokens_per_hour
     if ns.max_tokens_per_hour is not None:
         within = within and sent["tokens"] <= ns.max_tokens_per_hour * max(1.0, wall / HOUR_S)
     flat = out["fds_min_max"][1] - out["fds_min_max"][0] <= 4 and \

@@ -27,6 +27,8 @@ from kvpreflight.builtin_engine.config import EngineConfig, ServeConfigError
 from kvpreflight.builtin_engine.httputil import client_gone, send_bytes, send_json, serve_until_stopped
 
 POLL_S = 0.02
+WORKERS_PATH = "/_kvpreflight/workers"  # tests only: replace the prefill workers at run time (loopback only)
+LOOPBACK = "127.0.0.1"
 UPSTREAM_TIMEOUT_S = 600.0
 
 
@@ -97,6 +99,10 @@ class RouterServer(ThreadingHTTPServer):
         self._lock = threading.Lock()
         self._bootstrap: dict[str, tuple[str, int]] = {}  # prefill URL -> its bootstrap server
         super().__init__(address, RouterHandler)
+
+    def set_prefills(self, urls: list[str]) -> None:
+        with self._lock:
+            self.prefill_urls = [u.rstrip("/") for u in urls]
 
     def pick_prefill(self) -> str:
         with self._lock:
@@ -172,6 +178,9 @@ class RouterHandler(BaseHTTPRequestHandler):
         if path in ("/tokenize", "/v1/tokenize"):
             self._relay_plain(self.server.pick_prefill(), path, raw)
             return
+        if path == WORKERS_PATH:
+            self._set_workers(raw)
+            return
         if path not in ("/generate", "/v1/completions"):
             self._json(404, {"detail": "Not Found"})
             return
@@ -232,6 +241,27 @@ class RouterHandler(BaseHTTPRequestHandler):
             self.wfile.write(chunk)
             self.wfile.flush()
         decode.close()
+
+    def _set_workers(self, raw: bytes) -> None:
+        """Test only: POST {"prefill_urls": [URL, ...]} replaces the prefill workers from now on (a
+        worker added behind the router while a watcher runs). Refused unless the router listens on
+        127.0.0.1, like the engines' fault switch (admin.py)."""
+        if self.server.server_address[0] != LOOPBACK:
+            self._json(403, {"error": {"message": f"{WORKERS_PATH} is for tests on {LOOPBACK} only"}})
+            return
+        try:
+            body = json.loads(raw or b"{}")
+            urls = body["prefill_urls"]
+            if not isinstance(urls, list) or not urls or not all(isinstance(u, str) for u in urls):
+                raise ValueError
+            for url in urls:
+                _host_port(url, "prefill_urls")
+        except (ValueError, KeyError, TypeError, ServeConfigError):
+            self._json(400, {"error": {"message": 'send {"prefill_urls": ["http://HOST:PORT", ...]} (at least one)'}})
+            return
+        self.server.set_prefills(urls)
+        _log(f"prefill workers now {','.join(self.server.prefill_urls)}")
+        self._json(200, {"prefill_urls": self.server.prefill_urls})
 
     def _relay_plain(self, url: str, path: str, raw: bytes) -> None:
         up = _Upstream(url, path, raw, read_all=True)

@@ -8,66 +8,89 @@ from pathlib import Path
 
 import typer
 
-from kvpreflight.commands.options import ENGINE_HELP
+from kvpreflight.commands import options
 
 WATCH_EXAMPLES = (
     "Examples:\n\n"
     "kvpreflight watch --entry http://router:8000 --record release.dsse.json --key kvpreflight.pub\n\n"
     "kvpreflight watch --endpoint http://engine:30000 --once --listen off\n\n"
-    "kvpreflight watch --entry URL --interval 300 --max-tokens-per-hour 20000 --textfile /var/lib/node_exporter"
+    "kvpreflight watch --entry URL --interval 300 --max-tokens-per-hour 20000 --textfile /var/lib/node_exporter\n\n"
+    "kvpreflight watch --spec SPEC.yaml --full-every 6h\n\n"
+    "kvpreflight watch --inventory fleet.yaml --once"
 )
 
 
 def register(app: typer.Typer) -> None:
     @app.command("watch", epilog=WATCH_EXAMPLES)
     def watch(
-        endpoint: list[str] | None = typer.Option(None, "--endpoint", metavar="URL|ROLE=URL", rich_help_panel="Target", help="Engine URL, or ROLE=URL, as for check. Repeatable."),
-        entry: str | None = typer.Option(None, "--entry", metavar="URL", rich_help_panel="Target", help="Client-facing URL (router, gateway) the canaries go to; a router that lists its workers names the engines, so a worker added behind it is seen."),
-        engine: str = typer.Option("auto", "--engine", metavar="NAME", rich_help_panel="Target", help=f"The engine kind: {ENGINE_HELP}."),
-        model: str | None = typer.Option(None, "--model", metavar="NAME", rich_help_panel="Target", help="Model name the engines serve (and the OpenAI `model` field)."),
-        log: list[str] | None = typer.Option(None, "--log", metavar="URL=PATH", rich_help_panel="Target", help="URL=PATH of an engine's or the router's log, followed for danger lines. Repeatable."),
-        api_key_env: str | None = typer.Option(None, "--api-key-env", metavar="VAR", rich_help_panel="Target", help="Environment variable holding the API key."),
-        api_key_file: Path | None = typer.Option(None, "--api-key-file", metavar="PATH", rich_help_panel="Target", help="File holding the API key."),
-        header: list[str] | None = typer.Option(None, "--header", metavar="'NAME: VALUE'", rich_help_panel="Target", help="Extra request header. Repeatable."),
-        secret_header: list[str] | None = typer.Option(None, "--secret-header", metavar="NAME", rich_help_panel="Target", help="NAME of a --header whose value is a secret. Repeatable."),
-        ca_bundle: Path | None = typer.Option(None, "--ca-bundle", metavar="PATH", rich_help_panel="Target", help="CA bundle for engines behind TLS with a private CA."),
-        client_cert: Path | None = typer.Option(None, "--client-cert", metavar="PATH", rich_help_panel="Target", help="Client certificate (PEM) for mutual TLS."),
-        client_key: Path | None = typer.Option(None, "--client-key", metavar="PATH", rich_help_panel="Target", help="Private key (PEM) for --client-cert."),
+        endpoints: list[str] | None = options.ENDPOINTS,
+        entry: str | None = options.ENTRY,
+        entry_api: str = options.ENTRY_API,
+        spec: Path | None = typer.Option(None, "--spec", metavar="SPEC.yaml", rich_help_panel="Target", help="Watch the running engines this boot spec describes, at the URLs its port numbers fix (nothing is booted)."),
+        inventory: Path | None = typer.Option(None, "--inventory", metavar="FLEET.yaml", rich_help_panel="Target", help="Watch every attach deployment of this fleet inventory, one after another each round, each under its own name."),
+        engine: str = options.ENGINE,
+        model: str | None = options.MODEL,
+        logs: list[str] | None = options.LOGS,
+        api_key_env: str | None = options.API_KEY_ENV,
+        api_key_file: Path | None = options.API_KEY_FILE,
+        headers: list[str] | None = options.HEADERS,
+        secret_headers: list[str] | None = options.SECRET_HEADERS,
+        ca_bundle: Path | None = options.CA_BUNDLE,
+        client_cert: Path | None = options.CLIENT_CERT,
+        client_key: Path | None = options.CLIENT_KEY,
         allow_insecure_key: bool = typer.Option(False, "--allow-insecure-key", rich_help_panel="Target", help="Use a --client-key that others can read."),
-        tenant_a_key_env: str | None = typer.Option(None, "--tenant-a-key-env", metavar="VAR", rich_help_panel="Canaries", help="Environment variable holding synthetic tenant A's API key."),
-        tenant_b_key_env: str | None = typer.Option(None, "--tenant-b-key-env", metavar="VAR", rich_help_panel="Canaries", help="Environment variable holding synthetic tenant B's API key."),
-        tenant_header: str | None = typer.Option(None, "--tenant-header", metavar="NAME", rich_help_panel="Canaries", help="Header NAME the deployment reads the tenant from."),
+        tenant_a_key_env: str | None = options.TENANT_A_KEY_ENV,
+        tenant_b_key_env: str | None = options.TENANT_B_KEY_ENV,
+        tenant_header: str | None = options.TENANT_HEADER,
         no_canaries: bool = typer.Option(False, "--no-canaries", rich_help_panel="Canaries", help="Send no request: drift and hazards only (read-only)."),
         record: Path | None = typer.Option(None, "--record", metavar="FILE", rich_help_panel="Drift", help="The signed release record the deployment must still match (needs --key)."),
         key: Path | None = typer.Option(None, "--key", metavar="PUB", rich_help_panel="Drift", help="The public key the --record is signed with."),
         interval: float = typer.Option(60.0, "--interval", metavar="S", rich_help_panel="Rounds", help="Seconds between rounds."),
         once: bool = typer.Option(False, "--once", rich_help_panel="Rounds", help="One round, then exit as check does: 0 clean, 1 a finding, 3 not measured (cron, CronJobs)."),
         rounds: int | None = typer.Option(None, "--rounds", metavar="N", rich_help_panel="Rounds", help="Stop after N rounds; exit with the last round's code."),
-        max_tokens_per_hour: int | None = typer.Option(None, "--max-tokens-per-hour", metavar="N", rich_help_panel="Rounds", help="Cap the canaries' prompt tokens per hour; a round that would go over it sends nothing and says so."),
+        max_tokens_per_hour: int | None = typer.Option(None, "--max-tokens-per-hour", metavar="N", rich_help_panel="Rounds", help="Cap the prompt tokens sent per hour (canaries and full rounds); a round that would go over it sends nothing and says so."),
+        full_every: str | None = typer.Option(None, "--full-every", metavar="DURATION", rich_help_panel="Rounds", help="Seconds, or 30m, 6h, 1d: the first round and then one round this often also sends one near-context request and one over-capacity request that must be refused, judged as check judges them."),
         timeout: float = typer.Option(10.0, "--timeout", metavar="S", rich_help_panel="Rounds", help="Seconds to wait for one read or one canary answer."),
         listen: str | None = typer.Option(None, "--listen", metavar="HOST:PORT", rich_help_panel="Output", help="Serve Prometheus metrics here, or off. [default: 127.0.0.1:9478; off with --once]"),
         textfile: Path | None = typer.Option(None, "--textfile", metavar="DIR", rich_help_panel="Output", help="Also write the metrics to DIR/kvpreflight-watch-NAME.prom after each round (node_exporter's textfile collector)."),
         name: str | None = typer.Option(None, "--name", metavar="NAME", rich_help_panel="Output", help="The deployment's name: the `deployment` label of every series. [default: the entry URL, else the first endpoint]"),
     ) -> None:
         """Watch running engines: every --interval, drift against a signed record, the engines' hazard counters and danger log lines, and two synthetic tenants' canaries. One JSON line per round on stdout; Prometheus metrics on --listen."""
-        from kvpreflight.check_options import CheckOptions, build_plan
+        from kvpreflight.check_options import options_from
+
+        args = options_from(locals(), capacity_only=True)  # the parameters are CheckOptions' fields
+        from dataclasses import replace
+
+        from kvpreflight.check_options import build_plan
         from kvpreflight.commands.check import progress
-        from kvpreflight.errors import ConfigError
+        from kvpreflight.errors import ConfigError, naming
         from kvpreflight.formats._common import label_url
+        from kvpreflight.model import EntryApi
         from kvpreflight.redact import Redactor
         from kvpreflight.targets import positive
-        from kvpreflight.watch.budget import BudgetPlan
-        from kvpreflight.watch.loop import Watcher, WatchSettings
+        from kvpreflight.watch.budget import BudgetPlan, parse_every
+        from kvpreflight.watch.loop import exit_code, stated_budget, watchers_for
         from kvpreflight.watch.metrics import WatchMetrics
         from kvpreflight.watch.service import DEFAULT_LISTEN, ServiceOutputs, parse_listen, run_service
 
-        if not endpoint and not entry:
-            raise ConfigError("no --endpoint given; pass the URL of every engine, or --entry ROUTER (a router that lists its workers)")
+        given = [flag for flag, on in (("--endpoint/--entry", bool(endpoints or entry)), ("--spec", spec is not None),
+                                       ("--inventory", inventory is not None)) if on]
+        if not given:
+            raise ConfigError("no --endpoint given; pass the URL of every engine, --entry ROUTER (a router that lists its "
+                              "workers), --spec SPEC.yaml or --inventory FLEET.yaml")
+        if len(given) > 1:
+            raise ConfigError(f"{' and '.join(given)} both name what to watch; give one of --endpoint/--entry, --spec, --inventory")
         for flag, value in (("--interval", interval), ("--rounds", rounds), ("--max-tokens-per-hour", max_tokens_per_hour)):
             try:
                 positive(value)
             except ConfigError as exc:
                 raise exc.under(flag) from None
+        full_every_s = None
+        if full_every is not None:
+            with naming("--full-every"):
+                full_every_s = parse_every(full_every)
+            if no_canaries:
+                raise ConfigError("--full-every sends requests and --no-canaries sends none; drop one of them")
         if once and rounds is not None:
             raise ConfigError("--once is --rounds 1; pass one of them")
         if (record is None) != (key is None):
@@ -78,36 +101,84 @@ def register(app: typer.Typer) -> None:
             where = parse_listen(listen if listen is not None else ("off" if once else DEFAULT_LISTEN))
         except ConfigError as exc:
             raise exc.under("--listen") from None
-        args = CheckOptions(endpoints=tuple(endpoint or ()), entry=entry, engine=engine, model=model, logs=tuple(log or ()),
-                         api_key_env=api_key_env, api_key_file=api_key_file, headers=tuple(header or ()),
-                         secret_headers=tuple(secret_header or ()), ca_bundle=ca_bundle, client_cert=client_cert,
-                         client_key=client_key, allow_insecure_key=allow_insecure_key, capacity_only=True, timeout=timeout,
-                         tenant_a_key_env=tenant_a_key_env, tenant_b_key_env=tenant_b_key_env, tenant_header=tenant_header)
-        plan = build_plan(args)
+        default_name = None
+        if spec is not None:
+            from kvpreflight.boot import load_spec
+            from kvpreflight.watch.targets import spec_targets
+
+            described = load_spec(spec)
+            described.check_client_certificate()
+            described.check_client_key_private(allow_insecure=allow_insecure_key)
+            found = spec_targets(described)
+            if found.client_cert is not None and client_cert is not None:
+                raise ConfigError(f"--spec {spec} sets client_cert, and --client-cert is given too; keep one")
+            args = replace(args, endpoints=found.endpoints, entry=found.entry,
+                           engine=engine if engine != "auto" else found.engine, context_length=found.context_length,
+                           client_cert=Path(found.client_cert) if found.client_cert else client_cert,
+                           client_key=Path(found.client_key) if found.client_key else client_key)
+            default_name = found.deployment
+        from kvpreflight.watch.targets import Watched
+
+        if inventory is not None:
+            from kvpreflight.fleet.inventory import load_inventory
+            from kvpreflight.watch.targets import inventory_plans
+
+            unwanted = [flag for flag, on in (("--log", bool(logs)), ("--engine", engine != "auto"), ("--model", model is not None),
+                                              ("--api-key-env", api_key_env is not None), ("--api-key-file", api_key_file is not None),
+                                              ("--client-cert", client_cert is not None), ("--client-key", client_key is not None),
+                                              ("--name", name is not None)) if on]
+            if unwanted:
+                raise ConfigError(f"--inventory names each deployment's engines, logs, key, certificate and name; "
+                                  f"drop {', '.join(unwanted)}")
+            if record is not None:
+                raise ConfigError("--record is one deployment's release record; with --inventory drop --record and --key "
+                                  "(or watch that deployment alone with --endpoint/--entry and its --record)")
+            try:
+                api = EntryApi(entry_api)
+            except ValueError:
+                raise ConfigError(f"--entry-api {entry_api!r}: choose one of {', '.join(a.value for a in EntryApi)}") from None
+            fleet = load_inventory(inventory)
+            shared = replace(build_plan(replace(args, entry_api="native")), entry_api=api)
+            plans = inventory_plans(fleet, shared)
+        else:
+            plan = build_plan(args)
+            deployment = name or default_name or label_url(plan.entry) or label_url(plan.targets[0].url) or "kvpreflight"
+            plans = [Watched(name=deployment, plan=plan)]
         baseline = None
         if record is not None and key is not None:
             from kvpreflight.watch.drift import load_baseline
 
             baseline = load_baseline(record, key)
-        scrub = Redactor(plan.auth.secrets).text
+        scrub = Redactor(frozenset().union(*(w.plan.auth.secrets for w in plans))).text
 
         def say(message: str) -> None:
             progress(scrub(message))
 
-        budget = BudgetPlan(interval_s=interval, max_tokens_per_hour=max_tokens_per_hour)
-        say(budget.statement() if not no_canaries else "no canaries (--no-canaries): reads only, sends no request")
+        budget = BudgetPlan(interval_s=interval, max_tokens_per_hour=max_tokens_per_hour, full_every_s=full_every_s)
+        watchers = watchers_for(plans, budget=budget, baseline=baseline, canaries=not no_canaries, progress=say)
+        sending = [w for w in watchers if w.settings.canaries]
+        if full_every_s is not None and sending:
+            say("reading the engines once to size the full rounds")
+        if sending:
+            say(stated_budget(budget, sending).statement())
+        else:
+            say("no canaries (--no-canaries): reads only, sends no request" if no_canaries
+                else "every deployment is capacity_only: reads only, sends no request")
         if baseline is not None:
             say(f"drift against {baseline.source} (signed by keyid {baseline.keyid[:16]}…, {baseline.time}): "
                 f"{len(baseline.engines)} engine(s)")
-        deployment = name or label_url(plan.entry) or label_url(plan.targets[0].url) or "kvpreflight"
-        watcher = Watcher(WatchSettings(plan=plan, budget=budget, baseline=baseline, canaries=not no_canaries), progress=say)
+        if inventory is not None:
+            say(f"watching {len(plans)} deployment(s) of {inventory}: {', '.join(w.name for w in plans)}")
+
         def write_line(line: str) -> None:
             sys.stdout.write(line + "\n")
             sys.stdout.flush()  # a round's line is out when the round is, even into a pipe
 
-        outputs = ServiceOutputs(write_line=write_line,
-                                 progress=say, scrub=scrub, metrics=WatchMetrics(deployment), listen=where, textfile=textfile)
-        last = run_service(watcher, outputs, interval_s=interval, max_rounds=1 if once else rounds)
+        names = [w.name for w in plans]
+        metrics = WatchMetrics(names[0], deployments=names, name=fleet.name if inventory is not None else None)
+        outputs = ServiceOutputs(write_line=write_line, progress=say, scrub=scrub, metrics=metrics, listen=where,
+                                 textfile=textfile)
+        last = run_service(watchers, outputs, interval_s=interval, max_rounds=1 if once else rounds)
         if once or rounds is not None:
-            raise typer.Exit(last.exit_code if last is not None else 3)
+            raise typer.Exit(exit_code(last))
         say("stopped")

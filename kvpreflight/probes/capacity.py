@@ -121,9 +121,7 @@ class CapacityProber:
         calibration prompts (they get --timeout, enough for a clear rejection)."""
         limits = self.limits
         plan = capacity_plan(limits, self.settings.concurrency, self.tenants.answer_tokens if self.tenants else None)
-        longest = max(limits.served_context + 1, limits.max_accepted + 1)
-        seed = f"kvpreflight capacity probe {self.marker}. Repeat this marker: {self.marker}.\n"
-        ids = self._token_ids(longest, seed)
+        ids = self._token_ids(max(limits.served_context + 1, limits.max_accepted + 1), self._seed())
         self.budget.enter("the capacity probes")
         probes: list[ProbeResult] = []
         small: Completion | None = None
@@ -158,6 +156,21 @@ class CapacityProber:
                         small_request_after=small, own_markers=frozenset({self.marker}), stopped=stopped,
                         speed_note=self.budget.rate_note(), untied_danger_lines=untied,
                         near_context_s=near_context_s(self.budget.speed, limits))
+
+    def send_only(self, planned: Sequence[PlannedRequest]) -> ProbeRun:
+        """Only these single requests of the plan (`capacity_plan`'s sizes), one after another, for
+        the checks to judge as they judge a whole run's: no calibration, no health request, no idle
+        wait (`kvpreflight watch --full-every`). Raises EngineError when no prompt can be built."""
+        ids = self._token_ids(max(p.prompt_tokens for p in planned), self._seed())
+        self.budget.enter("the capacity probes")
+        probes = [r for p in planned if (r := self._one(p, ids[: p.prompt_tokens])) is not None]
+        self._untied.extend(self.logs.take())
+        named, untied = named_by_request_id(probes, self._untied)
+        return ProbeRun(limits=self.limits, probes=tuple(named), own_markers=frozenset({self.marker}),
+                        stopped=self.budget.stopped, speed_note=self.budget.rate_note(), untied_danger_lines=untied)
+
+    def _seed(self) -> str:
+        return f"kvpreflight capacity probe {self.marker}. Repeat this marker: {self.marker}.\n"
 
     def _token_ids(self, count: int, seed: str) -> list[int]:
         return valid_token_ids(self.entry, self.engines.values(), count, seed)

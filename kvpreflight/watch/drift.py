@@ -56,7 +56,8 @@ def drift_findings(baseline: Baseline, snapshots: Sequence[EngineSnapshot], *, u
                    ) -> list[Finding]:
     """Every way the engines read now differ from the record: a smaller pool, a larger served
     context, another version, settings digest, role or model; an engine the record does not
-    name; an engine it names that is gone (not among those read, nor among the `unreadable`,
+    name (and its pool, when smaller than any the record verified for its role); an engine it
+    names that is gone (not among those read, nor among the `unreadable`,
     which are findings of their own)."""
     out: list[Finding] = []
     now = {s.url.rstrip("/"): s for s in snapshots}
@@ -65,12 +66,25 @@ def drift_findings(baseline: Baseline, snapshots: Sequence[EngineSnapshot], *, u
         if recorded is None:
             out.append(_drift("unrecorded-engine", url, f"{url} ({current.role.value}, {current.engine}) is not an engine "
                               f"the record {baseline.source} verified", None, current.role.value))
+            out.extend(_unrecorded_pool(baseline, url, current))
             continue
         out.extend(_engine_drift(url, recorded, current))
     gone = [url for url in baseline.engines if url not in now and url not in unreadable]
     out.extend(_drift("engine-gone", url, f"{url}, verified by the record, is no longer among the engines read",
                       baseline.engines[url].role.value, None) for url in gone)
     return out
+
+
+def _unrecorded_pool(baseline: Baseline, url: str, current: EngineSnapshot) -> list[Finding]:
+    """An engine the record does not name (a worker added behind the router) whose KV pool is
+    smaller than every pool the record verified for its role: the served context was proved
+    against pools this one does not have."""
+    pools = [p for e in baseline.engines.values() if e.role is current.role and (p := e.pool_tokens()) is not None]
+    pool = current.pool_tokens()
+    if not pools or (pool is not None and pool >= min(pools)):
+        return []
+    return [_drift("smaller-pool", url, f"{url}: KV pool {_n(pool)} tokens, not recorded, smaller than the "
+                   f"{min(pools):,} the record verified for every {current.role.value} engine", min(pools), pool)]
 
 
 def _engine_drift(url: str, recorded: EngineSnapshot, current: EngineSnapshot) -> list[Finding]:

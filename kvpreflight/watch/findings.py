@@ -17,6 +17,7 @@ class FindingKind(enum.StrEnum):
     HAZARD = "hazard"  # an engine's own danger counter moved, or its log gained a danger line
     CANARY = "canary"  # a tenant's answer held the other tenant's canary, or a canary request failed
     UNREACHABLE = "unreachable"  # an engine or the entry could not be read this round
+    CAPACITY = "capacity"  # a full round's near-context or over-capacity request failed `check`'s verdict
 
 
 class RoundOutcome(enum.StrEnum):
@@ -59,6 +60,8 @@ class Round:
     prompt_tokens: int = 0  # prompt tokens they submitted
     retry_after_s: float | None = None  # the entry asked to wait this long (HTTP 429 Retry-After)
     engines: tuple[str, ...] = ()  # the engines read this round
+    deployment: str | None = None  # the deployment watched (--name, the spec's, the inventory's)
+    full: bool = False  # a full round: it also sent the near-context and the over-capacity request
     extra: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -72,9 +75,11 @@ class Round:
 
     def to_dict(self) -> dict[str, Any]:
         return {
+            **({"deployment": self.deployment} if self.deployment is not None else {}),
             "round": self.number, "started_at": self.started_at, "finished_at": self.finished_at,
             "outcome": self.outcome.value, "exit_code": self.exit_code,
             "findings": [f.to_dict() for f in self.findings], "not_measured": list(self.not_measured),
             "notes": list(self.notes), "requests": self.requests, "prompt_tokens": self.prompt_tokens,
-            "retry_after_s": self.retry_after_s, "engines": list(self.engines), **self.extra,
+            "retry_after_s": self.retry_after_s, "engines": list(self.engines), "full": self.full,
+            **self.extra,
         }

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +15,7 @@ from typing import Any
 
 from kvpreflight.errors import ConfigError
 from kvpreflight.watch.findings import Round
-from kvpreflight.watch.loop import Watcher
+from kvpreflight.watch.loop import Watcher, run_watchers
 from kvpreflight.watch.metrics import WatchMetrics
 
 DEFAULT_LISTEN = "127.0.0.1:9478"
@@ -48,9 +48,10 @@ class ServiceOutputs:
     textfile: Path | None = None
 
 
-def run_service(watcher: Watcher, outputs: ServiceOutputs, *, interval_s: float, max_rounds: int | None = None,
-                stop: threading.Event | None = None) -> Round | None:
-    """Rounds until stopped (SIGTERM, SIGINT, `stop`) or `max_rounds` ran; returns the last round."""
+def run_service(watchers: Sequence[Watcher], outputs: ServiceOutputs, *, interval_s: float, max_rounds: int | None = None,
+                stop: threading.Event | None = None) -> list[Round]:
+    """Rounds of every watcher (one deployment after another) until stopped (SIGTERM, SIGINT,
+    `stop`) or each ran `max_rounds`; returns each watcher's last round."""
     stop = stop or threading.Event()
     server = None
     if outputs.listen is not None:
@@ -70,7 +71,7 @@ def run_service(watcher: Watcher, outputs: ServiceOutputs, *, interval_s: float,
 
     try:
         with _stopped_by_signals(stop):
-            return watcher.run(stop, emit, interval_s=interval_s, max_rounds=max_rounds)
+            return run_watchers(watchers, stop, emit, interval_s=interval_s, max_rounds=max_rounds)
     finally:
         if server is not None:
             server.shutdown()

@@ -1,7 +1,9 @@
 """`kvpreflight watch` against one running builtin prefill/decode deployment (shared by the
 module, 127.0.0.1 only, stopped by PID): a fault switched on at run time is reported within one
 interval and the round after it is switched off is clean; SIGTERM stops the watcher within 10 s;
-the decode restarted with a smaller pool is drift against the signed record."""
+the decode restarted with a smaller pool, and a prefill added behind the router with a smaller pool
+(the router's loopback-only test hook), are drift against the signed record; a full round
+(--full-every) is judged as check judges it."""
 
 from __future__ import annotations
 
@@ -132,6 +134,49 @@ def test_the_decode_restarted_with_a_smaller_pool_is_drift_against_the_signed_re
     smaller = drift["smaller-pool", trio.decode.url]
     assert (smaller["recorded"], smaller["found"]) == (POOL, SMALLER_POOL)
     assert ("smaller-pool", trio.prefill.url) not in drift
+
+
+def set_prefills(router_url: str, urls: list[str]) -> None:
+    """The builtin router's test hook: its prefill workers from now on (loopback only)."""
+    request = urllib.request.Request(router_url + "/_kvpreflight/workers", data=json.dumps({"prefill_urls": urls}).encode(),
+                                     method="POST", headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=5) as reply:
+        assert reply.status == 200
+
+
+def test_a_worker_added_behind_the_router_with_a_smaller_pool_is_drift_against_the_signed_record(trio, tmp_path):
+    invoke("keygen", "--out", tmp_path / "keys", check_ok=True)
+    record, public = tmp_path / "release.dsse.json", tmp_path / "keys" / "kvpreflight.pub"
+    invoke("check", "--entry", trio.router.url, "--capacity-only", "--record", record, "--sign-key",
+           tmp_path / "keys" / "kvpreflight.key", "--subject", SUBJECT, "--format", "json", check_ok=True)
+    added = start_engine("prefill", tmp_path, name="prefill-added", context_length=CONTEXT, pool_tokens=SMALLER_POOL)
+    try:
+        set_prefills(trio.router.url, [trio.prefill.url, added.url])  # an autoscaler added a smaller worker
+        proc = invoke("watch", "--entry", trio.router.url, "--once", "--no-canaries", "--record", record, "--key", public)
+    finally:
+        set_prefills(trio.router.url, [trio.prefill.url])
+        stop_engine(added)
+    assert proc.returncode == 1, (proc.stdout, proc.stderr)
+    (line,) = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert added.url in line["engines"]
+    drift = {(f["what"], f["endpoint"]): f for f in line["findings"] if f["kind"] == "drift"}
+    assert set(drift) == {("unrecorded-engine", added.url), ("smaller-pool", added.url)}, line["findings"]
+    assert drift["unrecorded-engine", added.url]["found"] == "prefill"
+    smaller = drift["smaller-pool", added.url]
+    assert (smaller["recorded"], smaller["found"]) == (POOL, SMALLER_POOL) and "smaller than" in smaller["message"]
+
+
+def test_a_full_round_sends_a_near_context_and_a_refused_request_through_the_router(trio):
+    """--full-every: the first round also sends the longest accepted prompt and one over capacity,
+    judged by check's overcapacity-rejected and prompt-integrity; the builtin pair passes both."""
+    proc = invoke("watch", "--entry", trio.router.url, "--rounds", "2", "--interval", "0.1", "--listen", "off",
+                  "--full-every", "1h")
+    assert proc.returncode == 0, (proc.stdout, proc.stderr)
+    first, second = [json.loads(x) for x in proc.stdout.splitlines() if x.startswith("{")]
+    assert first["full"] is True and first["outcome"] == "clean", first
+    assert first["requests"] == 6 and first["prompt_tokens"] > CONTEXT  # 4 canaries + near-context + over-capacity
+    assert second["full"] is False and second["requests"] == 4 and second["prompt_tokens"] <= 4 * 160
+    assert "a full round every 3600 s" in proc.stderr and "prompt tokens per hour" in proc.stderr
 
 
 def test_promtool_reads_the_metrics_and_the_shipped_rules_fire_on_drift_and_a_fault(tmp_path):

@@ -117,7 +117,8 @@ def test_usage_errors_exit_2_in_one_line(args, says):
 
 def test_a_worker_the_router_lists_that_the_record_does_not_name_is_drift(fake_engines):
     """vllm-router 0.1.17's GET /workers (tests/unit/test_roles.py) lists a decode the record does
-    not name (an autoscaler added it): drift naming it and its role; the recorded two are clean."""
+    not name (an autoscaler added it) with a smaller pool: drift naming it, its role and both pools;
+    the recorded two are clean."""
     from static_server import static_server
 
     prefill = FakeEngine(snapshot("http://p:1", role=Role.PREFILL)).snap
@@ -131,8 +132,11 @@ def test_a_worker_the_router_lists_that_the_record_does_not_name_is_drift(fake_e
     baseline = Baseline(source="rec.json", keyid="k", time="t", engines={"http://p:1": prefill, "http://d:2": decode})
     with static_server(routes) as router:
         r = watcher(urls=(), entry=router, baseline=baseline, canaries=False).round()
-    (finding,) = r.findings
-    assert (finding.what, finding.endpoint, finding.found) == ("unrecorded-engine", "http://d:3", "decode")
+    found = {(f.what, f.endpoint): f for f in r.findings}
+    assert set(found) == {("unrecorded-engine", "http://d:3"), ("smaller-pool", "http://d:3")}, r.findings
+    assert found["unrecorded-engine", "http://d:3"].found == "decode"
+    # its pool is smaller than every decode pool the record verified: the context was proved against those
+    assert (found["smaller-pool", "http://d:3"].recorded, found["smaller-pool", "http://d:3"].found) == (4096, 1024)
     assert set(r.engines) == {"http://p:1", "http://d:2", "http://d:3"} and r.requests == 0
 
 
@@ -359,7 +363,7 @@ def test_sigterm_stops_the_loop_within_seconds_even_with_a_request_in_flight(fak
     before = signal.getsignal(signal.SIGTERM)
     started = time.monotonic()
     try:
-        last = run_service(watcher(), outputs, interval_s=60)
+        (last,) = run_service([watcher()], outputs, interval_s=60)
     finally:
         release.set()
         stopped = time.monotonic() - started
