@@ -59,13 +59,8 @@ def register(app: typer.Typer) -> None:
         from kvpreflight.check_options import options_from
 
         args = options_from(locals(), capacity_only=True)  # the parameters are CheckOptions' fields
-        from dataclasses import replace
-
-        from kvpreflight.check_options import build_plan
         from kvpreflight.commands.check import progress
         from kvpreflight.errors import ConfigError, naming
-        from kvpreflight.formats._common import label_url
-        from kvpreflight.model import EntryApi
         from kvpreflight.redact import Redactor
         from kvpreflight.targets import positive
         from kvpreflight.watch.budget import BudgetPlan, parse_every
@@ -101,49 +96,9 @@ def register(app: typer.Typer) -> None:
             where = parse_listen(listen if listen is not None else ("off" if once else DEFAULT_LISTEN))
         except ConfigError as exc:
             raise exc.under("--listen") from None
-        default_name = None
-        if spec is not None:
-            from kvpreflight.boot import load_spec
-            from kvpreflight.watch.targets import spec_targets
+        from kvpreflight.watch.targets import watched_deployments
 
-            described = load_spec(spec)
-            described.check_client_certificate()
-            described.check_client_key_private(allow_insecure=allow_insecure_key)
-            found = spec_targets(described)
-            if found.client_cert is not None and client_cert is not None:
-                raise ConfigError(f"--spec {spec} sets client_cert, and --client-cert is given too; keep one")
-            args = replace(args, endpoints=found.endpoints, entry=found.entry,
-                           engine=engine if engine != "auto" else found.engine, context_length=found.context_length,
-                           client_cert=Path(found.client_cert) if found.client_cert else client_cert,
-                           client_key=Path(found.client_key) if found.client_key else client_key)
-            default_name = found.deployment
-        from kvpreflight.watch.targets import Watched
-
-        if inventory is not None:
-            from kvpreflight.fleet.inventory import load_inventory
-            from kvpreflight.watch.targets import inventory_plans
-
-            unwanted = [flag for flag, on in (("--log", bool(logs)), ("--engine", engine != "auto"), ("--model", model is not None),
-                                              ("--api-key-env", api_key_env is not None), ("--api-key-file", api_key_file is not None),
-                                              ("--client-cert", client_cert is not None), ("--client-key", client_key is not None),
-                                              ("--name", name is not None)) if on]
-            if unwanted:
-                raise ConfigError(f"--inventory names each deployment's engines, logs, key, certificate and name; "
-                                  f"drop {', '.join(unwanted)}")
-            if record is not None:
-                raise ConfigError("--record is one deployment's release record; with --inventory drop --record and --key "
-                                  "(or watch that deployment alone with --endpoint/--entry and its --record)")
-            try:
-                api = EntryApi(entry_api)
-            except ValueError:
-                raise ConfigError(f"--entry-api {entry_api!r}: choose one of {', '.join(a.value for a in EntryApi)}") from None
-            fleet = load_inventory(inventory)
-            shared = replace(build_plan(replace(args, entry_api="native")), entry_api=api)
-            plans = inventory_plans(fleet, shared)
-        else:
-            plan = build_plan(args)
-            deployment = name or default_name or label_url(plan.entry) or label_url(plan.targets[0].url) or "kvpreflight"
-            plans = [Watched(name=deployment, plan=plan)]
+        plans, fleet_name = watched_deployments(args, spec=spec, inventory=inventory, name=name, with_record=record is not None)
         baseline = None
         if record is not None and key is not None:
             from kvpreflight.watch.drift import load_baseline
@@ -175,7 +130,7 @@ def register(app: typer.Typer) -> None:
             sys.stdout.flush()  # a round's line is out when the round is, even into a pipe
 
         names = [w.name for w in plans]
-        metrics = WatchMetrics(names[0], deployments=names, name=fleet.name if inventory is not None else None)
+        metrics = WatchMetrics(names[0], deployments=names, name=fleet_name)
         outputs = ServiceOutputs(write_line=write_line, progress=say, scrub=scrub, metrics=metrics, listen=where,
                                  textfile=textfile)
         last = run_service(watchers, outputs, interval_s=interval, max_rounds=1 if once else rounds)

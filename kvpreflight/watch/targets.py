@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from kvpreflight.boot.spec import PLACEHOLDER, DeploymentSpec
+from kvpreflight.check_options import CheckOptions
 from kvpreflight.check_plan import CheckPlan
 from kvpreflight.errors import ConfigError, KvpreflightError
 from kvpreflight.fleet.inventory import AttachTarget, Inventory
@@ -104,3 +106,54 @@ def inventory_plans(inventory: Inventory, shared: CheckPlan) -> list[Watched]:
                        context_length=own.context_length, logs=own.logs, auth=auth, waivers=own.waivers)
         out.append(Watched(name=deployment.name, plan=plan, read_only=own.capacity_only))
     return out
+
+
+def watched_deployments(options: CheckOptions, *, spec: Path | None = None, inventory: Path | None = None,
+                        name: str | None = None, with_record: bool = False) -> tuple[list[Watched], str | None]:
+    """What `watch` watches, from its options and at most one of a boot spec and a fleet
+    inventory: each deployment's name and plan, and the fleet's name (an inventory's metrics file
+    is named after it). Every problem is a ConfigError naming the flag or the file and field."""
+    from kvpreflight.check_options import build_plan
+    from kvpreflight.formats._common import label_url
+
+    default_name = None
+    if spec is not None:
+        from kvpreflight.boot import load_spec
+
+        described = load_spec(spec)
+        described.check_client_certificate()
+        described.check_client_key_private(allow_insecure=options.allow_insecure_key)
+        found = spec_targets(described)
+        if found.client_cert is not None and options.client_cert is not None:
+            raise ConfigError(f"--spec {spec} sets client_cert, and --client-cert is given too; keep one")
+        options = replace(options, endpoints=found.endpoints, entry=found.entry,
+                          engine=options.engine if options.engine != "auto" else found.engine,
+                          context_length=found.context_length,
+                          client_cert=Path(found.client_cert) if found.client_cert else options.client_cert,
+                          client_key=Path(found.client_key) if found.client_key else options.client_key)
+        default_name = found.deployment
+    if inventory is None:
+        plan = build_plan(options)
+        deployment = name or default_name or label_url(plan.entry) or label_url(plan.targets[0].url) or "kvpreflight"
+        return [Watched(name=deployment, plan=plan)], None
+    from kvpreflight.fleet.inventory import load_inventory
+
+    unwanted = [flag for flag, on in (("--log", bool(options.logs)), ("--engine", options.engine != "auto"),
+                                      ("--model", options.model is not None), ("--api-key-env", options.api_key_env is not None),
+                                      ("--api-key-file", options.api_key_file is not None),
+                                      ("--client-cert", options.client_cert is not None),
+                                      ("--client-key", options.client_key is not None), ("--name", name is not None)) if on]
+    if unwanted:
+        raise ConfigError(f"--inventory names each deployment's engines, logs, key, certificate and name; drop {', '.join(unwanted)}")
+    if with_record:
+        raise ConfigError("--record is one deployment's release record; with --inventory drop --record and --key "
+                          "(or watch that deployment alone with --endpoint/--entry and its --record)")
+    fleet = load_inventory(inventory)
+    # The flags' plan holds what every deployment shares; it has no entry of its own, so an
+    # openai entry API is checked per deployment (inventory_plans).
+    try:
+        api = EntryApi(options.entry_api)
+    except ValueError:
+        raise ConfigError(f"--entry-api {options.entry_api!r}: choose one of {', '.join(a.value for a in EntryApi)}") from None
+    shared = replace(build_plan(replace(options, entry_api="native")), entry_api=api)
+    return inventory_plans(fleet, shared), fleet.name
