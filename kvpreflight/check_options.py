@@ -58,6 +58,7 @@ class CheckOptions:
     endpoints: tuple[str, ...] = ()
     entry: str | None = None
     entry_api: str = "native"
+    entry_model: str | None = None  # the model name clients send to the entry (a gateway's alias)
     engine: str = "auto"
     model: str | None = None
     context_length: int | None = None
@@ -112,6 +113,10 @@ def check_fields(options: CheckOptions, label: Label = flag) -> None:
     if options.engine != "auto" and options.engine not in ENGINES:
         raise ConfigError(f"{label('engine')} {options.engine!r}: choose auto or one of {', '.join(ENGINES)}")
     _entry_api(options.entry_api, entry, label)
+    if options.entry_model is not None and entry is None:
+        raise ConfigError(f"{label('entry_model')} names the model at the {label('entry')} URL; add {label('entry')} URL")
+    if options.entry_model is not None and not options.entry_model.strip():
+        raise ConfigError(f"{label('entry_model')} is empty; give the model name clients send to the entry, or leave it out")
     for name in ("context_length", "timeout", "deadline", "max_context_equivalents", "concurrency", "accepted_tokens_per_second"):
         with naming(label(name)):
             t.positive(getattr(options, name))
@@ -215,7 +220,7 @@ def build_plan(options: CheckOptions, *, booted: bool = False, label: Label = fl
     all_secrets = secrets_of(values=secrets, headers=[*headers.items(), *tenant_headers[0].items(), *tenant_headers[1].items()],
                              urls=[*(e.url for e in endpoints), entry])
     return CheckPlan(
-        targets=endpoints, entry=entry, entry_api=EntryApi(options.entry_api), engine=options.engine, model=options.model,
+        targets=endpoints, entry=entry, entry_api=EntryApi(options.entry_api), entry_model=options.entry_model, engine=options.engine, model=options.model,
         context_length=options.context_length, logs=logs,
         auth=Auth(headers=headers, ca_bundle=str(options.ca_bundle) if options.ca_bundle else None,
                   client_cert=str(options.client_cert) if options.client_cert else None,

@@ -60,7 +60,7 @@ def run_check(check_plan: CheckPlan, progress: Callable[[str], None] = lambda _:
             logs = _log_watch(check_plan, group, adapters, listing)
             run, isolation = _probe(check_plan, entry, group, adapters, settings, budget, progress, logs)
             ctx = CheckContext(tuple(group), thresholds, check_plan.context_length, run, entry_url, advisories,
-                               isolation=isolation)
+                               isolation=isolation, entry_model=check_plan.entry_model)
             results.extend(run_checks(ctx, per_group_ids, check_plan.waivers))
         cost = None
         if budget.cost.requests:
@@ -268,14 +268,14 @@ def probe_groups(check_plan: CheckPlan, snapshots: Sequence[EngineSnapshot]) -> 
 def entry_adapter(check_plan: CheckPlan, entry_url: str | None, group: list[EngineSnapshot], client: HttpClient
                    ) -> EngineAdapter | None:
     """The adapter every probe request goes through: the engines' kind at the entry's URL (on the
-    OpenAI routes for a gateway that serves only those), naming the model they serve (OpenAI-style
-    routes need it). None when there is no entry to probe."""
+    OpenAI routes for a gateway that serves only those), naming the model they serve, or the
+    --entry-model a gateway knows them by (OpenAI-style routes need it). None when there is no entry to probe."""
     if entry_url is None or not group:
         return None
     cls = adapter_class(group[0].engine)
     if check_plan.entry_api is EntryApi.OPENAI:
         cls = openai_entry(cls)
-    return cls(entry_url, client, model=group[0].model)
+    return cls(entry_url, client, model=check_plan.entry_model or group[0].model)
 
 
 def _probe(check_plan: CheckPlan, entry: EngineAdapter | None, group: list[EngineSnapshot], adapters: Mapping[str, EngineAdapter],

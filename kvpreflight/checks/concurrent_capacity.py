@@ -35,7 +35,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         elif c.truncated or (c.prompt_tokens is not None and c.prompt_tokens < c.sent_tokens):
             verdicts.append((Status.FAIL, f"{p.name}: prompt truncated ({c.prompt_tokens} of {c.sent_tokens})"))
         elif c.served and c.completion_tokens:
-            elsewhere = answered_elsewhere(p, ctx.snapshots)
+            elsewhere = answered_elsewhere(p, ctx.snapshots, ctx.entry_model)
             verdicts.append((Status.PASS, f"{p.name}: served") if elsewhere is None else
                             (Status.INCONCLUSIVE, f"{p.name}: served, but {elsewhere}, so it shows nothing about them"))
         else:

@@ -21,6 +21,7 @@ class CheckContext:
     advisories: tuple[Advisory, ...] = ()
     expected_model: str | None = None  # --model
     isolation: IsolationRun | None = None  # the two-tenant probes (None: not run, see probes)
+    entry_model: str | None = None  # --entry-model: the name the entry knows the engines' model by
 
     def checked_context(self, snapshot: EngineSnapshot) -> int | None:
         """The larger of what the engine serves and what the operator promises."""

@@ -30,7 +30,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     generated = c.completion_tokens
     if generated is None:
         return [CheckResult(ID, Status.INCONCLUSIVE, "served, but the engine reports no completion token count", ctx.entry, ev)]
-    elsewhere = answered_elsewhere(p, ctx.snapshots)
+    elsewhere = answered_elsewhere(p, ctx.snapshots, ctx.entry_model)
     if c.sent_tokens + generated > served:  # what the client got, whoever answered it
         also = f"; {elsewhere}" if elsewhere else ""
         return [CheckResult(ID, Status.FAIL, f"generated {generated} tokens after a {c.sent_tokens:,}-token prompt: past the served context of {served:,}{also}", ctx.entry, ev)]

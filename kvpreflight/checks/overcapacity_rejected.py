@@ -43,7 +43,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             moved = {u: d for u, d in moved.items() if d}
             if moved:
                 status, message = Status.FAIL, f"refused, but KV reached the decode engine first (counters moved: {moved})"
-        elsewhere = answered_elsewhere(p, ctx.snapshots)
+        elsewhere = answered_elsewhere(p, ctx.snapshots, ctx.entry_model)
         if elsewhere is not None:  # the gateway's 200 hides the checked engine's refusal: still a fail (clients got an answer)
             status, message = Status.FAIL, f"{message}; {elsewhere}"
         elif status is Status.FAIL and not p.completion.rejected:
@@ -62,7 +62,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if twin is None:
         verdicts.append((Status.INCONCLUSIVE, run.missing("the shorter twin (boundary-accept)")
                          + ", so a refusal cannot be shown to be about length", {}))
-    elif (twin_elsewhere := answered_elsewhere(twin, ctx.snapshots)) is not None:
+    elif (twin_elsewhere := answered_elsewhere(twin, ctx.snapshots, ctx.entry_model)) is not None:
         verdicts.append((Status.INCONCLUSIVE, f"the shorter twin (boundary-accept) was {twin_elsewhere}, so the checked "
                          "engine's acceptance of it is not shown", probe_evidence(twin)))
     elif not accepted(twin.completion):
@@ -77,5 +77,5 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     fix = f"; {FIX}" if worst is Status.FAIL else ""
     result = CheckResult(ID, worst, "; ".join(lines) + gap + fix, ctx.entry,
                          {"probes": [e for _, _, e in verdicts], "twin_accepted": bool(twin and accepted(twin.completion)
-                                                                and answered_elsewhere(twin, ctx.snapshots) is None)})
+                                                                and answered_elsewhere(twin, ctx.snapshots, ctx.entry_model) is None)})
     return [result, *unreached(ctx, ID)]

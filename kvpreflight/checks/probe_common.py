@@ -70,16 +70,17 @@ def refusal_verdict(c: Completion) -> tuple[Status, str]:
                          f"generated tokens{finish}: the over-capacity request was served, not rejected")
 
 
-def answered_elsewhere(p: ProbeResult, snapshots: Sequence[EngineSnapshot]) -> str | None:
+def answered_elsewhere(p: ProbeResult, snapshots: Sequence[EngineSnapshot], entry_model: str | None = None) -> str | None:
     """Why an answer to this probe did not come from the checked engines (a gateway's fallback to
-    another deployment), or None: the answer names a model none of them serves, or every checked
-    engine's counters were read and no prompt-token counter moved."""
+    another deployment), or None: the answer names a model none of them serves (nor the
+    `entry_model` alias the request named), or every checked engine's counters were read and no
+    prompt-token counter moved."""
     c = p.completion
     if c.status != 200 or not (c.text or c.completion_tokens):
         return None
     said = []
     served = {s.model for s in snapshots if s.model}
-    if c.answer_model is not None and served and c.answer_model not in served:
+    if c.answer_model is not None and served and c.answer_model not in served | {entry_model}:
         said.append(f"the answer names model {c.answer_model!r}, which the checked engine(s) do not serve "
                     f"({', '.join(sorted(served))})")
     counted = [p.counter_deltas[s.url].get("prompt_tokens") for s in snapshots if s.url in p.counter_deltas]

@@ -40,7 +40,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     counted = _counted(run, computing_tier(ctx.snapshots))
     ev = {**ev, "engine_counts": {name: count.evidence() for name, count in counted}}
     short = [f"{name}: {count.describe()}" for name, count in counted if count.tally is Tally.SHORT]
-    elsewhere = answered_elsewhere(p, ctx.snapshots)
+    elsewhere = answered_elsewhere(p, ctx.snapshots, ctx.entry_model)
     if short:  # a deficit is evidence whoever answered: a fail, with the other deployment named if it shows
         also = f"; or it was {elsewhere}" if elsewhere else ""
         return [CheckResult(ID, Status.FAIL, f"the answer reports all {c.sent_tokens:,} prompt tokens processed, but the engines' "

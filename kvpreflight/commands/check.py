@@ -45,6 +45,7 @@ def register(app: typer.Typer) -> None:
     def check(
         endpoints: list[str] | None = options.ENDPOINTS,
         entry_api: str = options.ENTRY_API,
+        entry_model: str | None = options.ENTRY_MODEL,
         entry: str | None = options.ENTRY,
         engine: str = options.ENGINE,
         model: str | None = options.MODEL,

@@ -26,6 +26,7 @@ def register(app: typer.Typer) -> None:
         endpoints: list[str] | None = options.ENDPOINTS,
         entry: str | None = options.ENTRY,
         entry_api: str = options.ENTRY_API,
+        entry_model: str | None = options.ENTRY_MODEL,
         spec: Path | None = typer.Option(None, "--spec", metavar="SPEC.yaml", rich_help_panel="Target", help="Watch the running engines this boot spec describes, at the URLs its port numbers fix (nothing is booted)."),
         inventory: Path | None = typer.Option(None, "--inventory", metavar="FLEET.yaml", rich_help_panel="Target", help="Watch every attach deployment of this fleet inventory, one after another each round, each under its own name."),
         engine: str = options.ENGINE,

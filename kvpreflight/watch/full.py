@@ -115,7 +115,7 @@ def full_round(plan: CheckPlan, target: FullTarget, engines: Mapping[str, Engine
                               requests=budget.cost.requests, prompt_tokens=budget.cost.prompt_tokens)
     finally:
         http.close()
-    ctx = CheckContext(target.group, thresholds, plan.context_length, run, target.entry.url)
+    ctx = CheckContext(target.group, thresholds, plan.context_length, run, target.entry.url, entry_model=plan.entry_model)
     findings: list[Finding] = []
     missing: list[str] = []
     notes: list[str] = []

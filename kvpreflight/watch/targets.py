@@ -92,8 +92,8 @@ def inventory_plans(inventory: Inventory, shared: CheckPlan) -> list[Watched]:
             raise ConfigError(f"{where}: {exc}") from None
         # What the deployment's entry says wins; the flags fill in what it leaves unsaid.
         entry_api = own.entry_api if own.entry_api is EntryApi.OPENAI else shared.entry_api
-        if entry_api is EntryApi.OPENAI and own.entry is None:
-            raise ConfigError(f"{where}: --entry-api openai names the API of each deployment's entry, and it has none; "
+        if (entry_api is EntryApi.OPENAI or shared.entry_model) and own.entry is None:
+            raise ConfigError(f"{where}: --entry-api openai and --entry-model name each deployment's entry, and it has none; "
                               "add attach.entry")
         tenants = own.auth if own.auth.tenant_binding else shared.auth
         auth = replace(shared.auth, headers={**shared.auth.headers, **own.auth.headers},
@@ -102,7 +102,8 @@ def inventory_plans(inventory: Inventory, shared: CheckPlan) -> list[Watched]:
                        client_key=own.auth.client_key if own.auth.client_cert else shared.auth.client_key,
                        tenant_headers=tenants.tenant_headers, tenant_binding=tenants.tenant_binding,
                        secrets=shared.auth.secrets | own.auth.secrets)
-        plan = replace(shared, targets=own.targets, entry=own.entry, entry_api=entry_api, engine=own.engine, model=own.model,
+        plan = replace(shared, targets=own.targets, entry=own.entry, entry_api=entry_api, entry_model=own.entry_model or shared.entry_model,
+                       engine=own.engine, model=own.model,
                        context_length=own.context_length, logs=own.logs, auth=auth, waivers=own.waivers)
         out.append(Watched(name=deployment.name, plan=plan, read_only=own.capacity_only))
     return out
@@ -155,5 +156,6 @@ def watched_deployments(options: CheckOptions, *, spec: Path | None = None, inve
         api = EntryApi(options.entry_api)
     except ValueError:
         raise ConfigError(f"--entry-api {options.entry_api!r}: choose one of {', '.join(a.value for a in EntryApi)}") from None
-    shared = replace(build_plan(replace(options, entry_api="native")), entry_api=api)
+    shared = replace(build_plan(replace(options, entry_api="native", entry_model=None)), entry_api=api,
+                     entry_model=options.entry_model)
     return inventory_plans(fleet, shared), fleet.name

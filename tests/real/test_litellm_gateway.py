@@ -30,16 +30,19 @@ CONTEXT = 2048  # the checked engine's; small, so the probes are quick
 LARGE_CONTEXT = 8192  # the fallback deployment's
 # The model groups: each checked engine serves its group's name (what kvpreflight asks the proxy for).
 PLAIN_MODEL, GUARDED_MODEL, FALLBACK_MODEL = "kvp-small", "kvp-small-with-fallback", "kvp-large"
+ALIAS = "chat-prod"  # a model group whose name is not the engine's: clients ask for it (--entry-model)
 PROXY_READY_S = float(os.environ.get("KVPREFLIGHT_LITELLM_READY_TIMEOUT", "180"))  # imports, on a loaded machine
 
 
 def proxy_config(engines: dict[str, RunningEngine]) -> str:
     """LiteLLM's config.yaml (docs.litellm.ai/docs/proxy/configs, .../routing#fallbacks): the openai/
-    provider per model group; a context-window fallback for the guarded group only."""
+    provider per model group; a context-window fallback for the guarded group only; ALIAS, a second
+    group on the plain engine under a name it does not serve."""
+    groups = [*((name, name, e) for name, e in engines.items()), (ALIAS, PLAIN_MODEL, engines[PLAIN_MODEL])]
     config = {
-        "model_list": [{"model_name": name, "litellm_params": {"model": f"openai/{name}", "api_base": f"{e.url}/v1",
-                                                               "api_key": "none", "max_retries": 0}}
-                       for name, e in engines.items()],
+        "model_list": [{"model_name": group, "litellm_params": {"model": f"openai/{served}", "api_base": f"{e.url}/v1",
+                                                                "api_key": "none", "max_retries": 0}}
+                       for group, served, e in groups],
         "litellm_settings": {"context_window_fallbacks": [{GUARDED_MODEL: [FALLBACK_MODEL]}]},
     }
     return json.dumps(config)  # YAML reads JSON
@@ -72,10 +75,10 @@ def gateway(litellm_binary, tmp_path_factory) -> Iterator[tuple[EngineProcess, d
             stop_engine(engine)
 
 
-def check_through(proxy: EngineProcess, engine: RunningEngine, key: str) -> tuple[int, dict, str]:
+def check_through(proxy: EngineProcess, engine: RunningEngine, key: str, *extra: str) -> tuple[int, dict, str]:
     proc = subprocess.run(
         [sys.executable, "-m", "kvpreflight", "check", "--endpoint", engine.url, "--entry", proxy.url, "--entry-api", "openai",
-         "--api-key-env", "GATEWAY_KEY", "--format", "json", "--timeout", "20", "--deadline", "120"],
+         "--api-key-env", "GATEWAY_KEY", "--format", "json", "--timeout", "20", "--deadline", "120", *extra],
         capture_output=True, text=True, timeout=180, env={**os.environ, "GATEWAY_KEY": key})
     assert proc.stdout.strip(), f"no report (exit {proc.returncode}): {proc.stderr[-2000:]}\nproxy log:\n{proxy.log_tail()}"
     return proc.returncode, json.loads(proc.stdout), proc.stderr
@@ -107,3 +110,21 @@ def test_litellm_context_window_fallback_fails_overcapacity_rejected(gateway):
     # deployment too: a fail for what the client got, saying who answered.
     clamp = result(report, "max-tokens-clamp")
     assert clamp["status"] == "fail" and "answered by another model or deployment" in clamp["message"], clamp["message"]
+
+
+def test_litellm_model_alias_is_checked_with_entry_model(gateway):
+    """The engine serves kvp-small; clients know it as chat-prod. Without --entry-model the probes
+    would name kvp-small to the proxy; with it they name the group, every probe check judges the
+    engine's own answers, and none is taken for another deployment's."""
+    proxy, engines, key = gateway
+    code, report, err = check_through(proxy, engines[PLAIN_MODEL], key, "--entry-model", ALIAS)
+    for check_id in ("overcapacity-rejected", "prompt-integrity", "concurrent-capacity", "max-tokens-clamp"):
+        r = result(report, check_id)
+        assert r["status"] == "pass", (check_id, r["message"], err[-1500:])
+        assert "answered by another model or deployment" not in r["message"]
+    # The name reaches the proxy: a group it does not have is refused, and nothing passes on that.
+    code, report, err = check_through(proxy, engines[PLAIN_MODEL], key, "--entry-model", "no-such-group")
+    probe_checks = [c for c in report["checks"] if c["id"] in
+                    ("overcapacity-rejected", "prompt-integrity", "concurrent-capacity", "max-tokens-clamp")]
+    assert code == 3 and probe_checks and {c["status"] for c in probe_checks} == {"inconclusive"}, (code, probe_checks)
+    assert "Invalid model name passed in model=no-such-group" in result(report, "prompt-integrity")["message"]

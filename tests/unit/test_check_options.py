@@ -46,7 +46,7 @@ def every_option(tmp_path, monkeypatch):
     for name, value in (("TENANT_A", "tenant-a-key-0123456789"), ("TENANT_B", "tenant-b-key-0123456789")):
         monkeypatch.setenv(name, value)
     options = CheckOptions(
-        endpoints=("prefill=http://p:1", "decode=http://d:2"), entry="http://r:3", entry_api="openai", engine="sglang",
+        endpoints=("prefill=http://p:1", "decode=http://d:2"), entry="http://r:3", entry_api="openai", entry_model="chat-prod", engine="sglang",
         model="m", context_length=4096, logs=(f"http://p:1={log}",), api_key_file=key_file,
         headers=("X-Team: serving-team-0123", "X-Trace-Token: trace-secret-0123"), secret_headers=("X-Team",),
         ca_bundle=pki["ca"], client_cert=pki["client_cert"], client_key=pki["client_key"], allow_insecure_key=True,

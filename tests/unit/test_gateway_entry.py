@@ -152,3 +152,39 @@ def test_a_counter_deficit_still_fails_prompt_integrity_when_another_model_answe
     probes = run(("boundary-accept", ok(9992, answer_model="builtin-large"), deltas))
     (r,) = check("prompt-integrity", CheckContext((snap(),), T, probes=probes, entry=GATEWAY))
     assert r.status is Status.FAIL and "shortened silently" in r.message and ELSEWHERE in r.message, r.message
+
+
+# --entry-model: a gateway knows the engines' model by another name (a LiteLLM model group, an alias).
+def test_entry_model_is_the_name_the_requests_carry_to_the_gateway():
+    from kvpreflight.check_options import CheckOptions, build_plan
+    from kvpreflight.engines.http import HttpClient
+    from kvpreflight.pipeline import entry_adapter
+
+    plan = build_plan(CheckOptions(endpoints=(PREFILL,), entry=GATEWAY, entry_api="openai", entry_model="chat-prod"))
+    client = HttpClient()
+    try:
+        entry = entry_adapter(plan, GATEWAY, [snap()], client)
+        plain = entry_adapter(replace(plan, entry_model=None), GATEWAY, [snap()], client)
+    finally:
+        client.close()
+    assert entry is not None and entry.model == "chat-prod"
+    assert plain is not None and plain.model == snap().model  # without it: the model the engines serve
+
+
+@pytest.mark.parametrize("check_id,probes", [
+    ("prompt-integrity", [("boundary-accept", ok(9992, answer_model="chat-prod"))]),
+    ("concurrent-capacity", [("concurrent-1", ok(9992, answer_model="chat-prod")), ("concurrent-2", ok(9992))]),
+])
+def test_an_answer_naming_the_entry_model_came_from_the_checked_engines(check_id, probes):
+    """A gateway that reports the alias it was asked for has not answered from elsewhere; another
+    name still has (the fallback case stands with an alias in use)."""
+    (r,) = check(check_id, CheckContext((snap(),), T, probes=run(*probes), entry=GATEWAY, entry_model="chat-prod"))
+    assert r.status is Status.PASS and ELSEWHERE not in r.message, r.message
+    (r,) = check(check_id, CheckContext((snap(),), T, probes=run(*probes), entry=GATEWAY, entry_model="chat-canary"))
+    assert r.status is Status.INCONCLUSIVE and "names model 'chat-prod'" in r.message, r.message
+
+
+def test_entry_model_without_an_entry_is_a_usage_error():
+    r = invoke("check", "--endpoint", PREFILL, "--entry-model", "chat-prod")
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "kvpreflight: error: --entry-model names the model at the --entry URL; add --entry URL"), r.stderr
