@@ -96,7 +96,7 @@ class IsolationSizes:
 
     @property
     def normal_tokens(self) -> int:
-        return max(1, self.short // 2)
+        return max(1, self.short // 4)
 
     def load_tokens(self) -> int:
         """The KV the load requests hold at once when all are decoding: prompts and answers."""

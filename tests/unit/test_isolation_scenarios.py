@@ -95,16 +95,17 @@ def test_scenarios_send_interleaved_tenants_at_the_derived_sizes():
     run = isolate(engine)
     assert [s.name for s in run.scenarios] == ["normal", "boundary", "over-capacity", "cancel-transfer", "cancel-decode", "load"]
     normal, boundary, over = (scenario(run, n) for n in ("normal", "boundary", "over-capacity"))
-    assert [(r.tenant.value, r.completion.sent_tokens) for r in normal.requests] == [
-        (t, SHORT // 2) for t in "ababab"]
+    # A B eight times over, by turns not streamed and streamed: each answer follows the other tenant
+    assert [(r.tenant.value, r.completion.sent_tokens, r.completion.streamed) for r in normal.requests] == [
+        (t, SHORT // 4, pair % 2 == 1) for pair in range(8) for t in "ab"]
     assert [(r.tenant.value, r.completion.sent_tokens) for r in boundary.requests] == [(t, LONGEST) for t in "abba"]
     # over the pool, within the context: 4096 + (8192 - 4096) // 2
     assert [(r.name, r.expect, r.completion.sent_tokens) for r in over.requests] == [
         ("over-capacity-a-long", Expect.ACCEPT, SHORT), ("over-capacity-b-over", Expect.REJECT, 6144),
         ("over-capacity-b-long", Expect.ACCEPT, SHORT), ("over-capacity-a-over", Expect.REJECT, 6144)]
     # every request carries its own tenant's salt and asks for a scanned answer
-    scenario_sent = engine.sent[:14]
-    assert [tenant_of(s) for s in scenario_sent] == list("ababab" + "abba" + "abba")
+    scenario_sent = engine.sent[:24]
+    assert [tenant_of(s) for s in scenario_sent] == list("ab" * 8 + "abba" + "abba")
     assert {s.max_tokens for s in scenario_sent} == {GEN}
 
 
