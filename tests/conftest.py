@@ -57,6 +57,7 @@ ENGINE_FIXTURES = {
     "start_llama_server",
     "shared_llama_server",
     "vllm_router_binary",
+    "mooncake_python",
 }
 
 
@@ -115,6 +116,12 @@ def llama_server_binary() -> str:
 def vllm_router_binary() -> str:
     """Path of ``vllm-router`` (``$KVPREFLIGHT_VLLM_ROUTER``); fails if not set up."""
     return _require(realengines.vllm_router_binary)
+
+
+@pytest.fixture(scope="session")
+def mooncake_python() -> str:
+    """Path of the Mooncake venv's python (``$KVPREFLIGHT_MOONCAKE_PYTHON``); fails if not set up."""
+    return _require(realengines.mooncake_python)
 
 
 @pytest.fixture(scope="session")

@@ -45,6 +45,7 @@ ENV_LLAMA_SERVER = "KVPREFLIGHT_LLAMA_SERVER"
 ENV_LLAMA_PYTHON = "KVPREFLIGHT_LLAMA_PYTHON"
 ENV_VLLM_ROUTER = "KVPREFLIGHT_VLLM_ROUTER"
 ENV_LITELLM = "KVPREFLIGHT_LITELLM"
+ENV_MOONCAKE_PYTHON = "KVPREFLIGHT_MOONCAKE_PYTHON"
 
 VLLM_READY_TIMEOUT_S = float(os.environ.get("KVPREFLIGHT_VLLM_READY_TIMEOUT", "300"))
 LLAMA_READY_TIMEOUT_S = float(os.environ.get("KVPREFLIGHT_LLAMA_READY_TIMEOUT", "60"))
@@ -111,6 +112,12 @@ def llama_server_binary() -> str:
 def vllm_router_binary() -> str:
     """vLLM's PD router (``vllm-router``, installed into the vLLM venv with NIXL)."""
     return _required_executable(ENV_VLLM_ROUTER)
+
+
+def mooncake_python() -> str:
+    """The Mooncake venv's python (vLLM's packages through a .pth file, the Mooncake transfer
+    engine, the CPU shim: scripts/setup_engines.sh --only mooncake)."""
+    return _required_executable(ENV_MOONCAKE_PYTHON)
 
 
 def litellm_binary() -> str:

@@ -200,7 +200,7 @@ def lease_in_force(snapshots: Sequence[EngineSnapshot]) -> str:
     for s in snapshots:
         if s.kv_lease is None or s.role is Role.DECODE:
             continue
-        how = "stated in its start-up log" if s.kv_lease.stated else "the engine's default; the setting was not in its start-up log"
+        how = f"stated in {s.kv_lease.stated_in}" if s.kv_lease.stated else "the engine's default; the setting was not in its start-up log"
         said.append(f"{s.kv_lease.setting} {s.kv_lease.seconds:g} s at {s.url} ({how})")
     return "the lease in force: " + ("; ".join(said) if said else "not read (give the prefill's log with --log to read it)")
 

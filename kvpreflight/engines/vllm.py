@@ -27,6 +27,16 @@ NIXL_LINE = re.compile(r"""kv_connector['"]?\s*[:=]\s*['"]NixlConnector['"]""")
 LEASE_LINE = re.compile(r"""kv_lease_duration['"]?\s*[:=]\s*['"]?(\d+(?:\.\d+)?)""")
 LEASE_SETTING = "kv_transfer_config kv_connector_extra_config.kv_lease_duration"
 DEFAULT_LEASE_S = 30
+# MooncakeConnector (kv_connector/v1/mooncake/mooncake_connector.py, 0.32): the prefill keeps a
+# request's KV for the decode VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT seconds (envs.py, default 480), an
+# environment variable no start-up line or metric states (the connector exports no Prometheus
+# counters; its stats reach only the "KV Transfer metrics: ..." log line). The prefill's WARNING on
+# freeing an unsent request's blocks names the value in force: "Request %s timed out after %d
+# seconds without being sent. Freeing its blocks on the producer side."
+MOONCAKE_LINE = re.compile(r"""kv_connector['"]?\s*[:=]\s*['"]MooncakeConnector['"]""")
+MOONCAKE_TIMEOUT_LINE = re.compile(r"timed out after (\d+) seconds without being sent\. Freeing its blocks on the producer side")
+MOONCAKE_SETTING = "env VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"
+DEFAULT_MOONCAKE_TIMEOUT_S = 480
 # v1/metrics/loggers.py: registered only when kv_transfer_config.is_kv_consumer (kv_consumer or kv_both).
 CONSUMER_METRIC = "vllm:num_requests_kv_fetch_by_stage"
 
@@ -46,7 +56,19 @@ class VllmAdapter(OpenAICompletionsMixin):
                              Hazard.LATE_READ),
                    LogSignal("Releasing expired KV blocks for request ... which were retrieved by ... worker(s)",
                              re.compile(rf"Releasing expired KV blocks for request (?P<rid>\S{REQUEST_ID}) which were retrieved by"),
-                             Hazard.KV_EXPIRED))
+                             Hazard.KV_EXPIRED),
+                   # mooncake/mooncake_connector.py (0.32): the prefill (WARNING) freed blocks no decode
+                   # asked for within VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT, or a decode asked for a request
+                   # already expired; the prefill (WARNING) gave up waiting for its own side of a transfer;
+                   # the decode (ERROR) failed to receive KV, or to reach the prefill's bootstrap server.
+                   LogSignal("Request ... timed out after ... seconds without being sent. Freeing its blocks on the producer side.",
+                             re.compile(rf"Request (?P<rid>\S{REQUEST_ID}) timed out after \d+ seconds without being sent"),
+                             Hazard.KV_EXPIRED),
+                   LogSignal("Request ... expired before sending on P side.",
+                             re.compile(rf"Request (?P<rid>\S{REQUEST_ID}) expired before sending on P side"), Hazard.KV_EXPIRED),
+                   LogSignal("Timeout waiting for P side ready", re.compile(r"Timeout waiting for P side ready")),
+                   LogSignal("pulling kv_caches for ... failed", re.compile(r"pulling kv_caches for .{1,2000} failed: ")),
+                   LogSignal("Failed to connect to bootstrap server", re.compile(r"Failed to connect to bootstrap server ")))
     length_error_patterns = (
         r"maximum context length is \d+ tokens",
         r"maximum model length",
@@ -105,6 +127,7 @@ class VllmAdapter(OpenAICompletionsMixin):
                 prefix_caching = {"true": True, "false": False}.get(labels.get("enable_prefix_caching", "").lower(), prefix_caching)
         reported_role = None
         nixl, lease = False, None
+        mooncake, abort_timeout = False, None
         if metrics is not None and CONSUMER_METRIC in metrics:
             reported_role = Role.DECODE  # kv_both also registers it; the log line below tells them apart
         if log_text is not None:
@@ -114,6 +137,9 @@ class VllmAdapter(OpenAICompletionsMixin):
                 nixl = nixl or NIXL_LINE.search(line) is not None
                 if m := LEASE_LINE.search(line):
                     lease = float(m[1])
+                mooncake = mooncake or MOONCAKE_LINE.search(line) is not None
+                if m := MOONCAKE_TIMEOUT_LINE.search(line):
+                    abort_timeout = float(m[1])
                 if m := ALLOCATOR_LINE.search(line):
                     readings.append(PoolReading("log: KV cache size tokens", Origin.ALLOCATOR, log_count(m["tokens"].replace(",", ""), "KV cache size tokens")))
                 if m := REFUSAL_LINE.search(line):
@@ -126,6 +152,11 @@ class VllmAdapter(OpenAICompletionsMixin):
             kv_lease = KvDeadline(seconds=lease if lease is not None else DEFAULT_LEASE_S, setting=LEASE_SETTING,
                                stated=lease is not None)
             settings["kv_lease_duration"] = kv_lease.seconds
+        elif abort_timeout is not None or (mooncake and final_role is not Role.DECODE):
+            kv_lease = (KvDeadline(seconds=abort_timeout, setting=MOONCAKE_SETTING, stated=True,
+                                   stated_in="its log (a request it freed unsent)") if abort_timeout is not None
+                        else KvDeadline(seconds=DEFAULT_MOONCAKE_TIMEOUT_S, setting=MOONCAKE_SETTING, stated=False))
+            settings["VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"] = kv_lease.seconds
         return EngineSnapshot(
             url=self.url, engine=self.kind, version=str(version) if version is not None else None,
             role=final_role, role_source=role_source, model=model_name, served_context=served,

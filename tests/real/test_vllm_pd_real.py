@@ -136,29 +136,37 @@ def pd_pair(tmp_path_factory: pytest.TempPathFactory, vllm_python: str, vllm_rou
     """The shipped spec as a user runs it: from a folder holding ./models/echo/hf (the echo model,
     so the tenant canaries come back), with the vLLM venv (python3, vllm-router) first on PATH."""
     workdir = tmp_path_factory.mktemp("vllm-pd")
+    bins = sorted({str(Path(vllm_python).parent), str(Path(vllm_router_binary).parent)})
+    with contextlib.ExitStack() as stack:
+        yield boot_pair(stack, SPEC, workdir, echo_hf_model, bins)
+
+
+def boot_pair(stack: contextlib.ExitStack, spec_path: Path, workdir: Path, echo_hf_model: Path, bins: list[str],
+              extra_env: dict[str, str] | None = None) -> BootedPair:
+    """Boot a shipped P/D spec from `workdir` (holding ./models/echo/hf) with `bins` first on PATH,
+    its caches and zmq paths under the test's folders, and warm each engine; `stack` stops it."""
     (workdir / "models" / "echo").mkdir(parents=True)
     (workdir / "models" / "echo" / "hf").symlink_to(echo_hf_model)
-    bins = {str(Path(vllm_python).parent), str(Path(vllm_router_binary).parent)}
     cache = workdir / "cache"
-    with contextlib.ExitStack() as stack:
-        rpc = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvpf-rpc-", dir="/tmp"))  # zmq paths < 107 bytes
-        env = {
-            "PATH": os.pathsep.join([*sorted(bins), os.environ["PATH"]]),
-            "VLLM_RPC_BASE_PATH": rpc,
-            "VLLM_CACHE_ROOT": str(cache / "vllm"),
-            "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-            "XDG_CACHE_HOME": str(cache / "xdg"),
-        }
-        spec = load_spec(SPEC)
-        spec = replace(spec, engines=tuple(
-            replace(e, cwd=str(workdir), env=types.MappingProxyType({**e.env, **env})) for e in spec.engines))
-        started = time.monotonic()
-        progress = TeeToStderr()
-        deployment = stack.enter_context(boot_deployment(spec, workdir / "logs", stderr=progress))
-        print(f"vllm-pd-nixl boot: {time.monotonic() - started:.0f} s", file=sys.stderr)
-        pair = BootedPair(deployment, stop=stack.close, progress=progress)
-        warm_each_engine(pair)
-        yield pair
+    rpc = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvpf-rpc-", dir="/tmp"))  # zmq paths < 107 bytes
+    env = {
+        "PATH": os.pathsep.join([*bins, os.environ["PATH"]]),
+        "VLLM_RPC_BASE_PATH": rpc,
+        "VLLM_CACHE_ROOT": str(cache / "vllm"),
+        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
+        "XDG_CACHE_HOME": str(cache / "xdg"),
+        **(extra_env or {}),
+    }
+    spec = load_spec(spec_path)
+    spec = replace(spec, engines=tuple(
+        replace(e, cwd=str(workdir), env=types.MappingProxyType({**e.env, **env})) for e in spec.engines))
+    started = time.monotonic()
+    progress = TeeToStderr()
+    deployment = stack.enter_context(boot_deployment(spec, workdir / "logs", stderr=progress))
+    print(f"{spec.deployment} boot: {time.monotonic() - started:.0f} s", file=sys.stderr)
+    pair = BootedPair(deployment, stop=stack.close, progress=progress)
+    warm_each_engine(pair)
+    return pair
 
 
 class TeeToStderr(io.StringIO):

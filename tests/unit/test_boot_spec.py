@@ -248,3 +248,22 @@ def test_without_room_below_the_ephemeral_range_the_kernel_picks(monkeypatch):
     monkeypatch.setattr(plan_module, "_ephemeral_low", lambda: plan_module.PRIVATE_PORTS_FROM)
     port = plan_module.free_port()
     assert port >= kernel_low and not plan_module.port_in_use(port)  # from the kernel's range, not ours
+
+
+def test_vllm_mooncake_example_runs_the_connector_over_tcp_with_the_cpu_shim_behind_vllm_router(monkeypatch):
+    monkeypatch.setattr("kvpreflight.boot.launch.port_in_use", lambda port, host="127.0.0.1": False)
+    parsed = load_spec(next(p for p in EXAMPLES if p.name == "vllm-pd-mooncake-cpu.yaml"))
+    launch = {e.name: e for e in plan_deployment(parsed).engines}
+    assert parsed.entry == "router" and parsed.context_length == 1024
+    for name, role in (("prefill", "kv_producer"), ("decode", "kv_consumer")):
+        argv, env = launch[name].argv, launch[name].env
+        config = json.loads(argv[argv.index("--kv-transfer-config") + 1])
+        assert config == {"kv_connector": "MooncakeConnector", "kv_role": role,
+                          "kv_connector_extra_config": {"mooncake_protocol": "tcp"}}  # the connector's default is rdma
+        # without the shim vLLM 0.32's connector dies at start-up on CPU (docs/FINDINGS.md)
+        assert env["KVPF_MOONCAKE_CPU_SHIM"] == "1" and env["VLLM_HOST_IP"] == "127.0.0.1"
+        assert env["VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"] == "480"
+    router = launch["router"].argv
+    prefill_at = router.index("--prefill")
+    assert router[prefill_at + 2] == launch["prefill"].env["VLLM_MOONCAKE_BOOTSTRAP_PORT"] == "8998"
+    assert router[router.index("--kv-connector") + 1] == "mooncake"
