@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from kvpreflight.engines.interface import Counters, EngineAdapter
 from kvpreflight.model import Completion, EngineSnapshot
@@ -47,6 +47,7 @@ PURPOSES = {
 class ProbeSettings:
     concurrency: int = 2
     known_markers: frozenset[str] = frozenset()  # other tenants' markers planted before the probes (demo)
+    request_fields: Mapping[str, object] = field(default_factory=dict)  # added to every probe no tenant sends (watch: `user`)
 
 
 def deployment_limits(entry: EngineAdapter, snapshots: Sequence[EngineSnapshot]) -> Limits | None:
@@ -202,7 +203,7 @@ class CapacityProber:
     def _sender(self, tenant: Tenant | None) -> tuple[EngineAdapter, dict[str, object] | None]:
         """The adapter and extra request fields a probe is sent with: the entry's, or the tenant's."""
         if tenant is None or self.tenants is None:
-            return self.entry, None
+            return self.entry, dict(self.settings.request_fields) or None
         client = self.tenants.clients[tenant]
         return client.adapter, client.extra
 

@@ -34,9 +34,10 @@ ORDER: tuple[tuple[Tenant, bool], ...] = ((A, False), (B, False), (A, True), (B,
 REQUESTS_PER_ROUND = len(ORDER)
 
 
-def synthetic_user(tenant: Tenant) -> str:
-    """The request's `user` field: says the request is kvpreflight's, never a person's."""
-    return f"kvpreflight-watch-synthetic-{tenant.value}"
+def synthetic_user(tenant: Tenant | None) -> str:
+    """The request's `user` field: says the request is kvpreflight's, never a person's (None: a
+    full round's capacity request, which no tenant sends)."""
+    return f"kvpreflight-watch-synthetic-{tenant.value if tenant else 'full'}"
 
 
 def prompt_tokens(limits: Limits) -> int | None:

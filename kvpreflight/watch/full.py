@@ -19,7 +19,7 @@ from kvpreflight.model import EngineSnapshot, Status
 from kvpreflight.probes.budget import PlannedRequest
 from kvpreflight.probes.capacity import capacity_plan, deployment_limits
 from kvpreflight.probes.results import Limits, ProbeName
-from kvpreflight.watch.canaries import SYNTHETIC_HEADER, SYNTHETIC_VALUE
+from kvpreflight.watch.canaries import SYNTHETIC_HEADER, SYNTHETIC_VALUE, synthetic_user
 from kvpreflight.watch.findings import Finding, FindingKind
 
 # The checks that judge a full round's two requests, exactly as they judge `check`'s.
@@ -109,7 +109,8 @@ def full_round(plan: CheckPlan, target: FullTarget, engines: Mapping[str, Engine
         session = ProbeSession(entry=target.entry.with_client(http), engines=group, snapshots=target.group,
                                limits=target.limits, budget=budget, connection=connection)
         try:
-            run = CapacityProber(session, ProbeSettings(concurrency=1)).send_only(target.requests)
+            settings = ProbeSettings(concurrency=1, request_fields={"user": synthetic_user(None)})
+            run = CapacityProber(session, settings).send_only(target.requests)
         except EngineError as exc:
             return FullResult(not_measured=(f"full round: {target.entry.url}: the prompts could not be built: {exc}",),
                               requests=budget.cost.requests, prompt_tokens=budget.cost.prompt_tokens)

@@ -53,6 +53,8 @@ def test_full_every_sends_one_near_context_and_one_refused_request_judged_as_che
     over, near = big
     assert POOL < over.tokens < CONTEXT  # over the pool, within the context: the incident's danger zone
     assert near.tokens == engine.limit and near.max_tokens == 1  # the longest prompt the stated limits accept
+    # marked synthetic like the canaries: gateways and billing can leave them out
+    assert [(s.extra or {}).get("user") for s in big] == ["kvpreflight-watch-synthetic-full"] * 2
     assert first["prompt_tokens"] == sum(s.tokens for s in engine.sent[:6])
     # said at start: how often, what each full round submits, and per hour
     each = over.tokens + near.tokens
