@@ -238,6 +238,11 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
                    "each tenant's own canary came back (the probe could have seen a crossing)")
     else:
         message = "; ".join(m for st, m in judged if st is worst)
+        # What warned, or could not be shown, beside a fail is still said (after it): a late read
+        # in one scenario does not hide another scenario's.
+        lesser = [m for st, m in judged if st is not worst and st is not Status.PASS]
+        if lesser:
+            message += "; also: " + "; ".join(lesser)
     if skipped:
         message += "; " + "; ".join(skipped)
     return [CheckResult(ID, worst, message, ctx.entry, evidence)]

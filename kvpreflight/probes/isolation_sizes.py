@@ -98,6 +98,12 @@ class IsolationSizes:
     def normal_tokens(self) -> int:
         return max(1, self.short // 4)
 
+    @property
+    def normal_answer_tokens(self) -> int:
+        """A normal request's answer: twice its prompt (an echoing model repeats all of it, the
+        other tenant's pages included, and then some), never more than a scanned answer."""
+        return max(MIN_SCAN_TOKENS, min(self.gen, 2 * self.normal_tokens))
+
     def load_tokens(self) -> int:
         """The KV the load requests hold at once when all are decoding: prompts and answers."""
         return self.load_count * (self.load_per + self.load_max_tokens)

@@ -117,7 +117,8 @@ def one(*requests: ScenarioRequest, pause_s: float = 0.0, settle: bool = False) 
 def declared(sizes: IsolationSizes) -> tuple[ScenarioSpec, ...]:
     """Every scenario, in the order the prober runs them, sized from `sizes`."""
     gen, short, longest = sizes.gen, sizes.short, sizes.longest
-    normal = tuple(one(ScenarioRequest(t, f"normal-{t.value}{i // 2 + 1}", sizes.normal_tokens, gen, stream=stream))
+    normal = tuple(one(ScenarioRequest(t, f"normal-{t.value}{i // 2 + 1}", sizes.normal_tokens, sizes.normal_answer_tokens,
+                                       stream=stream))
                    for i, (t, stream) in enumerate(NORMAL_ORDER))
     boundary = tuple(one(ScenarioRequest(t, f"boundary-{t.value}{i + 1}", longest, gen)) for i, t in enumerate((A, B, B, A)))
     over: list[Step] = []

@@ -366,3 +366,15 @@ def test_marker_scan_counts_fragments():
 
 def test_isolation_checks_are_registered_in_report_order():
     assert CHECK_IDS.index("engine-healthy-after") < CHECK_IDS.index("tenant-isolation") < CHECK_IDS.index("prefix-cache-isolation")
+
+
+def test_a_fail_in_one_scenario_does_not_hide_another_scenarios_warning():
+    """Seen on the real vLLM pair: a late read on a served request failed the normal scenario, and
+    the message dropped cancel-transfer's own late reads; both are said, the fail first."""
+    stuck = scenario("normal", idle_after={DECODE: False})
+    expired = {"http://prefill:1": {"expired_kv": 2.0}}
+    r = one("tenant-isolation", iso(stuck, scenario("cancel-decode", churn=True, counter_deltas=expired)))
+    assert r.status is Status.FAIL, r.message
+    fail, _, rest = r.message.partition("; also: ")
+    assert fail.startswith("normal: KV pages still held afterwards") and rest.startswith("cancel-decode: "), r.message
+    assert "whose KV lease ran out unread (during the cancel-decode scenario)" in rest
