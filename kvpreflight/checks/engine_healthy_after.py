@@ -9,6 +9,7 @@ from kvpreflight.model import CheckResult, Status
 
 ID = CheckId.ENGINE_HEALTHY_AFTER
 SCOPE = Scope.GROUP
+BUSY_STATUSES = (429, 503)  # "retry later": an engine refusing for load, not for what was asked
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
@@ -27,6 +28,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     # A small request that ran out of time proves the engine slow or still busy, not broken: a slow
     # honest engine is never a fail (a deadline stop or a loaded machine can leave it mid-prefill).
     small_timed_out = small is not None and not small.served and bool(small.timed_out)
+    # Refused as busy (429, 503 "retry later"): the probes' own KV may still be held (a request the
+    # deadline abandoned keeps running in the engine), so that is not measured as broken either.
+    small_busy = small is not None and not small.served and small.status in BUSY_STATUSES
     for snap in ctx.snapshots:
         healthy = run.healthy_after.get(snap.url)
         idle = run.idle_after.get(snap.url)
@@ -36,6 +40,10 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         elif small_timed_out:
             results.append(CheckResult(ID, Status.INCONCLUSIVE, "a small request through the entry timed out after the probes "
                                        "(the engine is healthy; slow or still busy is not measured as broken)", snap.url, ev))
+        elif small_busy:
+            results.append(CheckResult(ID, Status.INCONCLUSIVE, f"a small request through the entry was refused as busy (HTTP "
+                                       f"{small.status if small else '?'}) after the probes (the engine is healthy; its KV may "
+                                       "still hold the probes' own requests: busy is not measured as broken)", snap.url, ev))
         elif not small_ok:
             results.append(CheckResult(ID, Status.FAIL, "a small request through the entry failed after the probes", snap.url, ev))
         elif idle is False:

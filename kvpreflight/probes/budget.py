@@ -344,6 +344,14 @@ class Budget:
         self.stop(self._deadline_note())
         return True
 
+    def ended_by_deadline(self, completion: Completion) -> bool:
+        """A request that was not served while the deadline ran out under it (its budget cut to
+        what was left, perhaps to nothing): it proves nothing. Stops the run, naming the stage."""
+        if completion.served or self.remaining_s() > 0.05:
+            return False
+        self.stop(self._deadline_note())
+        return True
+
     def stop(self, reason: str) -> None:
         with self._lock:
             if self.stopped is None:

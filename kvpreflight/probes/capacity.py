@@ -141,6 +141,8 @@ class CapacityProber:
                     small = self.budget.send(self.entry, small_ids, max_tokens=planned.max_tokens, stream=False,
                                                 timeout_s=self.budget.request_s(planned.prompt_tokens, Expect.ACCEPT,
                                                                                 max_tokens=planned.max_tokens))
+                    if self.budget.ended_by_deadline(small):  # sent with what was left of the deadline: no verdict
+                        small = None
             elif planned.name is ProbeName.BOUNDARY_ACCEPT and self.tenants is not None:
                 if (result := self._one(planned, self.tenants.ids[Tenant.A][: planned.prompt_tokens], Tenant.A)) is not None:
                     probes.append(result)
