@@ -63,7 +63,7 @@ CANARIES = 10
 # over-context, boundary and clamp probes end within ~40 s, or ~80 s when two of them wait a lease.
 STRIPPED_TIMEOUT_S = 75
 PD_TIMEOUT_S = 60
-STRIPPED_DEADLINE_S = 90
+STRIPPED_DEADLINE_S = 120  # 90 ran out once (final clean clone, 2026-12-02: the boundary probe alone was estimated at 76 s)
 
 
 
