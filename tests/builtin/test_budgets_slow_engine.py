@@ -19,6 +19,8 @@ import pytest
 
 from kvpreflight.builtin_engine.testbed import RunningEngine, unified_engine
 
+pytestmark = pytest.mark.alone  # the check's estimate and deadline against a throttled engine's measured speed
+
 PREFILL_TOKENS_PER_S = 1500
 ESTIMATE = re.compile(r"expected to take about\s+(\d+)\s+s")  # a narrow log wraps the line
 

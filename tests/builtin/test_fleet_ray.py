@@ -19,6 +19,8 @@ from proctags import processes_tagged
 from record_support import KVPREFLIGHT, make_keys, run_console_script
 from test_fleet_local import silent_server
 
+pytestmark = pytest.mark.alone  # a Ray cluster on both cores; a dead node reported within a deadline
+
 MB = 1024 * 1024
 ROLE_FILES = ("prefill.log", "decode.log", "router.log")
 

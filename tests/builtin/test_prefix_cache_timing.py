@@ -19,6 +19,8 @@ from support.rewriting_proxy import rewriting_proxy
 
 from kvpreflight.builtin_engine.testbed import unified_engine
 
+pytestmark = pytest.mark.alone  # a timing audit: first-token times, KS p-values
+
 SLOW_PREFILL = ("--prefill-tokens-per-second", "10000")
 
 

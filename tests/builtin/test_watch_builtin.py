@@ -27,6 +27,8 @@ from support.consumers import run_consumer
 from kvpreflight.boot.launch import free_port
 from kvpreflight.builtin_engine.testbed import PDTrio, pd_trio, start_engine, stop_engine
 
+pytestmark = pytest.mark.alone  # reported within one interval, stopped within seconds
+
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "examples" / "prometheus" / "kvpreflight.rules.yml"
 CONTEXT, POOL, SMALLER_POOL = 4096, 8192, 4096

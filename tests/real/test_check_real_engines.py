@@ -20,6 +20,8 @@ from kvpreflight.engines import HttpClient, open_adapter
 from kvpreflight.engines.vllm import VllmAdapter
 from kvpreflight.model import ErrorKind
 
+pytestmark = pytest.mark.alone  # real vLLM and llama.cpp, each check judging their measured speed
+
 
 def check(*args: str, timeout: int = 600) -> tuple[int, dict, str]:
     proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--format", "json", *args],

@@ -26,6 +26,10 @@ from realengines import EngineProcess
 
 from kvpreflight.builtin_engine.testbed import RunningEngine, free_port, start_engine, stop_engine
 
+# One worker runs the module (scripts/test.sh runs this tier two at a time, `--dist loadgroup`): the
+# proxy and its engines boot once.
+pytestmark = pytest.mark.xdist_group("litellm-gateway")
+
 CONTEXT = 2048  # the checked engine's; small, so the probes are quick
 LARGE_CONTEXT = 8192  # the fallback deployment's
 # The model groups: each checked engine serves its group's name (what kvpreflight asks the proxy for).

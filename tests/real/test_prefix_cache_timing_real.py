@@ -7,9 +7,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
 from realengines import EngineProcess
 from support.cache_hiding import SILENT, check, prefix_cache
 from support.rewriting_proxy import Rewrites, rewriting_proxy
+
+pytestmark = pytest.mark.alone  # a timing audit on real vLLM
 
 
 def audited_check(url: str, rewrites: Rewrites, *args: str) -> dict:

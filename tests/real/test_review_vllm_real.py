@@ -13,7 +13,10 @@ import json
 import subprocess
 import sys
 
+import pytest
 import realengines
+
+pytestmark = pytest.mark.alone  # real vLLM
 
 
 def test_review_estimate_equals_the_pool_vllm_cpu_reports(vllm_server, echo_hf_model, tmp_path):

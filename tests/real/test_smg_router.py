@@ -133,12 +133,18 @@ def events(engine: RunningEngine, kind: str, rid: str | None = None) -> list[dic
 # ---- a correct pair behind smg ----------------------------------------------------------------------
 
 
+# The tests that share the module's pair run in one worker (scripts/test.sh runs this tier's modules
+# two at a time, `--dist loadgroup`): the pair boots once; the demos, each with its own engines, spread.
+SMG_PAIR_WORKER = pytest.mark.xdist_group("smg-pair")
+
+
 @pytest.fixture(scope="module")
 def pair(smg: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[SmgPair]:
     with smg_pair(smg, tmp_path_factory.mktemp("smg-pair")) as running:
         yield running
 
 
+@SMG_PAIR_WORKER
 def test_completion_through_smg_takes_its_kv_from_the_prefills_bootstrap_server(pair: SmgPair):
     info = requests.get(pair.prefill.url + "/server_info", timeout=TIMEOUT).json()
     assert info["disaggregation_bootstrap_port"] == pair.bootstrap_port  # the port smg was told
@@ -159,6 +165,7 @@ def test_completion_through_smg_takes_its_kv_from_the_prefills_bootstrap_server(
     assert c.status_code == 200 and c.json()["choices"][0]["text"] == "01234"
 
 
+@SMG_PAIR_WORKER
 def test_prefill_refusal_reaches_the_client_as_smgs_400_and_the_decode_holds_no_room(pair: SmgPair):
     given = len(events(pair.decode, "given"))
     pages = metric(pair.decode.url, "sglang:kv_transfer_pages_total")
@@ -345,6 +352,7 @@ def _check_entry_alone(url: str) -> tuple[int, dict, str]:
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}, proc.stderr
 
 
+@SMG_PAIR_WORKER
 @pytest.mark.parametrize("decode_faults,transfer", [((), "pass"), (("decode-recompute",), "fail")])
 def test_entry_alone_behind_smg_finds_both_engines_and_judges_the_transfer(smg: str, tmp_path: Path, pair: SmgPair,
                                                                             decode_faults: tuple[str, ...], transfer: str):

@@ -34,6 +34,8 @@ import requests
 from support.echo_canaries import echoed_canaries
 from test_vllm_pd_real import BootedPair, CheckRun, boot_pair, run_check
 
+pytestmark = pytest.mark.alone  # a real vLLM pair, one core each
+
 SPEC = Path(__file__).parents[2] / "examples" / "specs" / "vllm-pd-mooncake-cpu.yaml"
 # The prefill's abort timeout, shortened from the spec's 480 s so that the expiry happens in this
 # test's time; every transfer of the check takes milliseconds here (the router sends the decode leg

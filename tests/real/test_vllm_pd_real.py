@@ -41,6 +41,8 @@ from support.rewriting_proxy import Rewrites, rewriting_proxy
 from kvpreflight.boot import BootedDeployment, BootedEngine, boot_deployment, load_spec
 from kvpreflight.demo import find_smg
 
+pytestmark = pytest.mark.alone  # a real vLLM pair, one core each
+
 SPEC = Path(__file__).parents[2] / "examples" / "specs" / "vllm-pd-nixl.yaml"
 # The probes alone; issue 13 sets 4 minutes for the whole check at context 1,024, this is the
 # ceiling before the run is called hung.
