@@ -261,11 +261,16 @@ def build_output(*, fmt: str | None, output: Path | None, record: Path | None, s
     return OutputPlan(format=fmt or "table", path=output, record=record_plan, name=name, spec=spec, quiet=quiet)
 
 
-def _entry_api(text: str, entry: str | None, label: Label) -> EntryApi:
+def parse_entry_api(text: str, label: Label = flag) -> EntryApi:
+    """--entry-api's value as the API it names; anything else a ConfigError listing the choices."""
     try:
-        api = EntryApi(text)
+        return EntryApi(text)
     except ValueError:
         raise ConfigError(f"{label('entry_api')} {text!r}: choose one of {', '.join(a.value for a in EntryApi)}") from None
+
+
+def _entry_api(text: str, entry: str | None, label: Label) -> EntryApi:
+    api = parse_entry_api(text, label)
     if api is EntryApi.OPENAI and entry is None:
         raise ConfigError(f"{label('entry_api')} openai names the API of the {label('entry')} URL; add {label('entry')} URL (the gateway)")
     return api

@@ -30,7 +30,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     small_timed_out = small is not None and not small.served and bool(small.timed_out)
     # Refused as busy (429, 503 "retry later"): the probes' own KV may still be held (a request the
     # deadline abandoned keeps running in the engine), so that is not measured as broken either.
-    small_busy = small is not None and not small.served and small.status in BUSY_STATUSES
+    busy_status = small.status if small is not None and not small.served and small.status in BUSY_STATUSES else None
     for snap in ctx.snapshots:
         healthy = run.healthy_after.get(snap.url)
         idle = run.idle_after.get(snap.url)
@@ -40,9 +40,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         elif small_timed_out:
             results.append(CheckResult(ID, Status.INCONCLUSIVE, "a small request through the entry timed out after the probes "
                                        "(the engine is healthy; slow or still busy is not measured as broken)", snap.url, ev))
-        elif small_busy:
+        elif busy_status is not None:
             results.append(CheckResult(ID, Status.INCONCLUSIVE, f"a small request through the entry was refused as busy (HTTP "
-                                       f"{small.status if small else '?'}) after the probes (the engine is healthy; its KV may "
+                                       f"{busy_status}) after the probes (the engine is healthy; its KV may "
                                        "still hold the probes' own requests: busy is not measured as broken)", snap.url, ev))
         elif not small_ok:
             results.append(CheckResult(ID, Status.FAIL, "a small request through the entry failed after the probes", snap.url, ev))

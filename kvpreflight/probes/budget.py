@@ -326,7 +326,7 @@ class Budget:
                 futures = [pool.submit(one) for _ in range(copies)]
                 completions = tuple(f.result() for f in futures)
         after_send()
-        if any(self.cut_short(c, natural) for c in completions):
+        if any(self.ended_by_deadline(c, natural) for c in completions):
             return None
         if any(c.timed_out for c in completions):
             if expect is Expect.REJECT:
@@ -336,18 +336,14 @@ class Budget:
                 still_answering(adapter, engines, self, after=name)
         return completions
 
-    def cut_short(self, completion: Completion, natural_s: float) -> bool:
-        """The request timed out only because the deadline cut its budget: it proves nothing.
-        Stops the run, naming the stage."""
-        if not completion.timed_out or natural_s <= completion.elapsed_s + 0.05 or self.remaining_s() > 0.05:
-            return False
-        self.stop(self._deadline_note())
-        return True
-
-    def ended_by_deadline(self, completion: Completion) -> bool:
+    def ended_by_deadline(self, completion: Completion, natural_s: float | None = None) -> bool:
         """A request that was not served while the deadline ran out under it (its budget cut to
-        what was left, perhaps to nothing): it proves nothing. Stops the run, naming the stage."""
+        what was left, perhaps to nothing): it proves nothing. With `natural_s` (the budget the
+        request would have had), only a timeout the deadline made shorter than that counts. Stops
+        the run, naming the stage."""
         if completion.served or self.remaining_s() > 0.05:
+            return False
+        if natural_s is not None and (not completion.timed_out or natural_s <= completion.elapsed_s + 0.05):
             return False
         self.stop(self._deadline_note())
         return True

@@ -114,7 +114,7 @@ def watched_deployments(options: CheckOptions, *, spec: Path | None = None, inve
     """What `watch` watches, from its options and at most one of a boot spec and a fleet
     inventory: each deployment's name and plan, and the fleet's name (an inventory's metrics file
     is named after it). Every problem is a ConfigError naming the flag or the file and field."""
-    from kvpreflight.check_options import build_plan
+    from kvpreflight.check_options import build_plan, parse_entry_api
     from kvpreflight.formats._common import label_url
 
     default_name = None
@@ -152,10 +152,7 @@ def watched_deployments(options: CheckOptions, *, spec: Path | None = None, inve
     fleet = load_inventory(inventory)
     # The flags' plan holds what every deployment shares; it has no entry of its own, so an
     # openai entry API is checked per deployment (inventory_plans).
-    try:
-        api = EntryApi(options.entry_api)
-    except ValueError:
-        raise ConfigError(f"--entry-api {options.entry_api!r}: choose one of {', '.join(a.value for a in EntryApi)}") from None
+    api = parse_entry_api(options.entry_api)
     shared = replace(build_plan(replace(options, entry_api="native", entry_model=None)), entry_api=api,
                      entry_model=options.entry_model)
     return inventory_plans(fleet, shared), fleet.name

@@ -158,7 +158,7 @@ def test_the_deadline_cuts_budgets_and_a_request_it_cut_short_stops_the_run_nami
     budget.enter("the capacity probe boundary-accept")
     clock.now = 20
     cut = Completion(sent_tokens=4000, max_tokens=1, streamed=False, status=None, elapsed_s=8, timed_out=True)
-    assert budget.cut_short(cut, budget.natural_s(4000, Expect.ACCEPT))
+    assert budget.ended_by_deadline(cut, budget.natural_s(4000, Expect.ACCEPT))
     assert not budget.may_send()
     assert budget.stopped == "stopped at --deadline of 20 s, during the capacity probe boundary-accept"
 
