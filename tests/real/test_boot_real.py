@@ -9,12 +9,9 @@ import os
 import urllib.request
 from pathlib import Path
 
-import pytest
 from boot_support.procs import group_members, live_pids
 
 from kvpreflight.boot import boot_deployment, load_spec
-
-pytestmark = pytest.mark.alone  # real engines
 
 SPECS = Path(__file__).parents[2] / "examples" / "specs"
 EXAMPLE = SPECS / "llamacpp.yaml"
