@@ -38,7 +38,7 @@ A, B = Tenant.A, Tenant.B
 # where no page of another request lands). At p = 0.3 six gave a builtin engine's streamed-only
 # leak 5 chances and 16 of 20 runs caught it (benchmarks/RESULTS.md); sixteen of a quarter of the
 # short prompt cost the same prefill as six of half.
-NORMAL_PAIRS = 8
+NORMAL_PAIRS = 14
 NORMAL_ORDER = tuple((tenant, pair % 2 == 1) for pair in range(NORMAL_PAIRS) for tenant in (A, B))
 
 
@@ -139,7 +139,7 @@ def declared(sizes: IsolationSizes) -> tuple[ScenarioSpec, ...]:
                                            stream=i == 1) for i in range(2)), settle=True)]
         decode += [one(ScenarioRequest(leaver, f"cancel-decode-{leaver.value}-left", sizes.decode_prompt,
                                        sizes.decode_max_tokens, stream=True, leave=Leave.AFTER_FIRST_TOKEN)),
-                   one(ScenarioRequest(other, f"cancel-decode-{other.value}", sizes.decode_prompt, gen))]
+                   one(ScenarioRequest(other, f"cancel-decode-{other.value}", sizes.decode_prompt, gen, stream=leaver is B))]
     order = [(A, B)[i % 2] for i in range(sizes.load_count)]
     load = one(*(ScenarioRequest(t, f"load-{t.value}{i // 2 + 1}", sizes.load_per, sizes.load_max_tokens,
                                  stream=(i // 2) % 2 == 1) for i, t in enumerate(order)))
