@@ -12,9 +12,12 @@ tree), so the old and the new plan face the same engines.
 a fresh unified engine (context 2,048, pool 8,192, metrics on), one `check` each, every cell the
 fault can fire in judged from that run's evidence (MATRIX below: which check must fail, and the
 requests that show the cell), then the honest engine, whose checks must all pass or warn; then
-`--runs` runs of fault leak-streamed firing with `--probability` per request, with the least
-miss probability the plan implies ((1 - p) to the power of the streamed answers read to the end:
-not every one of them follows the other tenant's prompt, so the true one is higher).
+the same on a fresh prefill/decode trio behind the builtin router per fault (PD_MATRIX: which role
+carries the fault, and why there), then the honest trio; then `--runs` runs of fault
+leak-streamed firing with `--probability` per request (`--racy-only`: these alone), beside the
+miss probability the plan implies: (1 - p) to the power of the streamed answers that showed the
+leak in one run with it firing on every request (a streamed answer that cannot show it, such as
+a long prompt's whose echo never reaches the leaked tail, is no chance).
 
     .venv/bin/python benchmarks/bench_detection.py --matrix [--runs 20] [--probability 0.3]
 
@@ -118,15 +121,65 @@ MATRIX = {
         "unified, not streamed, alone (over-context)": lambda r: "its counts not readable" in _check(r, "overcapacity-rejected").get("message", "")}),
 }
 NOT_LISTED = {
-    "leak-streamed": "not streamed: by definition; prefill/decode: the fault lives in the unified engine's run path only",
-    "leak-not-streamed": "streamed: by definition; prefill/decode: the unified run path only",
+    "leak-streamed": "not streamed: by definition; prefill/decode: PD_MATRIX",
+    "leak-not-streamed": "streamed: by definition; prefill/decode: PD_MATRIX",
     "shortened-prompt": ("not streamed alone: no near-limit request is sent alone unstreamed (prompt-integrity reads the limit "
-                         "prompt and the pair; shorter prompts, under 256 tokens, pass whole); prefill/decode: unified run path only"),
+                         "prompt and the pair; shorter prompts, under 256 tokens, pass whole); prefill/decode: PD_MATRIX"),
     "tokens-then-garbage": "not streamed: a whole answer has no frames; concurrent / after a disconnect: only over-limit prompts "
-                           "fire it, and they are sent alone; prefill/decode: the engine's own /generate only",
+                           "fire it, and they are sent alone; prefill/decode: PD_MATRIX",
     "text-with-bad-count": "streamed: tokens-then-garbage is that path's cell; concurrent / after a disconnect: only over-limit "
-                           "prompts fire it, sent alone; prefill/decode: the engine's own /generate only",
+                           "prompts fire it, sent alone; prefill/decode: PD_MATRIX",
 }
+
+# The same faults behind the builtin router (a prefill and a decode, context 2,048, pools 8,192,
+# the transfer paced at 6 ms a batch so that cancel-transfer's disconnect lands mid-transfer):
+# fault -> (the check that must fail, the prefill's faults, the decode's faults, {cell: caught?}).
+# Each fault sits where a P/D deployment would have it: a leak on the decode's answer path (it
+# decodes over the KV it received, its tail another tenant's); a shortened prompt in the
+# prefill's prompt accounting (the prefill is the only engine that computes the prompt: it
+# computes half and tells the decode the whole prompt's KV was sent, so the decode's
+# received-equals-reserved check passes); the two frame faults on both roles (one engine build
+# serves both): the router answers a prompt the prefill refused with the prefill's reply, so
+# tokens-then-garbage reaches the client from the prefill through the router's SSE relay, and
+# text-with-bad-count's 200 from the prefill sends the router on to the decode, whose bad answer
+# it relays.
+PD_ALONE = ALONE
+PD_MATRIX = {
+    "leak-streamed": ("tenant-isolation", (), ("leak-streamed",), {
+        "P/D, streamed, alone (the decode's answer, behind the router)": lambda r: _crossed(r, streamed=True, where=PD_ALONE),
+        "P/D, streamed, after a client disconnect (cancel-decode's streamed follower)":
+            lambda r: _crossed(r, streamed=True, where=AFTER)}),
+    "leak-not-streamed": ("tenant-isolation", (), ("leak-not-streamed",), {
+        "P/D, not streamed, alone (the decode's answer, behind the router)": lambda r: _crossed(r, streamed=False, where=PD_ALONE),
+        "P/D, not streamed, after a client disconnect (cancel-decode's follower)":
+            lambda r: _crossed(r, streamed=False, where=AFTER)}),
+    "shortened-prompt": ("prompt-integrity", ("shortened-prompt",), (), {
+        "P/D, streamed, alone (the limit prompt: the prefill computed half)": lambda r: _tally(r, "boundary-accept") == "short",
+        "P/D, streamed and not, concurrent (the pair)": lambda r: _tally(r, "concurrent (x2)") == "short"}),
+    "tokens-then-garbage": ("overcapacity-rejected", ("tokens-then-garbage",), ("tokens-then-garbage",), {
+        "P/D, streamed, alone (over-context-stream: the prefill's refusal, relayed by the router)":
+            lambda r: "over-context-stream" in _check(r, "overcapacity-rejected").get("message", "")
+            and "does not read" in _check(r, "overcapacity-rejected").get("message", "")}),
+    "text-with-bad-count": ("overcapacity-rejected", ("text-with-bad-count",), ("text-with-bad-count",), {
+        "P/D, not streamed, alone (over-context: the decode's answer, relayed by the router)":
+            lambda r: "its counts not readable" in _check(r, "overcapacity-rejected").get("message", "")}),
+}
+PD_NOT_LISTED = {
+    "leak-streamed": ("concurrent: the fault fires (the decode overlays the received KV's tail), but every concurrent request "
+                      "behind a pair is long (the capacity pair and load near the limit, cancel-transfer's followers 0.45 of "
+                      "the abandoned transfer, 805 tokens here) and answered with 256 tokens, and the builtin copy model's "
+                      "answer reads only its first 256 positions: the tail is never in an answer (a unified engine's followers "
+                      "are short and show it); not streamed: by definition"),
+    "leak-not-streamed": "concurrent: as leak-streamed; streamed: by definition",
+    "shortened-prompt": ("not streamed alone: as unified; after a disconnect: no near-limit request follows one; on the decode: "
+                         "a decode computes no prompt (it reserves what it was sent and compares it with what arrived)"),
+    "tokens-then-garbage": ("not streamed: no frames; concurrent / after a disconnect: only over-limit prompts, sent alone; on "
+                            "the decode alone: the router answers a refused prompt from the prefill and drops the decode's reply"),
+    "text-with-bad-count": ("streamed: tokens-then-garbage's cell; concurrent / after a disconnect: only over-limit prompts, sent "
+                            "alone; on one role alone: the prefill's refusal (decode only) or the decode's honest 400 (prefill "
+                            "only) is what the client gets, a correct rejection"),
+}
+PD_TRANSFER_DELAY_MS = 6
 
 
 def matrix_run(faults: list[str]) -> tuple[int, dict, float]:
@@ -139,6 +192,19 @@ def matrix_run(faults: list[str]) -> tuple[int, dict, float]:
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}, wall
 
 
+def pd_matrix_run(prefill_faults: tuple[str, ...], decode_faults: tuple[str, ...]) -> tuple[int, dict, float]:
+    with tempfile.TemporaryDirectory() as workdir, pd_trio(
+            Path(workdir), context_length=MATRIX_CONTEXT, prefill_pool=MATRIX_POOL, decode_pool=MATRIX_POOL,
+            prefill_faults=prefill_faults, decode_faults=decode_faults, page_log=False,
+            prefill_args=["--transfer-delay-ms", str(PD_TRANSFER_DELAY_MS)], wait_s=300) as trio:
+        start = time.monotonic()
+        proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--endpoint", f"prefill={trio.prefill.url}",
+                               "--endpoint", f"decode={trio.decode.url}", "--entry", trio.router.url, "--format", "json"],
+                              capture_output=True, text=True, timeout=1800)
+        wall = time.monotonic() - start
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}, wall
+
+
 def streamed_chances(report: dict) -> int:
     """Streamed answers read to the end with room for a canary: the chances a streamed-only leak has."""
     iso = _check(report, "tenant-isolation")
@@ -146,20 +212,19 @@ def streamed_chances(report: dict) -> int:
                if r.get("stream") and r.get("http_status") == 200 and "scanned" not in r)
 
 
-def matrix(runs: int, probability: float) -> None:
+def shown_streamed(report: dict) -> int:
+    """Streamed answers read to the end that carried the other tenant's canary: with the leak
+    firing on every request, the chances a streamed-only leak has to show in one run."""
+    iso = _check(report, "tenant-isolation")
+    return sum(1 for c in iso.get("evidence", {}).get("crossings", []) if c.get("stream") and "disconnected" not in c)
+
+
+def matrix(runs: int, probability: float, *, racy_only: bool = False) -> None:
     start = time.monotonic()
-    for fault, (check_id, cells) in MATRIX.items():
-        code, report, wall = matrix_run([fault])
-        status = _check(report, check_id).get("status")
-        for cell, caught in cells.items():
-            print(json.dumps({"fault": fault, "cell": cell, "check": check_id, "check_status": status,
-                              "caught": bool(status == "fail" and caught(report)), "exit_code": code,
-                              "wall_s": round(wall, 1)}), flush=True)
-        print(json.dumps({"fault": fault, "not_listed": NOT_LISTED[fault]}), flush=True)
-    code, report, wall = matrix_run([])
-    bad = {c["id"]: c["status"] for c in report.get("checks", []) if c["status"] in ("fail", "inconclusive")}
-    print(json.dumps({"fault": None, "cell": "honest engine, every cell", "exit_code": code, "failing_or_inconclusive": bad,
-                      "wall_s": round(wall, 1)}), flush=True)
+    if not racy_only:
+        cells()
+    code, report, _ = matrix_run(["leak-streamed"])  # firing on every request: how many answers can show it
+    shown = shown_streamed(report)
     os.environ[FAULT_PROBABILITY_ENV] = str(probability)
     hits, chances = 0, []
     for run in range(runs):
@@ -170,16 +235,47 @@ def matrix(runs: int, probability: float) -> None:
         print(json.dumps({"run": run + 1, "fault": "leak-streamed", "probability": probability, "caught": caught,
                           "streamed_answers": chances[-1], "wall_s": round(wall, 1)}), flush=True)
     os.environ.pop(FAULT_PROBABILITY_ENV)
-    fewest = min(chances, default=0)
+    miss = (1 - probability) ** shown
     print(json.dumps({"bench": "fault matrix", "racy_fault": "leak-streamed", "probability": probability, "runs": runs,
-                      "caught": hits, "streamed_answers_fewest": fewest,
-                      "miss_probability_per_run_at_least": round((1 - probability) ** fewest, 4),
+                      "caught": hits, "streamed_answers_fewest": min(chances, default=0),
+                      "streamed_answers_showing_it_at_probability_1": shown,
+                      "miss_probability_per_run": round(miss, 4), "misses_expected": round(runs * miss, 3),
                       "wall_s": round(time.monotonic() - start, 1)}), flush=True)
+
+
+def cells() -> None:
+    """Every listed cell of MATRIX and PD_MATRIX, then the honest unified engine and trio."""
+    for fault, (check_id, listed) in MATRIX.items():
+        code, report, wall = matrix_run([fault])
+        status = _check(report, check_id).get("status")
+        for cell, caught in listed.items():
+            print(json.dumps({"fault": fault, "cell": cell, "check": check_id, "check_status": status,
+                              "caught": bool(status == "fail" and caught(report)), "exit_code": code,
+                              "wall_s": round(wall, 1)}), flush=True)
+        print(json.dumps({"fault": fault, "not_listed": NOT_LISTED[fault]}), flush=True)
+    code, report, wall = matrix_run([])
+    bad = {c["id"]: c["status"] for c in report.get("checks", []) if c["status"] in ("fail", "inconclusive")}
+    print(json.dumps({"fault": None, "cell": "honest engine, every cell", "exit_code": code, "failing_or_inconclusive": bad,
+                      "wall_s": round(wall, 1)}), flush=True)
+    for fault, (check_id, prefill_faults, decode_faults, listed) in PD_MATRIX.items():
+        code, report, wall = pd_matrix_run(prefill_faults, decode_faults)
+        status = _check(report, check_id).get("status")
+        for cell, caught in listed.items():
+            print(json.dumps({"fault": fault, "prefill_faults": list(prefill_faults), "decode_faults": list(decode_faults),
+                              "cell": cell, "check": check_id, "check_status": status,
+                              "caught": bool(status == "fail" and caught(report)), "exit_code": code,
+                              "wall_s": round(wall, 1)}), flush=True)
+        print(json.dumps({"fault": fault, "pd_not_listed": PD_NOT_LISTED[fault]}), flush=True)
+    code, report, wall = pd_matrix_run((), ())
+    bad = {c["id"]: c["status"] for c in report.get("checks", []) if c["status"] in ("fail", "inconclusive")}
+    print(json.dumps({"fault": None, "cell": "honest P/D trio behind the router, every cell", "exit_code": code,
+                      "failing_or_inconclusive": bad, "wall_s": round(wall, 1)}), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--matrix", action="store_true", help="issue 26's fault matrix (see the module docstring)")
+    parser.add_argument("--racy-only", action="store_true", help="with --matrix: only the racy-leak runs")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--probability", type=float, default=0.3)
     parser.add_argument("--context", type=int, default=4096)
@@ -187,7 +283,7 @@ def main() -> None:
     parser.add_argument("--label", default="", help="what --checkout is (default: its git commit)")
     args = parser.parse_args()
     if args.matrix:
-        matrix(args.runs, args.probability)
+        matrix(args.runs, args.probability, racy_only=args.racy_only)
         return
     os.environ[FAULT_PROBABILITY_ENV] = str(args.probability)  # the engines inherit it
     checkout = args.checkout.resolve()

@@ -317,7 +317,9 @@ class Engine:
                     client_gone: Callable[[], bool] | None = None) -> Generation | None:
         """None: the client left before the answer was complete (counted as an abort)."""
         ids, _ = self.admit(ids, params.max_new_tokens)
-        computed = self._faulty_prompt(ids, params, streamed=on_token is not None)
+        computed = self.leaked_prompt(ids, params, streamed=on_token is not None)
+        if computed is ids:
+            computed = self.shortened_prompt(ids)
         pages, cached = self.prefill(computed, params)
         try:
             generated = self.generate_from_pages(computed, pages, params, cached, on_token, client_gone)
@@ -329,21 +331,29 @@ class Engine:
                 self.release(pages[prompt_pages:], params.rid)
             self.finish_prefill_pages(computed, pages[:prompt_pages], params)
 
-    def _faulty_prompt(self, ids: list[int], params: GenParams, *, streamed: bool) -> list[int]:
-        """The prompt the faults let through: shortened, or its tail taken from another tenant's
-        last prompt (the answer path named by the fault only). The honest engine computes `ids`."""
+    def leaked_prompt(self, ids: list[int], params: GenParams, *, streamed: bool) -> list[int]:
+        """Faults leak-*: the prompt whose KV the answer is decoded over, its tail taken from
+        another tenant's last prompt (on the answer path the fault names only). Runs where answers
+        are decoded: the unified engine, or a decode over the KV it received. `ids` itself (the
+        same object) when nothing leaks."""
         leak = Fault.LEAK_STREAMED if streamed else Fault.LEAK_NOT_STREAMED
-        other: list[int] | None = None
-        if self.faults & {Fault.LEAK_STREAMED, Fault.LEAK_NOT_STREAMED}:
-            with self._counter_lock:
-                other = next((p for salt, p in reversed(self._last_prompts.items()) if salt != params.cache_salt), None)
-                self._last_prompts.pop(params.cache_salt, None)
-                self._last_prompts[params.cache_salt] = list(ids)
-                while len(self._last_prompts) > 4:  # the latest few tenants are enough to leak from
-                    del self._last_prompts[next(iter(self._last_prompts))]
+        if not self.faults & {Fault.LEAK_STREAMED, Fault.LEAK_NOT_STREAMED}:
+            return ids
+        with self._counter_lock:
+            other = next((p for salt, p in reversed(self._last_prompts.items()) if salt != params.cache_salt), None)
+            self._last_prompts.pop(params.cache_salt, None)
+            self._last_prompts[params.cache_salt] = list(ids)
+            while len(self._last_prompts) > 4:  # the latest few tenants are enough to leak from
+                del self._last_prompts[next(iter(self._last_prompts))]
         if leak in self.faults and other is not None and self.fault_fires():
             tail = min(LEAK_TOKENS, len(other), len(ids) // 2)
-            return ids[: len(ids) - tail] + other[len(other) - tail:] if tail else ids
+            if tail:
+                return ids[: len(ids) - tail] + other[len(other) - tail:]
+        return ids
+
+    def shortened_prompt(self, ids: list[int]) -> list[int]:
+        """Fault shortened-prompt: what is computed of a long prompt (its first half). Runs where
+        prompts are computed: the unified engine or a prefill. `ids` when nothing is dropped."""
         if Fault.SHORTENED_PROMPT in self.faults and len(ids) > SHORTEN_FROM and self.fault_fires():
             return ids[: len(ids) // 2]
         return ids

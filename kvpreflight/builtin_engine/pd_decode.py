@@ -83,6 +83,9 @@ class DecodeHandoff:
             # client's answer does not wait for the prefill).
             threading.Thread(target=_send_abort, args=(boot, str(exc), exc.status), daemon=True).start()
             raise
+        # Faults leak-*: which other tenant's prompt this answer would be decoded over, picked on
+        # arrival (a request that leaves mid-transfer still held its pages: it is leaked from).
+        leaked = engine.leaked_prompt(ids, params, streamed=on_token is not None)
         room = Room(room=boot.room, rid=params.rid, reserved_tokens=len(ids))
         threading.Thread(target=self._fetch, args=(room, boot), name="kv-fetch", daemon=True).start()
         deadline = time.monotonic() + engine.config.pd_wait_s
@@ -106,7 +109,7 @@ class DecodeHandoff:
             if client_gone():
                 self._cancel(room)
                 return None
-        return self._decode_after_transfer(room, ids, params, on_token)
+        return self._decode_after_transfer(room, ids, params, on_token, leaked)
 
     def _release_pages(self, room: Room, **fields: object) -> None:
         with self._lock:
@@ -143,7 +146,7 @@ class DecodeHandoff:
             self._release_pages(room, reason="deferred_release", waited_s=round(waited, 4))
 
     def _decode_after_transfer(
-        self, room: Room, ids: list[int], params: GenParams, on_token: OnToken | None
+        self, room: Room, ids: list[int], params: GenParams, on_token: OnToken | None, leaked: list[int]
     ) -> Generation:
         engine = self.engine
         try:
@@ -160,6 +163,11 @@ class DecodeHandoff:
                     status=500,
                 )
             pages = list(room.pages)
+            # Faults leak-*: the tail of the KV this answer is decoded over is another tenant's
+            # (pages handed to two requests), on the decode's own answer path.
+            same = next((i for i, (a, b) in enumerate(zip(ids, leaked, strict=True)) if a != b), None)
+            if same is not None:
+                engine.write_kv(leaked, pages, start=same)
             if Fault.DECODE_RECOMPUTE in engine.faults:
                 # The KV that arrived is thrown away and the prompt computed again on decode (PD
                 # degraded to unified: the answer is the same, the prefill's work is wasted).

@@ -76,7 +76,11 @@ class PrefillBootstrap:
             # and no page moves.
             self._refuse(room, str(exc), exc.status)
             raise
-        pages, cached = engine.prefill(ids, params)
+        # Fault shortened-prompt: the prefill is where a P/D deployment computes (and counts)
+        # prompts; it computes half, and tells the decode the whole prompt's KV was sent, so the
+        # decode's received-equals-reserved check passes and the answer reports the full length.
+        computed = engine.shortened_prompt(ids)
+        pages, cached = engine.prefill(computed, params)
         every = engine.config.transfer_fail_every
         if not every and Fault.TRANSFER_FAIL_AS_DRAINED in engine.faults:
             every = FLAKY_TRANSFER_EVERY
@@ -98,7 +102,7 @@ class PrefillBootstrap:
             engine.count(transfer_failed=1)
             raise RequestError(f"KV transfer failed for request {params.rid}: {exc}", status=500) from None
         finally:
-            engine.finish_prefill_pages(ids, pages, params)
+            engine.finish_prefill_pages(computed, pages, params)
         if status != "ok":
             engine.count(transfer_failed=1)
             raise RequestError(f"KV transfer failed for request {params.rid} (bootstrap room {room}): {status}.", status=500)

@@ -98,8 +98,13 @@ def prompt_count(sent: int, requests: int, deltas: Mapping[str, Mapping[str, flo
         values = {COMPUTED: d.get(COMPUTED), CACHED: d.get(CACHED), RECEIVED: d.get(RECEIVED)}
         if values[CACHED] is None and snap.prefix_caching is False:
             values[CACHED] = 0.0  # it states its prefix cache is off: nothing can be found there
-        if values[RECEIVED] is None and snap.role is not Role.DECODE:
-            values[RECEIVED] = 0.0  # an engine that computes prompts takes no KV from another
+        if snap.role is Role.PREFILL:
+            # A prefill takes no KV from another engine: a transfer counter it has counts the KV
+            # it SENT, tokens it had to compute or find first. Added here it counted every sent
+            # token twice, and a prefill that computed half a prompt and sent "all" of it was whole.
+            values[RECEIVED] = 0.0
+        elif values[RECEIVED] is None and snap.role is not Role.DECODE:
+            values[RECEIVED] = 0.0  # a unified engine without a KV connector takes no KV from another
         for key, value in values.items():
             if value is None:
                 missing.append(f"{snap.url}: {_WHAT[key]}")

@@ -96,7 +96,7 @@ class IsolationSizes:
 
     @property
     def normal_tokens(self) -> int:
-        return max(1, self.short // 4)
+        return max(1, self.short // 7)
 
     @property
     def normal_answer_tokens(self) -> int:

@@ -5,14 +5,15 @@ exactly these (`isolation_sizes`). A new scenario or a new request mode is one e
 
 The incident's paths (issue 4), interleaved so that one tenant's KV pages are freed right before
 the other tenant's requests reuse them:
-  normal           short prompts, A B eight times over, read to the end, not streamed and streamed
+  normal           short prompts, A B fourteen times over, read to the end, not streamed and streamed
                    by turns: every answer follows the other tenant's request
   boundary         the longest prompt the limits accept: the capacity probes' near-limit requests
                    (prompt-integrity's, then the concurrent pair) carry the canaries of A, then A and B
   over-capacity    A short, then B over the pool/context (the incident path), and mirrored
   cancel-transfer  (churn) A disconnects while its KV is being written, then B's requests take
                    the freed pages; mirrored
-  cancel-decode    (churn) A disconnects after its first streamed token, then B; mirrored
+  cancel-decode    (churn) A disconnects after its first streamed token, then B (not streamed);
+                   mirrored (A streamed): both answer paths read right after a disconnect
   load             (churn) A and B at once, near the smallest pool: the concurrent pair where its
                    KV fills 80-100% of the smallest pool, else requests of its own
 """
@@ -32,13 +33,14 @@ CANCEL_PROPAGATION_S = 0.06  # router and decode notice a closed socket within ~
 A, B = Tenant.A, Tenant.B
 # The normal scenario's requests, (tenant, streamed): each tenant's answers are read to the end
 # both streamed and not, since streaming is its own code path in every engine, router and gateway,
-# and every answer follows the other tenant's request. Sixteen short requests, not six: a leak that
+# and every answer follows the other tenant's request. Twenty-eight short requests: a leak that
 # fires on a fraction p of requests escapes a run with probability (1 - p) ** chances, and the
 # other scenarios' long prompts give few chances (an echoing model repeats a long prompt's head,
 # where no page of another request lands). At p = 0.3 six gave a builtin engine's streamed-only
-# leak 5 chances and 16 of 20 runs caught it (benchmarks/RESULTS.md); sixteen of a quarter of the
-# short prompt cost the same prefill as six of half.
-NORMAL_PAIRS = 8
+# leak 5 chances (16 of 20 runs caught it), sixteen 11 (59 of 60), twenty-eight 18 with
+# cancel-decode's streamed follower (benchmarks/RESULTS.md); twenty-eight of a seventh of the
+# short prompt cost the same prefill as sixteen of a quarter.
+NORMAL_PAIRS = 14
 NORMAL_ORDER = tuple((tenant, pair % 2 == 1) for pair in range(NORMAL_PAIRS) for tenant in (A, B))
 
 
@@ -139,7 +141,7 @@ def declared(sizes: IsolationSizes) -> tuple[ScenarioSpec, ...]:
                                            stream=i == 1) for i in range(2)), settle=True)]
         decode += [one(ScenarioRequest(leaver, f"cancel-decode-{leaver.value}-left", sizes.decode_prompt,
                                        sizes.decode_max_tokens, stream=True, leave=Leave.AFTER_FIRST_TOKEN)),
-                   one(ScenarioRequest(other, f"cancel-decode-{other.value}", sizes.decode_prompt, gen))]
+                   one(ScenarioRequest(other, f"cancel-decode-{other.value}", sizes.decode_prompt, gen, stream=leaver is B))]
     order = [(A, B)[i % 2] for i in range(sizes.load_count)]
     load = one(*(ScenarioRequest(t, f"load-{t.value}{i // 2 + 1}", sizes.load_per, sizes.load_max_tokens,
                                  stream=(i // 2) % 2 == 1) for i, t in enumerate(order)))

@@ -88,3 +88,19 @@ def test_behind_a_router_the_prefill_tier_accounts_for_the_prompt():
                   DECODE: {**full, "kv_transfer_tokens": 5000}}, reached=(PREFILL, DECODE))
     results = check("pd-transfer", CheckContext(pd, T, probes=run, entry=ENTRY))
     assert results[0].status is Status.FAIL and "never reached the decode" in results[0].message
+
+
+def test_a_prefill_that_says_it_sent_the_whole_prompt_does_not_make_up_what_it_computed():
+    # Found on the builtin P/D trio (fault shortened-prompt on the prefill): the prefill computed
+    # half and its transfer counter said it sent KV for all of it; that counter is what it SENT,
+    # never KV it received, so it cannot account for a token it did not compute or find cached.
+    pd = (snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE))
+    half = {"prefilled_tokens": SENT // 2, "cached_prompt_tokens": 0, "kv_transfer_tokens": SENT}
+    decode = {"prefilled_tokens": 0, "cached_prompt_tokens": 0, "kv_transfer_tokens": SENT}
+    run = probes({PREFILL: half, DECODE: decode}, reached=(PREFILL, DECODE))
+    (r,) = check("prompt-integrity", CheckContext(pd, T, probes=run, entry=ENTRY))
+    assert r.status is Status.FAIL and f"computed {SENT // 2:,} tokens" in r.message, r.message
+    assert "received KV for 0 tokens" in r.message
+    # A unified engine's transfer counter is KV it loaded from elsewhere (vLLM's KV connector): it counts.
+    loaded = {"prefilled_tokens": SENT // 2, "cached_prompt_tokens": 0, "kv_transfer_tokens": SENT - SENT // 2}
+    assert integrity({PREFILL: loaded}).status is Status.PASS

@@ -95,19 +95,19 @@ def test_scenarios_send_interleaved_tenants_at_the_derived_sizes():
     run = isolate(engine)
     assert [s.name for s in run.scenarios] == ["normal", "boundary", "over-capacity", "cancel-transfer", "cancel-decode", "load"]
     normal, boundary, over = (scenario(run, n) for n in ("normal", "boundary", "over-capacity"))
-    # A B eight times over, by turns not streamed and streamed: each answer follows the other tenant
+    # A B fourteen times over, by turns not streamed and streamed: each answer follows the other tenant
     assert [(r.tenant.value, r.completion.sent_tokens, r.completion.streamed) for r in normal.requests] == [
-        (t, SHORT // 4, pair % 2 == 1) for pair in range(8) for t in "ab"]
+        (t, SHORT // 7, pair % 2 == 1) for pair in range(14) for t in "ab"]
     assert [(r.tenant.value, r.completion.sent_tokens) for r in boundary.requests] == [(t, LONGEST) for t in "abba"]
     # over the pool, within the context: 4096 + (8192 - 4096) // 2
     assert [(r.name, r.expect, r.completion.sent_tokens) for r in over.requests] == [
         ("over-capacity-a-long", Expect.ACCEPT, SHORT), ("over-capacity-b-over", Expect.REJECT, 6144),
         ("over-capacity-b-long", Expect.ACCEPT, SHORT), ("over-capacity-a-over", Expect.REJECT, 6144)]
     # every request carries its own tenant's salt and asks for a scanned answer
-    scenario_sent = engine.sent[:24]
-    assert [tenant_of(s) for s in scenario_sent] == list("ab" * 8 + "abba" + "abba")
+    scenario_sent = engine.sent[:36]
+    assert [tenant_of(s) for s in scenario_sent] == list("ab" * 14 + "abba" + "abba")
     # normal answers are twice their short prompt (the echo covers all of it); the rest a full scan
-    assert {s.max_tokens for s in scenario_sent[:16]} == {2 * (SHORT // 4)} and {s.max_tokens for s in scenario_sent[16:]} == {GEN}
+    assert {s.max_tokens for s in scenario_sent[:28]} == {2 * (SHORT // 7)} and {s.max_tokens for s in scenario_sent[28:]} == {GEN}
 
 
 def test_churn_scenarios_are_skipped_with_the_reason_unless_allowed():
@@ -235,6 +235,8 @@ def test_cancel_decode_leaves_after_the_first_token_and_the_other_tenant_follows
     assert [(r.name, r.abandoned) for r in cancel.requests] == [
         ("cancel-decode-a-left", AFTER_FIRST_TOKEN), ("cancel-decode-b", None),
         ("cancel-decode-b-left", AFTER_FIRST_TOKEN), ("cancel-decode-a", None)]
+    # the tenant that follows a disconnect is read to the end not streamed, then (mirrored) streamed
+    assert [r.completion.streamed for r in cancel.requests if r.abandoned is None] == [False, True]
     token_targets = [t for how, t in departures if how == "token"]
     assert [t.request.body["stream"] for t in token_targets] == [True, True]
     # the adapter's own request: its path, its tenant's salt, max_tokens 512 to stay mid-answer

@@ -64,9 +64,9 @@ def test_one_changed_scenario_entry_changes_both_the_plan_and_what_the_prober_se
         monkeypatch.setattr(scenarios, "declared", normal_first_request_of(ODD))
         after_plan = planned_normal(url)
         after_sent = sent_by_normal()
-    (size, count), = before_plan  # sixteen short requests of one size
-    assert count == len(scenarios.NORMAL_ORDER) == 16 and ODD not in (s for s, _ in before_plan)
-    assert sorted(after_plan) == sorted([(size, 15), (ODD, 1)])
+    (size, count), = before_plan  # twenty-eight short requests of one size
+    assert count == len(scenarios.NORMAL_ORDER) == 28 and ODD not in (s for s, _ in before_plan)
+    assert sorted(after_plan) == sorted([(size, 27), (ODD, 1)])
     short = IsolationSizes.of(LIMITS, []).normal_tokens
     assert before_sent[0] == (f"normal-{Tenant.A.value}1", short, False)
     assert after_sent[0] == (f"normal-{Tenant.A.value}1", ODD, True)
