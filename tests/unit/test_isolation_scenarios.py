@@ -93,7 +93,8 @@ def departures(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, RawT
 def test_scenarios_send_interleaved_tenants_at_the_derived_sizes():
     engine = FakeEngine(snapshot(URL, pool=4096, context=8192))
     run = isolate(engine)
-    assert [s.name for s in run.scenarios] == ["normal", "boundary", "over-capacity", "cancel-transfer", "cancel-decode", "load"]
+    assert [s.name for s in run.scenarios] == ["normal", "boundary", "over-capacity", "cancel-transfer", "cancel-decode", "load",
+                                           "late-decode"]
     normal, boundary, over = (scenario(run, n) for n in ("normal", "boundary", "over-capacity"))
     # A B eight times over, by turns not streamed and streamed: each answer follows the other tenant
     assert [(r.tenant.value, r.completion.sent_tokens, r.completion.streamed) for r in normal.requests] == [
@@ -113,7 +114,7 @@ def test_scenarios_send_interleaved_tenants_at_the_derived_sizes():
 def test_churn_scenarios_are_skipped_with_the_reason_unless_allowed():
     run = isolate(FakeEngine(snapshot(URL)))
     skipped = [s for s in run.scenarios if s.churn]
-    assert [s.name for s in skipped] == ["cancel-transfer", "cancel-decode", "load"]
+    assert [s.name for s in skipped] == ["cancel-transfer", "cancel-decode", "load", "late-decode"]
     assert all(s.skipped == "not in this test" and not s.requests for s in skipped)
 
 
