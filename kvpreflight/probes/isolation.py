@@ -86,6 +86,7 @@ class IsolationSettings:
     timing_samples: int = DEFAULT_TIMING_SAMPLES  # per kind, for the timing audit where cache counters are silent
     known_markers: frozenset[str] = frozenset()  # other synthetic markers in play (capacity probes, demo)
     concurrency: int = 2  # the capacity probes' concurrent requests (the load scenario where they fill the pool)
+    selected: frozenset[str] = frozenset()  # only these scenarios (--scenario); empty: all
 
 
 class IsolationProber:
@@ -122,7 +123,10 @@ class IsolationProber:
     def run(self) -> IsolationRun:
         scenarios = []
         for spec in self.scenarios:
-            if spec.churn and not self.settings.churn_allowed:
+            if self.settings.selected and spec.name not in self.settings.selected:
+                scenarios.append(Scenario(name=spec.name, purpose=spec.purpose, churn=spec.churn,
+                                          skipped=f"not selected (--scenario {', '.join(sorted(self.settings.selected))})"))
+            elif spec.churn and not self.settings.churn_allowed:
                 scenarios.append(Scenario(name=spec.name, purpose=spec.purpose, skipped=self.settings.churn_not_allowed_reason,
                                           churn=True))
             else:

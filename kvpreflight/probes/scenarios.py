@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from kvpreflight.probes.budget import PlannedRequest
@@ -206,15 +207,15 @@ def declared(sizes: IsolationSizes) -> tuple[ScenarioSpec, ...]:
 
 
 def isolation_sizes(sizes: IsolationSizes, *, churn: bool, timing_samples: int = DEFAULT_TIMING_SAMPLES,
-                   scenarios: tuple[ScenarioSpec, ...] | None = None) -> list[PlannedRequest]:
+                   scenarios: tuple[ScenarioSpec, ...] | None = None, only: Collection[str] = ()) -> list[PlannedRequest]:
     """What the isolation probes send, for `--plan` and the estimate: the declared scenarios (a
     scenario the capacity probes carry sends nothing of its own; churn only where allowed), then
     the prefix-cache controls. The timing audit is listed with its condition (it runs only where
     cache counters are silent): the estimate (and the default deadline) allow for it, the counts
-    of what will be sent do not."""
+    of what will be sent do not. `only`: the scenarios --scenario selects (empty: all)."""
     out: list[PlannedRequest] = []
     for spec in declared(sizes) if scenarios is None else scenarios:
-        if (spec.churn and not churn) or spec.carried_by:
+        if (spec.churn and not churn) or spec.carried_by or (only and spec.name not in only):
             continue
         out += spec.planned()
     accept = Expect.ACCEPT
