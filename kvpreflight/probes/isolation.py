@@ -60,6 +60,7 @@ from kvpreflight.probes.session import ProbeSession
 from kvpreflight.probes.tenants import TenantClient, TenantPrompts
 from kvpreflight.probes.tokens import valid_token_ids
 
+FRESH_OFFSET_FIRST = 2  # fresh prompts start 2, 3, ... tokens into the canaries (fewer than one canary's tokens)
 IDLE_WAIT_S = 12.0  # a cancelled bootstrap may hold pages ~10 s on SGLang-like engines
 A, B = Tenant.A, Tenant.B
 
@@ -118,6 +119,8 @@ class IsolationProber:
         self._held: HeldLegs | None = None  # late-decode's legs, while it runs
         self._prefill_legs: dict[Tenant, tuple[PrefillLeg, float]] = {}  # its prefill leg's answer, and when
         self._decode_after_s = 0.0  # how long after the prefill leg's answer its decode leg went
+        # where the next fresh prompt starts in its tenant's canaries (1 is the unified abandon's)
+        self._fresh_offsets = iter(range(FRESH_OFFSET_FIRST, 1 << 30))
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> IsolationRun:
@@ -192,7 +195,7 @@ class IsolationProber:
             return self._leg(r, notes)
         if r.leave is None:
             return self._send(r.tenant, r.name, r.prompt_tokens, expect=r.expect, max_tokens=r.max_tokens, at_once=at_once,
-                              stream=r.stream)
+                              stream=r.stream, offset=next(self._fresh_offsets) if r.fresh_prefix else 0)
         return self._abandon(r, notes)
 
     def _from_capacity(self, spec: ScenarioSpec) -> Scenario | None:
@@ -388,11 +391,12 @@ class IsolationProber:
 
     # -- one request ---------------------------------------------------------------------------
     def _send(self, tenant: Tenant, name: str, tokens: int, *, expect: Expect = Expect.ACCEPT,
-              max_tokens: int | None = None, at_once: int = 1, stream: bool = False) -> TenantRequest | None:
+              max_tokens: int | None = None, at_once: int = 1, stream: bool = False, offset: int = 0) -> TenantRequest | None:
         """One scanned request (one of `at_once` the scenario sends together), streamed or not,
-        read to its end; None when it was not sent or the deadline cut it short."""
+        read to its end; None when it was not sent or the deadline cut it short. `offset`: where
+        its prompt starts in the tenant's canaries."""
         client = self.tenants[tenant]
-        sent = self.budget.probe(client.adapter, self._ids[tenant][:tokens], name=name, expect=expect,
+        sent = self.budget.probe(client.adapter, self._ids[tenant][offset:offset + tokens], name=name, expect=expect,
                                  max_tokens=max_tokens or self.gen, engines=self.engines.values(), extra=client.extra,
                                  at_once=at_once, stream=stream)
         if sent is None:

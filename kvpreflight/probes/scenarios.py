@@ -100,6 +100,9 @@ class ScenarioRequest:
     stream: bool = False
     leave: Leave | None = None  # None: read to the end
     leg: Leg | None = None  # None: the whole request through the entry
+    # A prompt no prefix cache holds (the tenant's canaries from an offset of their own): all its
+    # KV is written into newly handed-out pages, from position 0.
+    fresh_prefix: bool = False
 
     def planned(self, scenario: ScenarioName, only_if: str | None = None) -> PlannedRequest:
         answer = self.max_tokens if self.leave is None else self.leave.answer_tokens
@@ -176,13 +179,16 @@ def declared(sizes: IsolationSizes) -> tuple[ScenarioSpec, ...]:
                                  stream=(i // 2) % 2 == 1) for i, t in enumerate(order)))
     # A's prompt fits in one partly filled page: vLLM frees a page without a prefix-cache hash
     # first-in-line for reuse (v1/core/block_pool.py free_blocks, LIFO), so B's next prompt is
-    # written into it; B's prompts span pages, so one of them lands on it.
+    # written into it. B's prompts are fresh: a cached prefix would leave its first page unwritten
+    # and put B's KV in A's page at other positions (seen on the real pair: A's answer then echoed
+    # neither canary). The expiry is reaped during the step that schedules B's first request, so
+    # the second is the one that gets A's page.
     answer = sizes.normal_answer_tokens
     late = (one(ScenarioRequest(A, "late-decode-a-prefill", sizes.lease_prompt, 1, leg=Leg.PREFILL), outwait_lease=True),
-            one(ScenarioRequest(B, "late-decode-b1", short, answer)),
-            one(ScenarioRequest(B, "late-decode-b2", short, answer)),
+            one(ScenarioRequest(B, "late-decode-b1", short, answer, fresh_prefix=True)),
+            one(ScenarioRequest(B, "late-decode-b2", short, answer, fresh_prefix=True)),
             one(ScenarioRequest(A, "late-decode-a", sizes.lease_prompt, gen, leg=Leg.DECODE)),
-            one(ScenarioRequest(B, "late-decode-b3", sizes.normal_tokens, answer)))
+            one(ScenarioRequest(B, "late-decode-b3", sizes.normal_tokens, answer, fresh_prefix=True)))
     return (
         ScenarioSpec(ScenarioName.NORMAL, f"short prompts of both tenants, interleaved (A B, {NORMAL_PAIRS} times), not streamed and streamed by turns: "
                      "each reuses pages the other just freed", normal,
