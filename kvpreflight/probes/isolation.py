@@ -289,8 +289,11 @@ class IsolationProber:
         if decode and decode[0].served:
             late = (f"the prefill counted {stale:.0f} late read(s) and logged {logged}" if stale or logged
                     else "the prefill counted and logged no late read")
+            # the echo repeats whatever KV the decode read: A's own canary missing says the pages changed
+            echo = ("A's answer repeated A's own canary" if decode[0].own_seen
+                    else "A's answer did not repeat A's own canary (the pages read no longer held A's prompt)")
             how, occurred = (f"confirmed: the decode leg went {self._decode_after_s:.1f} s after the prefill leg's answer, past the "
-                             f"lease ({held.lease_said}); {late}"), True
+                             f"lease ({held.lease_said}); {late}; {echo}"), True
         else:
             how, occurred = "unconfirmed: " + ("; ".join(notes) or "the decode leg was not answered"), None
         if notes and occurred:

@@ -500,3 +500,21 @@ def test_a_late_read_verdict_quotes_the_scenarios_other_lines_too():
     assert status is Status.WARN and said.startswith("cancel-transfer: a decode read KV of a request its client had abandoned")
     assert '"Releasing expired KV blocks for request ... which were retrieved by ... worker(s)"' in said
     assert "logged during the cancel-transfer scenario" in said
+
+
+def test_scenario_selects_the_scenarios_that_run_and_the_plan_counts_only_those():
+    """--scenario: the others are reported as not selected, sent nothing, and left out of the plan."""
+    engine = FakeEngine(snapshot(URL))
+    client = HttpClient()
+    adapter = FakeAdapter(URL, client)
+    run = run_isolation(session(adapter, {URL: adapter}, [engine.snap], LIMITS),
+                        IsolationSettings(churn_allowed=True, selected=frozenset({"over-capacity"})))
+    assert [s.name for s in run.scenarios if not s.skipped] == ["over-capacity"]
+    assert {s.skipped for s in run.scenarios if s.skipped} == {"not selected (--scenario over-capacity)"}
+    assert not [r for s in run.scenarios if s.skipped for r in s.requests]
+    result = judged(run, (engine.snap,), "tenant-isolation")
+    assert "not run (not selected (--scenario over-capacity))" in result.message
+    from kvpreflight.probes.scenarios import isolation_sizes
+
+    planned = {p.name for p in isolation_sizes(IsolationSizes.of(LIMITS, [engine.snap]), churn=True, only=("over-capacity",))}
+    assert planned == {"over-capacity", "prefix-cache", "prefix-cache-timing"}

@@ -116,6 +116,8 @@ def test_a_b_canary_in_the_held_decode_answer_fails_tenant_isolation():
     assert result.status is Status.FAIL
     assert result.message.startswith("canary crossed tenants: tenant A's late-decode-a (late-decode) carried")
     assert [c["request"] for c in result.evidence["crossings"]] == ["late-decode-a"]
+    assert the_scenario(run).occurrence.endswith("A's answer did not repeat A's own canary (the pages read no longer held "
+                                                  "A's prompt)")
 
 
 def test_a_late_read_without_a_crossing_fails_pd_transfer_with_the_lease_and_the_fix():
@@ -131,6 +133,7 @@ def test_a_late_read_without_a_crossing_fails_pd_transfer_with_the_lease_and_the
     assert f"the lease in force: {LEASE_SETTING} 0.01 s at {PREFILL}" in result.message and "fix:" in result.message
     assert result.evidence["late_decode_reads"]["stale_kv_reads"] == [{"engine": PREFILL, "reads": 1}]
     assert "the prefill counted 1 late read(s)" in the_scenario(run).occurrence
+    assert the_scenario(run).occurrence.endswith("A's answer repeated A's own canary")
 
 
 def test_an_engine_that_reads_no_released_kv_leaves_pd_transfer_unfailed():
