@@ -81,7 +81,7 @@ def test_a_decode_leg_held_past_a_short_lease_fails_the_check(short_lease_pair: 
     assert (f"kv_transfer_config kv_connector_extra_config.kv_lease_duration {SHORT_LEASE_S} s at {pair.prefill.url} "
             "(stated in its start-up log)") in transfer["message"]
     assert "fix: " in transfer["message"]
-    # B's prompt written into A's freed page: B's canary in A's answer (2 of 2 runs, docs/FINDINGS.md)
+    # B's prompt written into A's freed page: B's canary in A's answer (3 of 3 runs, docs/FINDINGS.md)
     assert crossed and iso["status"] == "fail" and "canary crossed tenants" in iso["message"], iso["message"]
     assert "A's answer did not repeat A's own canary" in late["occurrence"], late
 
