@@ -37,12 +37,14 @@ SPECS = {"nixl": Path(__file__).resolve().parents[1] / "examples" / "specs" / "v
          "mooncake": Path(__file__).resolve().parents[1] / "examples" / "specs" / "vllm-pd-mooncake-cpu.yaml"}
 PYTHONS = {"nixl": "KVPREFLIGHT_VLLM_PYTHON", "mooncake": "KVPREFLIGHT_MOONCAKE_PYTHON"}
 SPEC_CONTEXT = 1024
-SPEC_POOL_BYTES = 1179648  # 18 blocks of 128 tokens at 512 bytes per token: 2.25x the spec's context
+# Each engine's pool scales with the context from the spec's own (the decode's 18 blocks of 128
+# tokens at 512 bytes per token, 2.25x the context; the prefill's 34, room for abandoned KV).
 
 
 def scaled(argv: tuple[str, ...], context: int) -> tuple[str, ...]:
     out = list(argv)
-    for flag, value in (("--max-model-len", context), ("--kv-cache-memory-bytes", SPEC_POOL_BYTES * context // SPEC_CONTEXT)):
+    pool = int(out[out.index("--kv-cache-memory-bytes") + 1]) if "--kv-cache-memory-bytes" in out else 0
+    for flag, value in (("--max-model-len", context), ("--kv-cache-memory-bytes", pool * context // SPEC_CONTEXT)):
         if flag in out:
             out[out.index(flag) + 1] = str(value)
     return tuple(out)

@@ -33,7 +33,7 @@ Label = Callable[[str], str]
 
 # The flags whose name is not the field's (a list field's flag is singular: it is repeated).
 _FLAGS = {"endpoints": "--endpoint", "logs": "--log", "headers": "--header", "secret_headers": "--secret-header",
-          "skips": "--skip", "reasons": "--reason", "untils": "--until"}
+          "skips": "--skip", "reasons": "--reason", "untils": "--until", "scenarios": "--scenario"}
 # Options that are the deployment's waivers: an inventory gives them as its `skip:` list.
 WAIVER_FIELDS = ("skips", "reasons", "untils")
 
@@ -86,6 +86,7 @@ class CheckOptions:
     tenant_b_key_env: str | None = None
     tenant_header: str | None = None
     allow_disruptive: bool = False
+    scenarios: tuple[str, ...] = ()  # --scenario: only these isolation scenarios (none given: all)
 
 
 def options_from(values: Mapping[str, Any], **fixed: Any) -> CheckOptions:
@@ -123,6 +124,12 @@ def check_fields(options: CheckOptions, label: Label = flag) -> None:
     if options.timing_samples is not None and not MIN_TIMING_SAMPLES <= options.timing_samples <= MAX_TIMING_SAMPLES:
         raise ConfigError(f"{label('timing_samples')} {options.timing_samples}: give {MIN_TIMING_SAMPLES} to {MAX_TIMING_SAMPLES} "
                           "(fewer samples can never reach the audit's p < 0.001)")
+    from kvpreflight.probes.results import ScenarioName
+
+    names = [s.value for s in ScenarioName]
+    for scenario in options.scenarios:
+        if scenario not in names:
+            raise ConfigError(f"{label('scenarios')} {scenario!r}: choose one of {', '.join(names)}")
     if options.client_key is not None and options.client_cert is None:
         raise ConfigError(f"{label('client_key')} needs {label('client_cert')} (the certificate it belongs to)")
     with naming(label("logs")):
@@ -229,7 +236,7 @@ def build_plan(options: CheckOptions, *, booted: bool = False, label: Label = fl
         capacity_only=options.capacity_only, timeout_s=options.timeout, deadline_s=options.deadline,
         max_context_equivalents=options.max_context_equivalents, concurrency=options.concurrency,
         timing_samples=options.timing_samples, accepted_tokens_per_second=options.accepted_tokens_per_second,
-        allow_disruptive=options.allow_disruptive, waivers=waivers, advisory_dirs=options.advisories, booted=booted,
+        allow_disruptive=options.allow_disruptive, scenarios=tuple(dict.fromkeys(options.scenarios)), waivers=waivers, advisory_dirs=options.advisories, booted=booted,
     )
 
 

@@ -37,6 +37,7 @@ class CheckPlan:
     timing_samples: int | None = None  # per kind, for the prefix-cache timing audit; None: the probe's default
     accepted_tokens_per_second: float | None = None
     allow_disruptive: bool = False
+    scenarios: tuple[str, ...] = ()  # only these isolation scenarios (--scenario); empty: all
     waivers: tuple[Waiver, ...] = ()
     advisory_dirs: tuple[Path, ...] = ()
     known_markers: frozenset[str] = frozenset()  # another tenant's markers planted on purpose (demo)

@@ -171,7 +171,8 @@ def group_plan(check_plan: CheckPlan, entry_url: str | None, entry: EngineAdapte
     sizes = IsolationSizes.of(limits, group, settings.concurrency)
     # The concurrent requests carry the tenants' canaries and scanned answers (probes/isolation.py).
     requests = (*capacity_plan(limits, settings.concurrency, scan_tokens=sizes.gen),
-                *isolation_sizes(sizes, churn=_churn_allowed(check_plan, group), timing_samples=_timing_samples(check_plan)))
+                *isolation_sizes(sizes, churn=_churn_allowed(check_plan, group), timing_samples=_timing_samples(check_plan),
+                                 only=check_plan.scenarios))
     return GroupPlan(entry=entry_url, engines=tuple(s.url for s in group), limits=limits, requests=requests)
 
 
@@ -355,6 +356,7 @@ def _isolation_settings(check_plan: CheckPlan, group: Sequence[EngineSnapshot], 
                                   "the demo and builtin engines)"),
         binding=check_plan.auth.tenant_binding or "a cache_salt per tenant", timing_samples=_timing_samples(check_plan),
         known_markers=frozenset(settings.known_markers), concurrency=settings.concurrency,
+        selected=frozenset(check_plan.scenarios),
     )
 
 

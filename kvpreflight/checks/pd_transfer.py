@@ -34,7 +34,15 @@ from kvpreflight.checks.probe_common import (
     outlived_deadlines,
 )
 from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, EngineSnapshot, Hazard, Role, Status
-from kvpreflight.probes.results import DangerLine, Expect, ProbeName, ProbeResult, counter_moved, stale_reads
+from kvpreflight.probes.results import (
+    DangerLine,
+    Expect,
+    ProbeName,
+    ProbeResult,
+    ScenarioName,
+    counter_moved,
+    stale_reads,
+)
 
 ID = CheckId.PD_TRANSFER
 SCOPE = Scope.GROUP
@@ -89,9 +97,13 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if expired:
         evidence["expired_kv_leases"] = [{"engine": url, "requests": n, "when": when} for url, n, when in expired]
     logged = logged_lines(dangers) + counted_stale_reads(stale)
+    held_lines, held_counted = _late_decode_reads(ctx)
+    if held_lines or held_counted:
+        evidence["late_decode_reads"] = {"danger_lines": held_lines,
+                                         "stale_kv_reads": [{"engine": u, "reads": n} for u, n, _ in held_counted]}
     # Every request of the capacity probes was meant to be answered: a late read among them is one
-    # whose answer reached the client.
-    late = late_read_finding(of_hazard(dangers, Hazard.LATE_READ), stale, ctx.snapshots)
+    # whose answer reached the client. So was late-decode's decode leg, held past the lease on purpose.
+    late = late_read_finding([*of_hazard(dangers, Hazard.LATE_READ), *held_lines], stale + held_counted, ctx.snapshots)
     canary = canary_finding(of_hazard(dangers, Hazard.KV_CANARY))
     expiry = expiry_finding(of_hazard(dangers, Hazard.KV_EXPIRED), expired)
     if late is not None:
@@ -121,6 +133,20 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         said += f"; {expiry}"
     said += "".join(f"; {a}" for a in assumed)
     return [CheckResult(ID, Status.WARN if dangers or stale or expiry or assumed else Status.PASS, said + logged, ctx.entry, evidence)]
+
+
+LATE_DECODE_WHEN = "during the late-decode scenario: its decode leg, sent after the prefill's KV lease, was answered"
+
+
+def _late_decode_reads(ctx: CheckContext) -> tuple[list[dict[str, Any]], list[tuple[str, int, str]]]:
+    """The late reads of the isolation scenario late-decode (its log lines, its counted reads):
+    the engine answered a decode leg from KV it had released, whether or not a canary crossed."""
+    run = ctx.isolation
+    scenario = next((s for s in run.scenarios if s.name == ScenarioName.LATE_DECODE and not s.skipped), None) if run else None
+    if scenario is None:
+        return [], []
+    lines = [danger_entry(d, f"logged {LATE_DECODE_WHEN}") for d in scenario.danger_lines if d.hazard is Hazard.LATE_READ]
+    return lines, [(url, n, LATE_DECODE_WHEN) for url, n in stale_reads(scenario.counter_deltas).items()]
 
 
 MAX_DANGER_EVIDENCE = 50  # danger lines kept in the evidence (the message counts them all)

@@ -188,7 +188,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
                 "counter_deltas": {u: dict(d) for u, d in s.counter_deltas.items()},
                 "requests": [request_evidence(r) for r in s.requests]}), **({"stopped": s.stopped} if s.stopped else {}),
              **({"danger_lines": danger_entries(s)} if s.danger_lines else {}),
-             **({"not_applicable": s.not_applicable} if s.not_applicable else {})}
+             **({"not_applicable": s.not_applicable} if s.not_applicable else {}),
+             **({"not_probed": s.not_probed} if s.not_probed else {})}
             for s in run.scenarios
         ],
     }
@@ -229,7 +230,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     worst = worst_status(st for st, _ in judged) if judged else Status.INCONCLUSIVE
     reasons: dict[str, list[str]] = {}
     for s in run.scenarios:
-        if s.skipped:
+        # a scenario that cannot apply, or one not probed by design (late-decode's long lease), is
+        # said in the evidence only: neither is a step the user could take to make the check see more
+        if s.skipped and not s.not_applicable and not s.not_probed:
             reasons.setdefault(s.skipped, []).append(s.name)
     skipped = [f"{', '.join(names)}: not run ({why})" for why, names in reasons.items()]
     if worst is Status.PASS:

@@ -14,6 +14,7 @@ import typer
 
 from kvpreflight.commands import options
 from kvpreflight.formats import FORMATS
+from kvpreflight.probes.results import ScenarioName
 
 if TYPE_CHECKING:
     from kvpreflight.boot.spec import DeploymentSpec
@@ -21,6 +22,8 @@ if TYPE_CHECKING:
     from kvpreflight.model import Report
 
 FORMAT_HELP = ", ".join(FORMATS)
+SCENARIO_HELP = (f"Run only this isolation scenario ({', '.join(s.value for s in ScenarioName)}); repeatable. The others "
+                 "are reported as not selected. [default: all]")
 
 
 CHECK_EXAMPLES = (
@@ -63,6 +66,7 @@ def register(app: typer.Typer) -> None:
         tenant_b_key_env: str | None = options.TENANT_B_KEY_ENV,
         tenant_header: str | None = options.TENANT_HEADER,
         allow_disruptive: bool = typer.Option(False, "--allow-disruptive", rich_help_panel="Isolation", help="Also run the isolation scenarios that churn the engine (client disconnects, load near the pool) against a live deployment."),
+        scenarios: list[str] | None = typer.Option(None, "--scenario", metavar="NAME", rich_help_panel="Isolation", help=SCENARIO_HELP),
         skips: list[str] | None = typer.Option(None, "--skip", metavar="CHECK_ID", rich_help_panel="Probes", help="Waive a check id; needs a matching --reason. Repeatable."),
         reasons: list[str] | None = typer.Option(None, "--reason", metavar="TEXT", rich_help_panel="Probes", help="Why the matching --skip is waived (kept in the report and record)."),
         untils: list[str] | None = typer.Option(None, "--until", metavar="YYYY-MM-DD", rich_help_panel="Probes", help="YYYY-MM-DD: the matching --skip's last day; `verify` refuses a record whose waiver expired."),

@@ -22,7 +22,17 @@ from typing import Any, ClassVar, Self
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply, StreamReply
 from kvpreflight.engines.untrusted import answer_text, error_in_event, error_message_of, parse_metrics, shape
-from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, Completion, EngineSnapshot, ErrorKind, Hazard, Role, RoleSource
+from kvpreflight.model import (
+    TRANSFER_SECONDS,
+    TRANSFERS_TIMED,
+    Completion,
+    EngineSnapshot,
+    ErrorKind,
+    Hazard,
+    KvDeadline,
+    Role,
+    RoleSource,
+)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -386,6 +396,38 @@ class EngineAdapter(abc.ABC):
         if reply.status != 200:
             raise EngineError(f"{self.url}/metrics: HTTP {reply.status}")
         return parse_metrics(reply.url, reply.text())
+
+
+@dataclass(frozen=True)
+class PrefillLeg:
+    """A prefill's answer to the first leg of a prefill/decode request sent alone: its own
+    completion, and the handoff the decode leg carries to read the KV the prefill holds (the
+    engine's own fields; None where the answer carried none)."""
+
+    completion: Completion
+    handoff: Mapping[str, Any] | None
+
+
+class SplitLegs(abc.ABC):
+    """A capability of adapters whose prefill/decode pairs kvpreflight can drive leg by leg, as
+    the deployment's router does (vLLM NIXL: `kv_transfer_params`): the prefill computes the
+    prompt and holds its KV for a decode, and the decode leg, sent later to the decode engine,
+    reads it. The isolation scenario late-decode holds the decode leg past the prefill's KV lease.
+    Adapters of engines whose legs only their router can send do not implement it."""
+
+    @abc.abstractmethod
+    def held_kv_lease(self, snapshot: EngineSnapshot) -> KvDeadline | None:
+        """How long this prefill holds a handed-off request's KV for its decode; None where the
+        engine is not a prefill whose legs this adapter sends."""
+
+    @abc.abstractmethod
+    def send_prefill_leg(self, ids: list[int], *, timeout_s: float, extra: Mapping[str, Any] | None = None) -> PrefillLeg:
+        """The prefill leg, to this (prefill) engine: a refusal or a hang is a completion, as `complete`'s."""
+
+    @abc.abstractmethod
+    def send_decode_leg(self, ids: list[int], handoff: Mapping[str, Any], *, max_tokens: int, timeout_s: float,
+                        extra: Mapping[str, Any] | None = None) -> Completion:
+        """The decode leg, to this (decode) engine, carrying the prefill's handoff."""
 
 
 def readable_error(adapter: EngineAdapter, request: EngineRequest, event: Any) -> str:

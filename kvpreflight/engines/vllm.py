@@ -6,13 +6,28 @@
 from __future__ import annotations
 
 import re
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
-from kvpreflight.engines.interface import REQUEST_ID, Counters, LogSignal, cycle_to, log_lines, role_of, transfer_time
+from kvpreflight.engines.interface import (
+    REQUEST_ID,
+    Counters,
+    LogSignal,
+    PrefillLeg,
+    SplitLegs,
+    _unanswered,
+    cycle_to,
+    log_lines,
+    role_of,
+    transfer_time,
+)
 from kvpreflight.engines.openai_completions import OpenAICompletionsMixin
-from kvpreflight.engines.untrusted import json_object, log_count, metric_sum, positive_int, served_model
-from kvpreflight.model import EngineSnapshot, Hazard, KvDeadline, Origin, PoolReading, Role
+from kvpreflight.engines.untrusted import error_message_of, json_object, log_count, metric_sum, optional_object, positive_int, served_model
+from kvpreflight.model import Completion, EngineSnapshot, Hazard, KvDeadline, Origin, PoolReading, Role
 
 ALLOCATOR_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: (?P<tokens>[\d,]+) tokens")
 REFUSAL_LINE = re.compile(r"estimated maximum model length is (\d+)")
@@ -37,11 +52,18 @@ MOONCAKE_LINE = re.compile(r"""kv_connector['"]?\s*[:=]\s*['"]MooncakeConnector[
 MOONCAKE_TIMEOUT_LINE = re.compile(r"timed out after (\d+) seconds without being sent\. Freeing its blocks on the producer side")
 MOONCAKE_SETTING = "env VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"
 DEFAULT_MOONCAKE_TIMEOUT_S = 480
+# The prefill leg as vLLM's NIXL proxy and vllm-router send it (examples/online_serving/
+# disaggregated_serving/, tests/v1/kv_connector/nixl_integration/toy_proxy_server.py): the prefill
+# computes the prompt, answers with the `kv_transfer_params` the decode leg carries (nixl/
+# pull_scheduler.py request_finished: remote_block_ids, remote_engine_id, remote_request_id,
+# remote_host, remote_port, ...) and holds the blocks until the decode reads them or the lease ends.
+PREFILL_LEG_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "remote_engine_id": None,
+                      "remote_block_ids": None, "remote_host": None, "remote_port": None}
 # v1/metrics/loggers.py: registered only when kv_transfer_config.is_kv_consumer (kv_consumer or kv_both).
 CONSUMER_METRIC = "vllm:num_requests_kv_fetch_by_stage"
 
 
-class VllmAdapter(OpenAICompletionsMixin):
+class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
     kind = "vllm"
     # entrypoints/serve/engine/serving.py (0.32): the header wins over the body's request_id; the
     # engine's own id is then cmpl-<it>-<index>-<8 random characters>.
@@ -196,6 +218,40 @@ class VllmAdapter(OpenAICompletionsMixin):
             used_tokens=usage,  # a fraction for vLLM: 0 means idle
         )
 
+    def held_kv_lease(self, snapshot: EngineSnapshot) -> KvDeadline | None:
+        """NIXL's lease on a prefill (Mooncake's handoff differs and is not sent by hand)."""
+        lease = snapshot.kv_lease
+        if snapshot.role is not Role.PREFILL or lease is None or lease.setting != LEASE_SETTING:
+            return None
+        return lease
+
+    def send_prefill_leg(self, ids: list[int], *, timeout_s: float, extra: Mapping[str, Any] | None = None) -> PrefillLeg:
+        request = self.with_request_id(self.build_request(
+            ids, max_tokens=1, stream=False, extra={**(extra or {}), "kv_transfer_params": PREFILL_LEG_PARAMS}))
+        start = time.monotonic()
+        try:
+            reply = self.client.post(f"{self.url}{request.path}", request.body, timeout_s=timeout_s, headers=request.headers)
+        except EngineTimeout:
+            return PrefillLeg(_unanswered(request, time.monotonic() - start, timed_out=True), None)
+        except EngineError as exc:
+            return PrefillLeg(_unanswered(request, time.monotonic() - start, transport_error=str(exc)), None)
+        completion: Completion
+        handoff: Mapping[str, Any] | None = None
+        if reply.status != 200:
+            completion = self._refused(request, reply, error_message_of(reply.body) or f"HTTP {reply.status} without an error message")
+        else:
+            try:
+                completion = self._answered(request, reply, self.parse_reply(request, reply), ttft_s=None, timed_out=False)
+                handoff = prefill_handoff(json_object(reply.json(), "answer", reply.url), reply.url)
+            except EngineError as exc:
+                completion = replace(self._empty(request, reply), empty_body=False, malformed=str(exc))
+        return PrefillLeg(replace(completion, request_id=request.request_id), handoff)
+
+    def send_decode_leg(self, ids: list[int], handoff: Mapping[str, Any], *, max_tokens: int, timeout_s: float,
+                        extra: Mapping[str, Any] | None = None) -> Completion:
+        return self.complete(ids, max_tokens=max_tokens, stream=False, timeout_s=timeout_s,
+                             extra={**(extra or {}), "kv_transfer_params": dict(handoff)})
+
     def max_accepted_prompt(self, snapshot: EngineSnapshot) -> int | None:
         # vLLM refuses prompt_len >= max_model_len (it must leave room for one output token).
         return None if snapshot.served_context is None else snapshot.served_context - 1
@@ -211,6 +267,14 @@ class VllmAdapter(OpenAICompletionsMixin):
         if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
             raise EngineError(f"{self.url}/tokenize: no token list in the answer")
         return cycle_to(tokens, count)
+
+
+def prefill_handoff(answer: Mapping[str, Any], url: str) -> Mapping[str, Any] | None:
+    """The `kv_transfer_params` of a prefill leg's answer, where it names blocks to read (a
+    prefill that kept nothing for a decode answers without them, or with none listed)."""
+    params = optional_object(answer.get("kv_transfer_params"), "answer kv_transfer_params", url)
+    blocks = params.get("remote_block_ids")
+    return params if params and isinstance(blocks, list) and blocks else None
 
 
 def _by_label(metrics: dict[str, list[tuple[dict[str, str], float]]] | None, name: str, label: str) -> dict[str, float]:

@@ -18,8 +18,8 @@ from dataclasses import dataclass, replace
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import HttpClient
-from kvpreflight.engines.interface import EngineAdapter
-from kvpreflight.model import Completion, Role
+from kvpreflight.engines.interface import EngineAdapter, PrefillLeg, SplitLegs
+from kvpreflight.model import Completion, Hazard, Role
 from kvpreflight.probes import scenarios as declaration
 from kvpreflight.probes.disconnect import (
     AFTER_FIRST_TOKEN,
@@ -47,13 +47,36 @@ from kvpreflight.probes.results import (
     Tenant,
     TenantRequest,
 )
-from kvpreflight.probes.scenarios import Evidence, Leave, ScenarioRequest, ScenarioSpec
+from kvpreflight.probes.scenarios import (
+    LATE_DECODE_MARGIN_S,
+    LATE_DECODE_MAX_WAIT_S,
+    Evidence,
+    Leave,
+    Leg,
+    ScenarioRequest,
+    ScenarioSpec,
+)
 from kvpreflight.probes.session import ProbeSession
 from kvpreflight.probes.tenants import TenantClient, TenantPrompts
 from kvpreflight.probes.tokens import valid_token_ids
 
+FRESH_OFFSET_FIRST = 2  # fresh prompts start 2, 3, ... tokens into the canaries (fewer than one canary's tokens)
 IDLE_WAIT_S = 12.0  # a cancelled bootstrap may hold pages ~10 s on SGLang-like engines
 A, B = Tenant.A, Tenant.B
+
+
+@dataclass(frozen=True)
+class HeldLegs:
+    """Where late-decode sends its legs, and the prefill's lease it outwaits."""
+
+    prefill: str
+    decode: str
+    lease_s: float
+    lease_said: str  # the setting and where it was read, as the evidence quotes it
+
+    @property
+    def wait_s(self) -> float:
+        return self.lease_s + LATE_DECODE_MARGIN_S
 
 
 @dataclass(frozen=True)
@@ -64,6 +87,7 @@ class IsolationSettings:
     timing_samples: int = DEFAULT_TIMING_SAMPLES  # per kind, for the timing audit where cache counters are silent
     known_markers: frozenset[str] = frozenset()  # other synthetic markers in play (capacity probes, demo)
     concurrency: int = 2  # the capacity probes' concurrent requests (the load scenario where they fill the pool)
+    selected: frozenset[str] = frozenset()  # only these scenarios (--scenario); empty: all
 
 
 class IsolationProber:
@@ -92,12 +116,20 @@ class IsolationProber:
         self.longest = self.sizes.longest
         self.min_pool = self.sizes.min_pool
         self.scenarios = tuple(declaration.declared(self.sizes) if scenarios is None else scenarios)
+        self._held: HeldLegs | None = None  # late-decode's legs, while it runs
+        self._prefill_legs: dict[Tenant, tuple[PrefillLeg, float]] = {}  # its prefill leg's answer, and when
+        self._decode_after_s = 0.0  # how long after the prefill leg's answer its decode leg went
+        # where the next fresh prompt starts in its tenant's canaries (1 is the unified abandon's)
+        self._fresh_offsets = iter(range(FRESH_OFFSET_FIRST, 1 << 30))
 
     # -- the run -------------------------------------------------------------------------------
     def run(self) -> IsolationRun:
         scenarios = []
         for spec in self.scenarios:
-            if spec.churn and not self.settings.churn_allowed:
+            if self.settings.selected and spec.name not in self.settings.selected:
+                scenarios.append(Scenario(name=spec.name, purpose=spec.purpose, churn=spec.churn,
+                                          skipped=f"not selected (--scenario {', '.join(sorted(self.settings.selected))})"))
+            elif spec.churn and not self.settings.churn_allowed:
                 scenarios.append(Scenario(name=spec.name, purpose=spec.purpose, skipped=self.settings.churn_not_allowed_reason,
                                           churn=True))
             else:
@@ -125,6 +157,8 @@ class IsolationProber:
     def _run_scenario(self, spec: ScenarioSpec) -> Scenario:
         if spec.carried_by and self.shared and (carried := self._from_capacity(spec)) is not None:
             return carried
+        if spec.evidence is Evidence.READ_AFTER_LEASE:
+            return self._late_decode(spec)
         deferred_before = (self.state.total(lambda c: c.deferred_releases)
                            if spec.evidence is Evidence.LEFT_MID_TRANSFER else None)
         notes: list[str] = []
@@ -150,14 +184,18 @@ class IsolationProber:
                     out.extend(f.result() for f in futures)
             if step.pause_s:
                 time.sleep(step.pause_s)
+            if step.outwait_lease and self._held is not None:
+                time.sleep(self._held.wait_s)
             if step.settle:
                 self.budget.wait_idle(self.state, IDLE_WAIT_S)
         return out
 
     def _request(self, r: ScenarioRequest, at_once: int, notes: list[str]) -> TenantRequest | None:
+        if r.leg is not None:
+            return self._leg(r, notes)
         if r.leave is None:
             return self._send(r.tenant, r.name, r.prompt_tokens, expect=r.expect, max_tokens=r.max_tokens, at_once=at_once,
-                              stream=r.stream)
+                              stream=r.stream, offset=next(self._fresh_offsets) if r.fresh_prefix else 0)
         return self._abandon(r, notes)
 
     def _from_capacity(self, spec: ScenarioSpec) -> Scenario | None:
@@ -211,6 +249,86 @@ class IsolationProber:
             how += "; " + "; ".join(notes)
         moot = None if pd else "a disconnect mid-transfer: a unified engine moves no KV between engines"
         return replace(scenario, occurred=occurred, occurrence=how, not_applicable=moot)
+
+    # -- late-decode ---------------------------------------------------------------------------
+    def held_legs(self) -> HeldLegs | str:
+        """The prefill and decode whose legs late-decode sends, or why it does not apply."""
+        prefills = [(s, a) for s in self.snapshots if s.role is Role.PREFILL
+                    and isinstance(a := self.engines.get(s.url), SplitLegs) and a.held_kv_lease(s) is not None]
+        decodes = [s.url for s in self.snapshots if s.role is Role.DECODE and isinstance(self.engines.get(s.url), SplitLegs)]
+        if not prefills or not decodes:
+            return ("not applicable: it needs a prefill/decode pair whose legs kvpreflight can send itself, with the "
+                    "prefill's KV lease known (vLLM NIXL, the prefill and decode URLs named by --endpoint roles or the "
+                    "router)")
+        snap, adapter = prefills[0]
+        assert isinstance(adapter, SplitLegs)
+        lease = adapter.held_kv_lease(snap)
+        assert lease is not None
+        how = "stated in " + lease.stated_in if lease.stated else "the engine's default; not in its start-up log"
+        return HeldLegs(prefill=snap.url, decode=decodes[0], lease_s=lease.seconds,
+                        lease_said=f"{lease.setting} {lease.seconds:g} s at {snap.url} ({how})")
+
+    def _late_decode(self, spec: ScenarioSpec) -> Scenario:
+        held = self.held_legs()
+        if isinstance(held, str):
+            return Scenario(name=spec.name, purpose=spec.purpose, skipped=held, not_applicable=held, churn=True)
+        if held.wait_s > LATE_DECODE_MAX_WAIT_S:
+            why = (f"not probed: the lease outlasts the scenario's wait ({held.lease_said}; the scenario waits the lease "
+                   f"+ {LATE_DECODE_MARGIN_S:g} s, {LATE_DECODE_MAX_WAIT_S:g} s at most)")
+            return Scenario(name=spec.name, purpose=spec.purpose, skipped=why, not_probed=why, churn=True)
+        self._held, self._prefill_legs = held, {}
+        notes: list[str] = []
+        try:
+            scenario = self._scenario(spec, lambda: self._steps(spec, notes))
+        finally:
+            self._held = None
+        decode = [r for r in scenario.requests if r.name == f"{spec.name}-a"]
+        stale = sum(d.get("stale_kv_reads", 0) for d in scenario.counter_deltas.values())
+        logged = sum(1 for d in scenario.danger_lines if d.hazard is Hazard.LATE_READ)
+        occurred: bool | None
+        if decode and decode[0].served:
+            late = (f"the prefill counted {stale:.0f} late read(s) and logged {logged}" if stale or logged
+                    else "the prefill counted and logged no late read")
+            # the echo repeats whatever KV the decode read: A's own canary missing says the pages changed
+            echo = ("A's answer repeated A's own canary" if decode[0].own_seen
+                    else "A's answer did not repeat A's own canary (the pages read no longer held A's prompt)")
+            how, occurred = (f"confirmed: the decode leg went {self._decode_after_s:.1f} s after the prefill leg's answer, past the "
+                             f"lease ({held.lease_said}); {late}; {echo}"), True
+        else:
+            how, occurred = "unconfirmed: " + ("; ".join(notes) or "the decode leg was not answered"), None
+        if notes and occurred:
+            how += "; " + "; ".join(notes)
+        return replace(scenario, occurred=occurred, occurrence=how)
+
+    def _leg(self, r: ScenarioRequest, notes: list[str]) -> TenantRequest | None:
+        """One leg of late-decode, straight to the engine as the router would send it, with the
+        tenant's connection and fields; the decode leg's answer is scanned like any other."""
+        held = self._held
+        if held is None or not self.budget.may_send():
+            return None
+        client = self.tenants[r.tenant]
+        ids = self._ids[r.tenant][:r.prompt_tokens]
+        if r.leg is Leg.PREFILL:
+            prefill = self.engines[held.prefill].with_client(client.adapter.client)
+            assert isinstance(prefill, SplitLegs)
+            leg = prefill.send_prefill_leg(ids, timeout_s=self.budget.request_s(r.prompt_tokens, Expect.ACCEPT),
+                                           extra=client.extra)
+            self.budget.cost.add(leg.completion)
+            self._prefill_legs[r.tenant] = (leg, time.monotonic())
+            if leg.handoff is None:
+                notes.append(f"{r.name}: the prefill's answer named no KV blocks for a decode to read")
+            return replace(self._scan(r.tenant, r.name, leg.completion, leg.completion.text), scanned=False)
+        first = self._prefill_legs.get(r.tenant)
+        if first is None or first[0].handoff is None:
+            return None
+        decode = self.engines[held.decode].with_client(client.adapter.client)
+        assert isinstance(decode, SplitLegs)
+        self._decode_after_s = time.monotonic() - first[1]
+        completion = decode.send_decode_leg(ids, first[0].handoff, max_tokens=r.max_tokens, extra=client.extra,
+                                            timeout_s=self.budget.request_s(r.prompt_tokens, Expect.ACCEPT,
+                                                                            max_tokens=r.max_tokens))
+        self.budget.cost.add(completion)
+        return self._scan(r.tenant, r.name, completion, completion.text)
 
     @staticmethod
     def _left_after_token(scenario: Scenario, notes: list[str]) -> Scenario:
@@ -276,11 +394,12 @@ class IsolationProber:
 
     # -- one request ---------------------------------------------------------------------------
     def _send(self, tenant: Tenant, name: str, tokens: int, *, expect: Expect = Expect.ACCEPT,
-              max_tokens: int | None = None, at_once: int = 1, stream: bool = False) -> TenantRequest | None:
+              max_tokens: int | None = None, at_once: int = 1, stream: bool = False, offset: int = 0) -> TenantRequest | None:
         """One scanned request (one of `at_once` the scenario sends together), streamed or not,
-        read to its end; None when it was not sent or the deadline cut it short."""
+        read to its end; None when it was not sent or the deadline cut it short. `offset`: where
+        its prompt starts in the tenant's canaries."""
         client = self.tenants[tenant]
-        sent = self.budget.probe(client.adapter, self._ids[tenant][:tokens], name=name, expect=expect,
+        sent = self.budget.probe(client.adapter, self._ids[tenant][offset:offset + tokens], name=name, expect=expect,
                                  max_tokens=max_tokens or self.gen, engines=self.engines.values(), extra=client.extra,
                                  at_once=at_once, stream=stream)
         if sent is None:

@@ -53,6 +53,7 @@ class IsolationSizes:
     pair_is_load: bool  # the concurrent-capacity pair fills 80-100% of the smallest pool: it is the load scenario
     cache_prefixes: int  # fresh prefixes of the prefix-cache controls
     cache_tokens: int  # their prompt
+    page_size: int | None = None  # the smallest page of the engines that state one
 
     @classmethod
     def of(cls, limits: Limits, snapshots: Sequence[EngineSnapshot], concurrency: int = 2) -> IsolationSizes:
@@ -92,11 +93,20 @@ class IsolationSizes:
                    decode_max_tokens=max(gen, min(CANCEL_DECODE_MAX_TOKENS, ctx - decode_prompt - 1)),
                    load_count=count, load_per=per, load_max_tokens=load_gen, short=short,
                    pair_is_load=min_pool is not None and concurrency >= 2 and 0.8 * min_pool <= pair <= min_pool,
-                   cache_prefixes=1 if off else CACHE_PREFIXES, cache_tokens=cache_prompt_tokens(longest, ctx, max(pages, default=None)))
+                   cache_prefixes=1 if off else CACHE_PREFIXES, cache_tokens=cache_prompt_tokens(longest, ctx, max(pages, default=None)),
+                   page_size=min(pages, default=None))
 
     @property
     def normal_tokens(self) -> int:
         return max(1, self.short // 7)
+
+    @property
+    def lease_prompt(self) -> int:
+        """late-decode's held prompt: a normal prompt, inside one page where the page is known
+        (a partly filled page is the first a vLLM prefill hands out again)."""
+        if self.page_size is None or self.page_size < 2:
+            return self.normal_tokens
+        return max(1, min(self.normal_tokens, self.page_size - 1))
 
     @property
     def normal_answer_tokens(self) -> int:

@@ -86,6 +86,7 @@ class ScenarioName(enum.StrEnum):
     CANCEL_TRANSFER = "cancel-transfer"
     CANCEL_DECODE = "cancel-decode"
     LOAD = "load"
+    LATE_DECODE = "late-decode"
 
 
 # -- capacity probes -----------------------------------------------------------------------------
@@ -218,6 +219,9 @@ class Scenario:
     danger_lines: tuple[DangerLine, ...] = ()  # logged while it ran, or naming one of its requests
     # What of the scenario cannot apply to this deployment (neither shown nor a warning), and why.
     not_applicable: str | None = None
+    # Why it was not sent although it applies (late-decode: the lease outlasts its maximum wait):
+    # neither a warning nor a failure, said in the evidence.
+    not_probed: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True)

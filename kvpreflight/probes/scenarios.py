@@ -16,12 +16,19 @@ the other tenant's requests reuse them:
                    mirrored (A streamed): both answer paths read right after a disconnect
   load             (churn) A and B at once, near the smallest pool: the concurrent pair where its
                    KV fills 80-100% of the smallest pool, else requests of its own
+  late-decode      (churn, issue 27) behind a prefill/decode pair whose legs kvpreflight can send
+                   itself (vLLM NIXL: the adapter's SplitLegs): A's prefill leg straight to the
+                   prefill, its decode leg held past the prefill's KV lease while B's requests take
+                   the pages the lease freed, then sent to the decode with the prefill's handoff;
+                   a B request follows, since vLLM's prefill counts a late read only when it next
+                   steps. At most LATE_DECODE_MAX_WAIT_S of waiting: a longer lease is not probed.
 """
 
 from __future__ import annotations
 
 import enum
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from kvpreflight.probes.budget import PlannedRequest
@@ -30,6 +37,17 @@ from kvpreflight.probes.prefix_cache import DEFAULT_TIMING_SAMPLES, ORDER, TIMIN
 from kvpreflight.probes.results import Expect, ProbeName, ScenarioName, Tenant
 
 CANCEL_PROPAGATION_S = 0.06  # router and decode notice a closed socket within ~40 ms
+# late-decode waits the lease in force plus this margin (vLLM reaps an expired lease at the
+# prefill's next step, which B's first request brings), never more than the maximum wait: a fixed
+# bound, not a multiple of the heartbeat interval (a sixth of the lease, so any multiple grows with
+# the lease it is meant to bound). 20 s is what one scenario of a check may cost on a 2-core host
+# (the disconnect scenarios take 10-30 s each there); it probes the short leases that fail
+# (seconds, what a decode's stall outlives) and leaves vLLM's 30 s default and the longer leases
+# production sets (aws-do-eks: 300 s) not probed, said in the evidence.
+LATE_DECODE_MARGIN_S = 2.0
+LATE_DECODE_MAX_WAIT_S = 20.0
+LATE_DECODE_CONDITION = (f"the prefill is vLLM NIXL with a KV lease of at most {LATE_DECODE_MAX_WAIT_S - LATE_DECODE_MARGIN_S:g} s "
+                         f"(late-decode waits the lease + {LATE_DECODE_MARGIN_S:g} s, {LATE_DECODE_MAX_WAIT_S:g} s at most)")
 A, B = Tenant.A, Tenant.B
 # The normal scenario's requests, (tenant, streamed): each tenant's answers are read to the end
 # both streamed and not, since streaming is its own code path in every engine, router and gateway,
@@ -56,6 +74,14 @@ class Leave(enum.Enum):
         return 1 if self is Leave.DURING_TRANSFER else 2
 
 
+class Leg(enum.Enum):
+    """One leg of a prefill/decode request sent by kvpreflight itself, as the deployment's router
+    sends it (the engine's adapter knows how: engines/interface.py SplitLegs)."""
+
+    PREFILL = "the prefill leg alone: the prefill computes the prompt and holds its KV for a decode"
+    DECODE = "the decode leg, with the prefill's handoff, after the prefill's KV lease ran out"
+
+
 class Evidence(enum.Enum):
     """How a run of the scenario is shown to have happened as intended (probes/isolation.py)."""
 
@@ -63,6 +89,7 @@ class Evidence(enum.Enum):
     LEFT_MID_TRANSFER = "a deferred release, the crossing itself, or the engine's abort count"
     LEFT_AFTER_TOKEN = "a streamed token before each disconnect"
     POOL_FILLED = "the requests' KV held at once against the smallest pool"
+    READ_AFTER_LEASE = "the decode leg answered after the prefill's KV lease ran out"
 
 
 @dataclass(frozen=True)
@@ -74,10 +101,14 @@ class ScenarioRequest:
     expect: Expect = Expect.ACCEPT
     stream: bool = False
     leave: Leave | None = None  # None: read to the end
+    leg: Leg | None = None  # None: the whole request through the entry
+    # A prompt no prefix cache holds (the tenant's canaries from an offset of their own): all its
+    # KV is written into newly handed-out pages, from position 0.
+    fresh_prefix: bool = False
 
-    def planned(self, scenario: ScenarioName) -> PlannedRequest:
+    def planned(self, scenario: ScenarioName, only_if: str | None = None) -> PlannedRequest:
         answer = self.max_tokens if self.leave is None else self.leave.answer_tokens
-        return PlannedRequest(scenario, self.prompt_tokens, answer, self.expect)
+        return PlannedRequest(scenario, self.prompt_tokens, answer, self.expect, only_if=only_if)
 
 
 @dataclass(frozen=True)
@@ -88,6 +119,7 @@ class Step:
     requests: tuple[ScenarioRequest, ...]
     pause_s: float = 0.0
     settle: bool = False  # wait for idle pools afterwards
+    outwait_lease: bool = False  # then wait out the prefill's KV lease (late-decode, LATE_DECODE_MARGIN_S)
 
 
 @dataclass(frozen=True)
@@ -101,19 +133,21 @@ class ScenarioSpec:
     # The capacity probes that, sent as the tenants, are this scenario: then its own steps are
     # sent only where those did not serve it (and are not planned).
     carried_by: tuple[ProbeName, ...] = ()
+    # Sent only where this holds (said in --plan; the estimate allows for it, the counts do not).
+    only_if: str | None = None
 
     def planned(self) -> list[PlannedRequest]:
         """Its requests for the estimate: each step's requests of one size as one entry, counted
         as sent at once."""
         out: list[PlannedRequest] = []
         for step in self.steps:
-            sizes = Counter(r.planned(self.name) for r in step.requests)
-            out += [PlannedRequest(p.name, p.prompt_tokens, p.max_tokens, p.expect, n) for p, n in sizes.items()]
+            sizes = Counter(r.planned(self.name, self.only_if) for r in step.requests)
+            out += [PlannedRequest(p.name, p.prompt_tokens, p.max_tokens, p.expect, n, p.only_if) for p, n in sizes.items()]
         return out
 
 
-def one(*requests: ScenarioRequest, pause_s: float = 0.0, settle: bool = False) -> Step:
-    return Step(requests, pause_s=pause_s, settle=settle)
+def one(*requests: ScenarioRequest, pause_s: float = 0.0, settle: bool = False, outwait_lease: bool = False) -> Step:
+    return Step(requests, pause_s=pause_s, settle=settle, outwait_lease=outwait_lease)
 
 
 def declared(sizes: IsolationSizes) -> tuple[ScenarioSpec, ...]:
@@ -145,6 +179,18 @@ def declared(sizes: IsolationSizes) -> tuple[ScenarioSpec, ...]:
     order = [(A, B)[i % 2] for i in range(sizes.load_count)]
     load = one(*(ScenarioRequest(t, f"load-{t.value}{i // 2 + 1}", sizes.load_per, sizes.load_max_tokens,
                                  stream=(i // 2) % 2 == 1) for i, t in enumerate(order)))
+    # A's prompt fits in one partly filled page: vLLM frees a page without a prefix-cache hash
+    # first-in-line for reuse (v1/core/block_pool.py free_blocks, LIFO), so B's next prompt is
+    # written into it. B's prompts are fresh: a cached prefix would leave its first page unwritten
+    # and put B's KV in A's page at other positions (seen on the real pair: A's answer then echoed
+    # neither canary). The expiry is reaped during the step that schedules B's first request, so
+    # the second is the one that gets A's page.
+    answer = sizes.normal_answer_tokens
+    late = (one(ScenarioRequest(A, "late-decode-a-prefill", sizes.lease_prompt, 1, leg=Leg.PREFILL), outwait_lease=True),
+            one(ScenarioRequest(B, "late-decode-b1", short, answer, fresh_prefix=True)),
+            one(ScenarioRequest(B, "late-decode-b2", short, answer, fresh_prefix=True)),
+            one(ScenarioRequest(A, "late-decode-a", sizes.lease_prompt, gen, leg=Leg.DECODE)),
+            one(ScenarioRequest(B, "late-decode-b3", sizes.normal_tokens, answer, fresh_prefix=True)))
     return (
         ScenarioSpec(ScenarioName.NORMAL, f"short prompts of both tenants, interleaved (A B, {NORMAL_PAIRS} times), not streamed and streamed by turns: "
                      "each reuses pages the other just freed", normal,
@@ -162,19 +208,22 @@ def declared(sizes: IsolationSizes) -> tuple[ScenarioSpec, ...]:
                      "tenant follows at once", tuple(decode), churn=True, evidence=Evidence.LEFT_AFTER_TOKEN),
         ScenarioSpec(ScenarioName.LOAD, "both tenants at once, near the smallest KV pool", (load,), churn=True,
                      evidence=Evidence.POOL_FILLED, carried_by=(ProbeName.CONCURRENT,) if sizes.pair_is_load else ()),
+        ScenarioSpec(ScenarioName.LATE_DECODE, "one tenant's prefill leg straight to the prefill, its decode leg held past "
+                     "the prefill's KV lease while the other tenant's requests take the freed pages, then sent to the decode",
+                     late, churn=True, evidence=Evidence.READ_AFTER_LEASE, only_if=LATE_DECODE_CONDITION),
     )
 
 
 def isolation_sizes(sizes: IsolationSizes, *, churn: bool, timing_samples: int = DEFAULT_TIMING_SAMPLES,
-                   scenarios: tuple[ScenarioSpec, ...] | None = None) -> list[PlannedRequest]:
+                   scenarios: tuple[ScenarioSpec, ...] | None = None, only: Collection[str] = ()) -> list[PlannedRequest]:
     """What the isolation probes send, for `--plan` and the estimate: the declared scenarios (a
     scenario the capacity probes carry sends nothing of its own; churn only where allowed), then
     the prefix-cache controls. The timing audit is listed with its condition (it runs only where
     cache counters are silent): the estimate (and the default deadline) allow for it, the counts
-    of what will be sent do not."""
+    of what will be sent do not. `only`: the scenarios --scenario selects (empty: all)."""
     out: list[PlannedRequest] = []
     for spec in declared(sizes) if scenarios is None else scenarios:
-        if (spec.churn and not churn) or spec.carried_by:
+        if (spec.churn and not churn) or spec.carried_by or (only and spec.name not in only):
             continue
         out += spec.planned()
     accept = Expect.ACCEPT

@@ -129,6 +129,9 @@ def test_vllm_disruptive_scenarios_run_when_allowed_and_leave_it_idle(vllm_serve
     code, report, err = check("--endpoint", vllm_server.url, "--allow-disruptive")
     iso = by_id(report)["tenant-isolation"]
     scenarios = {s["scenario"]: s for s in iso["evidence"]["scenarios"]}
+    # late-decode holds a prefill/decode pair's decode leg: a unified vLLM has none (evidence only)
+    assert scenarios.pop("late-decode")["not_applicable"].startswith("not applicable: it needs a prefill/decode pair")
+    assert "late-decode" not in iso["message"]
     assert not any("skipped" in s for s in scenarios.values())
     # a unified engine moves no KV between engines: a disconnect mid-transfer cannot apply (said in
     # the evidence, not a warn). The disconnect during prefill would be confirmed by vLLM's abort

@@ -24,9 +24,11 @@ from kvpreflight.engines.interface import (
     EngineAdapter,
     EngineRequest,
     LogSignal,
+    PrefillLeg,
     ReplyFacts,
+    SplitLegs,
 )
-from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight.engines.vllm import PREFILL_LEG_PARAMS, VllmAdapter, prefill_handoff
 from kvpreflight.model import (
     Completion,
     EngineSnapshot,
@@ -178,3 +180,39 @@ class FakeAdapter(EngineAdapter):
 
     def parse_events(self, request: EngineRequest, events: list[Any]) -> ReplyFacts:
         raise AssertionError("the fake engine answers in complete(); nothing is parsed")
+
+
+# vLLM 0.32's prefill answer to a prefill leg (nixl/pull_scheduler.py request_finished's
+# kv_transfer_params, as the real pair of tests/real/test_vllm_pd_real.py answered one): the
+# fake split-leg adapter hands it on as the real adapter does (VllmAdapter.send_prefill_leg).
+VLLM_PREFILL_LEG_ANSWER: dict[str, Any] = {
+    "id": "cmpl-kvpreflight-0f3a9c2e1b7d4e65-0-9a1b2c3d", "object": "text_completion", "created": 1764696000,
+    "model": "tiny-llama",
+    "choices": [{"index": 0, "text": " x", "logprobs": None, "finish_reason": "length", "stop_reason": None,
+                 "prompt_logprobs": None}],
+    "usage": {"prompt_tokens": 64, "total_tokens": 65, "completion_tokens": 1, "prompt_tokens_details": None},
+    "kv_transfer_params": {"do_remote_prefill": True, "do_remote_decode": False, "remote_block_ids": [[7]],
+                           "remote_engine_id": "f2b4c6d8-1a3e-4b5c-9d7e-0f1a2b3c4d5e",
+                           "remote_request_id": "cmpl-kvpreflight-0f3a9c2e1b7d4e65-0-9a1b2c3d",
+                           "remote_host": "127.0.0.1", "remote_port": 5611, "tp_size": 1, "dcp_size": 1, "pp_size": 1,
+                           "remote_num_tokens": 64, "remote_blocks_expiry_time": None, "transfer_mode": "pull"},
+}
+
+
+class FakeSplitLegsAdapter(FakeAdapter, SplitLegs):
+    """A fake engine whose prefill/decode legs kvpreflight sends itself, as vLLM NIXL's are: the
+    prefill leg answers with vLLM's recorded handoff; the decode leg reaches the decode engine's
+    script with the handoff in `extra["kv_transfer_params"]`."""
+
+    held_kv_lease = VllmAdapter.held_kv_lease
+
+    def send_prefill_leg(self, ids: list[int], *, timeout_s: float, extra: Mapping[str, Any] | None = None) -> PrefillLeg:
+        completion = self.complete(ids, max_tokens=1, stream=False, timeout_s=timeout_s,
+                                   extra={**(extra or {}), "kv_transfer_params": PREFILL_LEG_PARAMS})
+        handoff = prefill_handoff(VLLM_PREFILL_LEG_ANSWER, self.url) if completion.served else None
+        return PrefillLeg(completion, handoff)
+
+    def send_decode_leg(self, ids: list[int], handoff: Mapping[str, Any], *, max_tokens: int, timeout_s: float,
+                        extra: Mapping[str, Any] | None = None) -> Completion:
+        return self.complete(ids, max_tokens=max_tokens, stream=False, timeout_s=timeout_s,
+                             extra={**(extra or {}), "kv_transfer_params": dict(handoff)})

@@ -72,10 +72,16 @@ def test_vllm_pd_example_runs_nixl_producer_and_consumer_behind_vllm_router(monk
         argv = launch[name].argv
         roles[name] = json.loads(argv[argv.index("--kv-transfer-config") + 1])["kv_role"]
         assert argv[argv.index("--max-model-len") + 1] == "1024"
-        # a pool of 18 x 128 tokens; VLLM_CPU_KVCACHE_SPACE would silently override it (see the spec)
-        assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(18 * 128 * 512)
+        # the decode's pool 18 x 128 tokens, the prefill's 16 blocks more for the KV abandoned
+        # requests pin for its lease; VLLM_CPU_KVCACHE_SPACE would silently override them (see the spec)
+        blocks = {"prefill": 34, "decode": 18}[name]
+        assert argv[argv.index("--kv-cache-memory-bytes") + 1] == str(blocks * 128 * 512)
         assert "VLLM_CPU_KVCACHE_SPACE" not in launch[name].env
     assert roles == {"prefill": "kv_producer", "decode": "kv_consumer"}
+    # the prefill's KV lease, chosen from the pair's measured decode waits (see the spec)
+    prefill = launch["prefill"].argv
+    config = json.loads(prefill[prefill.index("--kv-transfer-config") + 1])
+    assert config["kv_connector_extra_config"] == {"kv_lease_duration": 60}
     # two NIXL side channels on one host need two ports; one OpenMP core each (see the spec)
     env = {name: launch[name].env for name in ("prefill", "decode")}
     assert env["prefill"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] != env["decode"]["VLLM_NIXL_SIDE_CHANNEL_PORT"]

@@ -56,6 +56,7 @@ def report_of(proc) -> dict:
     (["check", "--endpoint", "http://x:1", "--log", "http://x:1=/no/such/file"], ["not a readable file"]),
     (["check", "--endpoint", "http://x:1", "--format", "yaml"], ["--format"]),
     (["check", "--endpoint", "http://x:1", "--timeout", "-1"], ["--timeout"]),
+    (["check", "--endpoint", "http://x:1", "--scenario", "late"], ["--scenario 'late'", "late-decode"]),
     (["check", "--endpoint", "http://x:1", "--record", "r.json"], ["--sign-key"]),
 ])
 def test_usage_errors_exit_2_before_anything_is_sent(args, fragments):

@@ -52,7 +52,7 @@ def every_option(tmp_path, monkeypatch):
         ca_bundle=pki["ca"], client_cert=pki["client_cert"], client_key=pki["client_key"], allow_insecure_key=True,
         capacity_only=True, timeout=12.5, deadline=600.0, max_context_equivalents=4.0, concurrency=3, timing_samples=9,
         accepted_tokens_per_second=800.0, advisories=(tmp_path / "advisories",), tenant_a_key_env="TENANT_A",
-        tenant_b_key_env="TENANT_B", tenant_header="X-Tenant", allow_disruptive=True)
+        tenant_b_key_env="TENANT_B", tenant_header="X-Tenant", allow_disruptive=True, scenarios=("normal", "late-decode"))
     relative = {"api_key_file": "api.key", "ca_bundle": "ca.pem", "client_cert": "client_cert.pem",
                 "client_key": "client_key.pem", "advisories": ["advisories"]}
     yaml = {}

@@ -93,7 +93,8 @@ def departures(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[tuple[str, RawT
 def test_scenarios_send_interleaved_tenants_at_the_derived_sizes():
     engine = FakeEngine(snapshot(URL, pool=4096, context=8192))
     run = isolate(engine)
-    assert [s.name for s in run.scenarios] == ["normal", "boundary", "over-capacity", "cancel-transfer", "cancel-decode", "load"]
+    assert [s.name for s in run.scenarios] == ["normal", "boundary", "over-capacity", "cancel-transfer", "cancel-decode", "load",
+                                           "late-decode"]
     normal, boundary, over = (scenario(run, n) for n in ("normal", "boundary", "over-capacity"))
     # A B fourteen times over, by turns not streamed and streamed: each answer follows the other tenant
     assert [(r.tenant.value, r.completion.sent_tokens, r.completion.streamed) for r in normal.requests] == [
@@ -113,7 +114,7 @@ def test_scenarios_send_interleaved_tenants_at_the_derived_sizes():
 def test_churn_scenarios_are_skipped_with_the_reason_unless_allowed():
     run = isolate(FakeEngine(snapshot(URL)))
     skipped = [s for s in run.scenarios if s.churn]
-    assert [s.name for s in skipped] == ["cancel-transfer", "cancel-decode", "load"]
+    assert [s.name for s in skipped] == ["cancel-transfer", "cancel-decode", "load", "late-decode"]
     assert all(s.skipped == "not in this test" and not s.requests for s in skipped)
 
 
@@ -501,3 +502,21 @@ def test_a_late_read_verdict_quotes_the_scenarios_other_lines_too():
     assert status is Status.WARN and said.startswith("cancel-transfer: a decode read KV of a request its client had abandoned")
     assert '"Releasing expired KV blocks for request ... which were retrieved by ... worker(s)"' in said
     assert "logged during the cancel-transfer scenario" in said
+
+
+def test_scenario_selects_the_scenarios_that_run_and_the_plan_counts_only_those():
+    """--scenario: the others are reported as not selected, sent nothing, and left out of the plan."""
+    engine = FakeEngine(snapshot(URL))
+    client = HttpClient()
+    adapter = FakeAdapter(URL, client)
+    run = run_isolation(session(adapter, {URL: adapter}, [engine.snap], LIMITS),
+                        IsolationSettings(churn_allowed=True, selected=frozenset({"over-capacity"})))
+    assert [s.name for s in run.scenarios if not s.skipped] == ["over-capacity"]
+    assert {s.skipped for s in run.scenarios if s.skipped} == {"not selected (--scenario over-capacity)"}
+    assert not [r for s in run.scenarios if s.skipped for r in s.requests]
+    result = judged(run, (engine.snap,), "tenant-isolation")
+    assert "not run (not selected (--scenario over-capacity))" in result.message
+    from kvpreflight.probes.scenarios import isolation_sizes
+
+    planned = {p.name for p in isolation_sizes(IsolationSizes.of(LIMITS, [engine.snap]), churn=True, only=("over-capacity",))}
+    assert planned == {"over-capacity", "prefix-cache", "prefix-cache-timing"}
