@@ -60,6 +60,8 @@ ENGINE_FIXTURES = {
     "mooncake_python",
 }
 
+# The real engines that fill both cores: every test using one runs alone.
+VLLM_FIXTURES = {"vllm_python", "vllm_server", "echo_hf_model", "vllm_router_binary", "mooncake_python"}
 
 TIERS = ("unit", "builtin", "real")
 TESTS = Path(__file__).resolve().parent
@@ -87,6 +89,12 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(getattr(pytest.mark, tier or "real"))
     if misplaced:
         raise pytest.UsageError(f"real-engine tests outside tests/real/ (move them there): {', '.join(misplaced)}")
+    # vLLM fills both cores (a pair binds one engine to each): a test with a vLLM engine beside
+    # another test would skew both (scripts/test.sh runs the unmarked ones two at a time).
+    unmarked = [item.nodeid for item in items if VLLM_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+                and item.get_closest_marker("alone") is None]
+    if unmarked:
+        raise pytest.UsageError(f"tests with a vLLM engine not marked alone (add pytestmark = pytest.mark.alone): {', '.join(unmarked)}")
     # unit, then builtin, then real: the fast tiers fail first (a stable sort keeps each module's order)
     order = {name: i for i, name in enumerate(TIERS)}
     items.sort(key=lambda item: order.get(tier_of(item.path) or "real", len(TIERS)))

@@ -38,6 +38,8 @@ from test_vllm_pd_real import (
     wait_until_idle,
 )
 
+pytestmark = pytest.mark.alone  # a real vLLM pair, one core each
+
 SHORT_LEASE_S = 3
 LEASE_JSON = re.compile(r'"kv_lease_duration":\d+')
 
