@@ -98,7 +98,8 @@ def test_failing_test_still_stops_its_servers(tmp_path, echo_gguf, llama_server_
 
 def test_missing_engine_fails_with_instruction_not_skip(tmp_path):
     test_file = tmp_path / "test_inner.py"
-    test_file.write_text("def test_needs_vllm(vllm_server):\n    pass\n")
+    # marked alone, as tests/conftest.py requires of every test with a vLLM engine
+    test_file.write_text("import pytest\n\npytestmark = pytest.mark.alone\n\n\ndef test_needs_vllm(vllm_server):\n    pass\n")
     tests_dir = Path(__file__).resolve().parents[1]
     env = {k: v for k, v in os.environ.items() if not k.startswith("KVPREFLIGHT_")}
     env["KVPREFLIGHT_CACHE"] = str(tmp_path / "empty-cache")

@@ -8,7 +8,7 @@ what needs the lease to run out soon:
   then sends it; the prefill counts and logs the late read, `pd-transfer` fails quoting it, the lease
   and the fix (exit 1), and a canary of B in A's answer fails `tenant-isolation` (issue 27, item 3);
 - the watch test and the stripped-pair check (moved here from test_vllm_pd_real.py, whose shipped
-  lease is now 60 s: here the decode leg waits 3 + 5 s, not 35, and the stripped prefill's
+  lease is 30 s: here the decode leg waits 3 + 5 s, not 35, and the stripped prefill's
   unclaimed KV is released after 3 s)."""
 
 from __future__ import annotations

@@ -265,11 +265,11 @@ def test_no_canary_crosses_and_each_tenant_gets_its_own_back(pd_check: CheckRun)
     assert iso["status"] in ("pass", "warn") or late_read_fail(iso), iso["message"]
     load = next(s for s in scenarios if s["scenario"] == "load")
     assert "the concurrent-capacity requests, one per tenant" in load["occurrence"], load
-    # late-decode holds a decode leg past the prefill's lease: the spec's 60 s outlasts its 20 s wait
+    # late-decode holds a decode leg past the prefill's lease: the spec's 30 s outlasts its 20 s wait
     late = next(s for s in scenarios if s["scenario"] == "late-decode")
     assert late.get("not_probed", "").startswith(
         "not probed: the lease outlasts the scenario's wait (kv_transfer_config kv_connector_extra_config.kv_lease_duration "
-        "60 s"), late
+        "30 s"), late
     for scenario in (s for s in scenarios if "skipped" not in s):
         stale = {url: d["stale_kv_reads"] for url, d in scenario.get("counter_deltas", {}).items() if d.get("stale_kv_reads")}
         if scenario["scenario"] != "cancel-transfer":
