@@ -7,12 +7,13 @@ brings transferred KV died on the 2-core test machine); then `kvpreflight check 
 status and the cost block.
 
     source ~/.cache/kvpreflight/engines.env    # scripts/setup_engines.sh writes it
-    .venv/bin/python benchmarks/bench_vllm_pd.py [--context 4096] [--connector nixl|mooncake]
+    .venv/bin/python benchmarks/bench_vllm_pd.py [--context 4096] [--connector nixl|mooncake] [--lease S]
 
 Needs the vLLM venv (KVPREFLIGHT_VLLM_PYTHON) with nixl and vllm-router, and the echo model
 (KVPREFLIGHT_ECHO_MODEL); `--connector mooncake` boots examples/specs/vllm-pd-mooncake-cpu.yaml
 instead, with the Mooncake venv's python (KVPREFLIGHT_MOONCAKE_PYTHON). benchmarks/RESULTS.md
-quotes the figures.
+quotes the figures. `--lease S` sets the NIXL prefill's `kv_lease_duration` (the spec's is 60 s):
+with a lease of a few seconds the check's late-decode scenario holds a decode leg past it (issue 27).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -41,8 +43,11 @@ SPEC_CONTEXT = 1024
 # tokens at 512 bytes per token, 2.25x the context; the prefill's 34, room for abandoned KV).
 
 
-def scaled(argv: tuple[str, ...], context: int) -> tuple[str, ...]:
-    out = list(argv)
+LEASE_JSON = re.compile(r'"kv_lease_duration":\d+')
+
+
+def scaled(argv: tuple[str, ...], context: int, lease_s: int | None = None) -> tuple[str, ...]:
+    out = [LEASE_JSON.sub(f'"kv_lease_duration":{lease_s}', a) for a in argv] if lease_s is not None else list(argv)
     pool = int(out[out.index("--kv-cache-memory-bytes") + 1]) if "--kv-cache-memory-bytes" in out else 0
     for flag, value in (("--max-model-len", context), ("--kv-cache-memory-bytes", pool * context // SPEC_CONTEXT)):
         if flag in out:
@@ -54,7 +59,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--context", type=int, default=4096)
     parser.add_argument("--connector", choices=sorted(SPECS), default="nixl")
+    parser.add_argument("--lease", type=int, default=None, help="the NIXL prefill's kv_lease_duration in seconds (default: the spec's)")
     args = parser.parse_args()
+    if args.lease is not None and (args.connector != "nixl" or args.lease < 1):
+        parser.error("--lease S: a whole number of seconds, with --connector nixl")
     vllm_python, router = os.environ[PYTHONS[args.connector]], os.environ["KVPREFLIGHT_VLLM_ROUTER"]
     model = Path(os.environ["KVPREFLIGHT_ECHO_MODEL"]) / "hf"
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(prefix="kvpf-rpc-", dir="/tmp") as rpc:
@@ -65,7 +73,7 @@ def main() -> None:
                "VLLM_RPC_BASE_PATH": rpc}
         spec = load_spec(SPECS[args.connector])
         spec = replace(spec, context_length=args.context, engines=tuple(
-            replace(e, command=scaled(e.command, args.context), cwd=str(workdir),
+            replace(e, command=scaled(e.command, args.context, args.lease), cwd=str(workdir),
                     env=types.MappingProxyType({**e.env, **env})) for e in spec.engines))
         booted = time.monotonic()
         with boot_deployment(spec, workdir / "logs", stderr=sys.stderr) as deployment:
@@ -81,8 +89,13 @@ def main() -> None:
                                   capture_output=True, text=True, timeout=3600)
             wall = time.monotonic() - started
     report = json.loads(proc.stdout)
-    print(json.dumps({"bench": "vllm-pd check", "connector": args.connector, "context": args.context, "exit_code": proc.returncode,
+    iso = next((c for c in report["checks"] if c["id"] == "tenant-isolation"), {})
+    late = next((sc for sc in iso.get("evidence", {}).get("scenarios", []) if sc["scenario"] == "late-decode"), {})
+    crossings = [c["request"] for c in iso.get("evidence", {}).get("crossings", [])]
+    print(json.dumps({"bench": "vllm-pd check", "connector": args.connector, "context": args.context, "lease_s": args.lease,
+                      "exit_code": proc.returncode,
                       "boot_s": round(boot_s), "check_wall_s": round(wall), "cost": report["cost"],
+                      "late_decode": late.get("occurrence") or late.get("not_probed") or late.get("skipped"), "crossings": crossings,
                       "checks": [(c["id"], c["status"], c["message"][:160]) for c in report["checks"]]}), flush=True)
 
 

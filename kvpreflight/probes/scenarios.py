@@ -5,8 +5,9 @@ exactly these (`isolation_sizes`). A new scenario or a new request mode is one e
 
 The incident's paths (issue 4), interleaved so that one tenant's KV pages are freed right before
 the other tenant's requests reuse them:
-  normal           short prompts, A B fourteen times over, read to the end, not streamed and streamed
-                   by turns: every answer follows the other tenant's request
+  normal           short prompts, A B fourteen times over (the last four pairs at once), read to the
+                   end, not streamed and streamed by turns: every answer follows or runs beside the
+                   other tenant's request
   boundary         the longest prompt the limits accept: the capacity probes' near-limit requests
                    (prompt-integrity's, then the concurrent pair) carry the canaries of A, then A and B
   over-capacity    A short, then B over the pool/context (the incident path), and mirrored
@@ -60,6 +61,11 @@ A, B = Tenant.A, Tenant.B
 # short prompt cost the same prefill as sixteen of a quarter.
 NORMAL_PAIRS = 14
 NORMAL_ORDER = tuple((tenant, pair % 2 == 1) for pair in range(NORMAL_PAIRS) for tenant in (A, B))
+# The last pairs go at once (A beside B, one pair not streamed, the next streamed): batching is its
+# own path in every engine, and these are the only concurrent answers short enough to be read whole
+# (the other concurrent requests, the capacity pair, load and cancel-transfer's followers, are long
+# prompts whose answers an echoing model fills from their head). Same requests, same prefill.
+NORMAL_AT_ONCE_PAIRS = 4
 
 
 class Leave(enum.Enum):
@@ -153,9 +159,13 @@ def one(*requests: ScenarioRequest, pause_s: float = 0.0, settle: bool = False, 
 def declared(sizes: IsolationSizes) -> tuple[ScenarioSpec, ...]:
     """Every scenario, in the order the prober runs them, sized from `sizes`."""
     gen, short, longest = sizes.gen, sizes.short, sizes.longest
-    normal = tuple(one(ScenarioRequest(t, f"normal-{t.value}{i // 2 + 1}", sizes.normal_tokens, sizes.normal_answer_tokens,
-                                       stream=stream))
-                   for i, (t, stream) in enumerate(NORMAL_ORDER))
+    normal: list[Step] = []
+    for pair in range(NORMAL_PAIRS):
+        at_once = pair >= NORMAL_PAIRS - NORMAL_AT_ONCE_PAIRS
+        both = tuple(ScenarioRequest(t, f"normal-{'at-once-' if at_once else ''}{t.value}{pair + 1}", sizes.normal_tokens,
+                                     sizes.normal_answer_tokens, stream=stream)
+                     for t, stream in NORMAL_ORDER[2 * pair:2 * pair + 2])
+        normal += [one(*both)] if at_once else [one(r) for r in both]
     boundary = tuple(one(ScenarioRequest(t, f"boundary-{t.value}{i + 1}", longest, gen)) for i, t in enumerate((A, B, B, A)))
     over: list[Step] = []
     for streamed, first in ((False, A), (True, B)):  # mirrored in the other mode: each path refuses, streamed or not
@@ -192,8 +202,9 @@ def declared(sizes: IsolationSizes) -> tuple[ScenarioSpec, ...]:
             one(ScenarioRequest(A, "late-decode-a", sizes.lease_prompt, gen, leg=Leg.DECODE)),
             one(ScenarioRequest(B, "late-decode-b3", sizes.normal_tokens, answer, fresh_prefix=True)))
     return (
-        ScenarioSpec(ScenarioName.NORMAL, f"short prompts of both tenants, interleaved (A B, {NORMAL_PAIRS} times), not streamed and streamed by turns: "
-                     "each reuses pages the other just freed", normal,
+        ScenarioSpec(ScenarioName.NORMAL, f"short prompts of both tenants, interleaved (A B, {NORMAL_PAIRS} times, the last "
+                     f"{NORMAL_AT_ONCE_PAIRS} pairs at once), not streamed and streamed by turns: each reuses pages the other just freed",
+                     tuple(normal),
                      shown="both tenants ran and were scanned, streamed and not"),
         ScenarioSpec(ScenarioName.BOUNDARY, "the longest accepted prompt, interleaved (A B B A)", boundary,
                      shown="both tenants ran at the longest accepted prompt",

@@ -96,7 +96,7 @@ def test_scenarios_send_interleaved_tenants_at_the_derived_sizes():
     assert [s.name for s in run.scenarios] == ["normal", "boundary", "over-capacity", "cancel-transfer", "cancel-decode", "load",
                                            "late-decode"]
     normal, boundary, over = (scenario(run, n) for n in ("normal", "boundary", "over-capacity"))
-    # A B fourteen times over, by turns not streamed and streamed: each answer follows the other tenant
+    # A B fourteen times over, by turns not streamed and streamed: each answer follows (or runs beside) the other tenant
     assert [(r.tenant.value, r.completion.sent_tokens, r.completion.streamed) for r in normal.requests] == [
         (t, SHORT // 7, pair % 2 == 1) for pair in range(14) for t in "ab"]
     assert [(r.tenant.value, r.completion.sent_tokens) for r in boundary.requests] == [(t, LONGEST) for t in "abba"]
@@ -104,9 +104,13 @@ def test_scenarios_send_interleaved_tenants_at_the_derived_sizes():
     assert [(r.name, r.expect, r.completion.sent_tokens) for r in over.requests] == [
         ("over-capacity-a-long", Expect.ACCEPT, SHORT), ("over-capacity-b-over", Expect.REJECT, 6144),
         ("over-capacity-b-long", Expect.ACCEPT, SHORT), ("over-capacity-a-over", Expect.REJECT, 6144)]
+    # the last four pairs go at once (A beside B), named so; their two requests arrive in either order
+    assert [r.name for r in normal.requests][20:] == [f"normal-at-once-{t}{pair + 1}" for pair in range(10, 14) for t in "ab"]
     # every request carries its own tenant's salt and asks for a scanned answer
     scenario_sent = engine.sent[:36]
-    assert [tenant_of(s) for s in scenario_sent] == list("ab" * 14 + "abba" + "abba")
+    tenants = [tenant_of(s) for s in scenario_sent]
+    assert tenants[:20] + tenants[28:] == list("ab" * 10 + "abba" + "abba")
+    assert all(sorted(tenants[i:i + 2]) == ["a", "b"] for i in range(20, 28, 2)), tenants[20:28]
     # normal answers are twice their short prompt (the echo covers all of it); the rest a full scan
     assert {s.max_tokens for s in scenario_sent[:28]} == {2 * (SHORT // 7)} and {s.max_tokens for s in scenario_sent[28:]} == {GEN}
 
