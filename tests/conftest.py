@@ -60,7 +60,7 @@ ENGINE_FIXTURES = {
     "mooncake_python",
 }
 
-# The real engines that fill both cores: every test using one runs alone (marked at collection).
+# The real engines that fill both cores: every test using one runs alone.
 VLLM_FIXTURES = {"vllm_python", "vllm_server", "echo_hf_model", "vllm_router_binary", "mooncake_python"}
 
 TIERS = ("unit", "builtin", "real")
@@ -90,11 +90,11 @@ def pytest_collection_modifyitems(config, items):
     if misplaced:
         raise pytest.UsageError(f"real-engine tests outside tests/real/ (move them there): {', '.join(misplaced)}")
     # vLLM fills both cores (a pair binds one engine to each): a test with a vLLM engine beside
-    # another test would skew both, so each runs alone (scripts/test.sh runs the others two at a
-    # time). A test that asks for an engine by name (request.getfixturevalue) says so itself.
-    for item in items:
-        if VLLM_FIXTURES.intersection(getattr(item, "fixturenames", ())) and item.get_closest_marker("alone") is None:
-            item.add_marker(pytest.mark.alone)
+    # another test would skew both (scripts/test.sh runs the unmarked ones two at a time).
+    unmarked = [item.nodeid for item in items if VLLM_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+                and item.get_closest_marker("alone") is None]
+    if unmarked:
+        raise pytest.UsageError(f"tests with a vLLM engine not marked alone (add pytestmark = pytest.mark.alone): {', '.join(unmarked)}")
     # unit, then builtin, then real: the fast tiers fail first (a stable sort keeps each module's order)
     order = {name: i for i, name in enumerate(TIERS)}
     items.sort(key=lambda item: order.get(tier_of(item.path) or "real", len(TIERS)))

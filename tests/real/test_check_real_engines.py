@@ -20,6 +20,8 @@ from kvpreflight.engines import HttpClient, open_adapter
 from kvpreflight.engines.vllm import VllmAdapter
 from kvpreflight.model import ErrorKind
 
+pytestmark = pytest.mark.alone  # real vLLM and llama.cpp, each check judging their measured speed
+
 
 def check(*args: str, timeout: int = 600) -> tuple[int, dict, str]:
     proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--format", "json", *args],
@@ -269,9 +271,8 @@ def metric_total(url: str, name: str) -> float:
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name) and not line.startswith("#"))
 
 
-@pytest.mark.parametrize(("server", "counter"), [
-    pytest.param("vllm_server", "vllm:request_success_total", marks=pytest.mark.alone),  # asked for by name: not seen at collection
-    ("llama_server", "llamacpp:prompt_tokens_total")])
+@pytest.mark.parametrize(("server", "counter"), [("vllm_server", "vllm:request_success_total"),
+                                                  ("llama_server", "llamacpp:prompt_tokens_total")])
 def test_plan_sends_exactly_one_short_completion_to_a_real_engine(server: str, counter: str,
                                                                   request: pytest.FixtureRequest) -> None:
     """vLLM counts finished requests; llama.cpp only prompt tokens processed (it is sent with

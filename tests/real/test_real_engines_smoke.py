@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import realengines
 
+pytestmark = pytest.mark.alone  # real vLLM and llama.cpp
+
 
 def _models(engine) -> dict:
     status, body = realengines.http_get(engine.url + "/v1/models")
