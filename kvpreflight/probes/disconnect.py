@@ -19,6 +19,7 @@ from kvpreflight.engines.interface import EngineAdapter, EngineRequest
 TRANSFER_START_WAIT_S = 2.0  # at least; then leave anyway (the scenario is reported unconfirmed)
 UNIFIED_CANCEL_AFTER_S = 0.02  # a unified engine shows no transfer: leave during prefill
 NO_GAUGE_CANCEL_AFTER_S = 0.01
+GAUGE_POLL_MIN_S = 0.002
 AFTER_FIRST_TOKEN = "after the first streamed token"
 
 
@@ -58,13 +59,18 @@ def leave_during_transfer(target: RawTarget, pages_reserved: Callable[[], bool |
                 return Departure(f"{UNIFIED_CANCEL_AFTER_S * 1000:.0f} ms after sending (during prefill)", b"")
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline:
+                asked = time.monotonic()
                 reserved = pages_reserved()
+                scrape_s = time.monotonic() - asked
                 if reserved:
                     return Departure("after its pages were reserved (used-token gauge rose)", b"")
                 if reserved is None:
                     time.sleep(NO_GAUGE_CANCEL_AFTER_S)
                     return Departure(f"{NO_GAUGE_CANCEL_AFTER_S * 1000:.0f} ms after sending (no used-token gauge to watch)", b"")
-                time.sleep(0.002)
+                # Idle at least as long as the scrape took: back-to-back scrapes of a heavy /metrics
+                # (vLLM's, ~60 ms each on 2 cores) kept the decode's API server busy enough that
+                # the router's decode leg did not get in for the whole wait (docs/FINDINGS.md).
+                time.sleep(max(GAUGE_POLL_MIN_S, scrape_s))
             return Departure(None, b"", f"no used-token gauge rose within {wait_s:.1f} s")
     except (OSError, http.client.HTTPException) as exc:
         return Departure(None, b"", f"{type(exc).__name__} before the disconnect")
