@@ -48,8 +48,9 @@ RULES: dict[str, RuleHelp] = {
         "length to what the pool holds, and keep the router from retrying or truncating."),
     "prompt-integrity": RuleHelp(
         "The longest prompt the limits accept is served whole.",
-        "Sends the longest prompt the stated limits accept and checks that the engine processed exactly the tokens "
-        "sent.",
+        "Sends the longest prompt the stated limits accept and compares three counts of it: the tokens sent, the "
+        "answer's usage, and the engines' own counters over the probe (computed, cache hits, KV received); any "
+        "shortfall fails, more is other traffic and is said.",
         "Find what cut or padded the prompt (a gateway limit, a chat template, truncation settings) and remove it, or "
         "state the real limit."),
     "max-tokens-clamp": RuleHelp(

@@ -101,3 +101,24 @@ def test_a_plan_above_max_context_equivalents_is_refused_before_any_request(engi
     assert proc.returncode == 2, proc.stderr
     assert "above --max-context-equivalents 3; nothing was sent" in proc.stderr and "Traceback" not in proc.stderr
     assert requests_served(engine.url) == before
+
+
+def test_the_default_check_prefills_at_most_3_5_contexts_with_the_cache_off(tmp_path: Path) -> None:
+    """Issue 26's bound: reading every tenant's answers both streamed and not must not cost more
+    prefill. At 8,192 with the prefix cache off, what the engine itself counts as prompt tokens
+    (sglang:prompt_tokens_total, a second source beside kvpreflight's cost block) is at most 3.5
+    context-equivalents (3.45 when the bound was set: benchmarks/bench_cost.py)."""
+    context = 8192
+    with unified_engine(tmp_path, context_length=context, pool_tokens=2 * context,
+                        extra_args=["--disable-radix-cache"], wait_s=120) as running:
+        before = counters(running.url)
+        proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--endpoint", running.url, "--format", "json",
+                               "--timeout", "60"], capture_output=True, text=True, timeout=600)
+        after = counters(running.url)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    cost = parsed(proc.stdout)["cost"]
+    engine_counted = after["sglang:prompt_tokens_total"] - before["sglang:prompt_tokens_total"]
+    assert after["sglang:cached_tokens_total"] == before["sglang:cached_tokens_total"]  # the cache really was off
+    assert cost["prefilled_tokens"] == engine_counted
+    assert engine_counted / context <= 3.5, cost
+    assert cost["context_equivalents_prefilled"] <= 3.5
