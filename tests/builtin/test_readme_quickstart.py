@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from support.readme import README, check_rows, sample_output, verdict_line
+from support.readme import README, check_rows, row_messages, sample_output, verdict_line
 
 from kvpreflight.builtin_engine.testbed import start_engine, stop_engine
 
@@ -31,4 +31,6 @@ def test_readme_sample_output_is_what_the_quickstart_command_prints(tmp_path):
     sample = sample_output(text)
     assert check_rows(proc.stdout) == check_rows(sample)
     assert len(check_rows(sample)) == 12
+    # what a newcomer reads first: every warning's and skip's words, not only its status
+    assert row_messages(proc.stdout, engine.url) == row_messages(sample, README_URL)
     assert verdict_line(proc.stdout, engine.url) == verdict_line(sample, README_URL)

@@ -27,6 +27,27 @@ def check_rows(report: str) -> list[tuple[str, str]]:
     return rows
 
 
+def row_messages(report: str, url: str) -> dict[tuple[str, str], str]:
+    """The whole message of every row that is not PASS (a PASS row's is cut to the column), its
+    wrapped lines joined, keyed by (STATUS, check id), with the engine URL as URL."""
+    lines = report.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("status") and "message" in line)
+    column = lines[header].index("message")
+    messages: dict[tuple[str, str], str] = {}
+    key: tuple[str, str] | None = None
+    for line in lines[header + 2:]:
+        if not line.strip():
+            break
+        words = line.split()
+        if words[0] in STATUSES and not line.startswith(" "):
+            key = (words[0], words[1]) if words[0] != "PASS" else None
+            if key:
+                messages[key] = line[column:].strip()
+        elif key:
+            messages[key] += " " + line[column:].strip()
+    return {k: v.replace(url, "URL") for k, v in messages.items()}
+
+
 def verdict_line(report: str, url: str) -> str:
     """The last paragraph (the verdict line, however it wrapped), with the engine URL as URL."""
     last = report.strip().split("\n\n")[-1]
