@@ -68,14 +68,14 @@ for tier in "${TIERS[@]}"; do
     # The unit tier starts no process and spends most of its time waiting on its own misbehaving
     # in-process servers: four workers. The builtin and real tiers' engines leave a core idle most
     # of the time (the builtin tier used 67% of one core run one test at a time), so their tests run
-    # two at a time (in the real tier the tests sharing a module's engines in one worker: `xdist_group`);
+    # two at a time (the tests sharing a module's fixture in one worker: `xdist_group`, tests/conftest.py);
     # then the tests marked `alone` (they judge speeds and deadlines, which a neighbour on 2 cores
     # skews, or fill both cores themselves: the vLLM engines) run one at a time.
     t0=$(date +%s)
     tier_rc=0 ran=0 PHASES=()
     case $tier in
         unit) phase "in-process" "tests/unit" -n "${KVPREFLIGHT_UNIT_WORKERS:-4}" "$@" ;;
-        builtin) phase "two-at-a-time" "tests/builtin" -n 2 -m "not alone" "$@"
+        builtin) phase "two-at-a-time" "tests/builtin" -n 2 --dist loadgroup -m "not alone" "$@"
                  phase "alone" "tests/builtin" -m alone "$@" ;;
         real) phase "two-at-a-time" "tests/real" -n 2 --dist loadgroup -m "not alone" "$@"
               phase "alone" "tests/real" -m alone "$@" ;;

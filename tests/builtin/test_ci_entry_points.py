@@ -93,6 +93,7 @@ def defaults() -> dict[str, str]:
     return {name: str(spec.get("default", "")) for name, spec in action()["inputs"].items()}
 
 
+@pytest.mark.xdist_group("action-install")  # one worker installs the action once (--dist loadgroup)
 @pytest.mark.parametrize(("manifest", "verdict", "code"), [(INCIDENT, "fail", 1), (FIXED, "pass", 0)])
 def test_the_action_reviews_a_manifest_and_writes_outputs_report_and_summary(installed: Runner, tmp_path: Path,
                                                                             manifest: str, verdict: str, code: int) -> None:
@@ -109,6 +110,7 @@ def test_the_action_reviews_a_manifest_and_writes_outputs_report_and_summary(ins
         assert "::error" in proc.stderr  # annotations for the runner
 
 
+@pytest.mark.xdist_group("action-install")
 def test_the_action_refuses_args_it_cannot_split_and_an_unknown_command(installed: Runner) -> None:
     step = next(step for step in action()["runs"]["steps"] if step.get("id") == "run")
     proc = installed.run(step, {**defaults(), "command": "review", "args": "--model-dir 'unclosed"})
@@ -142,6 +144,7 @@ def pre_commit(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Path,
     yield venv / "bin" / "pre-commit", config
 
 
+@pytest.mark.xdist_group("pre-commit")  # one worker installs the hook environment once
 @pytest.mark.parametrize(("manifest", "code"), [(FIXED, 0), (INCIDENT, 1)])
 def test_the_pre_commit_hook_passes_the_fixed_manifest_and_fails_the_incident(pre_commit: tuple[Path, Path],
                                                                              tmp_path_factory: pytest.TempPathFactory,

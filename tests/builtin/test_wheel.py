@@ -15,6 +15,9 @@ from static_server import static_server
 
 ROOT = Path(__file__).resolve().parents[2]
 FIX = ROOT / "tests" / "fixtures" / "sglang"
+# One worker builds the wheel and its venv for both tests (scripts/test.sh: --dist loadgroup); spread over
+# two workers the module fixture was built twice, 15 s each.
+pytestmark = pytest.mark.xdist_group("wheel")
 
 
 @pytest.fixture(scope="module")
