@@ -39,6 +39,7 @@ from kvpreflight.probes.results import (
     Expect,
     ProbeName,
     ProbeResult,
+    ProbeRun,
     ScenarioName,
     counter_moved,
     stale_reads,
@@ -108,9 +109,14 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     expiry = expiry_finding(of_hazard(dangers, Hazard.KV_EXPIRED), expired)
     if late is not None:
         evidence["kv_lease"] = lease_in_force(ctx.snapshots)
-    outlived, assumed = outlived_deadlines(ctx.snapshots, run.near_context_s, run.limits.max_accepted if run.limits else None)
+    near_s, near_how, measured = near_context_time(run)
+    outlived, assumed = outlived_deadlines(ctx.snapshots, near_s, run.limits.max_accepted if run.limits else None,
+                                           measured=measured)
+    if not measured:  # a prediction alone (said before the probes too) is a warning: only a measurement fails
+        outlived, assumed = [], outlived + assumed
     if outlived or assumed:
         evidence["outlived_deadlines"] = outlived + assumed
+        evidence["near_context_time"] = near_how
     failed = [f for f in findings if f["verdict"] not in (Transfer.MOVED, Transfer.UNMEASURED)]
     if failed or late is not None or canary is not None or outlived:
         parts = [f["finding"] for f in failed] + [said for said in (late, canary) if said is not None] + outlived
@@ -136,6 +142,28 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
 
 
 LATE_DECODE_WHEN = "during the late-decode scenario: its decode leg, sent after the prefill's KV lease, was answered"
+
+
+def near_context_time(run: ProbeRun) -> tuple[float | None, str, bool]:
+    """How long a prompt at the limit takes, how that is known, and whether it was measured. The
+    prompt at the limit itself (boundary-accept), sent, is the measurement: answered, its time to
+    the answer; not answered, how long it ran before it failed (an engine that aborted it at a
+    handoff timeout ran it at least that long). The calibration's prediction stands only where it
+    was not sent, and then only warns. A calibration request that stalled once (a vLLM NIXL pair on
+    2 cores waited its 30 s lease on an 8-token request) predicted 110 s for a 1,023-token prompt
+    that was then served in under a second: a prediction is no evidence against a measurement."""
+    accept = run.get(ProbeName.BOUNDARY_ACCEPT)
+    tokens = f"{run.limits.max_accepted:,}-token " if run.limits else ""
+    if accept is not None:
+        c = accept.completion
+        if c.served:
+            took = c.ttft_s if c.ttft_s is not None else c.elapsed_s
+            return took, f"measured: the {tokens}prompt at the limit was answered in {took:.1f} s", True
+        return c.elapsed_s, f"measured: the {tokens}prompt at the limit ran {c.elapsed_s:.1f} s and was not answered", True
+    if run.near_context_s is None:
+        return None, "not known: no speed was measured", False
+    return (run.near_context_s, "predicted from the measured speed (the prompt at the limit was not sent): "
+            f"{run.near_context_s:.1f} s", False)
 
 
 def _late_decode_reads(ctx: CheckContext) -> tuple[list[dict[str, Any]], list[tuple[str, int, str]]]:

@@ -223,10 +223,11 @@ def canary_finding(violations: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def outlived_deadlines(snapshots: Sequence[EngineSnapshot], near_context_s: float | None,
-                       max_accepted: int | None) -> tuple[list[str], list[str]]:
-    """KV handoff deadlines (vLLM's lease, SGLang's PD timeouts) shorter than what the measured
-    speed predicts one prompt at the limit takes: every prompt that long outlives them. Returns
-    (stated: a failure, the engine's unstated default: a warning)."""
+                       max_accepted: int | None, *, measured: bool = False) -> tuple[list[str], list[str]]:
+    """KV handoff deadlines (vLLM's lease, SGLang's PD timeouts) shorter than what one prompt at
+    the limit takes (`measured`: it was sent and timed; else the measured speed predicts it): every
+    prompt that long outlives them. Returns (stated: a failure, the engine's unstated default: a
+    warning)."""
     stated: list[str] = []
     assumed: list[str] = []
     if near_context_s is None:
@@ -235,7 +236,9 @@ def outlived_deadlines(snapshots: Sequence[EngineSnapshot], near_context_s: floa
         for d in s.kv_deadlines():
             if d.seconds >= near_context_s:
                 continue
-            said = (f"a prompt of {max_accepted:,} tokens takes about {near_context_s:.1f} s at the measured speed, longer than "
+            took = (f"took {near_context_s:.1f} s (sent and timed)" if measured
+                    else f"takes about {near_context_s:.1f} s at the measured speed")
+            said = (f"a prompt of {max_accepted:,} tokens {took}, longer than "
                     f"{d.setting} {d.seconds:g} s at {s.url}" + ("" if d.stated else " (its default: the setting was not stated)")
                     + f": every prompt that long outlives it; raise {d.setting} above the longest prompt's time, and size the "
                     "pool for the KV a request pins that long")

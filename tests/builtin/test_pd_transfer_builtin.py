@@ -92,8 +92,8 @@ def test_plan_says_before_sending_that_a_near_context_prompt_outlives_the_decode
     """A prefill throttled to 500 tokens/s (a slow accelerator) and a decode that waits 2 s for
     the KV (SGLANG_DISAGGREGATION_WAITING_TIMEOUT, which the builtin engine states): `--plan`
     measures the speed with its one calibration request and says, before any probe is sent, that
-    a prompt at the limit outlives the setting. (A check then fails pd-transfer naming it: the unit
-    tier shows that verdict, tests/unit/test_pd_transfer.py, without a minute of slow prefills.)"""
+    a prompt at the limit outlives the setting. (A check then fails pd-transfer naming it: the next
+    test.)"""
     monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "2")
     with pd_trio(tmp_path, context_length=CONTEXT, prefill_pool=POOL, decode_pool=POOL,
                  prefill_args=["--prefill-tokens-per-second", "500"]) as trio:
@@ -101,5 +101,25 @@ def test_plan_says_before_sending_that_a_near_context_prompt_outlives_the_decode
                               capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-1500:]
     (said,) = [line for line in proc.stdout.splitlines() if "before sending:" in line]
-    assert "a prompt of 2,041 tokens takes about" in said, said
+    assert "a prompt of 2,041 tokens took " in said and " s (sent and timed)" in said, said
+    assert transfer["evidence"]["near_context_time"].startswith("measured: the 2,041-token prompt at the limit "), transfer["evidence"]
     assert f"longer than SGLANG_DISAGGREGATION_WAITING_TIMEOUT 2 s at {trio.decode.url}: every prompt that long outlives it" in said
+
+
+def test_a_stated_pd_wait_shorter_than_a_prompt_at_the_limit_fails_pd_transfer_naming_it(tmp_path: Path, monkeypatch) -> None:
+    """Issue 27, item 2, end to end: the same throttled prefill (1,000 tokens/s) and a decode that
+    waits 1 s for the KV. `check` sends the prompt at the limit, times it (about 2 s), and fails
+    pd-transfer naming the setting and the fix: the deployment would abort every prompt that long. Only the boundary isolation scenario runs (its requests are the
+    capacity probes'): the slow prefills are what is tested, not the scenarios."""
+    monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "1")
+    with pd_trio(tmp_path, context_length=CONTEXT, prefill_pool=POOL, decode_pool=POOL,
+                 prefill_args=["--prefill-tokens-per-second", "1000"]) as trio:
+        code, report, err = check("--entry", trio.router.url, "--scenario", "boundary", "--deadline", "120")
+    assert report, err[-1500:]
+    transfer = result(report, "pd-transfer")
+    assert code == 1 and transfer["status"] == "fail", (code, transfer["message"], err[-1500:])
+    (said,) = transfer["evidence"]["outlived_deadlines"]
+    assert "a prompt of 2,041 tokens took " in said and " s (sent and timed)" in said, said
+    assert transfer["evidence"]["near_context_time"].startswith("measured: the 2,041-token prompt at the limit "), transfer["evidence"]
+    assert f"longer than SGLANG_DISAGGREGATION_WAITING_TIMEOUT 1 s at {trio.decode.url}" in said
+    assert "raise SGLANG_DISAGGREGATION_WAITING_TIMEOUT above the longest prompt's time" in transfer["message"]

@@ -305,24 +305,53 @@ def test_prompt_found_in_the_decodes_own_prefix_cache_needed_no_transfer() -> No
 
 
 def test_a_stated_handoff_deadline_shorter_than_a_near_context_prompt_fails_and_an_unstated_default_warns() -> None:
-    """The measured speed says one prompt at the limit takes 45 s: a decode that waits 20 s for its
-    KV (stated) aborts every such prompt in production; vLLM's lease at its unstated default of
-    30 s would run out under it too, but the setting may differ from the default: a warning."""
-    moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
-                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}})
+    """The prompt at the limit took 45 s: a decode that waits 20 s for its KV (stated) aborts
+    every such prompt in production; vLLM's lease at its unstated default of 30 s would run out
+    under it too, but the setting may differ from the default: a warning."""
+    moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=replace(served(1000), elapsed_s=45.0),
+                        purpose="test", reached=PD, counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}})
     run = ProbeRun(limits=Limits(1024, 4096, 1023), probes=(moved,), near_context_s=45.0)
     waiting = KvDeadline(seconds=20, setting="SGLANG_DISAGGREGATION_WAITING_TIMEOUT", stated=True)
     decode = replace(snap(DECODE, Role.DECODE), pd_timeouts=(waiting,))
     prefill = replace(snap(PREFILL, Role.PREFILL), kv_lease=KvDeadline(seconds=30, setting=LEASE_SETTING, stated=False))
     result = judge(run=run, snapshots=(prefill, decode))
     assert result.status is Status.FAIL, result.message
-    assert (f"a prompt of 1,023 tokens takes about 45.0 s at the measured speed, longer than SGLANG_DISAGGREGATION_WAITING_TIMEOUT "
+    assert (f"a prompt of 1,023 tokens took 45.0 s (sent and timed), longer than SGLANG_DISAGGREGATION_WAITING_TIMEOUT "
             f"20 s at {DECODE}: every prompt that long outlives it; raise SGLANG_DISAGGREGATION_WAITING_TIMEOUT") in result.message
     assert len(result.evidence["outlived_deadlines"]) == 2
+    assert result.evidence["near_context_time"] == "measured: the 1,023-token prompt at the limit was answered in 45.0 s"
     assumed = judge(run=run, snapshots=(prefill, snap(DECODE, Role.DECODE)))
     assert assumed.status is Status.WARN and f"{LEASE_SETTING} 30 s at {PREFILL} (its default: the setting was not stated)" in assumed.message
-    assert judge(run=replace(run, near_context_s=10.0), snapshots=(prefill, decode)).status is Status.PASS
-    assert judge(run=replace(run, near_context_s=None), snapshots=(prefill, decode)).status is Status.PASS  # no speed: nothing said
+    fast = replace(run, probes=(replace(moved, completion=served(1000)),))
+    assert judge(run=fast, snapshots=(prefill, decode)).status is Status.PASS
+    # the prompt at the limit not sent (here: another probe carried the transfer): the speed's prediction
+    # is said, as --plan said it before the probes, but only a measurement fails
+    predicted = replace(run, probes=(replace(moved, name="concurrent-1"),))
+    result = judge(run=predicted, snapshots=(prefill, decode))
+    assert result.status is Status.WARN and "a prompt of 1,023 tokens takes about 45.0 s at the measured speed" in result.message
+    assert result.evidence["near_context_time"].startswith("predicted from the measured speed")
+    # sent and aborted by the engine after running past the decode's wait: measured, a fail
+    aborted = replace(moved, completion=Completion(sent_tokens=1000, max_tokens=1, streamed=True, status=500, elapsed_s=21.5,
+                                                    error_message="KV transfer timed out"))
+    result = judge(run=replace(run, probes=(aborted, replace(moved, name="concurrent-1"))), snapshots=(prefill, decode))
+    assert result.status is Status.FAIL and "a prompt of 1,023 tokens took 21.5 s (sent and timed)" in result.message
+    assert result.evidence["near_context_time"] == "measured: the 1,023-token prompt at the limit ran 21.5 s and was not answered"
+    assert judge(run=replace(predicted, near_context_s=10.0), snapshots=(prefill, decode)).status is Status.PASS
+    assert judge(run=replace(predicted, near_context_s=None), snapshots=(prefill, decode)).status is Status.PASS  # no speed
+
+
+def test_a_calibration_that_stalled_is_no_evidence_against_the_prompt_at_the_limit_served_in_time() -> None:
+    """Seen on the real vLLM NIXL pair (clean-clone run, 2026-12-03): one 8-token calibration
+    request waited out the prefill's 30 s lease, the speed it measured predicted 110 s for the
+    1,023-token prompt at the limit, and pd-transfer failed "every prompt that long outlives" the
+    stated 30 s lease, while that very prompt had been served in 0.4 s. The measurement decides."""
+    at_limit = probe("boundary-accept", 1023, {"kv_transfer_tokens": 1023, "prefilled_tokens": 0},
+                     completion=replace(served(1023), elapsed_s=0.4, ttft_s=0.4, streamed=True))
+    run = ProbeRun(limits=Limits(1024, 4096, 1023), probes=(at_limit,), near_context_s=110.4)
+    prefill = replace(snap(PREFILL, Role.PREFILL), kv_lease=KvDeadline(seconds=30, setting=LEASE_SETTING, stated=True))
+    result = judge(run=run, snapshots=(prefill, snap(DECODE, Role.DECODE)))
+    assert result.status is Status.PASS, result.message
+    assert "outlived_deadlines" not in result.evidence
 
 
 def test_sglang_pd_roles_carry_their_pd_timeout_stated_or_at_sglangs_default() -> None:
