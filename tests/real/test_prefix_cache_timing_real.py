@@ -32,14 +32,13 @@ def audited_check(url: str, rewrites: Rewrites, *args: str) -> dict:
 # 0.0025 at 30 per kind, 0.0046 at 60 (cold 12.3 ms, warm 9.6 ms) and 0.011 at 120 (cold 17.4 ms,
 # warm 15.0 ms) in three clean-clone runs, each correctly inconclusive. The smallest of those
 # effects (KS distance about 0.29) at 240 per kind gives p about 6e-5, 16 times under the 0.001
-# bar: the salted test, whose pass needs that control, takes 240 (about 25 s). Without a salt,
-# tenant B's prompts are as fast as A's repeats (a large effect): 60 decide it.
-SALTED_SAMPLES = ("--timing-samples", "240")
-UNSALTED_SAMPLES = ("--timing-samples", "60")
+# bar. Both tests need that control before the audit says anything (without a salt too: at 60 per
+# kind the unsalted case ended inconclusive once), so both take 240 (about 20 s each).
+VLLM_SAMPLES = ("--timing-samples", "240")
 
 
 def test_vllm_with_a_salt_per_tenant_shows_no_sharing_from_timing_alone(vllm_server: EngineProcess) -> None:
-    cache = audited_check(vllm_server.url, SILENT, *SALTED_SAMPLES)
+    cache = audited_check(vllm_server.url, SILENT, *VLLM_SAMPLES)
     assert cache["status"] == "pass", cache["message"]
     assert "a cache_salt per tenant" in cache["message"] and "tenant B's requests are not warm" in cache["message"]
     assert all(p["cached_tokens"] is None for p in cache["evidence"]["probes"])
@@ -47,7 +46,7 @@ def test_vllm_with_a_salt_per_tenant_shows_no_sharing_from_timing_alone(vllm_ser
 
 def test_vllm_without_a_salt_shares_the_prefix_and_timing_catches_it(vllm_server: EngineProcess) -> None:
     # Tenants told apart by a header vLLM ignores: kvpreflight sends no cache_salt.
-    cache = audited_check(vllm_server.url, SILENT, "--tenant-header", "X-Tenant", *UNSALTED_SAMPLES)
+    cache = audited_check(vllm_server.url, SILENT, "--tenant-header", "X-Tenant", *VLLM_SAMPLES)
     assert cache["status"] == "fail" and "as fast as tenant A's warm repeats" in cache["message"], cache["message"]
 
 
