@@ -305,6 +305,10 @@ def test_timing_audit_cross_tenant_as_fast_as_warm_fails():
 def test_timing_audit_without_a_warm_cold_difference_is_inconclusive():
     r = one("prefix-cache-isolation", iso(cache=timing_run(82, 81, 13)))
     assert r.status is Status.INCONCLUSIVE and "not measurably faster" in r.message, r.message
+    # a saving seen but not significant: more samples are the way to a verdict, and the message says so
+    assert "but not significantly: more samples may decide it (--timing-samples, now 30)" in r.message
+    slower = one("prefix-cache-isolation", iso(cache=timing_run(81, 82, 13)))
+    assert slower.status is Status.INCONCLUSIVE and "--timing-samples" not in slower.message, slower.message
 
 
 def test_timing_audit_cross_between_warm_and_cold_is_inconclusive():
