@@ -109,11 +109,14 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     expiry = expiry_finding(of_hazard(dangers, Hazard.KV_EXPIRED), expired)
     if late is not None:
         evidence["kv_lease"] = lease_in_force(ctx.snapshots)
-    near_s, near_how, measured = near_context_time(run)
-    outlived, assumed = outlived_deadlines(ctx.snapshots, near_s, run.limits.max_accepted if run.limits else None,
-                                           measured=measured)
-    if not measured:  # a prediction alone (said before the probes too) is a warning: only a measurement fails
-        outlived, assumed = [], outlived + assumed
+    # A measured time fails a stated deadline under it; a prediction (said before the probes too)
+    # only warns, for the deadlines the measurement does not already reach.
+    measured_s, predicted_s, near_how = near_context_time(run)
+    max_accepted = run.limits.max_accepted if run.limits else None
+    outlived, assumed = outlived_deadlines(ctx.snapshots, measured_s, max_accepted, measured=True)
+    if predicted_s is not None and (measured_s is None or predicted_s > measured_s):
+        stated, default = outlived_deadlines(ctx.snapshots, predicted_s, max_accepted, at_least_s=measured_s or 0.0)
+        assumed += stated + default
     if outlived or assumed:
         evidence["outlived_deadlines"] = outlived + assumed
         evidence["near_context_time"] = near_how
@@ -144,26 +147,28 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
 LATE_DECODE_WHEN = "during the late-decode scenario: its decode leg, sent after the prefill's KV lease, was answered"
 
 
-def near_context_time(run: ProbeRun) -> tuple[float | None, str, bool]:
-    """How long a prompt at the limit takes, how that is known, and whether it was measured. The
-    prompt at the limit itself (boundary-accept), sent, is the measurement: answered, its time to
-    the answer; not answered, how long it ran before it failed (an engine that aborted it at a
-    handoff timeout ran it at least that long). The calibration's prediction stands only where it
-    was not sent, and then only warns. A calibration request that stalled once (a vLLM NIXL pair on
-    2 cores waited its 30 s lease on an 8-token request) predicted 110 s for a 1,023-token prompt
-    that was then served in under a second: a prediction is no evidence against a measurement."""
+def near_context_time(run: ProbeRun) -> tuple[float | None, float | None, str]:
+    """How long a prompt at the limit takes: (measured, predicted, how it is known). The prompt at
+    the limit itself (boundary-accept), sent, is the measurement: answered, its time to the answer;
+    not answered, how long it ran before it failed, a lower bound (an engine that aborted it at a
+    handoff timeout ran it at least that long), beside which the calibration's prediction still
+    counts where it is longer. Not sent: the prediction alone, which only warns. A calibration
+    request that stalled once (a vLLM NIXL pair on 2 cores waited its 30 s lease on an 8-token
+    request) predicted 110 s for a 1,023-token prompt that was then served in under a second: a
+    prediction is no evidence against a measurement."""
     accept = run.get(ProbeName.BOUNDARY_ACCEPT)
     tokens = f"{run.limits.max_accepted:,}-token " if run.limits else ""
+    predicted = run.near_context_s
+    said = "" if predicted is None else f"; predicted from the measured speed: {predicted:.1f} s"
     if accept is not None:
         c = accept.completion
         if c.served:
             took = c.ttft_s if c.ttft_s is not None else c.elapsed_s
-            return took, f"measured: the {tokens}prompt at the limit was answered in {took:.1f} s", True
-        return c.elapsed_s, f"measured: the {tokens}prompt at the limit ran {c.elapsed_s:.1f} s and was not answered", True
-    if run.near_context_s is None:
-        return None, "not known: no speed was measured", False
-    return (run.near_context_s, "predicted from the measured speed (the prompt at the limit was not sent): "
-            f"{run.near_context_s:.1f} s", False)
+            return took, None, f"measured: the {tokens}prompt at the limit was answered in {took:.1f} s"
+        return c.elapsed_s, predicted, f"measured: the {tokens}prompt at the limit ran {c.elapsed_s:.1f} s and was not answered{said}"
+    if predicted is None:
+        return None, None, "not known: no speed was measured"
+    return None, predicted, f"predicted from the measured speed (the prompt at the limit was not sent): {predicted:.1f} s"
 
 
 def _late_decode_reads(ctx: CheckContext) -> tuple[list[dict[str, Any]], list[tuple[str, int, str]]]:

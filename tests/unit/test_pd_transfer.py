@@ -335,7 +335,15 @@ def test_a_stated_handoff_deadline_shorter_than_a_near_context_prompt_fails_and_
                                                     error_message="KV transfer timed out"))
     result = judge(run=replace(run, probes=(aborted, replace(moved, name="concurrent-1"))), snapshots=(prefill, decode))
     assert result.status is Status.FAIL and "a prompt of 1,023 tokens took 21.5 s (sent and timed)" in result.message
-    assert result.evidence["near_context_time"] == "measured: the 1,023-token prompt at the limit ran 21.5 s and was not answered"
+    assert result.evidence["near_context_time"] == ("measured: the 1,023-token prompt at the limit ran 21.5 s and was not "
+                                                    "answered; predicted from the measured speed: 45.0 s")
+    # the lease's unstated 30 s lies between what it ran (21.5 s) and the prediction (45 s): said, not failed
+    assert any("takes about 45.0 s" in said and LEASE_SETTING in said for said in result.evidence["outlived_deadlines"])
+    # refused or cut in under the prediction: how long it ran proves nothing, the prediction warns
+    quick = replace(aborted, completion=replace(aborted.completion, elapsed_s=0.2))
+    result = judge(run=replace(run, probes=(quick, replace(moved, name="concurrent-1"))), snapshots=(prefill, decode))
+    assert result.status is Status.WARN and "takes about 45.0 s at the measured speed" in result.message, result.message
+    assert "ran 0.2 s and was not answered" in result.evidence["near_context_time"]
     assert judge(run=replace(predicted, near_context_s=10.0), snapshots=(prefill, decode)).status is Status.PASS
     assert judge(run=replace(predicted, near_context_s=None), snapshots=(prefill, decode)).status is Status.PASS  # no speed
 
