@@ -83,6 +83,9 @@ class Counters:
     # still wants it, recomputes the prompt: a prefill's work lost, and its pages pinned until then).
     expired_kv: float | None = None
     aborted_requests: float | None = None  # requests the engine ended as aborted (a client left)
+    # Prompt tokens of the requests the engine's scheduler took up (began to prefill), whether or
+    # not a token followed: with prompt and generated tokens, it shows a request cut off mid-prefill.
+    scheduled_prompt_tokens: float | None = None
     kv_transfers: float | None = None  # KV transfers completed
     kv_transfer_tokens: float | None = None  # tokens moved by KV transfers
     prefix_cache_hits: float | None = None  # prefix-cache hits (lookups or tokens, as the engine counts)
@@ -118,7 +121,7 @@ def transfer_time(seconds: float | None, count: float | None) -> dict[str, float
 
 
 COUNTER_FIELDS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "bootstrap_failures",
-                  "deferred_releases", "stale_kv_reads", "expired_kv", "aborted_requests", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens",
+                  "deferred_releases", "stale_kv_reads", "expired_kv", "aborted_requests", "scheduled_prompt_tokens", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens",
                   "cached_prompt_tokens")
 
 

@@ -199,8 +199,13 @@ class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
         finished = _by_label(metrics, "vllm:request_success_total", "finished_reason")
         return Counters(
             requests=metric_sum(metrics, "vllm:request_success_total"),
-            # v1/metrics/loggers.py: one series per v1/engine FinishReason; "abort": the client left.
+            # v1/metrics/loggers.py: one series per v1/engine FinishReason. A client's disconnect is
+            # never counted under "abort" (0.32: v1/engine/output_processor.py abort_requests records
+            # no stats): only aborts the engine makes itself are.
             aborted_requests=finished.get("abort"),
+            # v1/core/sched/scheduler.py: queried against the prefix cache when the scheduler takes a
+            # request up, counted even when its client leaves before the first token (prefix caching on)
+            scheduled_prompt_tokens=metric_sum(metrics, "vllm:prefix_cache_queries_total"),
             prompt_tokens=prompt,
             prefilled_tokens=computed,
             cached_prompt_tokens=by_source.get("local_cache_hit", hits),

@@ -464,7 +464,7 @@ class IsolationProber:
             notes.append(f"{name}: {departure.note}")
         scanned = self._scan(tenant, name, None, departure.received.decode("utf-8", errors="replace"),
                              abandoned=departure.left or "without the intended timing")
-        return replace(scanned, abandoned_id=request.request_id)
+        return replace(scanned, abandoned_id=request.request_id, abandoned_tokens=len(ids))
 
     def _token_ids(self, adapter: EngineAdapter, count: int, seed: str) -> list[int]:
         return valid_token_ids(adapter, self.engines.values(), count, seed)
@@ -472,23 +472,47 @@ class IsolationProber:
 
 def prefill_cancel_shown(scenario: Scenario) -> tuple[str, bool | None]:
     """A unified engine moves no KV, so a disconnect mid-transfer does not apply there; what does
-    is a disconnect during prefill. It is shown where the engine counted an abort for each
-    request whose client left, and its generated-token counter moved by exactly the answers the
-    others got: not one token was generated for the abandoned ones."""
-    aborted = sum(d.get("aborted_requests", 0) for d in scenario.counter_deltas.values())
-    known = [d for d in scenario.counter_deltas.values() if "aborted_requests" in d and "generation_tokens" in d]
-    generated = sum(d["generation_tokens"] for d in known)
+    is a disconnect during prefill. Its generated-token counter must have moved by exactly the
+    answers the others got (not one token for the abandoned requests), and the engine must show
+    that it had taken each abandoned request up: by counting an abort for each (SGLang, the
+    builtin engine), or, where a client's disconnect is never counted (vLLM), by its scheduler
+    having taken up every prompt sent (scheduled prompt tokens) while it finished none of the
+    abandoned requests (finished requests moved by exactly the answered ones)."""
+    deltas = list(scenario.counter_deltas.values())
+    generated = sum(d.get("generation_tokens", 0) for d in deltas)
     answered = sum((r.completion.completion_tokens or 0) for r in scenario.requests if r.completion is not None)
-    left = sum(1 for r in scenario.requests if r.abandoned)
-    if not known:
-        return ("unconfirmed: the engine counts no aborted requests, so a disconnect during prefill cannot be shown"), None
-    if left and aborted >= left and generated == answered:
-        return (f"confirmed: the engine counted {aborted:.0f} aborted request(s) for the {left} that left, with no token "
-                "generated for them (generated tokens moved by exactly the answers the others got), so each disconnect "
-                "landed during prefill"), True
-    return (f"unconfirmed: the engine counted {aborted:.0f} aborted request(s) for the {left} that left and "
-            f"{generated - answered:.0f} generated token(s) beyond the answers the others got, so the disconnects did not "
-            "all land during prefill"), None
+    left = [r for r in scenario.requests if r.abandoned]
+    if not left:
+        return "unconfirmed: no client left", None
+    if not any("generation_tokens" in d for d in deltas):
+        counts = "no aborted requests" if not any("aborted_requests" in d for d in deltas) else "no generated tokens"
+        return f"unconfirmed: the engine counts {counts}, so a disconnect during prefill cannot be shown", None
+    extra = generated - answered
+    if extra:
+        return (f"unconfirmed: the engine generated {extra:.0f} token(s) beyond the answers the others got, so the "
+                f"{len(left)} disconnect(s) did not all land during prefill"), None
+    aborted = sum(d.get("aborted_requests", 0) for d in deltas)
+    if any("aborted_requests" in d for d in deltas) and aborted >= len(left):
+        return (f"confirmed: the engine counted {aborted:.0f} aborted request(s) for the {len(left)} that left, with no "
+                "token generated for them (generated tokens moved by exactly the answers the others got), so each "
+                "disconnect landed during prefill"), True
+    served = [r.completion for r in scenario.requests if r.completion is not None and r.completion.served]
+    if any("scheduled_prompt_tokens" in d for d in deltas) and any("requests" in d for d in deltas):
+        scheduled = sum(d.get("scheduled_prompt_tokens", 0) for d in deltas)
+        finished = sum(d.get("requests", 0) for d in deltas)
+        sent = sum(c.sent_tokens for c in served) + sum(r.abandoned_tokens for r in left)
+        if scheduled >= sent and finished == len(served):
+            return (f"confirmed: the engine's scheduler took up {scheduled:,.0f} prompt tokens (every prompt sent, the "
+                    f"{len(left)} abandoned ones' {sum(r.abandoned_tokens for r in left):,} included), it finished none of "
+                    f"the {len(left)} whose clients left and generated no token for them, so each disconnect landed "
+                    "during prefill"), True
+        return (f"unconfirmed: the engine's scheduler took up {scheduled:,.0f} of the {sent:,} prompt tokens sent and it "
+                f"finished {finished:.0f} request(s) for the {len(served)} answered, so the {len(left)} disconnect(s) "
+                "cannot all be shown to have landed during prefill"), None
+    if any("aborted_requests" in d for d in deltas):
+        return (f"unconfirmed: the engine counted {aborted:.0f} aborted request(s) for the {len(left)} that left"), None
+    return ("unconfirmed: the engine counts neither aborted requests nor the prompts its scheduler takes up, so a "
+            "disconnect during prefill cannot be shown"), None
 
 
 @contextmanager

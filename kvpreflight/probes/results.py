@@ -194,6 +194,7 @@ class TenantRequest:
     # it only wrote the tenant's canary into the pool, for the other tenant's later answers to show.
     scanned: bool = True
     abandoned_id: str | None = None  # the id an abandoned request carried (a served one's is in its completion)
+    abandoned_tokens: int = 0  # the prompt an abandoned request sent (a served one's is in its completion)
 
     @property
     def served(self) -> bool:

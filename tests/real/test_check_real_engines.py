@@ -134,16 +134,22 @@ def test_vllm_disruptive_scenarios_run_when_allowed_and_leave_it_idle(vllm_serve
     assert "late-decode" not in iso["message"]
     assert not any("skipped" in s for s in scenarios.values())
     # a unified engine moves no KV between engines: a disconnect mid-transfer cannot apply (said in
-    # the evidence, not a warn). The disconnect during prefill would be confirmed by vLLM's abort
-    # count (finished_reason="abort") with no token generated for the leavers; on this CPU the tiny
-    # model answers them before the disconnect lands (no abort counted, their tokens generated), so
-    # it stays unconfirmed: a warn that says so from vLLM's own counters. (The builtin engine,
-    # throttled, earns the clean pass: tests/builtin/test_isolation_probes.py.)
+    # the evidence, not a warn). The disconnect during prefill can, but vLLM never counts a client's
+    # disconnect as an abort, so only its scheduler could show it (both leavers' prompts taken up,
+    # neither finished, no token: a unit test has that rule). On this CPU the tiny model answers
+    # the 256-token leavers before their 20 ms disconnect lands: vLLM's own counters show their
+    # tokens, so it stays unconfirmed (warn). (The throttled builtin engine earns the clean pass:
+    # tests/builtin/test_isolation_probes.py; the attempts to land it on vLLM: docs/FINDINGS.md.)
     assert iso["status"] == "warn", iso["message"]
     cancel = scenarios["cancel-transfer"]
     assert cancel["not_applicable"] == "a disconnect mid-transfer: a unified engine moves no KV between engines"
-    assert cancel["occurrence"].startswith("unconfirmed: the engine counted "), cancel["occurrence"]
-    assert "aborted request(s) for the 2 that left" in cancel["occurrence"]
+    assert cancel["occurrence"].startswith("unconfirmed: the engine generated "), cancel["occurrence"]
+    assert "beyond the answers the others got, so the 2 disconnect(s) did not all land during prefill" in cancel["occurrence"]
+    # The shipped spec's 1 GiB pool (2M tokens) is far beyond any affordable load: `load` is the
+    # other scenario a unified vLLM of this spec leaves unconfirmed.
+    assert scenarios["load"]["occurrence"].startswith("unconfirmed: bounded to "), scenarios["load"]["occurrence"]
+    unconfirmed = {name for name, s in scenarios.items() if s["occurrence"].startswith("unconfirmed")}
+    assert unconfirmed == {"load", "cancel-transfer"}, unconfirmed
     served = [r for s in scenarios.values() for r in s["requests"] if r.get("http_status") == 200 and "own_canary_seen" in r]
     assert {r["tenant"] for r in served} == {"a", "b"} and all(r["own_canary_seen"] for r in served)
     assert not any("foreign_markers" in r for r in scenarios["cancel-decode"]["requests"] + served)

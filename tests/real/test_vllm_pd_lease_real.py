@@ -93,9 +93,11 @@ def test_a_decode_leg_held_past_a_short_lease_fails_the_check(short_lease_pair: 
 # 18-block prefill pool) the pool filled and a request waited a lease or two (boundary-accept took
 # 30.5 s against a 1.7 s estimate; once past the default 30 s --timeout, leaving pd-transfer no
 # served probe to judge). Here the lease is 3 s, so no request waits long: the capacity probes that
-# pd-transfer judges ended 15 s into the check (2026-12-02, 2 shared cores). The deadline stops it
-# there, before the isolation probes (minutes, nothing asserted there): 60 s, four times that; the
-# 75 s --timeout stays the bound measured at the 30 s lease.
+# pd-transfer judges ended 15 s into the check (2026-12-02, 2 shared cores). Nothing is asserted of
+# the isolation probes here, so only the boundary scenario (which the capacity probes carry) and the
+# smallest timing audit run (`--scenario boundary --timing-samples 8`; with every scenario and 30
+# samples the check ran into its deadline, 63-69 s); the 60 s deadline, four times the capacity
+# probes' 15 s, bounds it; the 75 s --timeout stays the bound measured at the 30 s lease.
 STRIPPED_TIMEOUT_S = 75
 STRIPPED_DEADLINE_S = 60
 
@@ -126,6 +128,7 @@ def test_pd_transfer_fails_when_the_decode_gets_no_transfer_params(
         with router:
             run = run_check("--entry", router.url, "--log", f"{stripped_prefill}={prefill.log_path}",
                             "--log", f"{decode.url}={decode.log_path}", "--deadline", str(STRIPPED_DEADLINE_S),
+                            "--scenario", "boundary", "--timing-samples", "8",
                             "--timeout", str(STRIPPED_TIMEOUT_S))
     transfer = run.check("pd-transfer")
     print(f"vllm-pd-nixl stripped check: exit {run.exit_code} in {run.wall_s:.0f} s; pd-transfer {transfer['status']}: "

@@ -260,16 +260,19 @@ def test_cancel_transfer_on_a_unified_engine_is_unconfirmed(departures):
     assert [(r.name, r.completion.sent_tokens if r.completion else None) for r in cancel.requests] == [
         ("cancel-transfer-a-left", None), ("cancel-transfer-b1", 115), ("cancel-transfer-b2", 115),
         ("cancel-transfer-b-left", None), ("cancel-transfer-a1", 115), ("cancel-transfer-a2", 115)]
-    assert [len(t.request.body["input_ids"]) for how, t in departures if how == "transfer"] == [SHORT, SHORT]
-    assert cancel.occurred is None and "the engine counts no aborted requests" in cancel.occurrence
+    leavers = [t for how, t in departures if how == "transfer"]
+    assert [len(t.request.body["input_ids"]) for t in leavers] == [SHORT, SHORT]
+    assert cancel.occurred is None and cancel.occurrence == (
+        "unconfirmed: the engine counts neither aborted requests nor the prompts its scheduler takes up, so a "
+        "disconnect during prefill cannot be shown")
     assert cancel.not_applicable == "a disconnect mid-transfer: a unified engine moves no KV between engines"
 
 
 @pytest.mark.parametrize("extra_tokens,confirmed", [(0, True), (3, False)])
 def test_cancel_during_prefill_on_a_unified_engine_is_confirmed_by_its_abort_counter(departures, monkeypatch, extra_tokens, confirmed):
-    """vLLM counts request_success{finished_reason="abort"}, SGLang num_aborted_requests: an abort
-    for each client that left, and generated tokens that moved by exactly the others' answers,
-    show each disconnect landed during prefill; tokens beyond them mean one did not."""
+    """SGLang counts num_aborted_requests (so does the builtin engine): an abort for each client
+    that left, and generated tokens that moved by exactly the others' answers, show each
+    disconnect landed during prefill; tokens beyond them mean one did not."""
     engine = FakeEngine(snapshot(URL, pool=4096))
     engine.counters = replace(engine.counters, aborted_requests=0)
     recorded = isolation.leave_during_transfer
@@ -287,7 +290,7 @@ def test_cancel_during_prefill_on_a_unified_engine_is_confirmed_by_its_abort_cou
             "confirmed: the engine counted 2 aborted request(s) for the 2 that left, with no token generated for them"), cancel.occurrence
         assert status is Status.PASS, said
     else:
-        assert cancel.occurred is None and "6 generated token(s) beyond the answers the others got" in cancel.occurrence
+        assert cancel.occurred is None and "the engine generated 6 token(s) beyond the answers the others got" in cancel.occurrence
         assert status is Status.WARN
 
 
@@ -524,3 +527,37 @@ def test_scenario_selects_the_scenarios_that_run_and_the_plan_counts_only_those(
 
     planned = {p.name for p in isolation_sizes(IsolationSizes.of(LIMITS, [engine.snap]), churn=True, only=("over-capacity",))}
     assert planned == {"over-capacity", "prefix-cache", "prefix-cache-timing"}
+
+
+@pytest.mark.parametrize("scheduled_leavers,finished_leavers,confirmed", [(True, 0, True), (False, 0, False), (True, 1, False)])
+def test_cancel_during_prefill_on_vllm_is_confirmed_by_its_scheduler_and_finished_counts(
+        departures, monkeypatch, scheduled_leavers, finished_leavers, confirmed):
+    """vLLM never counts a client's disconnect as an abort (0.32), so its scheduler shows it:
+    every prompt sent taken up (prefix-cache queries), none of the leavers finished, no token for
+    them. A leaver never scheduled (its client gone before the scheduler took it) or one that
+    finished leaves the scenario unconfirmed, never a pass."""
+    def schedules(engine: FakeEngine, sent: Sent) -> None:
+        c = engine.counters
+        engine.counters = replace(c, scheduled_prompt_tokens=(c.scheduled_prompt_tokens or 0) + sent.tokens)
+
+    engine = FakeEngine(snapshot(URL, pool=4096), script=schedules)
+    engine.counters = replace(engine.counters, aborted_requests=0, scheduled_prompt_tokens=0)
+    recorded = isolation.leave_during_transfer
+
+    def leaves(target, pages_reserved, *, unified, wait_s):
+        c = engine.counters
+        engine.counters = replace(c, scheduled_prompt_tokens=c.scheduled_prompt_tokens + (SHORT if scheduled_leavers else 0),
+                                  requests=c.requests + finished_leavers)
+        return recorded(target, pages_reserved, unified=unified, wait_s=wait_s)
+
+    monkeypatch.setattr(isolation, "leave_during_transfer", leaves)
+    cancel = scenario(isolate(engine, churn=True), "cancel-transfer")
+    status, said = tenant_isolation.scenario_verdict(cancel)
+    if confirmed:
+        assert cancel.occurred is True and cancel.occurrence.startswith(
+            f"confirmed: the engine's scheduler took up {4 * 115 + 2 * SHORT:,} prompt tokens (every prompt sent, the 2 "
+            f"abandoned ones' {2 * SHORT:,} included), it finished none of the 2 whose clients left"), cancel.occurrence
+        assert status is Status.PASS, said
+    else:
+        assert cancel.occurred is None and cancel.occurrence.startswith("unconfirmed: the engine's scheduler took up "), cancel.occurrence
+        assert status is Status.WARN
