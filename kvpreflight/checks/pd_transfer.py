@@ -111,9 +111,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         evidence["kv_lease"] = lease_in_force(ctx.snapshots)
     # A measured time fails a stated deadline under it; a prediction (said before the probes too)
     # only warns, for the deadlines the measurement does not already reach.
-    measured_s, predicted_s, near_how = near_context_time(run)
+    measured_s, predicted_s, near_how, went = near_context_time(run)
     max_accepted = run.limits.max_accepted if run.limits else None
-    outlived, assumed = outlived_deadlines(ctx.snapshots, measured_s, max_accepted, measured=True)
+    outlived, assumed = outlived_deadlines(ctx.snapshots, measured_s, max_accepted, measured=went)
     if predicted_s is not None and (measured_s is None or predicted_s > measured_s):
         stated, default = outlived_deadlines(ctx.snapshots, predicted_s, max_accepted, at_least_s=measured_s or 0.0)
         assumed += stated + default
@@ -147,8 +147,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
 LATE_DECODE_WHEN = "during the late-decode scenario: its decode leg, sent after the prefill's KV lease, was answered"
 
 
-def near_context_time(run: ProbeRun) -> tuple[float | None, float | None, str]:
-    """How long a prompt at the limit takes: (measured, predicted, how it is known). The prompt at
+def near_context_time(run: ProbeRun) -> tuple[float | None, float | None, str, str | None]:
+    """How long a prompt at the limit takes: (measured, predicted, how it is known, how the one
+    sent went: "was answered in 3.3 s", "ran 21.5 s and was not answered"). The prompt at
     the limit itself (boundary-accept), sent, is the measurement: answered, its time to the answer;
     not answered, how long it ran before it failed, a lower bound (an engine that aborted it at a
     handoff timeout ran it at least that long), beside which the calibration's prediction still
@@ -164,11 +165,13 @@ def near_context_time(run: ProbeRun) -> tuple[float | None, float | None, str]:
         c = accept.completion
         if c.served:
             took = c.ttft_s if c.ttft_s is not None else c.elapsed_s
-            return took, None, f"measured: the {tokens}prompt at the limit was answered in {took:.1f} s"
-        return c.elapsed_s, predicted, f"measured: the {tokens}prompt at the limit ran {c.elapsed_s:.1f} s and was not answered{said}"
+            went = f"was answered in {took:.1f} s"
+            return took, None, f"measured: the {tokens}prompt at the limit {went}", went
+        went = f"ran {c.elapsed_s:.1f} s and was not answered"
+        return c.elapsed_s, predicted, f"measured: the {tokens}prompt at the limit {went}{said}", went
     if predicted is None:
-        return None, None, "not known: no speed was measured"
-    return None, predicted, f"predicted from the measured speed (the prompt at the limit was not sent): {predicted:.1f} s"
+        return None, None, "not known: no speed was measured", None
+    return None, predicted, f"predicted from the measured speed (the prompt at the limit was not sent): {predicted:.1f} s", None
 
 
 def _late_decode_reads(ctx: CheckContext) -> tuple[list[dict[str, Any]], list[tuple[str, int, str]]]:

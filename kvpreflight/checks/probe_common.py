@@ -223,12 +223,13 @@ def canary_finding(violations: Sequence[Mapping[str, Any]]) -> str | None:
 
 
 def outlived_deadlines(snapshots: Sequence[EngineSnapshot], near_context_s: float | None,
-                       max_accepted: int | None, *, measured: bool = False,
+                       max_accepted: int | None, *, measured: str | None = None,
                        at_least_s: float = 0.0) -> tuple[list[str], list[str]]:
     """KV handoff deadlines (vLLM's lease, SGLang's PD timeouts) shorter than what one prompt at
-    the limit takes (`measured`: it was sent and timed; else the measured speed predicts it): every
-    prompt that long outlives them; only deadlines of `at_least_s` or more. Returns (stated: a
-    failure, the engine's unstated default: a warning)."""
+    the limit takes (`measured`: how it went when it was sent and timed, e.g. "was answered in
+    3.3 s"; else the measured speed predicts it): every prompt that long outlives them; only
+    deadlines of `at_least_s` or more. Returns (stated: a failure, the engine's unstated default: a
+    warning)."""
     stated: list[str] = []
     assumed: list[str] = []
     if near_context_s is None:
@@ -237,7 +238,7 @@ def outlived_deadlines(snapshots: Sequence[EngineSnapshot], near_context_s: floa
         for d in s.kv_deadlines():
             if d.seconds >= near_context_s or d.seconds < at_least_s:
                 continue
-            took = (f"took {near_context_s:.1f} s (sent and timed)" if measured
+            took = (f"{measured} (sent and timed)" if measured
                     else f"takes about {near_context_s:.1f} s at the measured speed")
             said = (f"a prompt of {max_accepted:,} tokens {took}, longer than "
                     f"{d.setting} {d.seconds:g} s at {s.url}" + ("" if d.stated else " (its default: the setting was not stated)")

@@ -5,6 +5,7 @@ decode recomputes the prompt (fault decode-recompute), which only pd-transfer ca
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -118,7 +119,8 @@ def test_a_stated_pd_wait_shorter_than_a_prompt_at_the_limit_fails_pd_transfer_n
     transfer = result(report, "pd-transfer")
     assert code == 1 and transfer["status"] == "fail", (code, transfer["message"], err[-1500:])
     (said,) = transfer["evidence"]["outlived_deadlines"]
-    assert "a prompt of 2,041 tokens took " in said and " s (sent and timed)" in said, said
+    # answered or aborted by the decode's 1 s wait, it is said as it went
+    assert re.search(r"a prompt of 2,041 tokens (was answered in|ran) \d+\.\d s( and was not answered)? \(sent and timed\)", said), said
     assert transfer["evidence"]["near_context_time"].startswith("measured: the 2,041-token prompt at the limit "), transfer["evidence"]
     assert f"longer than SGLANG_DISAGGREGATION_WAITING_TIMEOUT 1 s at {trio.decode.url}" in said
     assert "raise SGLANG_DISAGGREGATION_WAITING_TIMEOUT above the longest prompt's time" in transfer["message"]

@@ -316,7 +316,7 @@ def test_a_stated_handoff_deadline_shorter_than_a_near_context_prompt_fails_and_
     prefill = replace(snap(PREFILL, Role.PREFILL), kv_lease=KvDeadline(seconds=30, setting=LEASE_SETTING, stated=False))
     result = judge(run=run, snapshots=(prefill, decode))
     assert result.status is Status.FAIL, result.message
-    assert (f"a prompt of 1,023 tokens took 45.0 s (sent and timed), longer than SGLANG_DISAGGREGATION_WAITING_TIMEOUT "
+    assert (f"a prompt of 1,023 tokens was answered in 45.0 s (sent and timed), longer than SGLANG_DISAGGREGATION_WAITING_TIMEOUT "
             f"20 s at {DECODE}: every prompt that long outlives it; raise SGLANG_DISAGGREGATION_WAITING_TIMEOUT") in result.message
     assert len(result.evidence["outlived_deadlines"]) == 2
     assert result.evidence["near_context_time"] == "measured: the 1,023-token prompt at the limit was answered in 45.0 s"
@@ -334,7 +334,7 @@ def test_a_stated_handoff_deadline_shorter_than_a_near_context_prompt_fails_and_
     aborted = replace(moved, completion=Completion(sent_tokens=1000, max_tokens=1, streamed=True, status=500, elapsed_s=21.5,
                                                     error_message="KV transfer timed out"))
     result = judge(run=replace(run, probes=(aborted, replace(moved, name="concurrent-1"))), snapshots=(prefill, decode))
-    assert result.status is Status.FAIL and "a prompt of 1,023 tokens took 21.5 s (sent and timed)" in result.message
+    assert result.status is Status.FAIL and "a prompt of 1,023 tokens ran 21.5 s and was not answered (sent and timed)" in result.message
     assert result.evidence["near_context_time"] == ("measured: the 1,023-token prompt at the limit ran 21.5 s and was not "
                                                     "answered; predicted from the measured speed: 45.0 s")
     # the lease's unstated 30 s lies between what it ran (21.5 s) and the prediction (45 s): said, not failed
