@@ -17,14 +17,16 @@ def sample_output(text: str | None = None) -> str:
     return after.split("```text\n", 1)[1].split("\n```", 1)[0]
 
 
+def _row(line: str) -> tuple[str, str] | None:
+    """(STATUS, check id) where a table row starts on this line (its message may wrap onto
+    indented lines after it)."""
+    words = line.split()
+    return (words[0], words[1]) if len(words) >= 2 and words[0] in STATUSES and not line.startswith(" ") else None
+
+
 def check_rows(report: str) -> list[tuple[str, str]]:
     """(STATUS, check id) per row of a table report, in the order printed."""
-    rows = []
-    for line in report.splitlines():
-        words = line.split()
-        if len(words) >= 2 and words[0] in STATUSES and not line.startswith(" "):
-            rows.append((words[0], words[1]))
-    return rows
+    return [row for line in report.splitlines() if (row := _row(line))]
 
 
 def row_messages(report: str, url: str) -> dict[tuple[str, str], str]:
@@ -38,9 +40,8 @@ def row_messages(report: str, url: str) -> dict[tuple[str, str], str]:
     for line in lines[header + 2:]:
         if not line.strip():
             break
-        words = line.split()
-        if words[0] in STATUSES and not line.startswith(" "):
-            key = (words[0], words[1]) if words[0] != "PASS" else None
+        if row := _row(line):
+            key = row if row[0] != "PASS" else None
             if key:
                 messages[key] = line[column:].strip()
         elif key:
