@@ -119,6 +119,5 @@ def test_the_default_check_prefills_at_most_3_5_contexts_with_the_cache_off(tmp_
     cost = parsed(proc.stdout)["cost"]
     engine_counted = after["sglang:prompt_tokens_total"] - before["sglang:prompt_tokens_total"]
     assert after["sglang:cached_tokens_total"] == before["sglang:cached_tokens_total"]  # the cache really was off
-    assert cost["prefilled_tokens"] == engine_counted
+    assert cost["prefilled_tokens"] == engine_counted  # so the report's own figure is bound as well
     assert engine_counted / context <= 3.5, cost
-    assert cost["context_equivalents_prefilled"] <= 3.5
