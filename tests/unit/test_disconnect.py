@@ -4,11 +4,14 @@ takes the id as `X-Request-Id`), so a danger line naming an abandoned request ca
 from __future__ import annotations
 
 import threading
-import time
+import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
 
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight.probes import disconnect
 from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN, RawTarget, leave_after_first_token, leave_during_transfer
 
 
@@ -44,10 +47,12 @@ def test_an_abandoned_request_carries_the_adapters_request_id_header() -> None:
     assert seen["x-request-id"] == request.request_id and seen["x-tenant"] == "a"
 
 
-def test_waiting_for_the_gauge_leaves_the_engine_idle_as_long_as_each_scrape_took() -> None:
+def test_waiting_for_the_gauge_leaves_the_engine_idle_as_long_as_each_scrape_took(monkeypatch: pytest.MonkeyPatch) -> None:
     """A heavy /metrics (vLLM's, ~60 ms on 2 cores) scraped back to back kept the decode's API
     server too busy to take the router's decode leg for the whole wait: the poll idles at least as
-    long as each scrape took, so the scrapes hold the engine at most about half the time."""
+    long as each scrape took, so the scrapes hold the engine at most about half the time. On a
+    simulated clock (each scrape 50 ms, each idle as long as the poll sleeps): no wall-clock
+    figure, so a loaded machine cannot move it."""
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
             pass
@@ -57,12 +62,19 @@ def test_waiting_for_the_gauge_leaves_the_engine_idle_as_long_as_each_scrape_too
             self.send_response(200)
             self.end_headers()
 
+    now = [0.0]
+    idled: list[float] = []
     scrapes: list[float] = []
 
+    def sleep(seconds: float) -> None:
+        idled.append(seconds)
+        now[0] += seconds
+
+    monkeypatch.setattr(disconnect, "time", types.SimpleNamespace(monotonic=lambda: now[0], sleep=sleep))
+
     def slow_gauge() -> bool:
-        started = time.monotonic()
-        time.sleep(0.05)  # one scrape of a heavy /metrics
-        scrapes.append(time.monotonic() - started)
+        scrapes.append(0.05)  # one scrape of a heavy /metrics
+        now[0] += 0.05
         return False
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
@@ -71,15 +83,12 @@ def test_waiting_for_the_gauge_leaves_the_engine_idle_as_long_as_each_scrape_too
     try:
         adapter = VllmAdapter(f"http://127.0.0.1:{server.server_address[1]}", HttpClient())
         request = adapter.build_request([1, 2, 3], max_tokens=4, stream=False)
-        started = time.monotonic()
         departure = leave_during_transfer(RawTarget(adapter, request, {}, timeout_s=5), slow_gauge, unified=False, wait_s=2.0)
-        waited = time.monotonic() - started
     finally:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
     assert departure.left is None and departure.note == "no used-token gauge rose within 2.0 s"
-    assert 2.0 <= waited < 3.0
-    # back to back, 2 s of 50 ms scrapes would be 40; idling as long again leaves about 20
-    assert 10 <= len(scrapes) <= 22, len(scrapes)
-    assert sum(scrapes) / waited < 0.6
+    # back to back, 2 s of 50 ms scrapes would be 40; idling as long as each took leaves 20
+    assert len(scrapes) == 20 and idled == pytest.approx([0.05] * 20), (len(scrapes), idled)
+    assert sum(scrapes) / now[0] == pytest.approx(0.5)
