@@ -20,9 +20,9 @@ from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.engines.interface import EngineAdapter, PrefillLeg, SplitLegs
 from kvpreflight.model import Completion, Hazard, Role
+from kvpreflight.probes import occurrence
 from kvpreflight.probes import scenarios as declaration
 from kvpreflight.probes.disconnect import (
-    AFTER_FIRST_TOKEN,
     Departure,
     RawTarget,
     leave_after_first_token,
@@ -164,11 +164,13 @@ class IsolationProber:
         notes: list[str] = []
         scenario = self._scenario(spec, lambda: self._steps(spec, notes))
         if spec.evidence is Evidence.LEFT_MID_TRANSFER:
-            return self._left_mid_transfer(scenario, deferred_before, notes)
+            pd = any(s.role is not Role.UNIFIED for s in self.snapshots)
+            deferred = (deferred_before, self.state.total(lambda c: c.deferred_releases))
+            return occurrence.left_mid_transfer(scenario, pd=pd, deferred=deferred, notes=notes)
         if spec.evidence is Evidence.LEFT_AFTER_TOKEN:
-            return self._left_after_token(scenario, notes)
+            return occurrence.left_after_token(scenario, notes)
         if spec.evidence is Evidence.POOL_FILLED:
-            return self._pool_filled(scenario, spec)
+            return occurrence.pool_filled(scenario, spec, self.min_pool)
         return scenario
 
     def _steps(self, spec: ScenarioSpec, notes: list[str]) -> list[TenantRequest | None]:
@@ -229,26 +231,6 @@ class IsolationProber:
                        occurrence=(f"{spec.shown} (tenant {names}: its own {spec.name} request, as the concurrent pair "
                                    "did not serve it)"),
                        stopped=self.budget.stopped if len(extra) < len(missing) else None)
-
-    def _left_mid_transfer(self, scenario: Scenario, deferred_before: float | None, notes: list[str]) -> Scenario:
-        pd = any(s.role is not Role.UNIFIED for s in self.snapshots)
-        deferred_after = self.state.total(lambda c: c.deferred_releases)
-        occurred: bool | None
-        if deferred_before is not None and deferred_after is not None and deferred_after > deferred_before:
-            how = (f"confirmed: decode deferred {int(deferred_after - deferred_before)} release(s) until the "
-                   "transfer drained (its deferred-release counter moved), so the disconnect landed mid-transfer")
-            occurred = True
-        elif any(r.crossings for r in scenario.requests):
-            how, occurred = "confirmed by the canary crossing itself", True
-        elif not pd:
-            how, occurred = prefill_cancel_shown(scenario)
-        else:
-            how, occurred = ("unconfirmed: no deferred-release counter moved and no page log is reachable over HTTP, so the "
-                             "disconnect cannot be shown to have landed while KV was being written"), None
-        if notes:
-            how += "; " + "; ".join(notes)
-        moot = None if pd else "a disconnect mid-transfer: a unified engine moves no KV between engines"
-        return replace(scenario, occurred=occurred, occurrence=how, not_applicable=moot)
 
     # -- late-decode ---------------------------------------------------------------------------
     def held_legs(self) -> HeldLegs | str:
@@ -329,30 +311,6 @@ class IsolationProber:
                                                                             max_tokens=r.max_tokens))
         self.budget.cost.add(completion)
         return self._scan(r.tenant, r.name, completion, completion.text)
-
-    @staticmethod
-    def _left_after_token(scenario: Scenario, notes: list[str]) -> Scenario:
-        left = [r for r in scenario.requests if r.abandoned]
-        occurred: bool | None
-        if left and all(r.abandoned == AFTER_FIRST_TOKEN for r in left):
-            how, occurred = "confirmed: each disconnect came after a streamed token and before the answer ended", True
-        else:
-            how, occurred = "unconfirmed: " + ("; ".join(notes) or "no streamed token arrived before the disconnect"), None
-        return replace(scenario, occurred=occurred, occurrence=how)
-
-    def _pool_filled(self, scenario: Scenario, spec: ScenarioSpec) -> Scenario:
-        held_at_once = [r for step in spec.steps for r in step.requests]
-        total = sum(r.prompt_tokens + r.max_tokens for r in held_at_once)
-        first = held_at_once[0]
-        occurred: bool | None
-        held = f"{len(held_at_once)} x ({first.prompt_tokens:,} prompt + {first.max_tokens:,} answer) = {total:,} tokens"
-        if self.min_pool is not None and total >= 0.8 * self.min_pool:
-            how, occurred = f"requests at once: {held} against a {self.min_pool:,}-token pool", True
-        else:
-            how = f"unconfirmed: bounded to {held}, " + (
-                f"below 80% of the {self.min_pool:,}-token pool" if self.min_pool else "the pool size is unknown")
-            occurred = None
-        return replace(scenario, occurred=occurred, occurrence=how)
 
     def _scenario(self, spec: ScenarioSpec, steps: Callable[[], list[TenantRequest | None]]) -> Scenario:
         name, purpose, churn = spec.name, spec.purpose, spec.churn
@@ -468,51 +426,6 @@ class IsolationProber:
 
     def _token_ids(self, adapter: EngineAdapter, count: int, seed: str) -> list[int]:
         return valid_token_ids(adapter, self.engines.values(), count, seed)
-
-
-def prefill_cancel_shown(scenario: Scenario) -> tuple[str, bool | None]:
-    """A unified engine moves no KV, so a disconnect mid-transfer does not apply there; what does
-    is a disconnect during prefill. Its generated-token counter must have moved by exactly the
-    answers the others got (not one token for the abandoned requests), and the engine must show
-    that it had taken each abandoned request up: by counting an abort for each (SGLang, the
-    builtin engine), or, where a client's disconnect is never counted (vLLM), by its scheduler
-    having taken up every prompt sent (scheduled prompt tokens) while it finished none of the
-    abandoned requests (finished requests moved by exactly the answered ones)."""
-    deltas = list(scenario.counter_deltas.values())
-    generated = sum(d.get("generation_tokens", 0) for d in deltas)
-    answered = sum((r.completion.completion_tokens or 0) for r in scenario.requests if r.completion is not None)
-    left = [r for r in scenario.requests if r.abandoned]
-    if not left:
-        return "unconfirmed: no client left", None
-    if not any("generation_tokens" in d for d in deltas):
-        counts = "no aborted requests" if not any("aborted_requests" in d for d in deltas) else "no generated tokens"
-        return f"unconfirmed: the engine counts {counts}, so a disconnect during prefill cannot be shown", None
-    extra = generated - answered
-    if extra:
-        return (f"unconfirmed: the engine generated {extra:.0f} token(s) beyond the answers the others got, so the "
-                f"{len(left)} disconnect(s) did not all land during prefill"), None
-    aborted = sum(d.get("aborted_requests", 0) for d in deltas)
-    if any("aborted_requests" in d for d in deltas) and aborted >= len(left):
-        return (f"confirmed: the engine counted {aborted:.0f} aborted request(s) for the {len(left)} that left, with no "
-                "token generated for them (generated tokens moved by exactly the answers the others got), so each "
-                "disconnect landed during prefill"), True
-    served = [r.completion for r in scenario.requests if r.completion is not None and r.completion.served]
-    if any("scheduled_prompt_tokens" in d for d in deltas) and any("requests" in d for d in deltas):
-        scheduled = sum(d.get("scheduled_prompt_tokens", 0) for d in deltas)
-        finished = sum(d.get("requests", 0) for d in deltas)
-        sent = sum(c.sent_tokens for c in served) + sum(r.abandoned_tokens for r in left)
-        if scheduled >= sent and finished == len(served):
-            return (f"confirmed: the engine's scheduler took up {scheduled:,.0f} prompt tokens (every prompt sent, the "
-                    f"{len(left)} abandoned ones' {sum(r.abandoned_tokens for r in left):,} included), it finished none of "
-                    f"the {len(left)} whose clients left and generated no token for them, so each disconnect landed "
-                    "during prefill"), True
-        return (f"unconfirmed: the engine's scheduler took up {scheduled:,.0f} of the {sent:,} prompt tokens sent and it "
-                f"finished {finished:.0f} request(s) for the {len(served)} answered, so the {len(left)} disconnect(s) "
-                "cannot all be shown to have landed during prefill"), None
-    if any("aborted_requests" in d for d in deltas):
-        return (f"unconfirmed: the engine counted {aborted:.0f} aborted request(s) for the {len(left)} that left"), None
-    return ("unconfirmed: the engine counts neither aborted requests nor the prompts its scheduler takes up, so a "
-            "disconnect during prefill cannot be shown"), None
 
 
 @contextmanager

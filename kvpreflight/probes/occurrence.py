@@ -1,0 +1,106 @@
+"""How an isolation scenario is shown to have happened as intended (its Evidence,
+probes/scenarios.py), from what the prober recorded: the requests, their departures, the
+engines' counter deltas. Pure functions: the prober (probes/isolation.py) calls them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN
+from kvpreflight.probes.results import Scenario
+from kvpreflight.probes.scenarios import ScenarioSpec
+
+
+def left_mid_transfer(scenario: Scenario, *, pd: bool, deferred: tuple[float | None, float | None],
+                      notes: list[str]) -> Scenario:
+    """cancel-transfer: a decode's deferred-release counter that moved (before, after), the
+    crossing itself, or on a unified engine the disconnect during prefill (prefill_cancel_shown)."""
+    deferred_before, deferred_after = deferred
+    occurred: bool | None
+    if deferred_before is not None and deferred_after is not None and deferred_after > deferred_before:
+        how = (f"confirmed: decode deferred {int(deferred_after - deferred_before)} release(s) until the "
+               "transfer drained (its deferred-release counter moved), so the disconnect landed mid-transfer")
+        occurred = True
+    elif any(r.crossings for r in scenario.requests):
+        how, occurred = "confirmed by the canary crossing itself", True
+    elif not pd:
+        how, occurred = prefill_cancel_shown(scenario)
+    else:
+        how, occurred = ("unconfirmed: no deferred-release counter moved and no page log is reachable over HTTP, so the "
+                         "disconnect cannot be shown to have landed while KV was being written"), None
+    if notes:
+        how += "; " + "; ".join(notes)
+    moot = None if pd else "a disconnect mid-transfer: a unified engine moves no KV between engines"
+    return replace(scenario, occurred=occurred, occurrence=how, not_applicable=moot)
+
+
+def left_after_token(scenario: Scenario, notes: list[str]) -> Scenario:
+    """cancel-decode: each disconnect came after a streamed token."""
+    left = [r for r in scenario.requests if r.abandoned]
+    occurred: bool | None
+    if left and all(r.abandoned == AFTER_FIRST_TOKEN for r in left):
+        how, occurred = "confirmed: each disconnect came after a streamed token and before the answer ended", True
+    else:
+        how, occurred = "unconfirmed: " + ("; ".join(notes) or "no streamed token arrived before the disconnect"), None
+    return replace(scenario, occurred=occurred, occurrence=how)
+
+
+def pool_filled(scenario: Scenario, spec: ScenarioSpec, min_pool: int | None) -> Scenario:
+    """load: the requests' KV held at once against the smallest pool."""
+    held_at_once = [r for step in spec.steps for r in step.requests]
+    total = sum(r.prompt_tokens + r.max_tokens for r in held_at_once)
+    first = held_at_once[0]
+    occurred: bool | None
+    held = f"{len(held_at_once)} x ({first.prompt_tokens:,} prompt + {first.max_tokens:,} answer) = {total:,} tokens"
+    if min_pool is not None and total >= 0.8 * min_pool:
+        how, occurred = f"requests at once: {held} against a {min_pool:,}-token pool", True
+    else:
+        how = f"unconfirmed: bounded to {held}, " + (
+            f"below 80% of the {min_pool:,}-token pool" if min_pool else "the pool size is unknown")
+        occurred = None
+    return replace(scenario, occurred=occurred, occurrence=how)
+
+
+def prefill_cancel_shown(scenario: Scenario) -> tuple[str, bool | None]:
+    """A unified engine moves no KV, so a disconnect mid-transfer does not apply there; what does
+    is a disconnect during prefill. Its generated-token counter must have moved by exactly the
+    answers the others got (not one token for the abandoned requests), and the engine must show
+    that it had taken each abandoned request up: by counting an abort for each (SGLang, the
+    builtin engine), or, where a client's disconnect is never counted (vLLM), by its scheduler
+    having taken up every prompt sent (scheduled prompt tokens) while it finished none of the
+    abandoned requests (finished requests moved by exactly the answered ones)."""
+    deltas = list(scenario.counter_deltas.values())
+    generated = sum(d.get("generation_tokens", 0) for d in deltas)
+    answered = sum((r.completion.completion_tokens or 0) for r in scenario.requests if r.completion is not None)
+    left = [r for r in scenario.requests if r.abandoned]
+    if not left:
+        return "unconfirmed: no client left", None
+    if not any("generation_tokens" in d for d in deltas):
+        counts = "no aborted requests" if not any("aborted_requests" in d for d in deltas) else "no generated tokens"
+        return f"unconfirmed: the engine counts {counts}, so a disconnect during prefill cannot be shown", None
+    extra = generated - answered
+    if extra:
+        return (f"unconfirmed: the engine generated {extra:.0f} token(s) beyond the answers the others got, so the "
+                f"{len(left)} disconnect(s) did not all land during prefill"), None
+    aborted = sum(d.get("aborted_requests", 0) for d in deltas)
+    if any("aborted_requests" in d for d in deltas) and aborted >= len(left):
+        return (f"confirmed: the engine counted {aborted:.0f} aborted request(s) for the {len(left)} that left, with no "
+                "token generated for them (generated tokens moved by exactly the answers the others got), so each "
+                "disconnect landed during prefill"), True
+    served = [r.completion for r in scenario.requests if r.completion is not None and r.completion.served]
+    if any("scheduled_prompt_tokens" in d for d in deltas) and any("requests" in d for d in deltas):
+        scheduled = sum(d.get("scheduled_prompt_tokens", 0) for d in deltas)
+        finished = sum(d.get("requests", 0) for d in deltas)
+        sent = sum(c.sent_tokens for c in served) + sum(r.abandoned_tokens for r in left)
+        if scheduled >= sent and finished == len(served):
+            return (f"confirmed: the engine's scheduler took up {scheduled:,.0f} prompt tokens (every prompt sent, the "
+                    f"{len(left)} abandoned ones' {sum(r.abandoned_tokens for r in left):,} included), it finished none of "
+                    f"the {len(left)} whose clients left and generated no token for them, so each disconnect landed "
+                    "during prefill"), True
+        return (f"unconfirmed: the engine's scheduler took up {scheduled:,.0f} of the {sent:,} prompt tokens sent and it "
+                f"finished {finished:.0f} request(s) for the {len(served)} answered, so the {len(left)} disconnect(s) "
+                "cannot all be shown to have landed during prefill"), None
+    if any("aborted_requests" in d for d in deltas):
+        return (f"unconfirmed: the engine counted {aborted:.0f} aborted request(s) for the {len(left)} that left"), None
+    return ("unconfirmed: the engine counts neither aborted requests nor the prompts its scheduler takes up, so a "
+            "disconnect during prefill cannot be shown"), None
