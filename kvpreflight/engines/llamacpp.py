@@ -14,7 +14,8 @@ from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
-from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, cycle_to, gap, log_lines, role_of
+from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, cycle_to, role_of
+from kvpreflight.engines.log_patterns import gap, log_lines
 from kvpreflight.engines.untrusted import (
     excerpt,
     json_list,

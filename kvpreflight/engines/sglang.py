@@ -14,19 +14,8 @@ from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
-from kvpreflight.engines.interface import (
-    REQUEST_ID,
-    Counters,
-    EngineAdapter,
-    EngineRequest,
-    LogSignal,
-    ReplyFacts,
-    cycle_to,
-    gap,
-    log_lines,
-    role_of,
-    transfer_time,
-)
+from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, cycle_to, role_of, transfer_time
+from kvpreflight.engines.log_patterns import REQUEST_ID, LogSignal, gap, log_lines
 from kvpreflight.engines.untrusted import (
     json_list,
     json_object,

@@ -23,7 +23,8 @@ from typing import Any, Self
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
-from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, log_lines, role_of
+from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, role_of
+from kvpreflight.engines.log_patterns import log_lines
 from kvpreflight.engines.untrusted import (
     error_message_of,
     json_object,

@@ -13,18 +13,8 @@ from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
-from kvpreflight.engines.interface import (
-    REQUEST_ID,
-    Counters,
-    LogSignal,
-    PrefillLeg,
-    SplitLegs,
-    _unanswered,
-    cycle_to,
-    log_lines,
-    role_of,
-    transfer_time,
-)
+from kvpreflight.engines.interface import Counters, PrefillLeg, SplitLegs, _unanswered, cycle_to, role_of, transfer_time
+from kvpreflight.engines.log_patterns import REQUEST_ID, LogSignal, log_lines
 from kvpreflight.engines.openai_completions import OpenAICompletionsMixin
 from kvpreflight.engines.untrusted import error_message_of, json_object, log_count, metric_sum, optional_object, positive_int, served_model
 from kvpreflight.model import Completion, EngineSnapshot, Hazard, KvDeadline, Origin, PoolReading, Role

@@ -8,7 +8,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 
-from kvpreflight.engines.interface import LOG_ID_PREFIX, LogSignal
+from kvpreflight.engines.interface import LOG_ID_PREFIX
+from kvpreflight.engines.log_patterns import LogSignal
 from kvpreflight.files import FileKind, read_new
 from kvpreflight.probes.results import DangerLine, ProbeResult
 

@@ -14,7 +14,7 @@ from typing import Any, ClassVar
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, HttpClient
-from kvpreflight.engines.interface import LogSignal
+from kvpreflight.engines.log_patterns import LogSignal
 from kvpreflight.engines.untrusted import excerpt, json_list, json_object, optional_text
 from kvpreflight.model import EngineSnapshot, Role, RoleSource
 

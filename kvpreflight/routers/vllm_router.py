@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 
 from kvpreflight.engines.http import HttpClient
-from kvpreflight.engines.interface import REQUEST_ID, LogSignal
+from kvpreflight.engines.log_patterns import REQUEST_ID, LogSignal
 from kvpreflight.routers.interface import RouterAdapter, serves_list
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from kvpreflight.engines.interface import Counters, LogSignal
+from kvpreflight.engines.interface import Counters
+from kvpreflight.engines.log_patterns import LogSignal
 from kvpreflight.probes.engine_state import counter_deltas
 from kvpreflight.probes.logs import LogWatch
 from kvpreflight.probes.results import counter_moved

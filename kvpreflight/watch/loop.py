@@ -12,7 +12,8 @@ from dataclasses import dataclass, replace
 from kvpreflight.check_plan import CheckPlan
 from kvpreflight.clock import utc_now
 from kvpreflight.engines import EngineError, HttpClient
-from kvpreflight.engines.interface import EngineAdapter, LogSignal
+from kvpreflight.engines.interface import EngineAdapter
+from kvpreflight.engines.log_patterns import LogSignal
 from kvpreflight.errors import ConfigError
 from kvpreflight.model import EngineSnapshot, Status
 from kvpreflight.probes.capacity import deployment_limits

@@ -19,15 +19,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from kvpreflight.engines.http import HttpClient, HttpReply
-from kvpreflight.engines.interface import (
-    Counters,
-    EngineAdapter,
-    EngineRequest,
-    LogSignal,
-    PrefillLeg,
-    ReplyFacts,
-    SplitLegs,
-)
+from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, PrefillLeg, ReplyFacts, SplitLegs
+from kvpreflight.engines.log_patterns import LogSignal
 from kvpreflight.engines.vllm import PREFILL_LEG_PARAMS, VllmAdapter, prefill_handoff
 from kvpreflight.model import (
     Completion,

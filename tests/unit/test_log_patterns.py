@@ -12,7 +12,7 @@ import time
 import pytest
 
 from kvpreflight.engines import ENGINES, adapter_class, llamacpp, sglang, tgi, vllm
-from kvpreflight.engines.interface import MAX_LOG_LINE_CHARS, log_lines
+from kvpreflight.engines.log_patterns import MAX_LOG_LINE_CHARS, log_lines
 from kvpreflight.files import FileKind
 from kvpreflight.routers import ROUTERS, router_class
 

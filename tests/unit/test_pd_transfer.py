@@ -13,7 +13,7 @@ import pytest
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CheckContext, run_checks
 from kvpreflight.engines.http import HttpClient
-from kvpreflight.engines.interface import LogSignal
+from kvpreflight.engines.log_patterns import LogSignal
 from kvpreflight.engines.sglang import SglangAdapter
 from kvpreflight.engines.untrusted import parse_metrics
 from kvpreflight.engines.vllm import LEASE_SETTING, VllmAdapter
