@@ -96,7 +96,7 @@ def test_a_decode_leg_held_past_a_short_lease_fails_the_check(short_lease_pair: 
 # pd-transfer judges ended 15 s into the check (2026-12-02, 2 shared cores). Nothing is asserted of
 # the isolation probes here, so only the boundary scenario (which the capacity probes carry) and the
 # smallest timing audit run (`--scenario boundary --timing-samples 8`; with every scenario and 30
-# samples the check ran into its deadline, 63-69 s; so, 47-61 s); the 60 s deadline, four times the capacity
+# samples the check ran into its deadline, 63-69 s; so, 47-64 s); the 60 s deadline, four times the capacity
 # probes' 15 s, bounds it; the 75 s --timeout stays the bound measured at the 30 s lease.
 STRIPPED_TIMEOUT_S = 75
 STRIPPED_DEADLINE_S = 60
