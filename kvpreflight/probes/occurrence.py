@@ -68,39 +68,41 @@ def prefill_cancel_shown(scenario: Scenario) -> tuple[str, bool | None]:
     that it had taken each abandoned request up: by counting an abort for each (SGLang, the
     builtin engine), or, where a client's disconnect is never counted (vLLM), by its scheduler
     having taken up every prompt sent (scheduled prompt tokens) while it finished none of the
-    abandoned requests (finished requests moved by exactly the answered ones)."""
+    abandoned requests (finished requests moved by exactly the answered ones). A counter counts
+    only where every engine read reports it: an abandoned request may have gone to any of them."""
     deltas = list(scenario.counter_deltas.values())
-    generated = sum(d.get("generation_tokens", 0) for d in deltas)
-    answered = sum((r.completion.completion_tokens or 0) for r in scenario.requests if r.completion is not None)
+
+    def total(name: str) -> float | None:
+        return sum(d[name] for d in deltas) if deltas and all(name in d for d in deltas) else None
+
     left = [r for r in scenario.requests if r.abandoned]
     if not left:
         return "unconfirmed: no client left", None
-    if not any("generation_tokens" in d for d in deltas):
-        counts = "no aborted requests" if not any("aborted_requests" in d for d in deltas) else "no generated tokens"
+    generated, aborted = total("generation_tokens"), total("aborted_requests")
+    if generated is None:
+        counts = "no aborted requests" if aborted is None else "no generated tokens"
         return f"unconfirmed: the engine counts {counts}, so a disconnect during prefill cannot be shown", None
-    extra = generated - answered
-    if extra:
+    answered = sum((r.completion.completion_tokens or 0) for r in scenario.requests if r.completion is not None)
+    if extra := generated - answered:
         return (f"unconfirmed: the engine generated {extra:.0f} token(s) beyond the answers the others got, so the "
                 f"{len(left)} disconnect(s) did not all land during prefill"), None
-    aborted = sum(d.get("aborted_requests", 0) for d in deltas)
-    if any("aborted_requests" in d for d in deltas) and aborted >= len(left):
+    if aborted is not None and aborted >= len(left):
         return (f"confirmed: the engine counted {aborted:.0f} aborted request(s) for the {len(left)} that left, with no "
                 "token generated for them (generated tokens moved by exactly the answers the others got), so each "
                 "disconnect landed during prefill"), True
-    served = [r.completion for r in scenario.requests if r.completion is not None and r.completion.served]
-    if any("scheduled_prompt_tokens" in d for d in deltas) and any("requests" in d for d in deltas):
-        scheduled = sum(d.get("scheduled_prompt_tokens", 0) for d in deltas)
-        finished = sum(d.get("requests", 0) for d in deltas)
-        sent = sum(c.sent_tokens for c in served) + sum(r.abandoned_tokens for r in left)
+    scheduled, finished = total("scheduled_prompt_tokens"), total("requests")
+    if scheduled is not None and finished is not None:
+        served = [r.completion for r in scenario.requests if r.completion is not None and r.completion.served]
+        abandoned = sum(r.abandoned_tokens for r in left)
+        sent = sum(c.sent_tokens for c in served) + abandoned
         if scheduled >= sent and finished == len(served):
             return (f"confirmed: the engine's scheduler took up {scheduled:,.0f} prompt tokens (every prompt sent, the "
-                    f"{len(left)} abandoned ones' {sum(r.abandoned_tokens for r in left):,} included), it finished none of "
-                    f"the {len(left)} whose clients left and generated no token for them, so each disconnect landed "
-                    "during prefill"), True
+                    f"{len(left)} abandoned ones' {abandoned:,} included), it finished none of the {len(left)} whose "
+                    "clients left and generated no token for them, so each disconnect landed during prefill"), True
         return (f"unconfirmed: the engine's scheduler took up {scheduled:,.0f} of the {sent:,} prompt tokens sent and it "
                 f"finished {finished:.0f} request(s) for the {len(served)} answered, so the {len(left)} disconnect(s) "
                 "cannot all be shown to have landed during prefill"), None
-    if any("aborted_requests" in d for d in deltas):
-        return (f"unconfirmed: the engine counted {aborted:.0f} aborted request(s) for the {len(left)} that left"), None
+    if aborted is not None:
+        return f"unconfirmed: the engine counted {aborted:.0f} aborted request(s) for the {len(left)} that left", None
     return ("unconfirmed: the engine counts neither aborted requests nor the prompts its scheduler takes up, so a "
             "disconnect during prefill cannot be shown"), None

@@ -14,7 +14,7 @@ from kvpreflight.checks import CheckContext, run_checks, tenant_isolation
 from kvpreflight.checks.probe_common import danger_entry
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.model import Completion, EngineSnapshot, Hazard, Role, Status
-from kvpreflight.probes import isolation
+from kvpreflight.probes import isolation, occurrence
 from kvpreflight.probes.budget import Budget
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, deployment_limits
 from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN, Departure, RawTarget
@@ -251,6 +251,19 @@ def test_cancel_decode_leaves_after_the_first_token_and_the_other_tenant_follows
     assert cancel.occurred is True and cancel.occurrence.startswith("confirmed")
 
 
+def leaving_moves(monkeypatch: pytest.MonkeyPatch, engine: FakeEngine, **moved: float) -> None:
+    """Each client that leaves during the transfer moves these engine counters by these amounts,
+    as the engine would count the request it abandoned (on top of the `departures` fixture)."""
+    recorded = isolation.leave_during_transfer
+
+    def leaves(target, pages_reserved, *, unified, wait_s):
+        c = engine.counters
+        engine.counters = replace(c, **{name: (getattr(c, name) or 0) + n for name, n in moved.items()})
+        return recorded(target, pages_reserved, unified=unified, wait_s=wait_s)
+
+    monkeypatch.setattr(isolation, "leave_during_transfer", leaves)
+
+
 def test_cancel_transfer_on_a_unified_engine_is_unconfirmed(departures):
     engine = FakeEngine(snapshot(URL, pool=4096))
     run = isolate(engine, churn=True)
@@ -275,14 +288,7 @@ def test_cancel_during_prefill_on_a_unified_engine_is_confirmed_by_its_abort_cou
     disconnect landed during prefill; tokens beyond them mean one did not."""
     engine = FakeEngine(snapshot(URL, pool=4096))
     engine.counters = replace(engine.counters, aborted_requests=0)
-    recorded = isolation.leave_during_transfer
-
-    def leaves_and_is_aborted(target, pages_reserved, *, unified, wait_s):
-        c = engine.counters
-        engine.counters = replace(c, aborted_requests=c.aborted_requests + 1, generation_tokens=c.generation_tokens + extra_tokens)
-        return recorded(target, pages_reserved, unified=unified, wait_s=wait_s)
-
-    monkeypatch.setattr(isolation, "leave_during_transfer", leaves_and_is_aborted)
+    leaving_moves(monkeypatch, engine, aborted_requests=1, generation_tokens=extra_tokens)
     cancel = scenario(isolate(engine, churn=True), "cancel-transfer")
     status, said = tenant_isolation.scenario_verdict(cancel)
     if confirmed:
@@ -542,15 +548,7 @@ def test_cancel_during_prefill_on_vllm_is_confirmed_by_its_scheduler_and_finishe
 
     engine = FakeEngine(snapshot(URL, pool=4096), script=schedules)
     engine.counters = replace(engine.counters, aborted_requests=0, scheduled_prompt_tokens=0)
-    recorded = isolation.leave_during_transfer
-
-    def leaves(target, pages_reserved, *, unified, wait_s):
-        c = engine.counters
-        engine.counters = replace(c, scheduled_prompt_tokens=c.scheduled_prompt_tokens + (SHORT if scheduled_leavers else 0),
-                                  requests=c.requests + finished_leavers)
-        return recorded(target, pages_reserved, unified=unified, wait_s=wait_s)
-
-    monkeypatch.setattr(isolation, "leave_during_transfer", leaves)
+    leaving_moves(monkeypatch, engine, scheduled_prompt_tokens=SHORT if scheduled_leavers else 0, requests=finished_leavers)
     cancel = scenario(isolate(engine, churn=True), "cancel-transfer")
     status, said = tenant_isolation.scenario_verdict(cancel)
     if confirmed:
@@ -561,3 +559,17 @@ def test_cancel_during_prefill_on_vllm_is_confirmed_by_its_scheduler_and_finishe
     else:
         assert cancel.occurred is None and cancel.occurrence.startswith("unconfirmed: the engine's scheduler took up "), cancel.occurrence
         assert status is Status.WARN
+
+
+def test_cancel_during_prefill_counts_only_where_every_engine_reports_the_counter() -> None:
+    """Two unified engines behind one entry, one of them without metrics: the abandoned
+    requests may have gone to the silent one and been answered there, so the other's abort
+    count and generated tokens confirm nothing (fail closed)."""
+    left = [TenantRequest(tenant=Tenant.A, name=f"cancel-transfer-{t}-left", completion=None, abandoned="20 ms after sending",
+                          abandoned_tokens=SHORT) for t in "ab"]
+    counted = {"aborted_requests": 2.0, "generation_tokens": 0.0, "requests": 0.0}
+    alone = Scenario(name="cancel-transfer", purpose="test", requests=tuple(left), counter_deltas={URL: counted})
+    assert occurrence.prefill_cancel_shown(alone)[1] is True
+    beside_a_silent_one = replace(alone, counter_deltas={URL: counted, "http://silent:1": {}})
+    how, occurred = occurrence.prefill_cancel_shown(beside_a_silent_one)
+    assert occurred is None and how == "unconfirmed: the engine counts no aborted requests, so a disconnect during prefill cannot be shown"
