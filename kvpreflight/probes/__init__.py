@@ -6,6 +6,7 @@
   scenarios.py       the isolation scenarios, each declared once as data: what --plan counts and the prober sends
   isolation_sizes.py  how large each isolation request is (IsolationSizes)
   isolation.py       the prober: two synthetic tenants through the declared scenarios
+  late_decode.py     where late-decode sends its two legs (HeldLegs) and the lease it outwaits
   occurrence.py      how each scenario is shown to have happened as intended (its Evidence), from what was recorded
   tenants.py         one synthetic tenant's connection, cache_salt and canary prompt
   prefix_cache.py    the cold / same-tenant warm / cross-tenant cache controls, and the timing audit where counters are silent

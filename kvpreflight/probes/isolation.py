@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.engines.interface import EngineAdapter, PrefillLeg, SplitLegs
-from kvpreflight.model import Completion, Hazard, Role
+from kvpreflight.model import Completion, Role
 from kvpreflight.probes import occurrence
 from kvpreflight.probes import scenarios as declaration
 from kvpreflight.probes.disconnect import (
@@ -30,6 +30,7 @@ from kvpreflight.probes.disconnect import (
 )
 from kvpreflight.probes.engine_state import EngineState, counter_deltas
 from kvpreflight.probes.isolation_sizes import MIN_SCAN_TOKENS, IsolationSizes
+from kvpreflight.probes.late_decode import HeldLegs, held_legs
 from kvpreflight.probes.logs import name_lines
 from kvpreflight.probes.markers import contains_marker, foreign_markers, new_marker
 from kvpreflight.probes.prefix_cache import (
@@ -63,20 +64,6 @@ from kvpreflight.probes.tokens import valid_token_ids
 FRESH_OFFSET_FIRST = 2  # fresh prompts start 2, 3, ... tokens into the canaries (fewer than one canary's tokens)
 IDLE_WAIT_S = 12.0  # a cancelled bootstrap may hold pages ~10 s on SGLang-like engines
 A, B = Tenant.A, Tenant.B
-
-
-@dataclass(frozen=True)
-class HeldLegs:
-    """Where late-decode sends its legs, and the prefill's lease it outwaits."""
-
-    prefill: str
-    decode: str
-    lease_s: float
-    lease_said: str  # the setting and where it was read, as the evidence quotes it
-
-    @property
-    def wait_s(self) -> float:
-        return self.lease_s + LATE_DECODE_MARGIN_S
 
 
 @dataclass(frozen=True)
@@ -233,25 +220,8 @@ class IsolationProber:
                        stopped=self.budget.stopped if len(extra) < len(missing) else None)
 
     # -- late-decode ---------------------------------------------------------------------------
-    def held_legs(self) -> HeldLegs | str:
-        """The prefill and decode whose legs late-decode sends, or why it does not apply."""
-        prefills = [(s, a) for s in self.snapshots if s.role is Role.PREFILL
-                    and isinstance(a := self.engines.get(s.url), SplitLegs) and a.held_kv_lease(s) is not None]
-        decodes = [s.url for s in self.snapshots if s.role is Role.DECODE and isinstance(self.engines.get(s.url), SplitLegs)]
-        if not prefills or not decodes:
-            return ("not applicable: it needs a prefill/decode pair whose legs kvpreflight can send itself, with the "
-                    "prefill's KV lease known (vLLM NIXL, the prefill and decode URLs named by --endpoint roles or the "
-                    "router)")
-        snap, adapter = prefills[0]
-        assert isinstance(adapter, SplitLegs)
-        lease = adapter.held_kv_lease(snap)
-        assert lease is not None
-        how = "stated in " + lease.stated_in if lease.stated else "the engine's default; not in its start-up log"
-        return HeldLegs(prefill=snap.url, decode=decodes[0], lease_s=lease.seconds,
-                        lease_said=f"{lease.setting} {lease.seconds:g} s at {snap.url} ({how})")
-
     def _late_decode(self, spec: ScenarioSpec) -> Scenario:
-        held = self.held_legs()
+        held = held_legs(self.snapshots, self.engines)
         if isinstance(held, str):
             return Scenario(name=spec.name, purpose=spec.purpose, skipped=held, not_applicable=held, churn=True)
         if held.wait_s > LATE_DECODE_MAX_WAIT_S:
@@ -264,23 +234,8 @@ class IsolationProber:
             scenario = self._scenario(spec, lambda: self._steps(spec, notes))
         finally:
             self._held = None
-        decode = [r for r in scenario.requests if r.name == f"{spec.name}-a"]
-        stale = sum(d.get("stale_kv_reads", 0) for d in scenario.counter_deltas.values())
-        logged = sum(1 for d in scenario.danger_lines if d.hazard is Hazard.LATE_READ)
-        occurred: bool | None
-        if decode and decode[0].served:
-            late = (f"the prefill counted {stale:.0f} late read(s) and logged {logged}" if stale or logged
-                    else "the prefill counted and logged no late read")
-            # the echo repeats whatever KV the decode read: A's own canary missing says the pages changed
-            echo = ("A's answer repeated A's own canary" if decode[0].own_seen
-                    else "A's answer did not repeat A's own canary (the pages read no longer held A's prompt)")
-            how, occurred = (f"confirmed: the decode leg went {self._decode_after_s:.1f} s after the prefill leg's answer, past the "
-                             f"lease ({held.lease_said}); {late}; {echo}"), True
-        else:
-            how, occurred = "unconfirmed: " + ("; ".join(notes) or "the decode leg was not answered"), None
-        if notes and occurred:
-            how += "; " + "; ".join(notes)
-        return replace(scenario, occurred=occurred, occurrence=how)
+        return occurrence.read_after_lease(scenario, f"{spec.name}-a", after_s=self._decode_after_s, lease_said=held.lease_said,
+                                           notes=notes)
 
     def _leg(self, r: ScenarioRequest, notes: list[str]) -> TenantRequest | None:
         """One leg of late-decode, straight to the engine as the router would send it, with the

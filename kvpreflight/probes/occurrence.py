@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from kvpreflight.model import Hazard
 from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN
 from kvpreflight.probes.results import Scenario
 from kvpreflight.probes.scenarios import ScenarioSpec
@@ -58,6 +59,28 @@ def pool_filled(scenario: Scenario, spec: ScenarioSpec, min_pool: int | None) ->
         how = f"unconfirmed: bounded to {held}, " + (
             f"below 80% of the {min_pool:,}-token pool" if min_pool else "the pool size is unknown")
         occurred = None
+    return replace(scenario, occurred=occurred, occurrence=how)
+
+
+def read_after_lease(scenario: Scenario, decode_leg: str, *, after_s: float, lease_said: str, notes: list[str]) -> Scenario:
+    """late-decode: the decode leg (`decode_leg`, tenant A's) answered after the prefill's lease,
+    with what the prefill counted and logged, and whether the echo still held A's canary."""
+    decode = [r for r in scenario.requests if r.name == decode_leg]
+    stale = sum(d.get("stale_kv_reads", 0) for d in scenario.counter_deltas.values())
+    logged = sum(1 for d in scenario.danger_lines if d.hazard is Hazard.LATE_READ)
+    occurred: bool | None
+    if decode and decode[0].served:
+        late = (f"the prefill counted {stale:.0f} late read(s) and logged {logged}" if stale or logged
+                else "the prefill counted and logged no late read")
+        # the echo repeats whatever KV the decode read: A's own canary missing says the pages changed
+        echo = ("A's answer repeated A's own canary" if decode[0].own_seen
+                else "A's answer did not repeat A's own canary (the pages read no longer held A's prompt)")
+        how, occurred = (f"confirmed: the decode leg went {after_s:.1f} s after the prefill leg's answer, past the "
+                         f"lease ({lease_said}); {late}; {echo}"), True
+    else:
+        how, occurred = "unconfirmed: " + ("; ".join(notes) or "the decode leg was not answered"), None
+    if notes and occurred:
+        how += "; " + "; ".join(notes)
     return replace(scenario, occurred=occurred, occurrence=how)
 
 
