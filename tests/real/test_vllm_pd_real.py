@@ -17,9 +17,11 @@ Needs ``scripts/setup_engines.sh`` (vLLM, then nixl and vllm-router into the sam
 from __future__ import annotations
 
 import contextlib
+import datetime
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -68,6 +70,7 @@ class CheckRun:
     report: dict[str, Any]
     stderr: str
     wall_s: float
+    started_at: float = 0.0  # time.time() when the check started: the window the engine's own log is read in
 
     def check(self, check_id: str) -> dict[str, Any]:
         return next(c for c in self.report["checks"] if c["id"] == check_id)
@@ -98,7 +101,7 @@ class BootedPair:
 def run_check(*args: str) -> CheckRun:
     """`kvpreflight check --format json ARGS`; its stderr lines carry the second they arrived at, so
     a slow run shows where its time went."""
-    started = time.monotonic()
+    started, started_at = time.monotonic(), time.time()
     timed: list[str] = []
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen([sys.executable, "-m", "kvpreflight", "check", "--format", "json", *args],
@@ -122,7 +125,7 @@ def run_check(*args: str) -> CheckRun:
         report = json.loads(stdout)
     except ValueError:
         pytest.fail(f"no JSON report (exit {proc.returncode}, {wall_s:.0f} s): {stderr[-3000:]}")
-    return CheckRun(proc.returncode, report, stderr, wall_s)
+    return CheckRun(proc.returncode, report, stderr, wall_s, started_at)
 
 
 @pytest.fixture(scope="module")
@@ -208,10 +211,13 @@ def pd_check(pd_pair: BootedPair) -> CheckRun:
     return run
 
 
-# The one fail this pair may earn: on 2 shared cores its decode sometimes stalls past the prefill's
-# default 30 s NIXL lease, and vLLM then serves a request from KV the prefill had released (it only
-# logs "Potentially invalid KV blocks ..."; docs/FINDINGS.md). kvpreflight fails that, naming the
-# lease and the fix (issue 27); seen in one of two clean-clone runs, during the clamp probe.
+# The fails this pair may earn, each its engine's own: on 2 shared cores its decode sometimes
+# waits for KV until the prefill's 30 s NIXL lease runs out (the lease's expiry is the prefill step
+# that completes the read), and vLLM then serves the request from KV the prefill had released (it
+# only logs "Potentially invalid KV blocks ..."; docs/FINDINGS.md). kvpreflight fails that, naming
+# the lease and the fix (issue 27); seen in about one clean-clone run in two. Where the released
+# pages had meanwhile taken the other tenant's concurrent prompt, the answer carries that tenant's
+# canary: tenant-isolation fails on the crossing (once in five clean-clone runs, 2026-12-03).
 LATE_READ = "a decode read KV its prefill had already released"
 
 
@@ -219,12 +225,38 @@ def late_read_fail(check: dict[str, Any]) -> bool:
     return check["status"] == "fail" and LATE_READ in check["message"] and "kv_lease_duration" in check["message"]
 
 
-def test_the_honest_pair_gets_no_fail(pd_check: CheckRun) -> None:
+# The prefill's own line for a decode's read of KV it had released (vLLM 0.32 pull_worker.py); its
+# lines carry "MM-DD HH:MM:SS" in the engine's local time.
+PREFILL_LATE_READ = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) \[[^]]+\] Potentially invalid KV blocks for unrecognized request")
+
+
+def late_reads_the_prefill_logged(pair: BootedPair, run: CheckRun) -> list[str]:
+    """The prefill's own late-read lines from the check's start to now. vLLM's prefill reads a
+    decode's "done" notification only when it steps, so one plain request to it first makes it
+    read any still pending (a late read the check's last requests caused, logged after it ended)."""
+    requests.post(f"{pair.prefill.url}/v1/completions", timeout=60,
+                  json={"model": "tiny-llama", "prompt": "flush notifications", "max_tokens": 2})
+    time.sleep(2)
+    year = time.localtime(run.started_at).tm_year
+    since = datetime.datetime.fromtimestamp(int(run.started_at))
+    text = Path(pair.prefill.log_path).read_text(errors="replace")
+    return [m.group(0) for m in PREFILL_LATE_READ.finditer(text)
+            if datetime.datetime.strptime(f"{year}-{m.group(1)}", "%Y-%m-%d %H:%M:%S") >= since]
+
+
+def crossing_fail(check: dict[str, Any]) -> bool:
+    return check["id"] == "tenant-isolation" and check["status"] == "fail" and "canary crossed tenants" in check["message"]
+
+
+def test_the_pair_fails_only_where_its_prefill_logged_a_late_read(pd_check: CheckRun, pd_pair: BootedPair) -> None:
     # exit 0: every check passed or warned (cancel-transfer stays unconfirmed on vLLM: a warn); 3,
-    # "could not measure", is not a result for an honest pair (issue 24); exit 1 only for the lease
-    # the pair really outlived (above), quoted with its fix
+    # "could not measure", is not a result for this pair (issue 24); exit 1 only for what the
+    # engine itself shows (above): the late read quoted with its fix, or a crossing while the
+    # prefill logged a late read during the check. A crossing the engine does not corroborate fails
+    # this test (kvpreflight's matcher or its bookkeeping, not the engine, would be wrong).
     failed = [c for c in pd_check.report["checks"] if c["status"] == "fail"]
-    assert all(late_read_fail(c) for c in failed), pd_check.summary()
+    logged = late_reads_the_prefill_logged(pd_pair, pd_check) if failed else []
+    assert all(late_read_fail(c) or (crossing_fail(c) and logged) for c in failed), (pd_check.summary(), logged)
     assert pd_check.exit_code == (1 if failed else 0), (pd_check.stderr[-2000:], pd_check.summary())
 
 
@@ -248,13 +280,17 @@ def test_over_capacity_requests_are_rejected_through_the_router(pd_check: CheckR
     assert over_context and all(p["http_status"] == 400 for p in over_context), probes
 
 
-def test_no_canary_crosses_and_each_tenant_gets_its_own_back(pd_check: CheckRun) -> None:
+def test_a_canary_crosses_only_with_the_prefills_late_read_and_then_fails(pd_check: CheckRun, pd_pair: BootedPair) -> None:
     """The echo model repeats what the decode engine's KV holds: a page of the other tenant, lost
-    or stale after a transfer, would show its canary here (a finding, never waived)."""
+    or stale after a transfer, shows its canary here. On this pair that happens only through the
+    late read above, so a crossing must come with the prefill's own late-read line in the check's
+    window, and fail tenant-isolation (never waived)."""
     iso = pd_check.check("tenant-isolation")
     scenarios = iso["evidence"]["scenarios"]
     requests = [r for s in scenarios for r in s.get("requests", [])]
-    assert not [r for r in requests if "foreign_markers" in r], iso["message"]
+    if crossed := [r for r in requests if "foreign_markers" in r]:
+        logged = late_reads_the_prefill_logged(pd_pair, pd_check)
+        assert logged and crossing_fail(iso), (iso["message"], crossed, logged)
     # The spec's pool (18 blocks) is about twice the context, so the concurrent pair, one request
     # per tenant, holds 80-100% of it and is the load scenario. vLLM has nothing that shows a
     # disconnect landed mid-transfer, so cancel-transfer stays unconfirmed (warn); every other
@@ -265,7 +301,7 @@ def test_no_canary_crosses_and_each_tenant_gets_its_own_back(pd_check: CheckRun)
     # an unserved request's own evidence (timed out? which status, after how long?) goes with the
     # message: a clean-clone run once ended inconclusive here and its report was gone by the next
     unserved = [r for r in requests if not r.get("disconnected") and r.get("error_kind") != "length" and not r.get("own_canary_seen")]
-    assert iso["status"] in ("pass", "warn") or late_read_fail(iso), (iso["message"], unserved)
+    assert iso["status"] in ("pass", "warn") or late_read_fail(iso) or (crossed and crossing_fail(iso)), (iso["message"], unserved)
     load = next(s for s in scenarios if s["scenario"] == "load")
     assert "the concurrent-capacity requests, one per tenant" in load["occurrence"], load
     # late-decode holds a decode leg past the prefill's lease: the spec's 30 s outlasts its 20 s wait
@@ -283,7 +319,8 @@ def test_no_canary_crosses_and_each_tenant_gets_its_own_back(pd_check: CheckRun)
             assert f'"{line["what"]}"' in iso["message"] and f"during the {scenario['scenario']} scenario" in iso["message"]
     served = [r for r in requests if r.get("http_status") == 200 and not r.get("disconnected") and "own_canary_seen" in r]
     assert {r["tenant"] for r in served} == {"a", "b"}
-    assert all(r["own_canary_seen"] for r in served), [r for r in served if not r["own_canary_seen"]]
+    # an answer computed from the other tenant's page (above) need not repeat its own canary
+    assert all(r["own_canary_seen"] for r in served if r not in crossed), [r for r in served if not r["own_canary_seen"]]
 
 
 def test_pd_transfer_sees_the_kv_move_from_prefill_to_decode(pd_check: CheckRun) -> None:
