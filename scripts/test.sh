@@ -10,7 +10,7 @@
 # tiers at once on 2 cores), each in two phases (below: two tests at a time, then the `alone` ones);
 # the run ends with each tier's time, and fails if any tier failed.
 # Installs: .venv (kvpreflight editable, with the engine and test extras; torch is pinned to the
-# local CPU build), and the real engines (vLLM on CPU, llama.cpp, the P/D stack, the SGLang routers)
+# local CPU build; in a fresh clone, a link to a venv cached per pyproject.toml), and the real engines (vLLM on CPU, llama.cpp, the P/D stack, the SGLang routers)
 # cached under ${KVPREFLIGHT_CACHE:-~/.cache/kvpreflight} by scripts/setup_engines.sh (only when
 # the real tier runs), and the programs that consume kvpreflight's outputs (node_exporter, promtool,
 # Sarif.Multitool, actionlint, shellcheck, zizmor) by scripts/setup_consumers.sh (only when the
@@ -29,15 +29,38 @@ done
 [[ ${#TIERS[@]} -gt 0 ]] || TIERS=(unit builtin real)
 
 started=$(date +%s)
-if [[ ! -x .venv/bin/python ]]; then
-    "$PY" -m venv .venv
+install() {  # kvpreflight editable, with every dependency; then byte-compiled
+    "$1" -m pip install --quiet --no-compile --disable-pip-version-check -e '.[engine,test]'
+    # --no-compile, then compileall on every core: pip byte-compiles one file at a time (torch's
+    # thousands, ~30 s more on 2 cores). Compiled here, not left to first import: with
+    # PYTHONDONTWRITEBYTECODE=1 (as on this project's machines) nothing imported is ever cached,
+    # and every builtin engine process would compile torch from source.
+    "$1" -m compileall -q -j 0 "$(dirname "$1")/../lib" kvpreflight >/dev/null 2>&1 || true
+}
+if [[ -x .venv/bin/python ]]; then
+    install .venv/bin/python  # a checkout's own venv (a developer's): brought up to date
+elif [[ -e .venv ]]; then
+    echo "test.sh: .venv exists but has no bin/python: remove it (rm -rf .venv) and run again" >&2
+    exit 2
+else
+    # A fresh clone (CI's): the dependencies live in a venv cached with the engines, one per
+    # pyproject.toml and Python (installing and compiling torch and ray took ~40 s of every run),
+    # and .venv links to it; only kvpreflight itself is installed again, pointing at this clone.
+    cache="${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}"
+    key=$(cat pyproject.toml <("$PY" -VV) | sha256sum | cut -c1-16)
+    venv="$cache/test-venv-$key"
+    if [[ ! -f "$venv/.complete" ]]; then
+        rm -rf "$venv" && mkdir -p "$cache"
+        "$PY" -m venv "$venv"
+        install "$venv/bin/python"
+        touch "$venv/.complete"
+        # the venvs of earlier pyproject.tomls (a GiB or more each)
+        find "$cache" -maxdepth 1 -name 'test-venv-*' ! -name "test-venv-$key" -exec rm -rf {} +
+    else
+        "$venv/bin/python" -m pip install --quiet --no-deps --disable-pip-version-check -e .
+    fi
+    ln -s "$venv" .venv
 fi
-# --no-compile, then compileall on every core: pip byte-compiles one file at a time (torch's
-# thousands, ~30 s more on 2 cores). Compiled here, not left to first import: with
-# PYTHONDONTWRITEBYTECODE=1 (as on this project's machines) nothing imported is ever cached, and
-# every builtin engine process would compile torch from source.
-.venv/bin/python -m pip install --quiet --no-compile --disable-pip-version-check -e '.[engine,test]'
-.venv/bin/python -m compileall -q -j 0 .venv/lib kvpreflight >/dev/null 2>&1 || true
 if [[ " ${TIERS[*]} " == *" builtin "* ]]; then
     scripts/setup_consumers.sh
 fi
