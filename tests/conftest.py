@@ -153,7 +153,7 @@ def echo_gguf(llama_server_binary) -> Path:
 @pytest.fixture(scope="session")
 def vllm_server(tmp_path_factory, echo_hf_model) -> Iterator[EngineProcess]:
     """One shared vLLM server for the session: the shipped examples/specs/vllm-single.yaml (context
-    4096, 1 GiB KV, prefix caching on with cached-token counts in `usage`) as the boot library plans
+    4096, a 9,216-token KV pool, prefix caching on with cached-token counts in `usage`) as the boot library plans
     it, with -O0 --enforce-eager added (they only shorten start-up on this CPU). Every test that can
     share it does: each vLLM start costs 1.5-2 minutes of the suite on 2 cores."""
     engine = realengines.start_vllm_spec(VLLM_SINGLE_SPEC, echo_hf_model, tmp_path_factory.mktemp("vllm-shared"),

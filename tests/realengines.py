@@ -497,8 +497,10 @@ def start_vllm_spec(spec_path: Path, model_dir: Path, workdir: Path, *extra_args
     workdir = Path(workdir)
     (workdir / "models" / "echo").mkdir(parents=True, exist_ok=True)
     (workdir / "models" / "echo" / "hf").symlink_to(model_dir)
-    env = {**vllm_env(workdir, 1), **plan.env,
-           "PATH": os.pathsep.join([str(Path(vllm_python()).parent), os.environ.get("PATH", "")])}
+    base = vllm_env(workdir, 1)
+    if "--kv-cache-memory-bytes" in plan.argv:  # the spec sizes its pool: VLLM_CPU_KVCACHE_SPACE would override it
+        del base["VLLM_CPU_KVCACHE_SPACE"]
+    env = {**base, **plan.env, "PATH": os.pathsep.join([str(Path(vllm_python()).parent), os.environ.get("PATH", "")])}
     assert plan.port is not None, f"{spec_path}: the engine needs a port"
     return start_engine("vllm", [*plan.argv, *extra_args], port=plan.port, log_path=workdir / "vllm.log",
                         ready_path=plan.ready_url.removeprefix(plan.url), ready_timeout_s=ready_timeout_s,

@@ -127,15 +127,21 @@ def test_a_model_config_with_an_invalid_size_is_a_configuration_error_naming_the
     assert f"'{key}'" in line and "positive integer" in line and "Traceback" not in r.stderr
 
 
-def test_a_multi_file_review_reports_each_file_and_goes_on_past_one_it_cannot_estimate():
-    # vllm-single.yaml names no GPU: inconclusive for that launch, and the incident still fails
-    r = run(INCIDENT, "examples/specs/vllm-single.yaml", "examples/specs/builtin-pd.yaml",
+def test_a_multi_file_review_reports_each_file_and_goes_on_past_one_it_cannot_estimate(tmp_path: Path):
+    # a vLLM launch that names no GPU and no pool size: inconclusive for that launch, and the
+    # incident still fails
+    unsized = tmp_path / "vllm-unsized.yaml"
+    unsized.write_text("deployment: unsized\ncontext_length: 4096\nengines:\n  - name: vllm\n    role: unified\n"
+                       "    engine: vllm\n    port: auto\n    command: >-\n"
+                       "      python3 -m vllm.entrypoints.openai.api_server --model ./models/echo/hf --port {port}\n"
+                       "      --max-model-len 4096\n")
+    r = run(INCIDENT, str(unsized), "examples/specs/builtin-pd.yaml",
             "--model-dir", "examples/review/models/DeepSeek-V3")
     assert r.returncode == 1, r.stderr
     rows = {line.split()[2]: line.split()[0] for line in r.stdout.splitlines()
             if line.split()[:1] and line.split()[0] in ("FAIL", "INCONCLUSIVE", "PASS") and "kv-capacity-estimate" in line}
     assert rows[f"{INCIDENT}:27"] == "FAIL"
-    assert rows["examples/specs/vllm-single.yaml:20"] == "INCONCLUSIVE"
+    assert rows[f"{unsized}:9"] == "INCONCLUSIVE", rows
     assert any(k.startswith("examples/specs/builtin-pd.yaml:") and v == "PASS" for k, v in rows.items()), rows
     header = next(line for line in r.stdout.splitlines() if line.startswith("status"))
     assert header.split()[:3] == ["status", "check", "file"]
