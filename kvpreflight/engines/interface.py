@@ -143,6 +143,10 @@ class EngineAdapter(abc.ABC):
     # probes add them.
     prefix_cache_fields: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     log_signals: ClassVar[tuple[LogSignal, ...]] = ()  # danger lines in the engine's log
+    # A prefill that reads its decodes' transfer notifications only when it steps (vLLM's NIXL
+    # prefill): a late read on the last request it served is logged and counted only at its
+    # next request, so the check sends it one before its last read of logs and counters.
+    notices_late_reads_when_stepping: ClassVar[bool] = False
 
     def __init__(self, url: str, client: HttpClient, *, model: str | None = None) -> None:
         self.url = url.rstrip("/")

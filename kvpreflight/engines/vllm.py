@@ -63,6 +63,7 @@ class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
     # nixl/base_worker.py (0.32), WARNING: "Releasing expired KV blocks for request %s which were
     # retrieved by %d remote worker(s) before lease expired." (before the lease: "... by %d decode
     # worker(s) within %d seconds.").
+    notices_late_reads_when_stepping = True  # vLLM 0.32 pull_worker._get_new_notifs runs in the worker's step
     log_signals = (LogSignal("Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker",
                              re.compile(rf"Potentially invalid KV blocks for unrecognized request (?P<rid>\S{REQUEST_ID}) were retrieved by a decode worker"),
                              Hazard.LATE_READ),

@@ -22,6 +22,7 @@ from kvpreflight.engines.interface import EngineAdapter, PrefillLeg, SplitLegs
 from kvpreflight.model import Completion, Role
 from kvpreflight.probes import occurrence
 from kvpreflight.probes import scenarios as declaration
+from kvpreflight.probes.budget import TINY_TOKENS
 from kvpreflight.probes.disconnect import (
     Departure,
     RawTarget,
@@ -128,6 +129,7 @@ class IsolationProber:
                                    tokens=self.sizes.cache_tokens, prefixes=self.sizes.cache_prefixes, budget=self.budget,
                                    binding=self.settings.binding, off=caching_off(self.snapshots),
                                    timing_samples=self.settings.timing_samples)
+        self._prefill_notices()
         self.budget.wait_idle(self.state, IDLE_WAIT_S)
         healthy = {} if self.budget.stopped else {url: adapter.healthy() for url, adapter in self.engines.items()}
         idle = self.budget.wait_idle(self.state, IDLE_WAIT_S)
@@ -139,6 +141,20 @@ class IsolationProber:
         return IsolationRun(scenarios=tuple(scenarios), cache=cache, canaries=dict(self.canaries),
                             binding=self.settings.binding, healthy_after=healthy, idle_after=idle,
                             untied_danger_lines=untied)
+
+    def _prefill_notices(self) -> None:
+        """One tiny plain request straight to each prefill that reads its decodes' transfer
+        notifications only when it steps: without it, a late read on the check's last request (its
+        log line, its counter) would show only at the prefill's next request, after the check."""
+        for snap in self.snapshots:
+            adapter = self.engines.get(snap.url)
+            if snap.role is not Role.PREFILL or adapter is None or not adapter.notices_late_reads_when_stepping:
+                continue
+            if not self.budget.may_send():
+                return
+            ids = self._token_ids(adapter, TINY_TOKENS, "kvpreflight prefill notices")
+            self.budget.send(adapter, ids, max_tokens=1, stream=False,
+                             timeout_s=self.budget.request_s(TINY_TOKENS, Expect.ACCEPT))
 
     # -- scenarios -----------------------------------------------------------------------------
     def _run_scenario(self, spec: ScenarioSpec) -> Scenario:

@@ -54,6 +54,7 @@ class IsolationSizes:
     cache_prefixes: int  # fresh prefixes of the prefix-cache controls
     cache_tokens: int  # their prompt
     page_size: int | None = None  # the smallest page of the engines that state one
+    has_prefill: bool = False  # a prefill engine is among them (the plan's prefill-notices request)
 
     @classmethod
     def of(cls, limits: Limits, snapshots: Sequence[EngineSnapshot], concurrency: int = 2) -> IsolationSizes:
@@ -94,7 +95,7 @@ class IsolationSizes:
                    load_count=count, load_per=per, load_max_tokens=load_gen, short=short,
                    pair_is_load=min_pool is not None and concurrency >= 2 and 0.8 * min_pool <= pair <= min_pool,
                    cache_prefixes=1 if off else CACHE_PREFIXES, cache_tokens=cache_prompt_tokens(longest, ctx, max(pages, default=None)),
-                   page_size=min(pages, default=None))
+                   page_size=min(pages, default=None), has_prefill=any(s.role is Role.PREFILL for s in snapshots))
 
     @property
     def normal_tokens(self) -> int:

