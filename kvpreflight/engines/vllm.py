@@ -58,12 +58,14 @@ class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
     # entrypoints/serve/engine/serving.py (0.32): the header wins over the body's request_id; the
     # engine's own id is then cmpl-<it>-<index>-<8 random characters>.
     request_id_header = "X-Request-Id"
+    # nixl/pull_worker.py (0.32): _get_new_notifs, which logs and counts a late read, runs in the
+    # worker's engine step, so an idle prefill notices one only at its next request.
+    notices_late_reads_when_stepping = True
     # distributed/kv_transfer/kv_connector/v1/nixl/pull_worker.py (0.32), ERROR: a decode reported
     # a transfer of blocks the prefill no longer tracks (lease expired, ids that do not match).
     # nixl/base_worker.py (0.32), WARNING: "Releasing expired KV blocks for request %s which were
     # retrieved by %d remote worker(s) before lease expired." (before the lease: "... by %d decode
     # worker(s) within %d seconds.").
-    notices_late_reads_when_stepping = True  # vLLM 0.32 pull_worker._get_new_notifs runs in the worker's step
     log_signals = (LogSignal("Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker",
                              re.compile(rf"Potentially invalid KV blocks for unrecognized request (?P<rid>\S{REQUEST_ID}) were retrieved by a decode worker"),
                              Hazard.LATE_READ),
