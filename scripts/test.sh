@@ -7,7 +7,7 @@
 # Tiers (tests/conftest.py): unit (tests/unit/, in-process, starts no process), builtin
 # (tests/builtin/, the builtin engine, demo and CLI as processes), real (tests/real/, real vLLM, the
 # vLLM P/D pair, llama.cpp, smg, sglang-router). The tiers run one after the other (never two heavy
-# tiers at once on 2 cores), each in two phases (below: two tests at a time, then the `alone` ones);
+# tiers at once on 2 cores), each in two phases (below: three tests at a time, then the `alone` ones);
 # the run ends with each tier's time, and fails if any tier failed.
 # Installs: .venv (kvpreflight editable, with the engine and test extras; torch is pinned to the
 # local CPU build; in a fresh clone, a link to a venv cached per pyproject.toml), and the real engines (vLLM on CPU, llama.cpp, the P/D stack, the SGLang routers)
@@ -89,18 +89,20 @@ phase() {
 }
 for tier in "${TIERS[@]}"; do
     # The unit tier starts no process and spends most of its time waiting on its own misbehaving
-    # in-process servers: four workers. The builtin and real tiers' engines leave a core idle most
-    # of the time (the builtin tier used 67% of one core run one test at a time), so their tests run
-    # two at a time (the tests sharing a module's fixture in one worker: `xdist_group`, tests/conftest.py);
-    # then the tests marked `alone` (they judge speeds and deadlines, which a neighbour on 2 cores
-    # skews, or fill both cores themselves: the vLLM engines) run one at a time.
+    # in-process servers: six workers (78-85 s on four, 51-54 on six, 56 on eight). The builtin and
+    # real tiers' engines leave a core idle most of the time (the builtin tier used 67% of one core
+    # run one test at a time), so their tests run three at a time (builtin 218-238 s two at a time,
+    # 176 three, 177 four; real 131-150 s two, 110 three), the tests sharing a module's fixture in one
+    # worker (`xdist_group`, tests/conftest.py); then the tests marked `alone` (they judge speeds and
+    # deadlines, which a neighbour on 2 cores skews, or fill both cores themselves: the vLLM
+    # engines) run one at a time.
     t0=$(date +%s)
     tier_rc=0 ran=0 PHASES=()
     case $tier in
-        unit) phase "in-process" "tests/unit" -n "${KVPREFLIGHT_UNIT_WORKERS:-4}" "$@" ;;
-        builtin) phase "two-at-a-time" "tests/builtin" -n 2 --dist loadgroup -m "not alone" "$@"
+        unit) phase "in-process" "tests/unit" -n "${KVPREFLIGHT_UNIT_WORKERS:-6}" "$@" ;;
+        builtin) phase "three-at-a-time" "tests/builtin" -n 3 --dist loadgroup -m "not alone" "$@"
                  phase "alone" "tests/builtin" -m alone "$@" ;;
-        real) phase "two-at-a-time" "tests/real" -n 2 --dist loadgroup -m "not alone" "$@"
+        real) phase "three-at-a-time" "tests/real" -n 3 --dist loadgroup -m "not alone" "$@"
               phase "alone" "tests/real" -m alone "$@" ;;
     esac
     [[ $tier_rc -eq 0 && $ran -eq 0 ]] && tier_rc=5

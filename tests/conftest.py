@@ -90,7 +90,7 @@ def pytest_collection_modifyitems(config, items):
     if misplaced:
         raise pytest.UsageError(f"real-engine tests outside tests/real/ (move them there): {', '.join(misplaced)}")
     # vLLM fills both cores (a pair binds one engine to each): a test with a vLLM engine beside
-    # another test would skew both (scripts/test.sh runs the unmarked ones two at a time).
+    # another test would skew both (scripts/test.sh runs the unmarked ones three at a time).
     unmarked = [item.nodeid for item in items if VLLM_FIXTURES.intersection(getattr(item, "fixturenames", ()))
                 and item.get_closest_marker("alone") is None]
     if unmarked:

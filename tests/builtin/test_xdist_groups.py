@@ -1,4 +1,4 @@
-"""The suite's two-at-a-time phases keep the tests that share a module's engines, wheel or venv in
+"""The suite's three-at-a-time phases keep the tests that share a module's engines, wheel or venv in
 one pytest-xdist worker (`--dist loadgroup` and `xdist_group`, scripts/test.sh), so it is built
 once per tier. Under pytest 9.2 with pytest-xdist 3.8 no group held (xdist rewrites
 `item._nodeid`, which 9.2 no longer reads): the smg pair, the LiteLLM proxy and the wheel were each

@@ -26,7 +26,7 @@ from realengines import EngineProcess
 
 from kvpreflight.builtin_engine.testbed import RunningEngine, free_port, start_engine, stop_engine
 
-# One worker runs the module (scripts/test.sh runs this tier two at a time, `--dist loadgroup`): the
+# One worker runs the module (scripts/test.sh runs this tier three at a time, `--dist loadgroup`): the
 # proxy and its engines boot once.
 pytestmark = pytest.mark.xdist_group("litellm-gateway")
 

@@ -134,7 +134,7 @@ def events(engine: RunningEngine, kind: str, rid: str | None = None) -> list[dic
 
 
 # The tests that share the module's pair run in one worker (scripts/test.sh runs this tier's modules
-# two at a time, `--dist loadgroup`): the pair boots once; the demos, each with its own engines, spread.
+# three at a time, `--dist loadgroup`): the pair boots once; the demos, each with its own engines, spread.
 SMG_PAIR_WORKER = pytest.mark.xdist_group("smg-pair")
 
 
