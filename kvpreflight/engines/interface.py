@@ -22,7 +22,7 @@ from typing import Any, ClassVar, Self
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply, StreamReply
 from kvpreflight.engines.log_patterns import LogSignal
-from kvpreflight.engines.untrusted import answer_text, error_in_event, error_message_of, parse_metrics, shape
+from kvpreflight.engines.untrusted import answer_text, error_in_event, error_reply_message, parse_metrics, shape
 from kvpreflight.model import (
     TRANSFER_SECONDS,
     TRANSFERS_TIMED,
@@ -233,7 +233,7 @@ class EngineAdapter(abc.ABC):
         except EngineError as exc:
             return _unanswered(request, time.monotonic() - start, transport_error=str(exc))
         if reply.status != 200:
-            return self._refused(request, reply, error_message_of(reply.body) or f"HTTP {reply.status} without an error message")
+            return self._refused(request, reply, error_reply_message(reply.status, reply.body))
         if isinstance(reply, HttpReply):
             if not reply.body:
                 return self._empty(request, reply)

@@ -180,6 +180,20 @@ def error_message_of(body: bytes) -> str | None:
     return _message_in(data)
 
 
+_PLAIN_ERROR_CHARS = 200
+
+
+def error_reply_message(status: int, body: bytes) -> str:
+    """What an error reply says: the message of its JSON error body, else its first line as text
+    (a router's plain-text "HTTP 503" body names why it refused), else that it said nothing."""
+    message = error_message_of(body)
+    if message:
+        return message
+    lines = body[:4096].decode("utf-8", "replace").strip().splitlines()
+    line = "".join(ch for ch in lines[0] if ch.isprintable()).strip() if lines else ""
+    return f"HTTP {status}: {cut(line, _PLAIN_ERROR_CHARS)}" if line else f"HTTP {status} without an error message"
+
+
 def _message_in(data: Any) -> str | None:
     if isinstance(data, dict):
         if "error" in data:

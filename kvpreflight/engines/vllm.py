@@ -16,7 +16,15 @@ from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
 from kvpreflight.engines.interface import Counters, PrefillLeg, SplitLegs, _unanswered, cycle_to, role_of, transfer_time
 from kvpreflight.engines.log_patterns import REQUEST_ID, LogSignal, log_lines
 from kvpreflight.engines.openai_completions import OpenAICompletionsMixin
-from kvpreflight.engines.untrusted import error_message_of, json_object, log_count, metric_sum, optional_object, positive_int, served_model
+from kvpreflight.engines.untrusted import (
+    error_reply_message,
+    json_object,
+    log_count,
+    metric_sum,
+    optional_object,
+    positive_int,
+    served_model,
+)
 from kvpreflight.model import Completion, EngineSnapshot, Hazard, KvDeadline, Origin, PoolReading, Role
 
 ALLOCATOR_LINE = re.compile(r"(?:GPU|CPU|XPU|TPU)? ?KV cache size: (?P<tokens>[\d,]+) tokens")
@@ -236,7 +244,7 @@ class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
         completion: Completion
         handoff: Mapping[str, Any] | None = None
         if reply.status != 200:
-            completion = self._refused(request, reply, error_message_of(reply.body) or f"HTTP {reply.status} without an error message")
+            completion = self._refused(request, reply, error_reply_message(reply.status, reply.body))
         else:
             try:
                 completion = self._answered(request, reply, self.parse_reply(request, reply), ttft_s=None, timed_out=False)

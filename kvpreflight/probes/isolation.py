@@ -67,6 +67,12 @@ IDLE_WAIT_S = 12.0  # a cancelled bootstrap may hold pages ~10 s on SGLang-like 
 A, B = Tenant.A, Tenant.B
 
 
+def in_part(shown: str, requests: Sequence[TenantRequest]) -> str:
+    """A scenario's occurrence, said as "in part" where some of its requests got no answer."""
+    missed = sum(1 for r in requests if r.unanswered)
+    return f"{shown}, in part: {missed} of {len(requests)} requests got no answer" if missed else shown
+
+
 @dataclass(frozen=True)
 class IsolationSettings:
     churn_allowed: bool = False
@@ -298,7 +304,7 @@ class IsolationProber:
         ran = any(r.completion is not None for r in requests)
         ids = {r.request_id: f"tenant {r.tenant.value}'s request {r.name}" for r in requests if r.request_id}
         return Scenario(name=name, purpose=purpose, requests=tuple(requests), occurred=True if ran else None,
-                        occurrence=spec.shown if ran else "unconfirmed: no request was answered",
+                        occurrence=in_part(spec.shown, requests) if ran else "unconfirmed: no request was answered",
                         idle_after=idle, counter_deltas=counter_deltas(before, after), churn=churn,
                         stopped=self.budget.stopped if len(requests) < len(sent) else None,
                         danger_lines=name_lines(self.logs.take(), ids, other="one of kvpreflight's requests outside this scenario"))
@@ -307,7 +313,7 @@ class IsolationProber:
         """A scenario made of capacity probes that carried the tenants' canaries: scanned here,
         sent once. Its counters are those of the probes' windows (the concurrent ones share one)."""
         requests = tuple(replace(self._scan(p.tenant, f"{p.name}-{p.tenant.value}", p.completion, p.completion.text),
-                                 scanned=p.completion.max_tokens >= MIN_SCAN_TOKENS)
+                                 scanned=p.completion.max_tokens >= MIN_SCAN_TOKENS, carried=True)
                          for p in probes if p.tenant is not None)
         deltas: dict[str, dict[str, float]] = {}
         for p in {p.probe: p for p in probes}.values():  # one window per probe (the concurrent ones share one)
@@ -317,7 +323,7 @@ class IsolationProber:
                     into[key] = into.get(key, 0) + value
         windows = {id(p.danger_lines): p.danger_lines for p in probes}  # the concurrent probes share one
         return Scenario(name=spec.name, purpose=spec.purpose, requests=requests, occurred=True if requests else None,
-                        occurrence=shown if requests else "unconfirmed: no request was answered",
+                        occurrence=in_part(shown, requests) if requests else "unconfirmed: no request was answered",
                         idle_after=self.shared_idle, counter_deltas=deltas, churn=spec.churn,
                         danger_lines=tuple(d for lines in windows.values() for d in lines))
 

@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from kvpreflight.model import Completion, Hazard
+from kvpreflight.model import Completion, ErrorKind, Hazard
 
 
 class Expect(str, enum.Enum):
@@ -195,10 +195,28 @@ class TenantRequest:
     scanned: bool = True
     abandoned_id: str | None = None  # the id an abandoned request carried (a served one's is in its completion)
     abandoned_tokens: int = 0  # the prompt an abandoned request sent (a served one's is in its completion)
+    # A capacity probe's request that carried the tenant's canary (the boundary scenario): its
+    # refusal is the capacity checks' finding, and the scenario sends its own request in its place.
+    carried: bool = False
 
     @property
     def served(self) -> bool:
         return self.completion is not None and self.completion.served
+
+    @property
+    def unanswered(self) -> str | None:
+        """Why a request the scenario needed answered came back without an answer (HTTP 503, a
+        timeout, a dropped connection): the scenario then ran only in part. None for an answered
+        request, one whose client left on purpose, one refused for length (a capacity finding,
+        judged by the capacity checks), one meant to be refused and a capacity probe's (`carried`)."""
+        c = self.completion
+        if self.expect is not Expect.ACCEPT or self.carried or c is None or c.served or c.error_kind is ErrorKind.LENGTH:
+            return None
+        if c.timed_out:
+            return "timed out"
+        if c.transport_error:
+            return "connection failed"
+        return f"HTTP {c.status}" if c.status != 200 else "HTTP 200 without an answer"
 
     @property
     def request_id(self) -> str | None:

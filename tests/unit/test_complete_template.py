@@ -70,6 +70,20 @@ def test_an_http_refusal_is_classified_by_the_engines_own_messages():
     assert c.error_message == "HTTP 503 without an error message" and c.error_kind is ErrorKind.OTHER
 
 
+def test_a_plain_text_error_body_is_quoted_by_its_first_line():
+    """A router's refusal is often plain text (vllm-router, axum: "HTTP 503" with a bare reason);
+    the report said "without an error message" and dropped why. Its first line is quoted, cut at
+    200 characters, control characters removed; an empty one still says there was none."""
+    c, _ = sglang(HttpReply("http://e:1/generate", 503, b"No available workers (all circuits open or unhealthy)\nmore", 0.01))
+    assert c.error_message == "HTTP 503: No available workers (all circuits open or unhealthy)"
+    assert c.error_kind is ErrorKind.OTHER and c.rejected
+    c, _ = sglang(HttpReply("http://e:1/generate", 502, b"\x1b[31m" + b"x" * 500, 0.01))
+    assert c.error_message is not None and c.error_message.startswith("HTTP 502: [31m" + "x" * 190) and "\x1b" not in c.error_message
+    assert len(c.error_message) < 230
+    c, _ = sglang(HttpReply("http://e:1/generate", 400, LENGTH_MESSAGE.encode(), 0.01))  # the engine's own words, as text
+    assert c.error_kind is ErrorKind.LENGTH, c.error_message
+
+
 def test_an_error_frame_inside_a_200_stream_is_a_refusal():
     c, _ = sglang(frames({"error": {"message": LENGTH_MESSAGE}}), stream=True)
     assert c.status == 200 and c.rejected and c.error_kind is ErrorKind.LENGTH and c.streamed
