@@ -245,16 +245,31 @@ def crossing_fail(check: dict[str, Any]) -> bool:
     return check["id"] == "tenant-isolation" and check["status"] == "fail" and "canary crossed tenants" in check["message"]
 
 
+# vllm-router once answered 27 of the normal scenario's 28 requests (and the over-capacity
+# scenario's 4) with a bare HTTP 503 in a millisecond, for about 20 s of a check whose requests
+# had stalled for minutes (clean-clone run on 660e832, docs/FINDINGS.md): the scenario ran only in
+# part, which tenant-isolation calls inconclusive (a leak could hide in the answers not given),
+# quoting the router's words.
+NO_ANSWER = re.compile(r"(\w[\w-]*): \d+ of \d+ requests got no answer \(HTTP 503")
+
+
+def refused_by_the_router(check: dict[str, Any]) -> bool:
+    return check["id"] == "tenant-isolation" and check["status"] == "inconclusive" and bool(NO_ANSWER.search(check["message"]))
+
+
 def test_the_pair_fails_only_where_its_prefill_logged_a_late_read(pd_check: CheckRun, pd_pair: BootedPair) -> None:
     # exit 0: every check passed or warned (cancel-transfer stays unconfirmed on vLLM: a warn); 3,
-    # "could not measure", is not a result for this pair (issue 24); exit 1 only for what the
-    # engine itself shows (above): the late read quoted with its fix, or a crossing while the
-    # prefill logged a late read during the check. A crossing the engine does not corroborate fails
-    # this test (kvpreflight's matcher or its bookkeeping, not the engine, would be wrong).
+    # "could not measure", only where the router itself refused the scenario's requests (above);
+    # exit 1 only for what the engine itself shows (above): the late read quoted with its fix, or a
+    # crossing while the prefill logged a late read during the check. A crossing the engine does
+    # not corroborate fails this test (kvpreflight's matcher or its bookkeeping, not the engine,
+    # would be wrong).
     failed = [c for c in pd_check.report["checks"] if c["status"] == "fail"]
+    unmeasured = [c for c in pd_check.report["checks"] if c["status"] == "inconclusive"]
     logged = late_reads_the_prefill_logged(pd_pair, pd_check) if failed else []
     assert all(late_read_fail(c) or (crossing_fail(c) and logged) for c in failed), (pd_check.summary(), logged)
-    assert pd_check.exit_code == (1 if failed else 0), (pd_check.stderr[-2000:], pd_check.summary())
+    assert all(refused_by_the_router(c) for c in unmeasured), pd_check.summary()
+    assert pd_check.exit_code == (1 if failed else 3 if unmeasured else 0), (pd_check.stderr[-2000:], pd_check.summary())
 
 
 def test_both_engines_pools_are_read_with_their_roles_from_the_router(pd_check: CheckRun, pd_pair: BootedPair) -> None:
@@ -298,7 +313,8 @@ def test_a_canary_crosses_only_with_the_prefills_late_read_and_then_fails(pd_che
     # an unserved request's own evidence (timed out? which status, after how long?) goes with the
     # message: a clean-clone run once ended inconclusive here and its report was gone by the next
     unserved = [r for r in requests if not r.get("disconnected") and r.get("error_kind") != "length" and not r.get("own_canary_seen")]
-    assert iso["status"] in ("pass", "warn") or late_read_fail(iso) or (crossed and crossing_fail(iso)), (iso["message"], unserved)
+    assert (iso["status"] in ("pass", "warn") or late_read_fail(iso) or (crossed and crossing_fail(iso))
+            or refused_by_the_router(iso)), (iso["message"], unserved)
     load = next(s for s in scenarios if s["scenario"] == "load")
     assert "the concurrent-capacity requests, one per tenant" in load["occurrence"], load
     # late-decode holds a decode leg past the prefill's lease: the spec's 30 s outlasts its 20 s wait
