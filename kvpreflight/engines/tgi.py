@@ -26,7 +26,7 @@ from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpR
 from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, role_of
 from kvpreflight.engines.log_patterns import log_lines
 from kvpreflight.engines.untrusted import (
-    error_message_of,
+    error_reply_message,
     json_object,
     log_count,
     metric_sum,
@@ -210,8 +210,7 @@ class TgiAdapter(EngineAdapter):
         if reply.status == 413:
             return None
         if reply.status != 200:
-            why = error_message_of(reply.body) or f"HTTP {reply.status}"
-            raise EngineError(f"{self.url}/tokenize: {why}; kvpreflight needs TGI's tokenizer to build prompts of a known length")
+            raise EngineError(f"{self.url}/tokenize: {error_reply_message(reply.status, reply.body)}; kvpreflight needs TGI's tokenizer to build prompts of a known length")
         tokens = reply.json()
         if not isinstance(tokens, list) or not all(_is_token(t) for t in tokens):
             raise EngineError(f"{self.url}/tokenize: no token list (each an id with its start and stop offsets) in the answer")
