@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import select
 import socket
 import ssl
 import time
@@ -20,6 +21,7 @@ TRANSFER_START_WAIT_S = 2.0  # at least; then leave anyway (the scenario is repo
 UNIFIED_CANCEL_AFTER_S = 0.02  # a unified engine shows no transfer: leave during prefill
 NO_GAUGE_CANCEL_AFTER_S = 0.01
 GAUGE_POLL_MIN_S = 0.002
+ANSWER_PEEK_BYTES = 1 << 20  # what an answer that came first is read of, to scan it like any other
 AFTER_FIRST_TOKEN = "after the first streamed token"
 
 
@@ -59,6 +61,11 @@ def leave_during_transfer(target: RawTarget, pages_reserved: Callable[[], bool |
                 return Departure(f"{UNIFIED_CANCEL_AFTER_S * 1000:.0f} ms after sending (during prefill)", b"")
             deadline = time.monotonic() + wait_s
             while time.monotonic() < deadline:
+                if (answer := _arrived(conn)) is not None:
+                    # Served before the gauge showed it (a short prompt on a fast engine): nothing
+                    # is left to leave, and waiting out the budget would only cost time.
+                    said = "answered" if answer else "closed the connection"
+                    return Departure(None, answer, f"the engine {said} before any used-token gauge rose")
                 asked = time.monotonic()
                 reserved = pages_reserved()
                 scrape_s = time.monotonic() - asked
@@ -97,6 +104,15 @@ def leave_after_first_token(target: RawTarget, read_budget_s: float) -> Departur
             return Departure(None, received)
     except (OSError, http.client.HTTPException) as exc:
         return Departure(None, received, f"{type(exc).__name__} before the disconnect")
+
+
+def _arrived(conn: http.client.HTTPConnection) -> bytes | None:
+    """What the engine has sent so far (b"" once it closed the connection), or None while it has
+    sent nothing; never waits for more."""
+    sock = conn.sock
+    if sock is None or not select.select([sock], [], [], 0)[0]:
+        return None
+    return sock.recv(ANSWER_PEEK_BYTES)
 
 
 @contextlib.contextmanager

@@ -82,10 +82,10 @@ def test_vllm_pd_example_runs_nixl_producer_and_consumer_behind_vllm_router(monk
     prefill = launch["prefill"].argv
     config = json.loads(prefill[prefill.index("--kv-transfer-config") + 1])
     assert config["kv_connector_extra_config"] == {"kv_lease_duration": 30}
-    # two NIXL side channels on one host need two ports; one OpenMP core each (see the spec)
+    # two NIXL side channels on one host need two ports; one OpenMP thread each (see the spec)
     env = {name: launch[name].env for name in ("prefill", "decode")}
     assert env["prefill"]["VLLM_NIXL_SIDE_CHANNEL_PORT"] != env["decode"]["VLLM_NIXL_SIDE_CHANNEL_PORT"]
-    assert env["prefill"]["VLLM_CPU_OMP_THREADS_BIND"] != env["decode"]["VLLM_CPU_OMP_THREADS_BIND"]
+    assert env["prefill"]["OMP_NUM_THREADS"] == env["decode"]["OMP_NUM_THREADS"] == "1"
     router = launch["router"].argv
     assert router[0] == "vllm-router" and "--vllm-pd-disaggregation" in router
     assert router[router.index("--prefill") + 1] == launch["prefill"].url

@@ -4,6 +4,7 @@ takes the id as `X-Request-Id`), so a danger line naming an abandoned request ca
 from __future__ import annotations
 
 import threading
+import time
 import types
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -52,13 +53,17 @@ def test_waiting_for_the_gauge_leaves_the_engine_idle_as_long_as_each_scrape_too
     server too busy to take the router's decode leg for the whole wait: the poll idles at least as
     long as each scrape took, so the scrapes hold the engine at most about half the time. On a
     simulated clock (each scrape 50 ms, each idle as long as the poll sleeps): no wall-clock
-    figure, so a loaded machine cannot move it."""
+    figure, so a loaded machine cannot move it. The engine holds its answer meanwhile (one that
+    has answered ends the wait: the test below)."""
+    release = threading.Event()
+
     class Handler(BaseHTTPRequestHandler):
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
             pass
 
         def do_POST(self) -> None:  # noqa: N802 - stdlib name
             self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            release.wait(10)
             self.send_response(200)
             self.end_headers()
 
@@ -85,6 +90,7 @@ def test_waiting_for_the_gauge_leaves_the_engine_idle_as_long_as_each_scrape_too
         request = adapter.build_request([1, 2, 3], max_tokens=4, stream=False)
         departure = leave_during_transfer(RawTarget(adapter, request, {}, timeout_s=5), slow_gauge, unified=False, wait_s=2.0)
     finally:
+        release.set()
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
@@ -92,3 +98,40 @@ def test_waiting_for_the_gauge_leaves_the_engine_idle_as_long_as_each_scrape_too
     # back to back, 2 s of 50 ms scrapes would be 40; idling as long as each took leaves 20
     assert len(scrapes) == 20 and idled == pytest.approx([0.05] * 20), (len(scrapes), idled)
     assert sum(scrapes) / now[0] == pytest.approx(0.5)
+
+
+def test_an_engine_that_answers_before_its_gauge_rises_ends_the_wait_with_what_it_said() -> None:
+    """A short prompt on a fast engine is served before any used-token gauge shows it (the vLLM
+    pair with one OpenMP thread per engine: the leaver's whole answer in under a second). The
+    probe stops waiting as soon as the answer is there, keeps it for the scan, and says why the
+    disconnect missed its moment; before, it waited out the budget (62 s in one real check)."""
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+            pass
+
+        def do_POST(self) -> None:  # noqa: N802 - stdlib name
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            body = b'{"choices": [{"text": "KVPF-TENANTB-0123"}]}'
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    scrapes = []
+    try:
+        adapter = VllmAdapter(f"http://127.0.0.1:{server.server_address[1]}", HttpClient())
+        request = adapter.build_request([1, 2, 3], max_tokens=4, stream=False)
+        started = time.monotonic()
+        departure = leave_during_transfer(RawTarget(adapter, request, {}, timeout_s=30), lambda: scrapes.append(1) or False,
+                                          unified=False, wait_s=30.0)
+        waited = time.monotonic() - started
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    assert departure.left is None and departure.note == "the engine answered before any used-token gauge rose"
+    assert b"KVPF-TENANTB-0123" in departure.received
+    assert waited < 10, f"waited {waited:.1f} s of a 30 s budget for an answer that had arrived"
