@@ -12,7 +12,7 @@ status and the cost block.
 Needs the vLLM venv (KVPREFLIGHT_VLLM_PYTHON) with nixl and vllm-router, and the echo model
 (KVPREFLIGHT_ECHO_MODEL); `--connector mooncake` boots examples/specs/vllm-pd-mooncake-cpu.yaml
 instead, with the Mooncake venv's python (KVPREFLIGHT_MOONCAKE_PYTHON). benchmarks/RESULTS.md
-quotes the figures. `--lease S` sets the NIXL prefill's `kv_lease_duration` (the spec's is 60 s):
+quotes the figures. `--lease S` sets the NIXL prefill's `kv_lease_duration` (the spec's is 30 s):
 with a lease of a few seconds the check's late-decode scenario holds a decode leg past it (issue 27).
 """
 
