@@ -111,15 +111,16 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         evidence["kv_lease"] = lease_in_force(ctx.snapshots)
     # A measured time fails a stated deadline under it; a prediction (said before the probes too)
     # only warns, for the deadlines the measurement does not already reach.
-    measured_s, predicted_s, near_how, went = near_context_time(run)
+    near = near_context_time(run)
     max_accepted = run.limits.max_accepted if run.limits else None
-    outlived, assumed = outlived_deadlines(ctx.snapshots, measured_s, max_accepted, measured=went)
-    if predicted_s is not None and (measured_s is None or predicted_s > measured_s):
-        stated, default = outlived_deadlines(ctx.snapshots, predicted_s, max_accepted, at_least_s=measured_s or 0.0)
+    outlived, assumed = outlived_deadlines(ctx.snapshots, near.measured_s, max_accepted, measured=near.went)
+    if near.predicted_s is not None and (near.measured_s is None or near.predicted_s > near.measured_s):
+        stated, default = outlived_deadlines(ctx.snapshots, near.predicted_s, max_accepted,
+                                             at_least_s=near.measured_s or 0.0)
         assumed += stated + default
     if outlived or assumed:
         evidence["outlived_deadlines"] = outlived + assumed
-        evidence["near_context_time"] = near_how
+        evidence["near_context_time"] = near.how
     failed = [f for f in findings if f["verdict"] not in (Transfer.MOVED, Transfer.UNMEASURED)]
     if failed or late is not None or canary is not None or outlived:
         parts = [f["finding"] for f in failed] + [said for said in (late, canary) if said is not None] + outlived
@@ -147,16 +148,24 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
 LATE_DECODE_WHEN = "during the late-decode scenario: its decode leg, sent after the prefill's KV lease, was answered"
 
 
-def near_context_time(run: ProbeRun) -> tuple[float | None, float | None, str, str | None]:
-    """How long a prompt at the limit takes: (measured, predicted, how it is known, how the one
-    sent went: "was answered in 3.3 s", "ran 21.5 s and was not answered"). The prompt at
-    the limit itself (boundary-accept), sent, is the measurement: answered, its time to the answer;
-    not answered, how long it ran before it failed, a lower bound (an engine that aborted it at a
-    handoff timeout ran it at least that long), beside which the calibration's prediction still
-    counts where it is longer. Not sent: the prediction alone, which only warns. A calibration
-    request that stalled once (a vLLM NIXL pair on 2 cores waited its 30 s lease on an 8-token
-    request) predicted 110 s for a 1,023-token prompt that was then served in under a second: a
-    prediction is no evidence against a measurement."""
+@dataclass(frozen=True)
+class NearContextTime:
+    """How long a prompt at the limit takes. The prompt at the limit itself (boundary-accept),
+    sent, is the measurement: answered, its time to the answer; not answered, how long it ran
+    before it failed, a lower bound (an engine that aborted it at a handoff timeout ran it at least
+    that long), beside which the calibration's prediction still counts where it is longer. Not
+    sent: the prediction alone, which only warns. A calibration request that stalled once (a vLLM
+    NIXL pair on 2 cores waited its 30 s lease on an 8-token request) predicted 110 s for a
+    1,023-token prompt that was then served in under a second: a prediction is no evidence against
+    a measurement."""
+
+    measured_s: float | None
+    predicted_s: float | None  # None where the measurement stands alone (the prompt was answered)
+    how: str  # how it is known, for the evidence
+    went: str | None  # how the one sent went: "was answered in 3.3 s", "ran 21.5 s and was not answered"
+
+
+def near_context_time(run: ProbeRun) -> NearContextTime:
     accept = run.get(ProbeName.BOUNDARY_ACCEPT)
     tokens = f"{run.limits.max_accepted:,}-token " if run.limits else ""
     predicted = run.near_context_s
@@ -166,12 +175,13 @@ def near_context_time(run: ProbeRun) -> tuple[float | None, float | None, str, s
         if c.served:
             took = c.ttft_s if c.ttft_s is not None else c.elapsed_s
             went = f"was answered in {took:.1f} s"
-            return took, None, f"measured: the {tokens}prompt at the limit {went}", went
+            return NearContextTime(took, None, f"measured: the {tokens}prompt at the limit {went}", went)
         went = f"ran {c.elapsed_s:.1f} s and was not answered"
-        return c.elapsed_s, predicted, f"measured: the {tokens}prompt at the limit {went}{said}", went
+        return NearContextTime(c.elapsed_s, predicted, f"measured: the {tokens}prompt at the limit {went}{said}", went)
     if predicted is None:
-        return None, None, "not known: no speed was measured", None
-    return None, predicted, f"predicted from the measured speed (the prompt at the limit was not sent): {predicted:.1f} s", None
+        return NearContextTime(None, None, "not known: no speed was measured", None)
+    return NearContextTime(None, predicted, "predicted from the measured speed (the prompt at the limit was not sent): "
+                           f"{predicted:.1f} s", None)
 
 
 def _late_decode_reads(ctx: CheckContext) -> tuple[list[dict[str, Any]], list[tuple[str, int, str]]]:
