@@ -46,6 +46,10 @@ DEFAULT_LEASE_S = 30
 # counters; its stats reach only the "KV Transfer metrics: ..." log line). The prefill's WARNING on
 # freeing an unsent request's blocks names the value in force: "Request %s timed out after %d
 # seconds without being sent. Freeing its blocks on the producer side."
+# Every connector the start-up line's kv_transfer_config names (a MultiConnector nests several in its
+# kv_connector_extra_config), reported as the setting `kv_transfer_config` so that advisories on a
+# connector resolve: the names only, since the rest of that line holds every other argument.
+CONNECTOR_NAME = re.compile(r"""kv_connector['"]?\s*[:=]\s*['"]([A-Za-z0-9_.]+)['"]""")
 MOONCAKE_LINE = re.compile(r"""kv_connector['"]?\s*[:=]\s*['"]MooncakeConnector['"]""")
 MOONCAKE_TIMEOUT_LINE = re.compile(r"timed out after (\d+) seconds without being sent\. Freeing its blocks on the producer side")
 MOONCAKE_SETTING = "env VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"
@@ -151,6 +155,7 @@ class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
         reported_role = None
         nixl, lease = False, None
         mooncake, abort_timeout = False, None
+        connectors: set[str] = set()
         if metrics is not None and CONSUMER_METRIC in metrics:
             reported_role = Role.DECODE  # kv_both also registers it; the log line below tells them apart
         if log_text is not None:
@@ -158,6 +163,8 @@ class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
                 if m := KV_ROLE_LINE.search(line):
                     reported_role = KV_ROLES[m[1]]
                 nixl = nixl or NIXL_LINE.search(line) is not None
+                if "kv_transfer_config" in line:
+                    connectors.update(CONNECTOR_NAME.findall(line))
                 if m := LEASE_LINE.search(line):
                     lease = float(m[1])
                 mooncake = mooncake or MOONCAKE_LINE.search(line) is not None
@@ -170,6 +177,8 @@ class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
         if role is not None and reported_role is not None and role != reported_role:
             notes.append(f"role {role.value} given on the command line; the engine reports {reported_role.value}")
         final_role, role_source = role_of(role, reported_role)
+        if connectors:
+            settings["kv_transfer_config"] = "kv_connector=" + ",".join(sorted(connectors))
         kv_lease = None
         if lease is not None or (nixl and final_role is not Role.DECODE):
             kv_lease = KvDeadline(seconds=lease if lease is not None else DEFAULT_LEASE_S, setting=LEASE_SETTING,

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from kvpreflight.model import Completion, ErrorKind, Hazard
+from kvpreflight.redact import cut
 
 
 class Expect(str, enum.Enum):
@@ -72,6 +73,8 @@ class ProbeName(enum.StrEnum):
             return cls.CONCURRENT
         return next((p for p in cls if p.value == name), None)
 
+
+UNANSWERED_QUOTE_CHARS = 120  # of what the deployment said, per distinct refusal in a verdict
 
 OVER_CAPACITY_PROBES = (ProbeName.OVER_POOL, ProbeName.OVER_POOL_STREAM, ProbeName.OVER_CONTEXT,
                         ProbeName.OVER_CONTEXT_STREAM)
@@ -216,7 +219,15 @@ class TenantRequest:
             return "timed out"
         if c.transport_error:
             return "connection failed"
-        return f"HTTP {c.status}" if c.status != 200 else "HTTP 200 without an answer"
+        if c.status == 200:
+            return "HTTP 200 without an answer"
+        # The deployment's own words (a router's plain-text body, an engine's error message), so
+        # the verdict says why the requests were refused, grouped by what was said.
+        said = c.error_message or ""
+        if said.startswith(f"HTTP {c.status}"):
+            said = said.removeprefix(f"HTTP {c.status}").removeprefix(":").strip()
+        return f"HTTP {c.status}: {cut(said, UNANSWERED_QUOTE_CHARS)}" if said and said != "without an error message" \
+            else f"HTTP {c.status} without an error message"
 
     @property
     def request_id(self) -> str | None:

@@ -597,6 +597,28 @@ def test_a_router_answering_http_503_for_most_of_a_scenario_leaves_tenant_isolat
     assert {r.tenant for r in normal.requests if r.served} == {Tenant.A, Tenant.B}
     assert normal.occurrence.endswith("in part: 24 of 28 requests got no answer"), normal.occurrence
     assert tenant_isolation.scenario_verdict(normal) == (
-        Status.INCONCLUSIVE, "normal: 24 of 28 requests got no answer (HTTP 503 x24), so the scenario ran only in part")
+        Status.INCONCLUSIVE, "normal: 24 of 28 requests got no answer (HTTP 503 without an error message x24), so the "
+        "scenario ran only in part")
     result = judged(run, (engine.snap,), "tenant-isolation")
     assert result.status is Status.INCONCLUSIVE and "24 of 28 requests got no answer" in result.message, result.message
+
+
+def test_a_scenario_left_unanswered_quotes_what_the_deployment_said_grouped_by_its_words():
+    """An SRE reading "HTTP 503 x27" learns nothing about why; the router's own plain-text body
+    (as error_reply_message reads it) or the engine's error message says it, once per distinct reason."""
+    refused = {"a": 0}
+
+    def refusing(engine: FakeEngine, sent: Sent) -> Completion | None:
+        tenant = tenant_of(sent)
+        if sent.tokens > engine.limit or tenant == "b" or refused["a"] < 1:
+            refused["a"] += tenant == "a" and sent.tokens <= engine.limit
+            return None
+        words = "HTTP 503: no available prefill workers" if refused["a"] % 2 else "The KV pool has no free pages; retry later."
+        refused["a"] += 1
+        return Completion(sent_tokens=sent.tokens, max_tokens=sent.max_tokens, streamed=sent.stream, status=503,
+                          elapsed_s=0.001, error_message=words, text="")
+
+    engine = FakeEngine(snapshot(URL), script=refusing)
+    status, said = tenant_isolation.scenario_verdict(scenario(isolate(engine), "normal"))
+    assert status is Status.INCONCLUSIVE, said
+    assert "HTTP 503: no available prefill workers x" in said and "HTTP 503: The KV pool has no free pages; retry later. x" in said

