@@ -55,6 +55,17 @@ def scaled(argv: tuple[str, ...], context: int, lease_s: int | None = None) -> t
     return tuple(out)
 
 
+def timed(node: object, name: str | None = None) -> list[tuple[float, str | None]]:
+    """Every (elapsed_s, the request's name) in a JSON report, wherever its evidence holds one."""
+    if isinstance(node, dict):
+        here = node.get("name") or node.get("request") or node.get("probe") or name
+        found = [(float(node["elapsed_s"]), here)] if isinstance(node.get("elapsed_s"), (int, float)) else []
+        return found + [t for v in node.values() for t in timed(v, here if isinstance(here, str) else name)]
+    if isinstance(node, list):
+        return [t for v in node for t in timed(v, name)]
+    return []
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--context", type=int, default=4096)
@@ -92,9 +103,13 @@ def main() -> None:
     iso = next((c for c in report["checks"] if c["id"] == "tenant-isolation"), {})
     late = next((sc for sc in iso.get("evidence", {}).get("scenarios", []) if sc["scenario"] == "late-decode"), {})
     crossings = [c["request"] for c in iso.get("evidence", {}).get("crossings", [])]
+    longest = max(timed(report), default=(None, None))
     print(json.dumps({"bench": "vllm-pd check", "connector": args.connector, "context": args.context, "lease_s": args.lease,
                       "exit_code": proc.returncode,
                       "boot_s": round(boot_s), "check_wall_s": round(wall), "cost": report["cost"],
+                      # the longest any request of the check took, answered or not: what the lease
+                      # must outlast with room (issue 27, item 4), beside which request it was
+                      "longest_request": {"elapsed_s": longest[0], "request": longest[1]},
                       "late_decode": late.get("occurrence") or late.get("not_probed") or late.get("skipped"), "crossings": crossings,
                       "checks": [(c["id"], c["status"], c["message"][:160]) for c in report["checks"]]}), flush=True)
 
