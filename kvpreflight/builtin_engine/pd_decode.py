@@ -138,6 +138,11 @@ class DecodeHandoff:
     def _transfer_ended(self, room: Room, status: str, tokens_sent: int) -> None:
         room.transfer_status = status
         room.tokens_sent = tokens_sent
+        if status != "ok":
+            # Counted where the failure is seen, before anyone can observe its events: the request
+            # may never reach decoding (a router that answered 502 for a dead prefill cancelled
+            # it), and a failed transfer must count all the same (SGLang counts it in its queue).
+            self.engine.count(transfer_failed=1)
         self.engine.page_log.event("transfer_end", room.rid, room.pages, room=room.room, status=status, tokens=tokens_sent)
         room.done.set()
         if room.cancelled_at is not None and not room.pages_released:
@@ -150,8 +155,7 @@ class DecodeHandoff:
     ) -> Generation:
         engine = self.engine
         try:
-            if room.transfer_status != "ok":
-                engine.count(transfer_failed=1)
+            if room.transfer_status != "ok":  # counted in _transfer_ended
                 raise RequestError(
                     f"KV transfer failed for request {room.rid} (bootstrap room {room.room}): {room.transfer_status}.",
                     status=500,

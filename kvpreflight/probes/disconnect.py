@@ -22,6 +22,7 @@ UNIFIED_CANCEL_AFTER_S = 0.02  # a unified engine shows no transfer: leave durin
 NO_GAUGE_CANCEL_AFTER_S = 0.01
 GAUGE_POLL_MIN_S = 0.002
 ANSWER_PEEK_BYTES = 1 << 20  # what an answer that came first is read of, to scan it like any other
+ANSWER_READ_S = 5.0  # ...and for how long, once it has begun to arrive
 AFTER_FIRST_TOKEN = "after the first streamed token"
 
 
@@ -107,12 +108,28 @@ def leave_after_first_token(target: RawTarget, read_budget_s: float) -> Departur
 
 
 def _arrived(conn: http.client.HTTPConnection) -> bytes | None:
-    """What the engine has sent so far (b"" once it closed the connection), or None while it has
-    sent nothing; never waits for more."""
+    """None while the engine has sent nothing (never waits for it); once it has begun to answer,
+    the whole answer: its body read to the end (ANSWER_PEEK_BYTES at most, within
+    ANSWER_READ_S), b"" where it closed the connection instead. Not the bytes that happen to be
+    there: an engine that wrote its headers apart from its body left the body, and a canary in
+    it, unscanned (a clean-clone run, 2026-12-04)."""
     sock = conn.sock
     if sock is None or not select.select([sock], [], [], 0)[0]:
         return None
-    return sock.recv(ANSWER_PEEK_BYTES)
+    deadline = time.monotonic() + ANSWER_READ_S
+    body = b""
+    try:
+        sock.settimeout(ANSWER_READ_S)
+        resp = conn.getresponse()
+        while len(body) < ANSWER_PEEK_BYTES and (left := deadline - time.monotonic()) > 0:
+            sock.settimeout(left)
+            chunk = resp.read1(ANSWER_PEEK_BYTES - len(body))
+            if not chunk:
+                break
+            body += chunk
+    except (OSError, http.client.HTTPException):
+        pass  # closed, reset or cut short: what was read is what it said
+    return body
 
 
 @contextlib.contextmanager

@@ -207,3 +207,22 @@ def test_cancel_during_transfer(tmp_path, fault):
             assert a_pages & set(b_given["pages"])
             assert late_writes, "an in-flight write of the cancelled request landed in the next request's pages"
             assert deferred == 0
+
+
+def test_a_failed_transfer_whose_client_left_is_counted_when_it_is_logged(tmp_path):
+    """The decode counts a failed KV transfer where it sees it fail, not when the request goes on to
+    decode: a request whose client left (or whose router answered 502 for a dead prefill and
+    cancelled it, smg) never decodes, and its failed transfer went uncounted (a clean-clone run,
+    2026-12-04: smg's dead-prefill test read 0 failed transfers)."""
+    # 150 ms before each 8-page batch: an 800-token prompt (50 pages, 7 batches) takes ~1 s to move.
+    with pd_trio(tmp_path, context_length=CONTEXT, prefill_pool=SMALL_POOL, decode_pool=BIG_POOL,
+                 prefill_args=["--transfer-delay-ms", "150"], decode_args=["--disable-radix-cache"]) as trio:
+        _start_and_abandon(trio.url, {"text": "A" * 800, "rid": "left-a", "sampling_params": {"max_new_tokens": 4}}, 0.4)
+        events = trio.decode.page_events
+        _wait_for(lambda: any(e["event"] == "cancel" and e["rid"] == "left-a" for e in events()))
+        assert not any(e["event"] == "transfer_end" and e["rid"] == "left-a" for e in events())  # still moving
+        trio.prefill.process.kill()  # the transfer breaks after the client left
+        _wait_for(lambda: any(e["event"] == "transfer_end" and e["rid"] == "left-a" for e in events()))
+        (end,) = [e for e in events() if e["event"] == "transfer_end" and e["rid"] == "left-a"]
+        assert end["status"] == "failed: connection closed mid-transfer", end
+        assert metric(trio.decode.url, "sglang:num_transfer_failed_reqs_total") == 1

@@ -115,7 +115,15 @@ def test_an_engine_that_answers_before_its_gauge_rises_ends_the_wait_with_what_i
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
-            self.wfile.write(body)
+            self.wfile.flush()
+            # The body apart from the headers, as an engine under load may send them: the probe
+            # once scanned only the headers it found and missed a canary in the body (a
+            # clean-clone run, 2026-12-04).
+            time.sleep(0.2)
+            self.wfile.write(body[:20])
+            self.wfile.flush()
+            time.sleep(0.1)
+            self.wfile.write(body[20:])
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
