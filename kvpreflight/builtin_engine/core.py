@@ -223,7 +223,11 @@ class Engine:
                 # The generated token's KV goes into the cache like any other.
                 if length // self.page_size >= len(pages):
                     try:
-                        pages.extend(self.alloc_pages(1, rid, wait_s=5.0))
+                        # As long as a prompt waits (SGLang retracts a request it cannot grow
+                        # rather than fail it): under load, pages held by a cancelled request
+                        # until its transfer drains were freed after a fixed 5 s wait ran out, and
+                        # an honest engine refused the request (clean-clone run, 2026-12-04).
+                        pages.extend(self.alloc_pages(1, rid))
                     except RequestError as exc:
                         yield token, logprob, {"type": "abort", "message": str(exc), "status_code": 503}
                         return

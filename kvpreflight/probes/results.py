@@ -219,8 +219,9 @@ class TenantRequest:
             return "timed out"
         if c.transport_error:
             return "connection failed"
-        if c.status == 200:
-            return "HTTP 200 without an answer"
+        if c.status == 200:  # an error inside a 200 (an SGLang abort, an error frame in a stream)
+            said = c.error_message or ""
+            return f"HTTP 200 with an error: {cut(said, UNANSWERED_QUOTE_CHARS)}" if said else "HTTP 200 without an answer"
         # The deployment's own words (a router's plain-text body, an engine's error message), so
         # the verdict says why the requests were refused, grouped by what was said.
         said = c.error_message or ""

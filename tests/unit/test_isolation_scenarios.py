@@ -613,12 +613,14 @@ def test_a_scenario_left_unanswered_quotes_what_the_deployment_said_grouped_by_i
         if sent.tokens > engine.limit or tenant == "b" or refused["a"] < 1:
             refused["a"] += tenant == "a" and sent.tokens <= engine.limit
             return None
-        words = "HTTP 503: no available prefill workers" if refused["a"] % 2 else "The KV pool has no free pages; retry later."
+        status, words = ((503, "HTTP 503: no available prefill workers"), (503, "The KV pool has no free pages; retry later."),
+                         (200, "aborted: no free page to grow into"))[refused["a"] % 3]  # 200: an abort in the body
         refused["a"] += 1
-        return Completion(sent_tokens=sent.tokens, max_tokens=sent.max_tokens, streamed=sent.stream, status=503,
+        return Completion(sent_tokens=sent.tokens, max_tokens=sent.max_tokens, streamed=sent.stream, status=status,
                           elapsed_s=0.001, error_message=words, text="")
 
     engine = FakeEngine(snapshot(URL), script=refusing)
     status, said = tenant_isolation.scenario_verdict(scenario(isolate(engine), "normal"))
     assert status is Status.INCONCLUSIVE, said
     assert "HTTP 503: no available prefill workers x" in said and "HTTP 503: The KV pool has no free pages; retry later. x" in said
+    assert "HTTP 200 with an error: aborted: no free page to grow into x" in said
