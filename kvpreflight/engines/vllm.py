@@ -36,7 +36,6 @@ KV_ROLES = {"kv_producer": Role.PREFILL, "kv_consumer": Role.DECODE, "kv_both": 
 # The same start-up line's kv_connector_extra_config (distributed/kv_transfer/kv_connector/v1/nixl/
 # base_scheduler.py reads "kv_lease_duration", default 30 s, since vLLM PR #41383; builds before it
 # held KV for VLLM_NIXL_ABORT_REQUEST_TIMEOUT instead).
-NIXL_LINE = re.compile(r"""kv_connector['"]?\s*[:=]\s*['"]NixlConnector['"]""")
 LEASE_LINE = re.compile(r"""kv_lease_duration['"]?\s*[:=]\s*['"]?(\d+(?:\.\d+)?)""")
 LEASE_SETTING = "kv_transfer_config kv_connector_extra_config.kv_lease_duration"
 DEFAULT_LEASE_S = 30
@@ -47,10 +46,10 @@ DEFAULT_LEASE_S = 30
 # freeing an unsent request's blocks names the value in force: "Request %s timed out after %d
 # seconds without being sent. Freeing its blocks on the producer side."
 # Every connector the start-up line's kv_transfer_config names (a MultiConnector nests several in its
-# kv_connector_extra_config), reported as the setting `kv_transfer_config` so that advisories on a
-# connector resolve: the names only, since the rest of that line holds every other argument.
+# kv_connector_extra_config), or the JSON as given: NixlConnector and MooncakeConnector among them,
+# and reported as the setting `kv_transfer_config` so that advisories on a connector resolve: the
+# names only, since the rest of that line holds every other argument.
 CONNECTOR_NAME = re.compile(r"""kv_connector['"]?\s*[:=]\s*['"]([A-Za-z0-9_.]+)['"]""")
-MOONCAKE_LINE = re.compile(r"""kv_connector['"]?\s*[:=]\s*['"]MooncakeConnector['"]""")
 MOONCAKE_TIMEOUT_LINE = re.compile(r"timed out after (\d+) seconds without being sent\. Freeing its blocks on the producer side")
 MOONCAKE_SETTING = "env VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"
 DEFAULT_MOONCAKE_TIMEOUT_S = 480
@@ -153,8 +152,7 @@ class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
                 # An info metric's labels are strings: "True" / "False".
                 prefix_caching = {"true": True, "false": False}.get(labels.get("enable_prefix_caching", "").lower(), prefix_caching)
         reported_role = None
-        nixl, lease = False, None
-        mooncake, abort_timeout = False, None
+        lease, abort_timeout = None, None
         connectors: set[str] = set()
         if metrics is not None and CONSUMER_METRIC in metrics:
             reported_role = Role.DECODE  # kv_both also registers it; the log line below tells them apart
@@ -162,12 +160,9 @@ class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
             for line in log_lines(log_text):
                 if m := KV_ROLE_LINE.search(line):
                     reported_role = KV_ROLES[m[1]]
-                nixl = nixl or NIXL_LINE.search(line) is not None
-                if "kv_transfer_config" in line:
-                    connectors.update(CONNECTOR_NAME.findall(line))
+                connectors.update(CONNECTOR_NAME.findall(line))
                 if m := LEASE_LINE.search(line):
                     lease = float(m[1])
-                mooncake = mooncake or MOONCAKE_LINE.search(line) is not None
                 if m := MOONCAKE_TIMEOUT_LINE.search(line):
                     abort_timeout = float(m[1])
                 if m := ALLOCATOR_LINE.search(line):
@@ -179,6 +174,7 @@ class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
         final_role, role_source = role_of(role, reported_role)
         if connectors:
             settings["kv_transfer_config"] = "kv_connector=" + ",".join(sorted(connectors))
+        nixl, mooncake = "NixlConnector" in connectors, "MooncakeConnector" in connectors
         kv_lease = None
         if lease is not None or (nixl and final_role is not Role.DECODE):
             kv_lease = KvDeadline(seconds=lease if lease is not None else DEFAULT_LEASE_S, setting=LEASE_SETTING,

@@ -219,16 +219,15 @@ class TenantRequest:
             return "timed out"
         if c.transport_error:
             return "connection failed"
-        if c.status == 200:  # an error inside a 200 (an SGLang abort, an error frame in a stream)
-            said = c.error_message or ""
-            return f"HTTP 200 with an error: {cut(said, UNANSWERED_QUOTE_CHARS)}" if said else "HTTP 200 without an answer"
-        # The deployment's own words (a router's plain-text body, an engine's error message), so
-        # the verdict says why the requests were refused, grouped by what was said.
+        # The deployment's own words (a router's plain-text body, an engine's error message, an
+        # error inside a 200 such as an SGLang abort), so the verdict says why the requests were
+        # refused, grouped by what was said; error_reply_message already names the status.
         said = c.error_message or ""
         if said.startswith(f"HTTP {c.status}"):
             said = said.removeprefix(f"HTTP {c.status}").removeprefix(":").strip()
-        return f"HTTP {c.status}: {cut(said, UNANSWERED_QUOTE_CHARS)}" if said and said != "without an error message" \
-            else f"HTTP {c.status} without an error message"
+        if said in ("", "without an error message"):
+            return "HTTP 200 without an answer" if c.status == 200 else f"HTTP {c.status} without an error message"
+        return f"HTTP {c.status}{' with an error' if c.status == 200 else ''}: {cut(said, UNANSWERED_QUOTE_CHARS)}"
 
     @property
     def request_id(self) -> str | None:
