@@ -152,6 +152,29 @@ class Engine:
             with self.pool.changed:
                 self.pool.changed.wait(min(remaining, 0.2))
 
+    def grow(self, pages: list[int], rid: str) -> None:
+        """One more page for a decoding request, appended to `pages`. When none is free the
+        request is retracted, as SGLang's scheduler retracts one it cannot grow: its KV copied
+        out, its pages freed for the requests it would otherwise wait on, then all it needs taken
+        again (ALLOC_WAIT_S at most) and its KV put back; `pages` is updated in place. Waiting
+        while holding its pages let growing requests wait on each other until one was refused
+        (clean-clone runs cc18 and cc21, 2026-12-04: an honest engine failed a check)."""
+        try:
+            pages.extend(self.alloc_pages(1, rid, wait_s=0))
+            return
+        except RequestError:
+            pass
+        with self.compute_lock:
+            kv = self.pool.read_pages(pages)
+        held = len(pages)
+        self.release(pages, rid, reason="retracted")
+        pages.clear()  # freed: whoever releases this request's pages later must not free them twice
+        self.count(retracted=1)
+        fresh = self.alloc_pages(held + 1, rid)
+        with self.compute_lock:
+            self.pool.write_pages(fresh[:held], kv)
+        pages.extend(fresh)
+
     def release(self, pages: list[int], rid: str, **fields: object) -> None:
         freed = self.pool.release(pages)
         self.page_log.event("freed", rid, pages, returned_to_pool=freed, **fields)
@@ -223,11 +246,7 @@ class Engine:
                 # The generated token's KV goes into the cache like any other.
                 if length // self.page_size >= len(pages):
                     try:
-                        # As long as a prompt waits (SGLang retracts a request it cannot grow
-                        # rather than fail it): under load, pages held by a cancelled request
-                        # until its transfer drains were freed after a fixed 5 s wait ran out, and
-                        # an honest engine refused the request (clean-clone run, 2026-12-04).
-                        pages.extend(self.alloc_pages(1, rid))
+                        self.grow(pages, rid)
                     except RequestError as exc:
                         yield token, logprob, {"type": "abort", "message": str(exc), "status_code": 503}
                         return

@@ -33,6 +33,7 @@ class ServedCounters:
     deferred_release_seconds: float = 0.0
     running: int = 0
     aborted_requests: int = 0  # the client left before the answer was complete
+    retracted: int = 0  # decoding requests that gave their pages back to wait for more (Engine.grow)
 
 
 def _fmt(value: float) -> str:

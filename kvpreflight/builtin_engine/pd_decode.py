@@ -109,7 +109,7 @@ class DecodeHandoff:
             if client_gone():
                 self._cancel(room)
                 return None
-        return self._decode_after_transfer(room, ids, params, on_token, leaked)
+        return self._decode_after_transfer(room, ids, params, on_token, leaked, client_gone)
 
     def _release_pages(self, room: Room, **fields: object) -> None:
         with self._lock:
@@ -151,8 +151,9 @@ class DecodeHandoff:
             self._release_pages(room, reason="deferred_release", waited_s=round(waited, 4))
 
     def _decode_after_transfer(
-        self, room: Room, ids: list[int], params: GenParams, on_token: OnToken | None, leaked: list[int]
-    ) -> Generation:
+        self, room: Room, ids: list[int], params: GenParams, on_token: OnToken | None, leaked: list[int],
+        client_gone: Callable[[], bool],
+    ) -> Generation | None:
         engine = self.engine
         try:
             if room.transfer_status != "ok":  # counted in _transfer_ended
@@ -166,7 +167,9 @@ class DecodeHandoff:
                     f"{room.reserved_tokens} tokens were reserved for request {room.rid}.",
                     status=500,
                 )
-            pages = list(room.pages)
+            # The room's own list: the decode loop grows it, and moves it when it retracts the
+            # request (Engine.grow), so that what is released below is what the request holds.
+            pages = room.pages
             # Faults leak-*: the tail of the KV this answer is decoded over is another tenant's
             # (pages handed to two requests), on the decode's own answer path.
             same = next((i for i, (a, b) in enumerate(zip(ids, leaked, strict=True)) if a != b), None)
@@ -177,17 +180,12 @@ class DecodeHandoff:
                 # degraded to unified: the answer is the same, the prefill's work is wasted).
                 engine.write_kv(ids, pages)
                 engine.count(prompt_tokens=len(ids))
-            try:
-                gen = engine.generate_from_pages(ids, pages, params, room.cached_tokens, on_token)
-                assert gen is not None  # None only where a client_gone check is given
-                return gen
-            finally:
-                # Pages added for generated tokens go back even when the client disconnected
-                # mid-decode (found by the isolation probes: 16 tokens leaked per disconnect).
-                extra = pages[len(room.pages):]
-                if extra:
-                    engine.release(extra, room.rid)
+            # A client that left stops its decode, as SGLang aborts a disconnected request: a
+            # request decoded for nobody held its pages while others waited for them.
+            return engine.generate_from_pages(ids, pages, params, room.cached_tokens, on_token, client_gone)
         finally:
+            # Prompt pages and those added for generated tokens, also when the client
+            # disconnected mid-decode (found by the isolation probes: 16 tokens leaked per disconnect).
             self._release_pages(room, reason="finished")
 
     # -- the fetch: register the room at the prefill, reserve pages, receive them

@@ -226,3 +226,26 @@ def test_a_failed_transfer_whose_client_left_is_counted_when_it_is_logged(tmp_pa
         (end,) = [e for e in events() if e["event"] == "transfer_end" and e["rid"] == "left-a"]
         assert end["status"] == "failed: connection closed mid-transfer", end
         assert metric(trio.decode.url, "sglang:num_transfer_failed_reqs_total") == 1
+
+
+def test_a_decode_whose_client_left_mid_decode_stops_and_frees_its_pages(tmp_path):
+    """A request whose client leaves after its KV arrived stops decoding, as SGLang aborts a
+    disconnected request. The decode used to generate the whole answer for nobody, holding its
+    pages while others waited for them (clean-clone runs cc18 and cc21: cancel-transfer's leaver
+    was still decoding when the other tenant's requests came, and one of them was refused)."""
+    answer = 6000
+    with pd_trio(tmp_path, context_length=CONTEXT, prefill_pool=SMALL_POOL, decode_pool=BIG_POOL) as trio:
+        events = trio.decode.page_events
+        parts = urllib.parse.urlsplit(trio.url)
+        data = json.dumps({"text": "A" * 64, "rid": "left-mid-decode",
+                           "sampling_params": {"max_new_tokens": answer, "ignore_eos": True}}).encode()
+        with socket.create_connection((parts.hostname, parts.port)) as sock:
+            sock.sendall(b"POST /generate HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         + f"Content-Length: {len(data)}\r\nConnection: close\r\n\r\n".encode() + data)
+            # Decoding: its prompt's 4 pages arrived and a page for generated tokens was added.
+            _wait_for(lambda: sum(1 for e in events() if e["event"] == "given" and e["rid"] == "left-mid-decode") >= 2)
+        _wait_for(lambda: any(e["event"] == "freed" and e["rid"] == "left-mid-decode" for e in events()))
+        grown = sum(len(e["pages"]) for e in events() if e["event"] == "given" and e["rid"] == "left-mid-decode") - 4
+        assert grown < answer // 16 // 2, f"{grown} pages grown: the decode went on after its client left"
+        assert metric(trio.decode.url, "sglang:num_aborted_requests_total") == 1
+        _wait_for(lambda: metric(trio.decode.url, "sglang:num_used_tokens") == 0)
