@@ -42,8 +42,10 @@ def request_evidence(r: TenantRequest) -> dict[str, Any]:
         ev["own_canary_seen"] = r.own_seen
     if r.abandoned:
         ev["disconnected"] = r.abandoned
-        if r.completion is None and r.request_id:  # a served request's id is in its completion's evidence
-            ev["request_id"] = r.request_id
+        if r.completion is None:  # a served request's id and size are in its completion's evidence
+            ev["sent_tokens"] = r.abandoned_tokens
+            if r.request_id:
+                ev["request_id"] = r.request_id
     if r.completion is not None:
         ev.update(r.completion.evidence())
     if r.crossings:

@@ -24,6 +24,7 @@ from kvpreflight.probes import occurrence
 from kvpreflight.probes import scenarios as declaration
 from kvpreflight.probes.budget import TINY_TOKENS
 from kvpreflight.probes.disconnect import (
+    UNIFIED_CANCEL_AFTER_S,
     Departure,
     RawTarget,
     leave_after_first_token,
@@ -43,6 +44,7 @@ from kvpreflight.probes.results import (
     DangerLine,
     Expect,
     IsolationRun,
+    ProbeName,
     ProbeResult,
     ProbeRun,
     Scenario,
@@ -361,10 +363,11 @@ class IsolationProber:
         arrived before the close is scanned too."""
         if not self.budget.may_send():
             return None
-        tenant, name, tokens = r.tenant, r.name, r.prompt_tokens
+        tenant, name = r.tenant, r.name
         during_transfer = r.leave is Leave.DURING_TRANSFER
         client = self.tenants[tenant]
         decoders = [s.url for s in self.snapshots if s.role is Role.DECODE and s.url in self.engines]
+        tokens = self._leaver_tokens(r, notes) if during_transfer and not decoders else r.prompt_tokens
         ids = self._ids[tenant][:tokens]
         if during_transfer and not decoders and len(self._ids[tenant]) > tokens:
             # Unified: the disconnect is to land during prefill, so the prompt must not be one the
@@ -400,6 +403,24 @@ class IsolationProber:
         scanned = self._scan(tenant, name, None, departure.received.decode("utf-8", errors="replace"),
                              abandoned=departure.left or "without the intended timing")
         return replace(scanned, abandoned_id=request.request_id, abandoned_tokens=len(ids))
+
+    def _leaver_tokens(self, r: ScenarioRequest, notes: list[str]) -> int:
+        """cancel-transfer's leaver on a unified engine, sized from the prompt at the limit that
+        the capacity probes sent (its time to the first token): IsolationSizes.leaver_tokens. Why
+        it is not the short prompt goes into the notes, once for both leavers."""
+        if r.longer is None:
+            return r.prompt_tokens
+        at_limit = next((p.completion for p in self.shared if p.probe is ProbeName.BOUNDARY_ACCEPT and p.completion.served), None)
+        why: str | None
+        if at_limit is None:
+            tokens, why = r.prompt_tokens, (f"the leavers stayed {r.prompt_tokens:,} tokens: no prompt at the limit was "
+                                            "answered before them, so the engine's prefill time is not known")
+        else:
+            took = at_limit.ttft_s if at_limit.ttft_s is not None else at_limit.elapsed_s
+            tokens, why = self.sizes.leaver_tokens(at_limit.sent_tokens, took, UNIFIED_CANCEL_AFTER_S)
+        if why and why not in notes:
+            notes.append(why)
+        return tokens
 
     def _token_ids(self, adapter: EngineAdapter, count: int, seed: str) -> list[int]:
         return valid_token_ids(adapter, self.engines.values(), count, seed)

@@ -10,6 +10,7 @@ for the disconnect and the other tenant's requests to land while it is still wri
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -30,6 +31,21 @@ SCAN_PROMPT_FRACTION = 64  # a short scenario prompt: 1/64 of the context...
 SCAN_PROMPT_MIN = 256  # ...and at least this: more than one KV transfer batch (8 pages of 16), so a
 # transfer lost after its first batch leaves stale pages behind
 LOAD_POOL_FRACTION = 0.9  # the load scenario's prompts and answers fill this much of the smallest pool
+# cancel-transfer on a unified engine: its client leaves UNIFIED_CANCEL_AFTER_S after sending, so
+# the leaver's prefill must outlast that, and the engine's noticing it, for the disconnect to land
+# during it. So the leaver is sized from the prompt at the limit, measured: the fewest tokens whose
+# prefill lasts LEAVER_PREFILL_OUTLASTS times the wait, at most 1/LEAVER_CONTEXT_FRACTION of the
+# context (that longest one where fewer would not do, if its prefill lasts LEAVER_PREFILL_AT_LEAST
+# times the wait), and only where the short prompt's prefill is too short. On unified vLLM on 2
+# CPU cores (docs/FINDINGS.md) 256-, 1,301- and 1,590-token leavers had tokens generated (the last
+# two sized at three and four times the wait from a first check whose prompt at the limit ran
+# slower than the leavers did), 1,784 and 2,048 tokens landed; the builtin engine prefills the
+# longest prompt in a few ms, where no leaver would land.
+LEAVER_PREFILL_OUTLASTS = 6.0
+LEAVER_PREFILL_AT_LEAST = 2.0
+LEAVER_CONTEXT_FRACTION = 2
+LONGER_LEAVER_CONDITION = ("the engine prefills the short prompt too fast for a client's disconnect to land during it "
+                           "(measured at the limit): cancel-transfer's leaver is sent longer, in place of the short one")
 
 
 @dataclass(frozen=True)
@@ -44,6 +60,7 @@ class IsolationSizes:
     over_where: str
     transfer_size: int  # cancel-transfer: the abandoned request
     transfer_victim: int  # cancel-transfer: the other tenant's requests after it
+    transfer_longer: int | None  # cancel-transfer on a unified engine: the leaver at most, where a short one is too fast
     decode_prompt: int  # cancel-decode
     decode_max_tokens: int
     load_count: int
@@ -70,10 +87,12 @@ class IsolationSizes:
         else:
             over, where = ctx + 1, "over the served context"
         short = max(1, min(longest, max(SCAN_PROMPT_MIN, ctx // SCAN_PROMPT_FRACTION)))
+        longer = None
         if any(s.role is not Role.UNIFIED for s in snapshots):
             size = max(1, min(longest, min_pool // 2)) if min_pool else longest
-        else:  # no transfer to race: the disconnect lands during prefill whatever the prompt
+        else:  # no transfer to race: the disconnect is to land during prefill (leaver_tokens)
             size = short
+            longer = min(longest, max(short, ctx // LEAVER_CONTEXT_FRACTION))
         decode_prompt = max(1, min(short, ctx - CANCEL_DECODE_MAX_TOKENS - 1) // 2)
         per, count, load_gen = longest, 4, gen
         if min_pool:
@@ -90,12 +109,35 @@ class IsolationSizes:
         off = caching_off(snapshots) is not None
         pages = [s.page_size for s in snapshots if s.page_size]
         return cls(gen=gen, longest=longest, min_pool=min_pool, over=over, over_where=where, transfer_size=size,
-                   transfer_victim=max(1, min(longest, int(size * 0.45))), decode_prompt=decode_prompt,
+                   transfer_longer=longer if longer and longer > size else None, transfer_victim=max(1, min(longest, int(size * 0.45))), decode_prompt=decode_prompt,
                    decode_max_tokens=max(gen, min(CANCEL_DECODE_MAX_TOKENS, ctx - decode_prompt - 1)),
                    load_count=count, load_per=per, load_max_tokens=load_gen, short=short,
                    pair_is_load=min_pool is not None and concurrency >= 2 and 0.8 * min_pool <= pair <= min_pool,
                    cache_prefixes=1 if off else CACHE_PREFIXES, cache_tokens=cache_prompt_tokens(longest, ctx, max(pages, default=None)),
                    page_size=min(pages, default=None), has_prefill=any(s.role is Role.PREFILL for s in snapshots))
+
+    def leaver_tokens(self, near_limit_tokens: int, near_limit_s: float, leave_after_s: float) -> tuple[int, str | None]:
+        """cancel-transfer's leaver on a unified engine, and why it is not the short prompt: from
+        the prompt at the limit (its tokens, its time to the first token), the fewest tokens whose
+        prefill outlasts the client's wait before leaving LEAVER_PREFILL_OUTLASTS times, never fewer
+        than the short prompt; `transfer_longer` at most, sent where fewer would not do if its
+        prefill still outlasts the wait LEAVER_PREFILL_AT_LEAST times. An engine too fast for that
+        keeps the short prompt: a longer one would cost prefill and show nothing more."""
+        short, longest = self.transfer_size, self.transfer_longer
+        if longest is None or near_limit_tokens <= 0 or near_limit_s <= 0:
+            return short, None
+        per_token_s = near_limit_s / near_limit_tokens
+        need = math.ceil(LEAVER_PREFILL_OUTLASTS * leave_after_s / per_token_s)
+        if need <= short:
+            return short, None
+        measured = f"the prompt at the limit ({near_limit_tokens:,} tokens) had its first token in {near_limit_s * 1000:,.0f} ms"
+        wait = f"a disconnect {leave_after_s * 1000:.0f} ms after sending"
+        if need > longest and longest * per_token_s < LEAVER_PREFILL_AT_LEAST * leave_after_s:
+            return short, (f"the leavers stayed {short:,} tokens: {measured}, so even {longest:,} tokens would be prefilled "
+                           f"in about {longest * per_token_s * 1000:,.0f} ms, too fast for {wait} to land during it")
+        tokens = min(need, longest)
+        return tokens, (f"the leavers were {tokens:,} tokens, not {short:,}: {measured}, so a {short:,}-token prefill (about "
+                        f"{short * per_token_s * 1000:,.0f} ms) would end before {wait} could land during it")
 
     @property
     def normal_tokens(self) -> int:

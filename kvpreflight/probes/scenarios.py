@@ -30,10 +30,10 @@ from __future__ import annotations
 import enum
 from collections import Counter
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from kvpreflight.probes.budget import TINY_TOKENS, PlannedRequest
-from kvpreflight.probes.isolation_sizes import TIMING_AUDIT_CONDITION, IsolationSizes
+from kvpreflight.probes.isolation_sizes import LONGER_LEAVER_CONDITION, TIMING_AUDIT_CONDITION, IsolationSizes
 from kvpreflight.probes.prefix_cache import DEFAULT_TIMING_SAMPLES, ORDER, TIMING_REQUESTS_PER_SAMPLE, timing_prompt_tokens
 from kvpreflight.probes.results import Expect, ProbeName, ScenarioName, Tenant
 
@@ -114,10 +114,20 @@ class ScenarioRequest:
     # A prompt no prefix cache holds (the tenant's canaries from an offset of their own): all its
     # KV is written into newly handed-out pages, from position 0.
     fresh_prefix: bool = False
+    # cancel-transfer's leaver on a unified engine: sent at up to this many tokens, in place of
+    # prompt_tokens, where the engine prefills that too fast (IsolationSizes.leaver_tokens)
+    longer: int | None = None
 
     def planned(self, scenario: ScenarioName, only_if: str | None = None) -> PlannedRequest:
         answer = self.max_tokens if self.leave is None else self.leave.answer_tokens
         return PlannedRequest(scenario, self.prompt_tokens, answer, self.expect, only_if=only_if)
+
+    def planned_longer(self, scenario: ScenarioName) -> PlannedRequest | None:
+        """The longer leaver, conditional (the estimate allows for it; the counts, which hold the
+        short one, do not)."""
+        if self.longer is None:
+            return None
+        return replace(self.planned(scenario), prompt_tokens=self.longer, only_if=LONGER_LEAVER_CONDITION)
 
 
 @dataclass(frozen=True)
@@ -152,6 +162,7 @@ class ScenarioSpec:
         for step in self.steps:
             sizes = Counter(r.planned(self.name, self.only_if) for r in step.requests)
             out += [PlannedRequest(p.name, p.prompt_tokens, p.max_tokens, p.expect, n, p.only_if) for p, n in sizes.items()]
+            out += [p for r in step.requests if (p := r.planned_longer(self.name)) is not None]
         return out
 
 
@@ -183,7 +194,7 @@ def declared(sizes: IsolationSizes) -> tuple[ScenarioSpec, ...]:
         # A disconnect during the transfer needs no stream, and a router may not pass a streamed
         # client's disconnect on (smg 1.13.0 does not): only the after-first-token case streams.
         transfer += [one(ScenarioRequest(leaver, f"cancel-transfer-{leaver.value}-left", sizes.transfer_size, gen,
-                                         leave=Leave.DURING_TRANSFER), pause_s=CANCEL_PROPAGATION_S),
+                                         leave=Leave.DURING_TRANSFER, longer=sizes.transfer_longer), pause_s=CANCEL_PROPAGATION_S),
                      one(*(ScenarioRequest(other, f"cancel-transfer-{other.value}{i + 1}", sizes.transfer_victim, gen,
                                            stream=i == 1) for i in range(2)), settle=True)]
         decode += [one(ScenarioRequest(leaver, f"cancel-decode-{leaver.value}-left", sizes.decode_prompt,

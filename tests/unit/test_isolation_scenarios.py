@@ -19,7 +19,7 @@ from kvpreflight.probes.budget import Budget
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, deployment_limits
 from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN, Departure, RawTarget
 from kvpreflight.probes.isolation import IsolationSettings, run_isolation
-from kvpreflight.probes.isolation_sizes import IsolationSizes
+from kvpreflight.probes.isolation_sizes import LONGER_LEAVER_CONDITION, IsolationSizes
 from kvpreflight.probes.results import (
     CacheProbeKind,
     DangerLine,
@@ -31,6 +31,7 @@ from kvpreflight.probes.results import (
     Tenant,
     TenantRequest,
 )
+from kvpreflight.probes.scenarios import isolation_sizes
 from kvpreflight.probes.session import Connection, ProbeSession
 
 URL = "http://engine:1"
@@ -277,7 +278,8 @@ def test_cancel_transfer_on_a_unified_engine_is_unconfirmed(departures):
     assert [len(t.request.body["input_ids"]) for t in leavers] == [SHORT, SHORT]
     assert cancel.occurred is None and cancel.occurrence == (
         "unconfirmed: the engine counts neither aborted requests nor the prompts its scheduler takes up, so a "
-        "disconnect during prefill cannot be shown")
+        "disconnect during prefill cannot be shown; the leavers stayed 256 tokens: no prompt at the limit was answered "
+        "before them, so the engine's prefill time is not known")
     assert cancel.not_applicable == "a disconnect mid-transfer: a unified engine moves no KV between engines"
 
 
@@ -400,6 +402,55 @@ def test_near_limit_prompts_are_sent_once_and_are_the_boundary_and_load_scenario
     assert [r.name for r in boundary.requests if not r.scanned] == ["boundary-accept-a"]
     assert load.occurred is True and "the concurrent-capacity requests, one per tenant" in load.occurrence
     assert judged(run, (engine.snap,), "tenant-isolation").status is Status.WARN  # cancel-transfer unconfirmed (unified)
+
+
+@pytest.mark.parametrize(("first_token_s", "leaver", "said"), [
+    # 8,185 tokens in 0.4 s: 256 would be prefilled in 13 ms, before the client leaves at 20 ms;
+    # 2,456 tokens take 120 ms, six times the wait
+    (0.4, 2456, "the leavers were 2,456 tokens, not 256: the prompt at the limit (8,185 tokens) had its first token in "
+                "400 ms, so a 256-token prefill (about 13 ms) would end before a disconnect 20 ms after sending could land "
+                "during it"),
+    # faster: six times the wait would take more than half the context; that half (75 ms) is sent
+    (0.15, 4096, "the leavers were 4,096 tokens, not 256"),
+    # slow enough: the short prompt's prefill (about 156 ms) outlasts the wait six times over
+    (5.0, SHORT, None),
+    # too fast even for half the context (25 ms, not twice the wait): the short one, no prefill spent for nothing
+    (0.05, SHORT, "the leavers stayed 256 tokens: the prompt at the limit (8,185 tokens) had its first token in 50 ms, "
+                  "so even 4,096 tokens would be prefilled in about 25 ms, too fast for a disconnect 20 ms after sending "
+                  "to land during it"),
+])
+def test_a_unified_engines_leaver_is_sized_from_the_prompt_at_the_limit(departures, first_token_s, leaver, said):
+    # Issue 27, item 7: a 256-token leaver left 20 ms after sending was answered first on unified
+    # vLLM (2 CPU cores), so cancel-transfer stayed unconfirmed; 1,784 and 2,048 tokens landed. The
+    # engine's own measured time at the limit sizes it, within half the context.
+    engine = FakeEngine(snapshot(URL, pool=16384, context=8192, page_size=16))
+    adapter = FakeAdapter(URL, HttpClient())
+    limits = deployment_limits(adapter, [engine.snap])
+    assert limits is not None
+    probing = session(adapter, {URL: adapter}, [engine.snap], limits)
+    settings = IsolationSettings(churn_allowed=True, binding="a cache_salt per tenant")
+    with isolation.open_tenants(probing, ({}, {}), salted=True) as prompts:
+        capacity = CapacityProber(probing, ProbeSettings(), tenants=prompts).run()
+        timed = tuple(replace(p, completion=replace(p.completion, ttft_s=first_token_s)) if p.name == "boundary-accept" else p
+                      for p in capacity.probes)
+        run = run_isolation(probing, settings, prompts=prompts, shared=replace(capacity, probes=timed))
+    leavers = [t for how, t in departures if how == "transfer"]
+    assert [len(t.request.body["input_ids"]) for t in leavers] == [leaver, leaver]
+    cancel = scenario(run, "cancel-transfer")
+    assert [r.abandoned_tokens for r in cancel.requests if r.abandoned] == [leaver, leaver]
+    assert (said in cancel.occurrence) if said else ("leavers" not in cancel.occurrence), cancel.occurrence
+    # the plan lists the longer leaver as conditional, in place of the short one (the estimate allows for it)
+    planned = [p for p in isolation_sizes(IsolationSizes.of(limits, [engine.snap]), churn=True) if p.name == "cancel-transfer"]
+    longer = [p for p in planned if p.only_if]
+    assert [(p.prompt_tokens, p.only_if) for p in longer] == [(4096, LONGER_LEAVER_CONDITION)] * 2
+    assert sorted(p.prompt_tokens for p in planned if not p.only_if and p.concurrent == 1) == [SHORT, SHORT]
+
+
+def test_a_leaver_behind_a_pair_is_sized_by_the_pool_with_no_longer_variant():
+    pd = [snapshot(URL, pool=4096, role=Role.PREFILL), snapshot("http://decode:1", pool=4096, role=Role.DECODE)]
+    sizes = IsolationSizes.of(LIMITS, pd)
+    assert sizes.transfer_size == 2048 and sizes.transfer_longer is None
+    assert not [p for p in isolation_sizes(sizes, churn=True) if p.only_if == LONGER_LEAVER_CONDITION]
 
 
 @pytest.mark.parametrize(("page_size", "tokens"), [(16, 128), (128, 512), (None, 512)])
@@ -529,7 +580,6 @@ def test_scenario_selects_the_scenarios_that_run_and_the_plan_counts_only_those(
     assert not [r for s in run.scenarios if s.skipped for r in s.requests]
     result = judged(run, (engine.snap,), "tenant-isolation")
     assert "not run (not selected (--scenario over-capacity))" in result.message
-    from kvpreflight.probes.scenarios import isolation_sizes
 
     planned = {p.name for p in isolation_sizes(IsolationSizes.of(LIMITS, [engine.snap]), churn=True, only=("over-capacity",))}
     assert planned == {"over-capacity", "prefix-cache", "prefix-cache-timing"}

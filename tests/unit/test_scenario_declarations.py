@@ -16,7 +16,7 @@ from kvpreflight.engines.http import HttpClient
 from kvpreflight.probes import scenarios
 from kvpreflight.probes.budget import Budget
 from kvpreflight.probes.isolation import IsolationSettings, run_isolation
-from kvpreflight.probes.isolation_sizes import IsolationSizes
+from kvpreflight.probes.isolation_sizes import LONGER_LEAVER_CONDITION, IsolationSizes
 from kvpreflight.probes.results import Limits, ScenarioName, Tenant
 from kvpreflight.probes.session import ProbeSession
 
@@ -78,8 +78,13 @@ def test_the_plan_counts_each_declared_request_once_and_the_carried_scenarios_no
     declared = scenarios.declared(sizes)
     plan = scenarios.isolation_sizes(sizes, churn=True, timing_samples=0)
     for spec in declared:
-        own = [p for p in plan if p.name == spec.name]
+        own = [p for p in plan if p.name == spec.name and p.only_if != LONGER_LEAVER_CONDITION]
         sent = sum(len(step.requests) for step in spec.steps)
         assert sum(p.concurrent for p in own) == (0 if spec.carried_by else sent), spec.name
+        # a unified engine's leaver may go longer, in place of the short one: listed apart, conditional
+        in_place = [p for p in plan if p.name == spec.name and p.only_if == LONGER_LEAVER_CONDITION]
+        longer = [r for step in spec.steps for r in step.requests if r.longer]
+        assert [p.prompt_tokens for p in in_place] == [r.longer for r in longer], spec.name
+    assert [p.name for p in plan if p.only_if == LONGER_LEAVER_CONDITION] == [ScenarioName.CANCEL_TRANSFER] * 2
     without_churn = scenarios.isolation_sizes(sizes, churn=False, timing_samples=0)
     assert {p.name for p in without_churn} == {ScenarioName.NORMAL, ScenarioName.OVER_CAPACITY, "prefix-cache"}
