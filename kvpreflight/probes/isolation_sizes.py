@@ -34,16 +34,15 @@ LOAD_POOL_FRACTION = 0.9  # the load scenario's prompts and answers fill this mu
 # cancel-transfer on a unified engine: its client leaves UNIFIED_CANCEL_AFTER_S after sending, so
 # the leaver's prefill must outlast that, and the engine's noticing it, for the disconnect to land
 # during it. So the leaver is sized from the prompt at the limit, measured: the fewest tokens whose
-# prefill lasts LEAVER_PREFILL_OUTLASTS times the wait, at most 1/LEAVER_CONTEXT_FRACTION of the
-# context (that longest one where fewer would not do, if its prefill lasts LEAVER_PREFILL_AT_LEAST
-# times the wait), and only where the short prompt's prefill is too short. On unified vLLM on 2
-# CPU cores (docs/FINDINGS.md) 256-, 1,301- and 1,590-token leavers had tokens generated (the last
-# two sized at three and four times the wait from a first check whose prompt at the limit ran
-# slower than the leavers did), 1,784 and 2,048 tokens landed; the builtin engine prefills the
-# longest prompt in a few ms, where no leaver would land.
-LEAVER_PREFILL_OUTLASTS = 6.0
-LEAVER_PREFILL_AT_LEAST = 2.0
-LEAVER_CONTEXT_FRACTION = 2
+# prefill lasts LEAVER_PREFILL_OUTLASTS times the wait, at most the longest scanned prompt (sent
+# where fewer would not do, if its prefill lasts LEAVER_PREFILL_AT_LEAST times the wait), and only
+# where the short prompt's prefill is too short. On unified vLLM on 2 CPU cores (docs/FINDINGS.md)
+# leavers prefilled in about 40-51 ms had tokens generated and those of 56-60 ms landed; the prompt
+# at the limit of a server's first check ran up to twice as slow as later ones (so a leaver sized
+# from it ran faster than predicted). The builtin engine prefills the longest prompt in a few ms,
+# where no leaver would land.
+LEAVER_PREFILL_OUTLASTS = 10.0
+LEAVER_PREFILL_AT_LEAST = 4.0
 LONGER_LEAVER_CONDITION = ("the engine prefills the short prompt too fast for a client's disconnect to land during it "
                            "(measured at the limit): cancel-transfer's leaver is sent longer, in place of the short one")
 
@@ -92,7 +91,7 @@ class IsolationSizes:
             size = max(1, min(longest, min_pool // 2)) if min_pool else longest
         else:  # no transfer to race: the disconnect is to land during prefill (leaver_tokens)
             size = short
-            longer = min(longest, max(short, ctx // LEAVER_CONTEXT_FRACTION))
+            longer = longest
         decode_prompt = max(1, min(short, ctx - CANCEL_DECODE_MAX_TOKENS - 1) // 2)
         per, count, load_gen = longest, 4, gen
         if min_pool:
@@ -120,9 +119,10 @@ class IsolationSizes:
         """cancel-transfer's leaver on a unified engine, and why it is not the short prompt: from
         the prompt at the limit (its tokens, its time to the first token), the fewest tokens whose
         prefill outlasts the client's wait before leaving LEAVER_PREFILL_OUTLASTS times, never fewer
-        than the short prompt; `transfer_longer` at most, sent where fewer would not do if its
-        prefill still outlasts the wait LEAVER_PREFILL_AT_LEAST times. An engine too fast for that
-        keeps the short prompt: a longer one would cost prefill and show nothing more."""
+        than the short prompt; `transfer_longer` (the longest scanned prompt) at most, sent where
+        fewer would not do if its prefill still outlasts the wait LEAVER_PREFILL_AT_LEAST times. An
+        engine too fast for that keeps the short prompt: a longer one would cost prefill and show
+        nothing more."""
         short, longest = self.transfer_size, self.transfer_longer
         if longest is None or near_limit_tokens <= 0 or near_limit_s <= 0:
             return short, None

