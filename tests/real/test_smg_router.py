@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import requests
 from support.builtin_requests import gen
-from support.demo_runs import run_demo, statuses
+from support.demo_runs import run_demo, statuses, unpassed
 
 from kvpreflight.builtin_engine.testbed import HOST, RunningEngine, free_port, start_engine, stop_engine
 from kvpreflight.demo import find_smg
@@ -306,7 +306,7 @@ def _demo(tmp_path: Path, *args: str) -> tuple[int, dict, str]:
 # Once each here; the same demos several times in a row: benchmarks/bench_demo_stability.py.
 def test_demo_behind_smg_passes(smg: str, tmp_path: Path):
     code, report, err = _demo(tmp_path)
-    assert code == 0, (statuses(report), err[-2000:])
+    assert code == 0, (unpassed(report), err[-300:])
     assert report["verdict"] == "pass"
     assert [e["role"] for e in report["engines"]] == ["prefill", "decode"]
     found = statuses(report)

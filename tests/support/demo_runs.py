@@ -30,3 +30,11 @@ def statuses(report: dict) -> dict[str, set[str]]:
     for check in report.get("checks", []):
         found.setdefault(check["id"], set()).add(check["status"])
     return found
+
+
+def unpassed(report: dict) -> list[tuple[str, str, str]]:
+    """(check, status, message) of each check that neither passed nor warned nor skipped: what an
+    assertion on the exit code should say when it fails (a status set alone was cut short, cc27)."""
+    return [(c["id"], c["status"], c["message"]) for c in report.get("checks", [])
+            if c["status"] not in ("pass", "warn", "skip")]
+
