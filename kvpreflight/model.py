@@ -204,6 +204,11 @@ class Completion:
         return self.error_message is not None and not self.timed_out
 
     @property
+    def first_token_s(self) -> float:
+        """Time to the first token: streamed, when it came; else the whole answer's time."""
+        return self.ttft_s if self.ttft_s is not None else self.elapsed_s
+
+    @property
     def served(self) -> bool:
         """Answered with HTTP 200, no error, in time: the one meaning of "served cleanly"."""
         return (self.status == 200 and self.error_message is None and not self.timed_out and not self.transport_error

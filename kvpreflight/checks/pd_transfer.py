@@ -173,7 +173,7 @@ def near_context_time(run: ProbeRun) -> NearContextTime:
     if accept is not None:
         c = accept.completion
         if c.served:
-            took = c.ttft_s if c.ttft_s is not None else c.elapsed_s
+            took = c.first_token_s
             went = f"was answered in {took:.1f} s"
             return NearContextTime(took, None, f"measured: the {tokens}prompt at the limit {went}", went)
         went = f"ran {c.elapsed_s:.1f} s and was not answered"

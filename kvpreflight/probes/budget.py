@@ -104,7 +104,7 @@ def _warm_up_timeout_s(budget: Budget, timeout_s: float) -> float:
 
 def _first_token_and_decode_s(c: Completion) -> tuple[float, float]:
     """A streamed answer's time to its first token, and the time per token generated after it."""
-    first_token = c.ttft_s if c.ttft_s is not None else c.elapsed_s
+    first_token = c.first_token_s
     return first_token, max(0.0, c.elapsed_s - first_token) / max(1, (c.completion_tokens or 1) - 1)
 
 

@@ -416,8 +416,7 @@ class IsolationProber:
             tokens, why = r.prompt_tokens, (f"the leavers stayed {r.prompt_tokens:,} tokens: no prompt at the limit was "
                                             "answered before them, so the engine's prefill time is not known")
         else:
-            took = at_limit.ttft_s if at_limit.ttft_s is not None else at_limit.elapsed_s
-            tokens, why = self.sizes.leaver_tokens(at_limit.sent_tokens, took, UNIFIED_CANCEL_AFTER_S)
+            tokens, why = self.sizes.leaver_tokens(at_limit.sent_tokens, at_limit.first_token_s, UNIFIED_CANCEL_AFTER_S)
         if why and why not in notes:
             notes.append(why)
         return tokens

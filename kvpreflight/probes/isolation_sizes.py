@@ -91,7 +91,7 @@ class IsolationSizes:
             size = max(1, min(longest, min_pool // 2)) if min_pool else longest
         else:  # no transfer to race: the disconnect is to land during prefill (leaver_tokens)
             size = short
-            longer = longest
+            longer = longest if longest > short else None
         decode_prompt = max(1, min(short, ctx - CANCEL_DECODE_MAX_TOKENS - 1) // 2)
         per, count, load_gen = longest, 4, gen
         if min_pool:
@@ -108,7 +108,7 @@ class IsolationSizes:
         off = caching_off(snapshots) is not None
         pages = [s.page_size for s in snapshots if s.page_size]
         return cls(gen=gen, longest=longest, min_pool=min_pool, over=over, over_where=where, transfer_size=size,
-                   transfer_longer=longer if longer and longer > size else None, transfer_victim=max(1, min(longest, int(size * 0.45))), decode_prompt=decode_prompt,
+                   transfer_longer=longer, transfer_victim=max(1, min(longest, int(size * 0.45))), decode_prompt=decode_prompt,
                    decode_max_tokens=max(gen, min(CANCEL_DECODE_MAX_TOKENS, ctx - decode_prompt - 1)),
                    load_count=count, load_per=per, load_max_tokens=load_gen, short=short,
                    pair_is_load=min_pool is not None and concurrency >= 2 and 0.8 * min_pool <= pair <= min_pool,

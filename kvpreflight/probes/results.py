@@ -264,8 +264,7 @@ class CacheProbe:
 
     @property
     def ttft_s(self) -> float:
-        c = self.completion
-        return c.ttft_s if c.ttft_s is not None else c.elapsed_s
+        return self.completion.first_token_s
 
 
 @dataclass(frozen=True, kw_only=True)
