@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext, probe_run
-from kvpreflight.checks.probe_common import answered_elsewhere, not_served, probe_evidence, stalled_or_broken, worst_status
+from kvpreflight.checks.probe_common import (
+    EchoScope,
+    answered_elsewhere,
+    not_served,
+    probe_evidence,
+    stalled_or_broken,
+    worst_status,
+)
 from kvpreflight.model import CheckResult, ErrorKind, Status
 
 ID = CheckId.CONCURRENT_CAPACITY
@@ -19,6 +26,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if not probes:
         return [CheckResult(ID, Status.INCONCLUSIVE, run.missing("the concurrent probe"), ctx.entry)]
     verdicts = []
+    scope = EchoScope.of(ctx)
     for p in probes:
         c = p.completion
         capacity = c.status == 429 or c.error_kind is ErrorKind.LENGTH
@@ -36,8 +44,12 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             verdicts.append((Status.FAIL, f"{p.name}: prompt truncated ({c.prompt_tokens} of {c.sent_tokens})"))
         elif c.served and c.completion_tokens:
             elsewhere = answered_elsewhere(p, ctx.snapshots, ctx.entry_model)
-            verdicts.append((Status.PASS, f"{p.name}: served") if elsewhere is None else
-                            (Status.INCONCLUSIVE, f"{p.name}: served, but {elsewhere}, so it shows nothing about them"))
+            if elsewhere is not None:  # another deployment's answer need not repeat the prompt
+                verdicts.append((Status.INCONCLUSIVE, f"{p.name}: served, but {elsewhere}, so it shows nothing about them"))
+            elif (alien := scope.not_from_prompt(p.echo, f"{p.name}'s prompt")) is not None:
+                verdicts.append((Status.FAIL, f"{p.name}: {alien}"))
+            else:
+                verdicts.append((Status.PASS, f"{p.name}: served"))
         else:
             verdicts.append((Status.FAIL, f"{p.name}: not served ({not_served(c)})"))
     worst = worst_status(s for s, _ in verdicts)

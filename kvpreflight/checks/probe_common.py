@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kvpreflight.checks.interface import CheckContext
 from kvpreflight.model import CheckResult, Completion, EngineSnapshot, ErrorKind, Hazard, Role, Status
-from kvpreflight.probes.results import DangerLine, ProbeResult
+from kvpreflight.probes.results import DangerLine, Echo, ProbeResult
 
 
 def unreached(ctx: CheckContext, check_id: str) -> list[CheckResult]:
@@ -131,6 +132,8 @@ def probe_evidence(p: ProbeResult) -> dict[str, Any]:
         ev["counter_deltas"] = {u: dict(d) for u, d in p.counter_deltas.items()}
     if p.foreign_markers:
         ev["foreign_markers"] = list(p.foreign_markers)
+    if p.echo.own is not None:
+        ev.update(echo_evidence(p.echo))
     return ev
 
 
@@ -253,3 +256,56 @@ def expiry_finding(expired: Sequence[Mapping[str, Any]], counted: Sequence[tuple
         return None
     said = "; ".join(f"{url} counted {n} request(s) whose KV lease ran out unread ({when})" for url, n, when in counted)
     return f"{EXPIRY_COST}{logged_lines(expired)}" + (f"; the counters say: {said}" if said else "")
+
+
+# -- each answer judged on its own: did it come from its own prompt? ------------------------------
+
+# A head repeated from a prompt at least this long shows an echo that reaches the prompt's start
+# (the builtin engine's copy head), not one that copies from a few positions back (the echo model
+# for vLLM and llama.cpp repeats the token 38 back: a short prompt's head is within its reach).
+LONG_RANGE_MIN_TOKENS = 256
+NOT_FROM_PROMPT_MEANING = ("while the same model repeated its own prompt in other answers of this run: the answer was "
+                           "computed from other KV than its prompt's (stale pages, another request's KV, a placeholder in "
+                           "the prompt's place: the incident's class), so it may hold another customer's data; nothing of it "
+                           "is quoted")
+WINDOW_MEANING = ("while shorter prompts' answers repeated their head: the engine attended only to a window at the prompt's "
+                  "end (an attention window clamped below the served context, or positions past the model's), so every "
+                  "token was counted but not every token was read; serve a context the model attends to in full (TensorRT-LLM: "
+                  "--fail_fast_on_attention_window_too_large; never override the model's positions)")
+
+
+@dataclass(frozen=True)
+class EchoScope:
+    """What this run's answers showed of the model: it repeats its prompt (`echoes`), and from
+    the prompt's very start (`long_range`). Only then is an answer that does not owed to the run."""
+
+    echoes: bool
+    long_range: bool
+
+    @classmethod
+    def of(cls, ctx: CheckContext) -> EchoScope:
+        echoes = [p.echo for p in ctx.probes.probes if p.completion.served] if ctx.probes else []
+        if ctx.isolation is not None:
+            echoes += [r.echo for r in ctx.isolation.requests() if r.served and r.scanned]
+        return cls(echoes=any(e.own for e in echoes),
+                   long_range=any(e.head and e.sent_tokens >= LONG_RANGE_MIN_TOKENS for e in echoes))
+
+    def not_from_prompt(self, echo: Echo, what: str) -> str | None:
+        """Why `what` (an answer to a served, scanned request) did not come from its own prompt,
+        or None: it repeats nothing of it where the model echoes."""
+        if not self.echoes or echo.own is not False:
+            return None
+        return (f"the engine answered {what} ({echo.sent_tokens:,} tokens) with text that is not from it ({echo.chars:,} "
+                f"characters, sha256 {echo.sha256[:16]}) {NOT_FROM_PROMPT_MEANING}")
+
+    def window_only(self, echo: Echo, what: str) -> str | None:
+        """Why `what` was read only in part: its answer repeats its prompt but not the head it began
+        with, where the model echoes from a prompt's start. None otherwise."""
+        if not self.long_range or not echo.own or echo.head is not False:
+            return None
+        return f"the answer to {what} ({echo.sent_tokens:,} tokens) repeated its prompt's end but not its head, {WINDOW_MEANING}"
+
+
+def echo_evidence(echo: Echo) -> dict[str, Any]:
+    return {"own_prompt_repeated": echo.own, **({"head_repeated": echo.head} if echo.head is not None else {}),
+            **echo.evidence()}

@@ -2,14 +2,18 @@
 the tokens sent (no silent truncation, no placeholder): by the answer's own usage, and by the
 engines' counters over the near-limit requests (the boundary one and the concurrent ones), which
 must account for every token sent (kvpreflight.checks.counts): an engine that shortens a prompt
-and reports its full length in the answer fails on its counters."""
+and reports its full length in the answer fails on its counters. Counts are not enough: the
+near-limit answers must come from their own prompts (an echoing model's answer repeats it, from
+its head where the model reaches that far) and no sooner than the engine can compute them
+(kvpreflight.checks.plausibility)."""
 
 from __future__ import annotations
 
 from kvpreflight.check_ids import CheckId, Scope
+from kvpreflight.checks import plausibility
 from kvpreflight.checks.counts import PromptCount, Tally, computing_tier, prompt_count
 from kvpreflight.checks.interface import CheckContext, probe_run
-from kvpreflight.checks.probe_common import answered_elsewhere, not_served, probe_evidence, stalled_or_broken
+from kvpreflight.checks.probe_common import EchoScope, answered_elsewhere, not_served, probe_evidence, stalled_or_broken
 from kvpreflight.model import CheckResult, EngineSnapshot, Status
 from kvpreflight.probes.results import ProbeName, ProbeResult, ProbeRun
 
@@ -38,7 +42,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if not c.completion_tokens:
         return [CheckResult(ID, Status.FAIL, f"a {c.sent_tokens:,}-token prompt within the stated limits was not served ({not_served(c)})", ctx.entry, ev)]
     counted = _counted(run, computing_tier(ctx.snapshots))
-    ev = {**ev, "engine_counts": {name: count.evidence() for name, count in counted}}
+    timed = plausibility.judge(run, ctx.isolation)
+    ev = {**ev, "engine_counts": {name: count.evidence() for name, count in counted},
+          "plausibility": [j.evidence() for j in timed]}
     short = [f"{name}: {count.describe()}" for name, count in counted if count.tally is Tally.SHORT]
     elsewhere = answered_elsewhere(p, ctx.snapshots, ctx.entry_model)
     if short:  # a deficit is evidence whoever answered: a fail, with the other deployment named if it shows
@@ -48,10 +54,25 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if elsewhere is not None:
         return [CheckResult(ID, Status.INCONCLUSIVE, f"a {c.sent_tokens:,}-token prompt within the stated limits was served, but "
                             f"{elsewhere}, so it shows nothing about them", ctx.entry, ev)]
+    # Every count may agree and the answers still not come from the prompts: an echoing model's
+    # near-limit answer that repeats nothing of its prompt (or only its end), or any answer faster
+    # than the engine can compute what it reports.
+    scope = EchoScope.of(ctx)
+    unread = [said for q in (p, *run.concurrent) if q.completion.served
+              and (said := scope.not_from_prompt(q.echo, f"{q.name}'s prompt") or scope.window_only(q.echo, f"{q.name}'s prompt"))]
+    impossible = [f"{j.describe()}: the engine did not compute the prompt it says it computed (a placeholder prefilled in its "
+                  "place answers from whatever the pages held: the incident)" for j in timed if j.impossible]
+    if unread or impossible:
+        return [CheckResult(ID, Status.FAIL, f"every count says the {c.sent_tokens:,}-token prompt was processed, but "
+                            + "; ".join(unread + impossible), ctx.entry, ev)]
     unmeasured = [f"{name}: {count.describe()}" for name, count in counted if count.tally is Tally.UNMEASURED]
     also = "; not cross-checked with the engines' counters: " + "; ".join(unmeasured) if unmeasured else ""
     if not counted:
         also = "; no engine counter moved over it, so only the answer's own count says so"
+    speed = next((j for j in timed if j.probe == p.name), None)
+    if speed is not None and speed.needs_s is not None:
+        also += (f"; answered in {speed.first_token_s:.3f} s, which the fastest prefill seen ({speed.fastest_rate or 0:,.0f} "
+                 f"tokens/s) allows ({speed.needs_s:.3f} s, {plausibility.MARGIN:g}x margin)")
     return [CheckResult(ID, Status.PASS, f"a {c.sent_tokens:,}-token prompt (the stated maximum) was served with every token "
                         f"processed{also}", ctx.entry, ev)]
 

@@ -20,8 +20,10 @@ from kvpreflight.checks.interface import CheckContext, isolation_run
 from kvpreflight.checks.probe_common import (
     CANARY_MEANING,
     CANCEL_PATH_MEANING,
+    EchoScope,
     canary_finding,
     danger_entry,
+    echo_evidence,
     expiry_finding,
     late_read_finding,
     logged_lines,
@@ -40,6 +42,7 @@ def request_evidence(r: TenantRequest) -> dict[str, Any]:
         ev["scanned"] = "no: its answer had no room for a canary; it planted the tenant's canary in the pool"
     elif r.served:  # the positive control is about answers; a refusal (HTTP 200 in a stream too) has none
         ev["own_canary_seen"] = r.own_seen
+        ev.update(echo_evidence(r.echo))
     if r.abandoned:
         ev["disconnected"] = r.abandoned
         if r.completion is None:  # a served request's id and size are in its completion's evidence
@@ -215,6 +218,13 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         return [CheckResult(ID, Status.FAIL, "canary crossed tenants: " + "; ".join(lines), ctx.entry,
                             {**evidence, "crossings": [{"scenario": s.name, **request_evidence(r)} for s, r in crossed]})]
     results = []
+    # Each answer on its own: where the model echoes, one that repeats nothing of its own prompt was
+    # computed from other KV. The per-tenant control below cannot see it when other answers echoed.
+    scope = EchoScope.of(ctx)
+    for s in run.scenarios:
+        for r in s.requests:
+            if r.served and r.scanned and (said := scope.not_from_prompt(r.echo, f"tenant {r.tenant.label}'s {r.name} ({s.name})")):
+                results.append((Status.FAIL, said))
     silent = []
     for tenant in Tenant:
         served = [r for r in requests if r.tenant is tenant and r.served and r.scanned]
@@ -248,7 +258,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if worst is Status.PASS:
         ran = [s.name for s in run.scenarios if not s.skipped]
         message = (f"no canary crossed in {len(requests)} requests over {len(ran)} scenarios ({', '.join(ran)}); "
-                   "each tenant's own canary came back (the probe could have seen a crossing)")
+                   "every scanned answer repeated its own prompt (the probe could have seen a crossing)")
     else:
         message = "; ".join(m for st, m in judged if st is worst)
         # What warned, or could not be shown, beside a fail is still said (after it): a late read

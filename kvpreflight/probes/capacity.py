@@ -16,7 +16,7 @@ from kvpreflight.model import Completion, EngineSnapshot
 from kvpreflight.probes.budget import PlannedRequest, Speed
 from kvpreflight.probes.engine_state import EngineState, counter_deltas
 from kvpreflight.probes.logs import named_by_request_id
-from kvpreflight.probes.markers import foreign_markers, new_marker
+from kvpreflight.probes.markers import echo_of, foreign_markers, new_marker
 from kvpreflight.probes.results import DangerLine, Expect, Limits, ProbeName, ProbeResult, ProbeRun, Tenant
 from kvpreflight.probes.session import ProbeSession
 from kvpreflight.probes.tenants import TenantPrompts
@@ -158,7 +158,9 @@ class CapacityProber:
         return ProbeRun(limits=limits, probes=tuple(probes), healthy_after=healthy, idle_after=idle,
                         small_request_after=small, own_markers=frozenset({self.marker}), stopped=stopped,
                         speed_note=self.budget.rate_note(), untied_danger_lines=untied,
-                        near_context_s=near_context_s(self.budget.speed, limits))
+                        near_context_s=near_context_s(self.budget.speed, limits),
+                        prefill_rate=self.budget.speed.prefill_tokens_per_second if self.budget.speed else None,
+                        overhead_s=self.budget.speed.overhead_s if self.budget.speed else 0.0)
 
     def send_only(self, planned: Sequence[PlannedRequest]) -> ProbeRun:
         """Only these single requests of the plan (`capacity_plan`'s sizes), one after another, for
@@ -224,15 +226,21 @@ class CapacityProber:
         reached = tuple(url for url in self.engines
                         if (a := after.get(url)) is not None and (b := before.get(url)) is not None and a.moved_since(b))
         own, known = {self.marker}, set(self.settings.known_markers)
+        # the markers its prompt repeats back to back (a tenant's canary: the probe marker's seed is not made
+        # to be echoed, so its answers are not judged by it) and its unique head
+        prompt: set[str] = set()
+        head = None
         if self.tenants is not None:
-            canaries = dict(self.tenants.canaries)
+            markers = {t: {self.tenants.canaries[t], self.tenants.heads[t]} for t in Tenant}
             if tenant is not None:
-                own.add(canaries.pop(tenant))
-            known.update(canaries.values())
+                prompt, head = markers.pop(tenant), self.tenants.heads[tenant]
+                own |= prompt
+            known.update(m for ms in markers.values() for m in ms)
         foreign = foreign_markers(completion.text, own, known)
         return ProbeResult(name=name, expect=expect, completion=completion, purpose=purpose, reached=reached,
                            counter_deltas=counter_deltas(before, after), foreign_markers=tuple(foreign),
-                           danger_lines=self._lines, tenant=tenant)
+                           danger_lines=self._lines, tenant=tenant,
+                           echo=echo_of(completion.text, prompt, sent_tokens=completion.sent_tokens, head=head))
 
     def _concurrent(self, ids: list[int], k: int, max_tokens: int) -> list[ProbeResult]:
         if not self.budget.may_send():

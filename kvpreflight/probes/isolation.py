@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import secrets
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -34,7 +34,7 @@ from kvpreflight.probes.engine_state import EngineState, counter_deltas
 from kvpreflight.probes.isolation_sizes import MIN_SCAN_TOKENS, IsolationSizes
 from kvpreflight.probes.late_decode import HeldLegs, held_legs
 from kvpreflight.probes.logs import name_lines
-from kvpreflight.probes.markers import contains_marker, foreign_markers, new_marker
+from kvpreflight.probes.markers import echo_of, foreign_markers, new_marker
 from kvpreflight.probes.prefix_cache import (
     DEFAULT_TIMING_SAMPLES,
     caching_off,
@@ -104,6 +104,7 @@ class IsolationProber:
         self.budget = session.budget
         self.progress = session.progress
         self.canaries = dict(prompts.canaries)
+        self.heads = dict(prompts.heads)
         self._ids = dict(prompts.ids)
         self.shared = [p for p in shared.probes if p.tenant is not None] if shared is not None else []
         self.shared_idle = shared.idle_after if shared is not None else {}
@@ -314,7 +315,8 @@ class IsolationProber:
     def _carried(self, spec: ScenarioSpec, probes: Sequence[ProbeResult], shown: str) -> Scenario:
         """A scenario made of capacity probes that carried the tenants' canaries: scanned here,
         sent once. Its counters are those of the probes' windows (the concurrent ones share one)."""
-        requests = tuple(replace(self._scan(p.tenant, f"{p.name}-{p.tenant.value}", p.completion, p.completion.text),
+        requests = tuple(replace(self._scan(p.tenant, f"{p.name}-{p.tenant.value}", p.completion, p.completion.text,
+                                            headed=True),
                                  scanned=p.completion.max_tokens >= MIN_SCAN_TOKENS, carried=True)
                          for p in probes if p.tenant is not None)
         deltas: dict[str, dict[str, float]] = {}
@@ -341,21 +343,24 @@ class IsolationProber:
                                  at_once=at_once, stream=stream)
         if sent is None:
             return None
-        return self._scan(tenant, name, sent[0], sent[0].text, expect=expect)
+        return self._scan(tenant, name, sent[0], sent[0].text, expect=expect, headed=offset == 0)
 
     def _scan(self, tenant: Tenant, name: str, completion: Completion | None, text: str, *,
-              expect: Expect = Expect.ACCEPT, abandoned: str | None = None) -> TenantRequest:
-        own = self.canaries[tenant]
-        known = {self.canaries[tenant.other], *self.settings.known_markers}
+              expect: Expect = Expect.ACCEPT, abandoned: str | None = None, headed: bool = False) -> TenantRequest:
+        """`headed`: its prompt began with the tenant's head (it started at offset 0)."""
+        own = {self.canaries[tenant], self.heads[tenant]}
+        known = {self.canaries[tenant.other], self.heads[tenant.other], *self.settings.known_markers}
         crossings = []
-        for found in foreign_markers(text, {own}, known):
+        for found in foreign_markers(text, own, known):
             if found in known or found.endswith(" (fragment)"):
                 crossings.append(found)
             else:  # marker-shaped but not one of ours in play (e.g. pieces of two): length and hash only
                 digest = hashlib.sha256(found.encode()).hexdigest()
                 crossings.append(f"unrecognised marker-shaped text ({len(found)} chars, sha256 {digest})")
+        echo = echo_of(text, own, sent_tokens=completion.sent_tokens if completion else 0,
+                       head=self.heads[tenant] if headed else None)
         return TenantRequest(tenant=tenant, name=name, completion=completion, expect=expect, abandoned=abandoned,
-                             own_seen=contains_marker(text, own), crossings=tuple(crossings))
+                             echo=echo, crossings=tuple(crossings))
 
     def _abandon(self, r: ScenarioRequest, notes: list[str]) -> TenantRequest | None:
         """Send the adapter's own request over a raw connection and close it mid-flight, as a
@@ -425,6 +430,14 @@ class IsolationProber:
         return valid_token_ids(adapter, self.engines.values(), count, seed)
 
 
+def tenant_prompt(adapter: EngineAdapter, engines: Iterable[EngineAdapter], head: str, canary: str, length: int) -> list[int]:
+    """`length` tokens: the unique head once, then the canary back to back. An echoing model
+    repeats the canary from any offset; a long-range one (the builtin engine's copy head) also
+    the head, which no window near a long prompt's tail holds (an attention window shows)."""
+    head_ids = valid_token_ids(adapter, engines, len(head) + 1, f"{head} ")  # at most a token a character
+    return head_ids + valid_token_ids(adapter, engines, max(1, length - len(head_ids)), f"{canary} ")
+
+
 @contextmanager
 def open_tenants(session: ProbeSession, tenant_headers: Sequence[Mapping[str, str]], *, salted: bool) -> Iterator[TenantPrompts]:
     """Tenants A and B: each its own connection and credentials, the entry's request shape, a
@@ -441,12 +454,12 @@ def open_tenants(session: ProbeSession, tenant_headers: Sequence[Mapping[str, st
             tenants[tenant] = TenantClient(tenant=tenant, adapter=session.entry.with_client(http),
                                            headers={**session.connection.headers, **extra}, salt=salt)
         canaries = {tenant: new_marker(f"TENANT{tenant.label}") for tenant in Tenant}
+        heads = {tenant: new_marker(f"HEAD{tenant.label}") for tenant in Tenant}
         sizes = IsolationSizes.of(limits, [])
         length = max(limits.max_accepted, sizes.longest + 2 * sizes.gen + limits.served_context)
-        # The canary back to back: an echoing model repeats it from any offset.
-        ids = {tenant: valid_token_ids(tenants[tenant].adapter, session.engines.values(), length, f"{canaries[tenant]} ")
+        ids = {tenant: tenant_prompt(tenants[tenant].adapter, session.engines.values(), heads[tenant], canaries[tenant], length)
                for tenant in Tenant}
-        yield TenantPrompts(clients=tenants, canaries=canaries, ids=ids, answer_tokens=sizes.gen)
+        yield TenantPrompts(clients=tenants, canaries=canaries, heads=heads, ids=ids, answer_tokens=sizes.gen)
     finally:
         for http in clients:
             http.close()

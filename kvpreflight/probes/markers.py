@@ -6,8 +6,11 @@ scanned for whole markers and for fragments (a marker cut by a page boundary sti
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
+
+from kvpreflight.probes.results import Echo
 
 MARKER = re.compile(r"KVPF-[A-Z]{2,12}-[0-9a-f]{24}")
 FRAGMENT_MIN = 12  # hex characters of a marker's tail that count as a fragment
@@ -41,3 +44,14 @@ def foreign_markers(text: str, own: set[str] | frozenset[str], known: set[str] |
 def _fragment_in(text: str, marker: str) -> bool:
     tail = marker.rsplit("-", 1)[-1]
     return any(tail[start:start + FRAGMENT_MIN] in text for start in range(0, len(tail) - FRAGMENT_MIN + 1, 4))
+
+
+def echo_of(text: str, own: set[str] | frozenset[str], *, sent_tokens: int, head: str | None = None) -> Echo:
+    """What an answer repeated of its own prompt: one of its `own` markers (the prompt repeats
+    them back to back), and its unique `head` where the prompt began with one. An answer too short
+    to hold a whole marker wherever an echo of the prompt starts says nothing (`own` None)."""
+    seen = any(contains_marker(text, m) for m in own)
+    judged = seen or len(text) >= 2 * max((len(m) for m in own), default=0) + 1
+    return Echo(own=seen if judged and own else None,
+                head=None if head is None else contains_marker(text, head),
+                sent_tokens=sent_tokens, chars=len(text), sha256=hashlib.sha256(text.encode()).hexdigest())

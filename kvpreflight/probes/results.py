@@ -92,6 +92,24 @@ class ScenarioName(enum.StrEnum):
     LATE_DECODE = "late-decode"
 
 
+# -- what an answer repeated of its own prompt ---------------------------------------------------
+
+@dataclass(frozen=True)
+class Echo:
+    """What one answer repeated of the prompt it answers (found by the prober, judged by the
+    checks): an echoing model's answer must come from its own prompt (checks/probe_common.py
+    echo_findings). Hash and length only: the text may be another customer's data."""
+
+    own: bool | None = None  # its own marker (canary or head) surfaced; None: too short to tell
+    head: bool | None = None  # the prompt's unique head surfaced; None: the prompt carried none
+    sent_tokens: int = 0
+    chars: int = 0
+    sha256: str = ""
+
+    def evidence(self) -> dict[str, object]:
+        return {"answer_chars": self.chars, "answer_sha256": self.sha256}
+
+
 # -- capacity probes -----------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -142,6 +160,7 @@ class ProbeResult:
     foreign_markers: tuple[str, ...] = ()  # synthetic markers in the response that this request never sent
     danger_lines: tuple[DangerLine, ...] = ()  # logged while this probe was in flight
     tenant: Tenant | None = None  # sent as this synthetic tenant, its canary in the prompt (isolation reuses it)
+    echo: Echo = field(default_factory=lambda: Echo())  # what its answer repeated of its own prompt
 
     @property
     def probe(self) -> ProbeName | None:
@@ -162,6 +181,10 @@ class ProbeRun:
     untied_danger_lines: tuple[DangerLine, ...] = ()  # logged between probes (calibration, waits)
     # What the measured speed predicts one prompt at the served context takes (None: no speed).
     near_context_s: float | None = None
+    # The calibration's measured speed (None: not measured): prompt tokens per second over the
+    # fixed cost of a request, what the plausibility of every answer's speed starts from.
+    prefill_rate: float | None = None
+    overhead_s: float = 0.0
 
     def missing(self, what: str) -> str:
         """Why a probe a check needs is absent."""
@@ -191,7 +214,6 @@ class TenantRequest:
     completion: Completion | None  # None: we disconnected on purpose (see `abandoned`)
     expect: Expect = Expect.ACCEPT
     abandoned: str | None = None  # how we disconnected ("after transfer start", "after first token", ...)
-    own_seen: bool = False  # the tenant's own canary surfaced (positive control)
     crossings: tuple[str, ...] = ()  # the other tenant's canary, fragments, other synthetic markers
     # False: its answer had no room for a canary (prompt-integrity's probe at the limit, 1 token):
     # it only wrote the tenant's canary into the pool, for the other tenant's later answers to show.
@@ -201,10 +223,16 @@ class TenantRequest:
     # A capacity probe's request that carried the tenant's canary (the boundary scenario): its
     # refusal is the capacity checks' finding, and the scenario sends its own request in its place.
     carried: bool = False
+    echo: Echo = field(default_factory=lambda: Echo())  # what its answer repeated of its own prompt
 
     @property
     def served(self) -> bool:
         return self.completion is not None and self.completion.served
+
+    @property
+    def own_seen(self) -> bool:
+        """The tenant's own canary or head surfaced (the positive control)."""
+        return bool(self.echo.own)
 
     @property
     def unanswered(self) -> str | None:

@@ -31,5 +31,6 @@ class TenantPrompts:
 
     clients: Mapping[Tenant, TenantClient]
     canaries: Mapping[Tenant, str]
-    ids: Mapping[Tenant, list[int]]  # the tenant's canary back to back, long enough for any probe
+    heads: Mapping[Tenant, str]  # each tenant's unique head: its prompt's first marker, never repeated
+    ids: Mapping[Tenant, list[int]]  # the head, then the canary back to back, long enough for any probe
     answer_tokens: int  # a scanned answer: long enough to show another tenant's stale pages

@@ -45,7 +45,7 @@ class Sent:
     stream: bool
     extra: Mapping[str, Any]
     model: str | None
-    seed: str  # the text the prompt's ids were made from
+    seed: str  # the text the prompt's ids were made from (a tenant's: its head, then its canary)
     timeout_s: float = 0.0  # the budget kvpreflight gave the request
     request_id: str | None = None  # the id kvpreflight gave it (the fake takes SGLang's `rid`)
 
@@ -163,7 +163,7 @@ class FakeAdapter(EngineAdapter):
     def complete(self, ids: list[int], *, max_tokens: int, stream: bool, timeout_s: float,
                  extra: Mapping[str, Any] | None = None) -> Completion:
         request = self.with_request_id(self.build_request(ids, max_tokens=max_tokens, stream=stream, extra=extra))
-        seed = self.seeds[ids[0] // ID_BASE] if ids else ""
+        seed = "".join(dict.fromkeys(self.seeds[i // ID_BASE] for i in ids))  # each seed its prompt was made of, in order
         answer = self.engine.answer(Sent(self.url, request.sent_tokens, max_tokens, stream, dict(extra or {}),
                                          self.model, seed, timeout_s, request.request_id))
         return replace(answer, request_id=request.request_id)

@@ -3,6 +3,7 @@ server), plus the CLI's per-tenant credential parsing and the marker scan the pr
 
 from __future__ import annotations
 
+import hashlib
 import json
 from dataclasses import replace
 
@@ -19,6 +20,7 @@ from kvpreflight.probes.results import (
     CacheProbe,
     CacheProbeKind,
     DangerLine,
+    Echo,
     Expect,
     IsolationRun,
     Limits,
@@ -38,7 +40,7 @@ CANARIES = {Tenant(name): canary for name, canary in CANARY.items()}
 def served(tenant="a", name="normal-a1", own=True, crossings=(), cached=None, ttft=0.05, status=200, **kw) -> TenantRequest:
     c = Completion(sent_tokens=4000, max_tokens=256, streamed=False, status=status, elapsed_s=ttft, completion_tokens=256, prompt_tokens=4000, cached_tokens=cached,
                    body_bytes=100, body_sha256="ab", ttft_s=ttft, text="never serialized")
-    return TenantRequest(tenant=Tenant(tenant), name=name, completion=c, own_seen=own, crossings=tuple(crossings), **kw)
+    return TenantRequest(tenant=Tenant(tenant), name=name, completion=c, echo=Echo(own=own, sent_tokens=4000, chars=len(c.text), sha256=hashlib.sha256(c.text.encode()).hexdigest()), crossings=tuple(crossings), **kw)
 
 
 def refused(tenant="b", name="over-capacity-b-over") -> TenantRequest:
@@ -87,7 +89,7 @@ def one(check_id: str, isolation, **kw):
 def test_clean_run_with_echoing_model_passes_and_names_every_scenario():
     r = one("tenant-isolation", iso(scenario("normal"), scenario("boundary")))
     assert r.status is Status.PASS
-    assert "normal, boundary" in r.message and "own canary came back" in r.message
+    assert "normal, boundary" in r.message and "every scanned answer repeated its own prompt" in r.message
     assert r.evidence["canaries"] == CANARY  # our synthetic markers are the only text ever quoted
     assert "never serialized" not in json.dumps(r.evidence)
 
@@ -109,10 +111,22 @@ def test_a_model_that_does_not_echo_is_inconclusive_not_pass():
     assert "model does not echo" in r.message
 
 
-def test_one_tenant_echoing_is_not_enough():
+def test_where_the_model_echoes_an_answer_that_does_not_fails():
+    """Issue 44: the echo control is judged per answer; one tenant's echo does not vouch for the
+    other tenant's answers, which repeated nothing of their prompts (the incident's stale pages)."""
     half = scenario("normal", (served("a", own=True), served("b", "normal-b1", own=False)))
     r = one("tenant-isolation", iso(half))
-    assert r.status is Status.INCONCLUSIVE and "tenant B" in r.message
+    assert r.status is Status.FAIL, r.message
+    assert "tenant B's normal-b1 (normal)" in r.message and "text that is not from it" in r.message
+    assert "never serialized" not in json.dumps(r.evidence) + r.message  # the answer's text is never quoted
+    answer = r.evidence["scenarios"][0]["requests"][1]
+    assert answer["own_prompt_repeated"] is False and len(answer["answer_sha256"]) == 64
+
+
+def test_a_model_that_echoes_nowhere_is_inconclusive_not_failed():
+    silent = scenario("normal", (served("a", own=False), served("b", "normal-b1", own=False)))
+    r = one("tenant-isolation", iso(silent))
+    assert r.status is Status.INCONCLUSIVE and "model does not echo" in r.message
 
 
 def test_churn_scenarios_skipped_with_the_reason_but_the_rest_still_judged():
