@@ -47,8 +47,11 @@ def _positions_fix(setting: str, override: str) -> Callable[[int | None], str]:
     return fix
 
 
+# The TensorRT engine path honours it (trtGptModelInflightBatching.cpp throws instead of cutting);
+# whether every PyTorch-backend release does is not read here, hence "where its backend honours it".
 _FAIL_FAST = ("start it with --fail_fast_on_attention_window_too_large (trtllm-serve; the LLM API's "
-              "fail_fast_on_attention_window_too_large) so that it refuses to start instead of cutting")
+              "fail_fast_on_attention_window_too_large, where its backend honours it) so that it refuses to start "
+              "instead of cutting")
 
 
 def _window_fix(tokens: int | None) -> str:
