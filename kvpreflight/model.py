@@ -94,6 +94,31 @@ class Hazard(enum.StrEnum):
     KV_CANARY = "kv-canary"  # the engine's own KV canary found a slot not holding what it should
 
 
+class ContextHazard(enum.StrEnum):
+    """What an engine's own start-up warning says about the context it serves."""
+
+    POSITIONS = "positions"  # it serves prompts past the model's positions (an override let it)
+    WINDOW = "window"  # its attention window was cut: an answer sees only the last window of a prompt
+    SEQUENCE = "sequence"  # its longest sequence or input was cut below what it was configured to serve
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextWarning:
+    """One start-up warning of an engine about its context: the warning's fixed wording and its
+    numbers, never the rest of the line."""
+
+    what: str  # the warning's fixed wording, quoted instead of the line
+    hazard: ContextHazard
+    tokens: int | None  # the limit that really holds: the model's positions, the window or length it was cut to
+    stated: int | None = None  # the context it was told to serve, where the line says it
+    fix: str  # what to change, in the engine's own settings
+
+    def evidence(self) -> dict[str, Any]:
+        return {"warning": self.what, "hazard": self.hazard.value,
+                **({"tokens": self.tokens} if self.tokens is not None else {}),
+                **({"stated": self.stated} if self.stated is not None else {}), "fix": self.fix}
+
+
 @dataclass(frozen=True, kw_only=True)
 class KvDeadline:
     """How long an engine keeps a request's KV handoff open: vLLM NIXL's lease (the prefill keeps
@@ -141,6 +166,8 @@ class EngineSnapshot:
     kv_lease: KvDeadline | None = None  # None: not read (no log given, or not a lease-keeping connector)
     pd_timeouts: tuple[KvDeadline, ...] = ()  # SGLang's PD waits, where a PD role states or implies them
     kv_canary: str | None = None  # the engine's in-engine KV canary mode as it states it (SGLang: none|log|raise)
+    # What its start-up log warns about the context it serves (engines/context_warnings.py).
+    context_warnings: tuple[ContextWarning, ...] = ()
 
     def kv_deadlines(self) -> tuple[KvDeadline, ...]:
         return ((self.kv_lease,) if self.kv_lease is not None else ()) + self.pd_timeouts

@@ -201,7 +201,7 @@ def read_engines(check_plan: CheckPlan, client: HttpClient, progress: Callable[[
         try:
             adapter = open_adapter(url, client, check_plan.engine)
             log_text = _read_log(check_plan.logs.get(url))
-            snapshot = adapter.snapshot(role=target.role, log_text=log_text)
+            snapshot = adapter.read(role=target.role, log_text=log_text)
             snapshots.append(listing.applied_to(snapshot) if listing is not None else snapshot)
             adapters[url] = adapter
         except EngineError as exc:

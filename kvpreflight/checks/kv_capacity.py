@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from kvpreflight.check_ids import CheckId, Scope
+from kvpreflight.checks.engine_warnings import KV_CAPACITY_HAZARDS, warning_result
 from kvpreflight.checks.interface import CheckContext
 from kvpreflight.model import CheckResult, Origin, Status
 
@@ -26,6 +27,10 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             "sources": {r.label: r.tokens
                         for r in snap.pool_readings if r.origin is not Origin.BEHAVIOUR},
         }
+        # The engine's own warning that it cut its longest sequence outweighs any pool figure.
+        if (warned := warning_result(ID, (snap,), KV_CAPACITY_HAZARDS, snap.url)) is not None:
+            results.append(CheckResult(ID, Status.FAIL, warned.message, snap.url, {**evidence, **warned.evidence}))
+            continue
         if pool is None:
             results.append(CheckResult(ID, Status.INCONCLUSIVE,
                                        f"{snap.role.value} engine: KV pool size unknown (no source reported it; pass --log URL=PATH for the start-up log)",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks import plausibility
 from kvpreflight.checks.counts import PromptCount, Tally, computing_tier, prompt_count
+from kvpreflight.checks.engine_warnings import PROMPT_INTEGRITY_HAZARDS, warning_result
 from kvpreflight.checks.interface import CheckContext, probe_run
 from kvpreflight.checks.probe_common import EchoScope, answered_elsewhere, not_served, probe_evidence, stalled_or_broken
 from kvpreflight.model import CheckResult, EngineSnapshot, Status
@@ -22,6 +23,9 @@ SCOPE = Scope.GROUP
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
+    # The engine's own warning (positions overridden, window cut) fails with or without a probe.
+    if (warned := warning_result(ID, ctx.snapshots, PROMPT_INTEGRITY_HAZARDS, ctx.entry)) is not None:
+        return [warned]
     run = probe_run(ctx, ID)
     if isinstance(run, CheckResult):
         return [run]

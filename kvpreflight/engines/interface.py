@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, ClassVar, Self
 
+from kvpreflight.engines.context_warnings import context_warnings
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply, StreamReply
 from kvpreflight.engines.log_patterns import LogSignal
@@ -167,6 +168,14 @@ class EngineAdapter(abc.ABC):
     @abc.abstractmethod
     def snapshot(self, *, role: Role | None = None, log_text: str | None = None) -> EngineSnapshot:
         """Everything the engine says about its capacity. `role` overrides the reported one."""
+
+    def read(self, *, role: Role | None = None, log_text: str | None = None) -> EngineSnapshot:
+        """`snapshot`, with what the start-up log warns about the context served: every engine's
+        wording, whatever this adapter's kind (engines/context_warnings.py says why)."""
+        snap = self.snapshot(role=role, log_text=log_text)
+        if not log_text:
+            return snap
+        return replace(snap, context_warnings=snap.context_warnings + context_warnings(log_text))
 
     def counters(self) -> Counters:
         return Counters()

@@ -30,9 +30,11 @@ RULES: dict[str, RuleHelp] = {
         "Every engine's KV pool holds the context it serves.",
         "Reads each engine's runtime KV pool (allocator log, scheduler API or metrics; the smallest rank counts) "
         "and compares it with the checked context (the promised --context-length, else the served one): below 1.0x fails, "
-        "below 1.2x warns (checks/thresholds.yaml).",
+        "below 1.2x warns (checks/thresholds.yaml). An engine whose start-up log says it cut its longest sequence or "
+        "input to fit its KV cache (TensorRT-LLM's clamps) fails, with --capacity-only too.",
         "Give the engine more KV memory (a larger memory fraction, fewer other allocations, more GPUs), or serve a "
-        "shorter context; then rerun the check."),
+        "shorter context; then rerun the check. TensorRT-LLM: start it with --fail_fast_on_attention_window_too_large "
+        "so that it refuses to start instead of cutting."),
     "kv-sources-agree": RuleHelp(
         "The KV pool numbers from different sources agree.",
         "Keeps each pool number with its source and origin (allocator log line, scheduler API or metrics, observed "
@@ -50,9 +52,12 @@ RULES: dict[str, RuleHelp] = {
         "The longest prompt the limits accept is served whole.",
         "Sends the longest prompt the stated limits accept and compares three counts of it: the tokens sent, the "
         "answer's usage, and the engines' own counters over the probe (computed, cache hits, KV received); any "
-        "shortfall fails, more is other traffic and is said.",
+        "shortfall fails, more is other traffic and is said. An engine whose start-up log warns that it serves a "
+        "context past the model's positions (SGLang's and vLLM's override variables) or cut its attention window "
+        "(TensorRT-LLM) fails without a probe, with --capacity-only too.",
         "Find what cut or padded the prompt (a gateway limit, a chat template, truncation settings) and remove it, or "
-        "state the real limit."),
+        "state the real limit. On the engine's own warning: lower the served context to the model's positions and "
+        "unset the override variable, or give the KV cache room for one whole sequence."),
     "max-tokens-clamp": RuleHelp(
         "max_tokens is honoured, not silently cut.",
         "Warns when the engine silently reduces max_tokens to fit the context (vLLM and llama.cpp do).",
