@@ -260,7 +260,10 @@ class CacheProbe:
     tenant: Tenant
     prefix: int  # which fresh prefix
     completion: Completion
-    hit_metric_delta: float | None = None  # the engines' prefix-cache hit counters over this request
+    hit_metric_delta: float | None = None  # the engines' prefix-cache hit counters over this request, summed
+    # Each engine's counters over this request (url -> Counters field -> delta): which engine found
+    # the prompt in its cache, a decode's own cache included, and whether other traffic was there too.
+    counter_deltas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     @property
     def ttft_s(self) -> float:
