@@ -158,6 +158,7 @@ class ProbeRun:
     small_request_after: Completion | None = None
     own_markers: frozenset[str] = frozenset()  # this run's probe marker: not foreign to the isolation probes
     stopped: str | None = None  # why later probes were not sent (an engine stopped answering, the deadline)
+    not_answering: str | None = None  # the run stopped because the engine stopped answering (of `stopped`)
     speed_note: str = ""  # how the request budgets were set (the measured speed, or the assumed one)
     untied_danger_lines: tuple[DangerLine, ...] = ()  # logged between probes (calibration, waits)
     # What the measured speed predicts one prompt at the served context takes (None: no speed).
@@ -298,6 +299,11 @@ class IsolationRun:
     healthy_after: Mapping[str, bool] = field(default_factory=dict)
     idle_after: Mapping[str, bool | None] = field(default_factory=dict)
     untied_danger_lines: tuple[DangerLine, ...] = ()  # logged between scenarios or during the prefix-cache probes
+    # The small request sent after the last isolation probe, the check's last request: the engine
+    # is judged healthy after the probes that can wedge it, not before them.
+    small_request_after: Completion | None = None
+    stopped: str | None = None  # why the run stopped before its end (an engine stopped answering, the deadline)
+    not_answering: str | None = None  # the run stopped because the engine stopped answering (of `stopped`)
 
     def requests(self) -> list[TenantRequest]:
         return [r for s in self.scenarios for r in s.requests]

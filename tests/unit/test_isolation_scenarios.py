@@ -623,7 +623,7 @@ def test_scenario_selects_the_scenarios_that_run_and_the_plan_counts_only_those(
     assert "not run (not selected (--scenario over-capacity))" in result.message
 
     planned = {p.name for p in isolation_sizes(IsolationSizes.of(LIMITS, [engine.snap]), churn=True, only=("over-capacity",))}
-    assert planned == {"over-capacity", "prefix-cache", "prefix-cache-timing"}
+    assert planned == {"over-capacity", "prefix-cache", "prefix-cache-timing", "health-after"}
 
 
 @pytest.mark.parametrize("scheduled_leavers,finished_leavers,confirmed", [(True, 0, True), (False, 0, False), (True, 1, False)])
