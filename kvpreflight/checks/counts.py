@@ -110,10 +110,7 @@ def prompt_count(sent: int, requests: int, deltas: Mapping[str, Mapping[str, flo
                 missing.append(f"{snap.url}: {_WHAT[key]}")
             else:
                 sums[key] = (sums[key] or 0.0) + value
-        if (asked := d.get(PROMPT)) is not None and asked > sent + allowed:
-            other.append(f"{snap.url} counted {asked:,.0f} prompt tokens")
-        if (served := d.get(REQUESTS)) is not None and served > requests:
-            other.append(f"{snap.url} finished {served:,.0f} requests")
+        other += other_traffic(snap.url, d, sent + allowed, requests)
     known = sum(v for v in sums.values() if v is not None)
     if known > sent + allowed and not other:
         other.append(f"{known:,.0f} prompt tokens accounted for")
@@ -123,6 +120,17 @@ def prompt_count(sent: int, requests: int, deltas: Mapping[str, Mapping[str, flo
         tally = Tally.UNMEASURED if missing else Tally.SHORT
     return PromptCount(tally=tally, sent=sent, requests=requests, computed=sums[COMPUTED], cached=sums[CACHED],
                        received=sums[RECEIVED], allowance=allowed, missing=tuple(missing), other_traffic=tuple(other))
+
+
+def other_traffic(url: str, delta: Mapping[str, float], most_tokens: float, requests: int) -> list[str]:
+    """What one engine's counters over a window moved beyond what kvpreflight's own `requests`
+    requests (at most `most_tokens` prompt tokens) explain: other traffic was in the window."""
+    out = []
+    if (asked := delta.get(PROMPT)) is not None and asked > most_tokens:
+        out.append(f"{url} counted {asked:,.0f} prompt tokens")
+    if (served := delta.get(REQUESTS)) is not None and served > requests:
+        out.append(f"{url} finished {served:,.0f} requests")
+    return out
 
 
 _WHAT = {COMPUTED: "prompt tokens it computed", CACHED: "prefix-cache hits", RECEIVED: "KV it received"}

@@ -1,29 +1,74 @@
 """engine-healthy-after: after the probes every engine is healthy, a small request works, and
-used-token gauges are back to idle (no leaked pages) where the engine has them."""
+used-token gauges are back to idle (no leaked pages) where the engine has them.
+
+Judged after the check's last request: where the isolation probes ran (after the capacity probes,
+and the ones that can wedge an engine: disconnects, load near the pool), from what was read after
+them. An engine that stopped answering at any point of the run is not healthy after it, whatever
+its /health said later (a wedged engine can answer /health 200 and schedule nothing)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
 from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.interface import CheckContext, probe_run
-from kvpreflight.model import CheckResult, Status
+from kvpreflight.model import CheckResult, Completion, Status
 
 ID = CheckId.ENGINE_HEALTHY_AFTER
 SCOPE = Scope.GROUP
 BUSY_STATUSES = (429, 503)  # "retry later": an engine refusing for load, not for what was asked
+WEDGED_FIX = ("restart it, and read its log around that request: an engine that stops answering under "
+              "kvpreflight's disconnects or load near its pool will do so under real clients")
+
+
+@dataclass(frozen=True, kw_only=True)
+class After:
+    """What was read after the last probe run: the isolation probes' where they ran, else the capacity probes'."""
+
+    healthy: Mapping[str, bool]
+    idle: Mapping[str, bool | None]
+    small: Completion | None
+    stopped: str | None
+    not_answering: str | None
+    stuck_during: Mapping[str, tuple[str, ...]]  # url -> scenarios after which its used-token gauge stayed up
+
+
+def _after(ctx: CheckContext, stopped: str | None, not_answering: str | None) -> After | None:
+    run = ctx.probes
+    if run is None:
+        return None
+    iso = ctx.isolation if ctx.isolation is not None and ctx.isolation.not_run is None else None
+    stuck: dict[str, tuple[str, ...]] = {}
+    for s in iso.scenarios if iso else ():
+        for url, idle in s.idle_after.items():
+            if idle is False:
+                stuck[url] = (*stuck.get(url, ()), s.name)
+    if iso is None:
+        return After(healthy=run.healthy_after, idle=run.idle_after, small=run.small_request_after, stopped=stopped,
+                     not_answering=not_answering, stuck_during=stuck)
+    return After(healthy=iso.healthy_after, idle=iso.idle_after,
+                 small=iso.small_request_after if iso.small_request_after is not None else run.small_request_after,
+                 stopped=iso.stopped or stopped, not_answering=iso.not_answering or not_answering, stuck_during=stuck)
 
 
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
     run = probe_run(ctx, ID)
     if isinstance(run, CheckResult):
         return [run]
-    if run.stopped:  # an engine that is down now was up when the check read it: that much is measured
-        return [CheckResult(ID, Status.FAIL, f"{s.role.value} engine is not healthy after the probes, which stopped: {run.stopped}",
+    after = _after(ctx, run.stopped, run.not_answering)
+    assert after is not None  # probe_run returned a run
+    if after.not_answering:
+        return [_wedged(ctx, after, s.url, s.role.value) for s in ctx.snapshots]
+    if after.stopped:  # an engine that is down now was up when the check read it: that much is measured
+        return [CheckResult(ID, Status.FAIL, f"{s.role.value} engine is not healthy after the probes, which stopped: {after.stopped}",
                             s.url, {"health_ok": False})
-                if run.healthy_after.get(s.url) is False else
-                CheckResult(ID, Status.INCONCLUSIVE, f"not checked after the probes: {run.stopped}", s.url)
+                if after.healthy.get(s.url) is False else
+                CheckResult(ID, Status.INCONCLUSIVE, f"not checked after the probes: {after.stopped}", s.url)
                 for s in ctx.snapshots]
     results = []
-    small = run.small_request_after
+    small = after.small
     small_ok = small is not None and small.served and bool(small.completion_tokens)
     # A small request that ran out of time proves the engine slow or still busy, not broken: a slow
     # honest engine is never a fail (a deadline stop or a loaded machine can leave it mid-prefill).
@@ -32,9 +77,11 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     # deadline abandoned keeps running in the engine), so that is not measured as broken either.
     busy_status = small.status if small is not None and not small.served and small.status in BUSY_STATUSES else None
     for snap in ctx.snapshots:
-        healthy = run.healthy_after.get(snap.url)
-        idle = run.idle_after.get(snap.url)
-        ev = {"health_ok": healthy, "idle": idle, "small_request_ok": small_ok}
+        healthy = after.healthy.get(snap.url)
+        idle = after.idle.get(snap.url)
+        ev: dict[str, Any] = {"health_ok": healthy, "idle": idle, "small_request_ok": small_ok}
+        if stuck := after.stuck_during.get(snap.url):
+            ev["stuck_after_scenarios"] = list(stuck)
         if not healthy:
             results.append(CheckResult(ID, Status.FAIL, f"{snap.role.value} engine is not healthy after the probes", snap.url, ev))
         elif small_timed_out:
@@ -53,3 +100,17 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         else:
             results.append(CheckResult(ID, Status.PASS, f"{snap.role.value} engine healthy, serving, and back to idle", snap.url, ev))
     return results
+
+
+def _wedged(ctx: CheckContext, after: After, url: str, role: str) -> CheckResult:
+    """The deployment stopped answering during the probes: not healthy after them, whatever /health says now."""
+    health = after.healthy.get(url)
+    now = {True: "its /health answers OK now, ", False: "its /health fails now, "}.get(health, "") if health is not None else ""
+    stuck = after.stuck_during.get(url, ())
+    held = f"its used-token gauge stayed up after the {', '.join(stuck)} scenario(s), " if stuck else ""
+    ev: dict[str, Any] = {"health_ok": health, "idle": after.idle.get(url), "stopped_answering": after.not_answering}
+    if stuck:
+        ev["stuck_after_scenarios"] = list(stuck)
+    return CheckResult(ID, Status.FAIL, f"{role} engine is not healthy after the probes: the deployment stopped answering "
+                       f"during them ({after.not_answering}); {now}{held}but an engine that stopped answering once is not "
+                       f"healthy: {WEDGED_FIX}", url, ev)

@@ -6,18 +6,26 @@ nothing. Where the engine reports neither, the timing audit decides from time to
 two-sample Kolmogorov-Smirnov tests (Gu et al., "Auditing Prompt Caching in Language Model APIs",
 ICML 2025): cold vs same-tenant warm must differ, else inconclusive; a cross-tenant sample that
 differs from cold and not from warm is sharing (fail); one that differs from warm is not.
+
+A cross-tenant request's hit is read from every source that has one: the answer's `cached_tokens`
+and each engine's own counters over the request, a decode's as well as a prefill's (SGLang's
+decode-side radix cache, `--disaggregation-decode-enable-radix-cache`, answers with the prefill's
+`cached_tokens: 0` while the decode found the prompt in its own cache). Any source that saw a hit
+wins; a counter's hit that other traffic in its window could explain is inconclusive, never a pass.
 """
 
 from __future__ import annotations
 
 import statistics
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from kvpreflight.check_ids import CheckId, Scope
+from kvpreflight.checks.counts import CACHED, DEFAULT_PAGE, other_traffic
 from kvpreflight.checks.interface import CheckContext, isolation_run
 from kvpreflight.checks.kstest import KsResult, ks_2samp
-from kvpreflight.model import CheckResult, EngineSnapshot, Status
+from kvpreflight.model import CheckResult, EngineSnapshot, Role, Status
 from kvpreflight.probes.results import CacheProbe, CacheProbeKind, PrefixCacheRun, ttft_summary
 
 ID = CheckId.PREFIX_CACHE_ISOLATION
@@ -29,6 +37,9 @@ FIXES = {
                  "(id_slot), or force cache_prompt false there"),
 }
 GENERIC_FIX = "the cache key is not bound to the tenant"
+DECODE_FIX = ("the decode's own prefix cache is not bound to the tenant (SGLang: --disaggregation-decode-enable-radix-cache "
+              "keys it without the cache salt): turn the decode's prefix cache off, or bind its key to the tenant")
+HITS = "prefix_cache_hits"  # a Counters field: lookups or tokens, as the engine counts
 
 
 def _hit(p: CacheProbe, prompt_tokens: int) -> bool | None:
@@ -42,15 +53,69 @@ def _hit(p: CacheProbe, prompt_tokens: int) -> bool | None:
     return None
 
 
+@dataclass(frozen=True, kw_only=True)
+class CrossReading:
+    """What the sources say about one cross-tenant request: `hit` where any of them saw one."""
+
+    hit: bool
+    said: str  # what was seen, for the message
+    counted_by: tuple[str, ...] = ()  # engines whose own counters saw the hit the answer did not report
+    other_traffic: tuple[str, ...] = ()  # what else moved those engines' counters in the window
+
+
+def _counter_hits(p: CacheProbe, prompt_tokens: int, roles: dict[str, Role]) -> list[tuple[str, str]]:
+    """(url, what) for each engine whose own counters say this request found its prompt in that
+    engine's prefix cache: tokens covering more than half the prompt (as for `cached_tokens`), or,
+    where an engine counts no tokens, any hit at all."""
+    out = []
+    for url, d in p.counter_deltas.items():
+        role = roles[url].value if url in roles else "engine"
+        if (tokens := d.get(CACHED)) is not None:
+            if tokens * 2 > prompt_tokens:
+                out.append((url, f"{role} {url} found {tokens:,.0f} of its prompt tokens in its own prefix cache"))
+        elif (hits := d.get(HITS)) is not None and hits > 0:
+            out.append((url, f"{role} {url}'s prefix-cache hit counter moved by {hits:,.0f}"))
+    return out
+
+
+def _cross_reading(p: CacheProbe, prompt_tokens: int, snapshots: Sequence[EngineSnapshot]) -> CrossReading:
+    """A cross-tenant request read from the answer and from every engine's counters. Where they
+    disagree, the unsafe reading wins: a hit any engine counted is a hit, unless other traffic in
+    that engine's window could have made it (then the request proves nothing either way)."""
+    answer = p.completion.cached_tokens
+    if answer is not None and answer * 2 > prompt_tokens:
+        return CrossReading(hit=True, said=f"the answer said cached tokens: {answer} of {prompt_tokens}")
+    if answer is None and p.hit_metric_delta is not None and p.hit_metric_delta > 0:
+        return CrossReading(hit=True, said=f"the engines' prefix-cache hit counters moved by {p.hit_metric_delta:,.0f}")
+    roles = {s.url: s.role for s in snapshots}
+    pages = {s.url: s.page_size or DEFAULT_PAGE for s in snapshots}
+    counted = _counter_hits(p, prompt_tokens, roles)
+    if not counted:
+        return CrossReading(hit=False, said="")
+    answered = (f"the answer said cached tokens: {answer} of {prompt_tokens}" if answer is not None
+                else "the answer said nothing of cached tokens")
+    said = f"{answered}, but " + "; ".join(what for _, what in counted)
+    sent = p.completion.sent_tokens
+    other = tuple(o for url, _ in counted
+                  for o in other_traffic(url, p.counter_deltas[url], sent + pages.get(url, DEFAULT_PAGE), 1))
+    return CrossReading(hit=True, said=said, counted_by=tuple(url for url, _ in counted), other_traffic=other)
+
+
 def _probe_ev(p: CacheProbe) -> dict[str, Any]:
     ev: dict[str, Any] = {"kind": p.kind.value, "tenant": p.tenant.value, "prefix": p.prefix, "ttft_s": round(p.ttft_s, 4), **p.completion.evidence(),
           "cached_tokens": p.completion.cached_tokens}  # 0 is a finding here; None: not reported
     if p.hit_metric_delta is not None:
         ev["hit_metric_delta"] = p.hit_metric_delta
+    hits = {url: {k: d[k] for k in (CACHED, HITS) if k in d} for url, d in p.counter_deltas.items()}
+    if any(hits.values()):
+        ev["engine_cache_hits"] = {url: h for url, h in hits.items() if h}
     return ev
 
 
-def _fix(snapshots: Sequence[EngineSnapshot]) -> str:
+def _fix(snapshots: Sequence[EngineSnapshot], counted_by: Sequence[str] = ()) -> str:
+    """The fix for the engines that shared the prefix: a decode's own cache has its own."""
+    if any(s.url in counted_by and s.role is Role.DECODE for s in snapshots):
+        return DECODE_FIX
     kinds = sorted({s.engine for s in snapshots if s.engine in FIXES})
     return "; ".join(FIXES[k] for k in kinds) or GENERIC_FIX
 
@@ -69,14 +134,22 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         evidence["ttft_median_s"] = {k.value: round(v, 4) for k, v in ttft.items()}
     failed = [p for p in cache.probes if not p.completion.served]
     cross = [p for p in cache.of(CacheProbeKind.CROSS) if p.completion.served]
-    leaks = [p for p in cross if _hit(p, cache.prompt_tokens)]
+    readings = [_cross_reading(p, cache.prompt_tokens, ctx.snapshots) for p in cross]
+    leaks = [r for r in readings if r.hit and not r.other_traffic]
     if leaks:
-        shown = ", ".join(f"{p.completion.cached_tokens if p.completion.cached_tokens is not None else 'hit-counter'}"
-                          for p in leaks)
+        counted_by = tuple(url for r in leaks for url in r.counted_by)
+        believed = ("; the answer and the engines' counters disagree, and the counter that saw the hit is believed"
+                    if counted_by else "")
         return [CheckResult(ID, Status.FAIL,
                             f"tenant B reused tenant A's cached prefix ({len(leaks)} of {len(cross)} cross-tenant requests hit; "
-                            f"cached tokens: {shown} of {cache.prompt_tokens}) with {cache.binding}: {_fix(ctx.snapshots)}",
+                            f"first: {leaks[0].said}{believed}) with {cache.binding}: {_fix(ctx.snapshots, counted_by)}",
                             ctx.entry, evidence)]
+    if unsure := [r for r in readings if r.hit]:
+        return [CheckResult(ID, Status.INCONCLUSIVE,
+                            f"{len(unsure)} of {len(cross)} cross-tenant requests may have reused tenant A's cached prefix: "
+                            f"{unsure[0].said}, while other traffic was in the window ({'; '.join(unsure[0].other_traffic)}), "
+                            "so whose hit it was cannot be told and the answer's rosier figure is not believed: rerun with no "
+                            "other traffic on the engines", ctx.entry, evidence)]
     if failed:
         return [CheckResult(ID, Status.INCONCLUSIVE,
                             f"{len(failed)} of {len(cache.probes)} prefix-cache requests were not served "

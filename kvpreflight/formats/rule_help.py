@@ -70,8 +70,9 @@ RULES: dict[str, RuleHelp] = {
         "overload is refused, not broken."),
     "engine-healthy-after": RuleHelp(
         "The engines are healthy after the probes.",
-        "Reads health, sends a small request and checks used-token gauges are back to idle after the probes; an engine "
-        "that was up at the start and is down now fails.",
+        "Reads health, sends a small request and checks used-token gauges are back to idle after the check's last "
+        "probe; an engine that was up at the start and is down now fails, and so does one that stopped answering at "
+        "any point of the run, whatever its health says later.",
         "Read the engine's log around the probe that hurt it (the report names it); an engine that a long request can "
         "crash or leak KV into will do so in production."),
     "tenant-isolation": RuleHelp(
@@ -83,8 +84,9 @@ RULES: dict[str, RuleHelp] = {
         "P/D transfer, a recycled slot) and upgrade or reconfigure the engine; the evidence quotes the canaries."),
     "prefix-cache-isolation": RuleHelp(
         "One tenant never hits another tenant's prefix cache.",
-        "Checks the same tenant gets a prefix-cache hit before 'other tenant, no hit' counts; a cross-tenant hit fails. "
-        "Without hit counters a timing audit decides (Kolmogorov-Smirnov, p < 0.001).",
+        "Checks the same tenant gets a prefix-cache hit before 'other tenant, no hit' counts; a cross-tenant hit seen by "
+        "the answer or by any engine's own counters (a decode's too) fails. Without hit counters a timing audit decides "
+        "(Kolmogorov-Smirnov, p < 0.001).",
         "Salt the prefix cache per tenant (a cache salt or namespace), or turn prefix caching off for shared "
         "deployments; on llama.cpp pin tenants to slots with id_slot or force cache_prompt: false."),
     "pd-transfer": RuleHelp(

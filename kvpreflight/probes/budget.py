@@ -212,6 +212,9 @@ class Budget:
         self.speed: Speed | None = None
         self.stage = "reading the engines"
         self.stopped: str | None = None  # why no further request is sent
+        # Why the run stopped because the engine stopped answering (a finding about its health,
+        # where a deadline stop is not): engine-healthy-after fails on it whatever /health says.
+        self.not_answering: str | None = None
         self.cost = CostMeter()  # every request sent under this budget
 
     # -- what is measured --------------------------------------------------------------------------
@@ -353,6 +356,13 @@ class Budget:
             if self.stopped is None:
                 self.stopped = reason
 
+    def stop_not_answering(self, reason: str) -> None:
+        """Stop because the engine stopped answering."""
+        with self._lock:
+            if self.not_answering is None:
+                self.not_answering = reason
+        self.stop(reason)
+
     def _deadline_note(self) -> str:
         limit = f"{self.deadline_s:.0f} s" if self.deadline_s is not None else "the deadline"
         origin = "--deadline" if self.deadline_given else "the default deadline (3x the estimate)"
@@ -372,6 +382,8 @@ def still_answering(entry: EngineAdapter, engines: Iterable[EngineAdapter], budg
     reply = budget.send(entry, ids, max_tokens=1, stream=False, timeout_s=min(budget.timeout_s, budget.remaining_s()))
     if reply.served:
         return True
-    budget.stop(f"after {after} stalled, {_unserved(reply, 'an 8-token request')}; the engine stopped answering, "
+    if budget.ended_by_deadline(reply):  # the deadline cut it short: the engine's silence is not shown
+        return False
+    budget.stop_not_answering(f"after {after} stalled, {_unserved(reply, 'an 8-token request')}; the engine stopped answering, "
                 "so it was probed no further")
     return False

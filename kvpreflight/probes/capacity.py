@@ -28,6 +28,7 @@ OVER_MAX_TOKENS = 96
 CONCURRENT_MAX_TOKENS = 4
 IDLE_WAIT_S = 10.0
 HEALTH_PROMPT = 16
+HEALTH_MAX_TOKENS = 4
 # Served probes sent streamed (besides the `-stream` ones): prompt-integrity's limit prompt is,
 # and every other concurrent request, so the served near-limit answers are read both ways.
 STREAMED = frozenset({ProbeName.BOUNDARY_ACCEPT})
@@ -91,7 +92,7 @@ def capacity_plan(limits: Limits, concurrency: int, scan_tokens: int | None = No
     k = max(1, concurrency)
     answer = scan_tokens or CONCURRENT_MAX_TOKENS
     out.append(PlannedRequest(ProbeName.CONCURRENT, max(1, m - answer), answer, Expect.ACCEPT, k))
-    out.append(PlannedRequest(ProbeName.HEALTH, HEALTH_PROMPT, 4, Expect.ACCEPT))
+    out.append(PlannedRequest(ProbeName.HEALTH, HEALTH_PROMPT, HEALTH_MAX_TOKENS, Expect.ACCEPT))
     return out
 
 
@@ -157,6 +158,7 @@ class CapacityProber:
         probes, untied = named_by_request_id(probes, self._untied)
         return ProbeRun(limits=limits, probes=tuple(probes), healthy_after=healthy, idle_after=idle,
                         small_request_after=small, own_markers=frozenset({self.marker}), stopped=stopped,
+                        not_answering=self.budget.not_answering,
                         speed_note=self.budget.rate_note(), untied_danger_lines=untied,
                         near_context_s=near_context_s(self.budget.speed, limits),
                         prefill_rate=self.budget.speed.prefill_tokens_per_second if self.budget.speed else None,

@@ -23,6 +23,7 @@ from kvpreflight.model import Completion, Role
 from kvpreflight.probes import occurrence
 from kvpreflight.probes import scenarios as declaration
 from kvpreflight.probes.budget import TINY_TOKENS
+from kvpreflight.probes.capacity import HEALTH_MAX_TOKENS, HEALTH_PROMPT
 from kvpreflight.probes.disconnect import (
     UNIFIED_CANCEL_AFTER_S,
     Departure,
@@ -140,7 +141,10 @@ class IsolationProber:
                                    timing_samples=self.settings.timing_samples)
         self._prefill_notices()
         self.budget.wait_idle(self.state, IDLE_WAIT_S)
-        healthy = {} if self.budget.stopped else {url: adapter.healthy() for url, adapter in self.engines.items()}
+        small = self._small_request()
+        # Read even when probing stopped (as after the capacity probes): a /health read sends no
+        # completion, and an engine the scenarios wedged or killed is a finding.
+        healthy = {url: adapter.healthy() for url, adapter in self.engines.items()}
         idle = self.budget.wait_idle(self.state, IDLE_WAIT_S)
         self._untied.extend(self.logs.take())
         # A line logged late (vLLM: up to a lease after the request) still names its request.
@@ -149,7 +153,19 @@ class IsolationProber:
         untied = name_lines(self._untied, ids, other="one of kvpreflight's requests outside the isolation scenarios")
         return IsolationRun(scenarios=tuple(scenarios), cache=cache, canaries=dict(self.canaries),
                             binding=self.settings.binding, healthy_after=healthy, idle_after=idle,
-                            untied_danger_lines=untied)
+                            untied_danger_lines=untied, small_request_after=small, stopped=self.budget.stopped,
+                            not_answering=self.budget.not_answering)
+
+    def _small_request(self) -> Completion | None:
+        """The check's last request, through the entry: does the engine still serve after every
+        probe? None where the run stopped, or the deadline ran out under it (no verdict)."""
+        if not self.budget.may_send():
+            return None
+        entry = self.session.entry
+        ids = self._token_ids(entry, HEALTH_PROMPT, "kvpreflight health check after the isolation probes")
+        small = self.budget.send(entry, ids, max_tokens=HEALTH_MAX_TOKENS, stream=False,
+                                 timeout_s=self.budget.request_s(HEALTH_PROMPT, Expect.ACCEPT, max_tokens=HEALTH_MAX_TOKENS))
+        return None if self.budget.ended_by_deadline(small) else small
 
     def _prefill_notices(self) -> None:
         """One tiny plain request straight to each prefill that reads its decodes' transfer

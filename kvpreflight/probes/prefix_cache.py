@@ -16,7 +16,7 @@ from typing import Any
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import EngineSnapshot, Role
 from kvpreflight.probes.budget import Budget
-from kvpreflight.probes.engine_state import EngineState
+from kvpreflight.probes.engine_state import EngineState, counter_deltas
 from kvpreflight.probes.markers import new_marker
 from kvpreflight.probes.results import (
     CacheProbe,
@@ -116,11 +116,12 @@ def _send(client: TenantClient, ids: list[int], kind: CacheProbeKind, prefix: in
     """One streamed prefix-cache request through the budget; None when the run stopped."""
     if not budget.may_send():
         return None
-    hits_before = state.total(lambda c: c.prefix_cache_hits) if count_hits else None
+    before = state.counters() if count_hits else {}
     sent = budget.probe(client.adapter, ids, name=f"the {kind.value} prefix-cache probe", expect=Expect.ACCEPT,
                         max_tokens=1, stream=True, engines=state.engines.values(), extra=_fields(client))
     if sent is None:
         return None
-    hits_after = state.total(lambda c: c.prefix_cache_hits) if count_hits else None
-    delta = None if hits_before is None or hits_after is None else round(hits_after - hits_before, 3)
-    return CacheProbe(kind=kind, tenant=client.tenant, prefix=prefix, completion=sent[0], hit_metric_delta=delta)
+    deltas = counter_deltas(before, state.counters()) if count_hits else {}
+    hits = [d["prefix_cache_hits"] for d in deltas.values() if "prefix_cache_hits" in d]
+    return CacheProbe(kind=kind, tenant=client.tenant, prefix=prefix, completion=sent[0],
+                      hit_metric_delta=round(sum(hits), 3) if hits else None, counter_deltas=deltas)

@@ -177,6 +177,7 @@ class ProbeRun:
     small_request_after: Completion | None = None
     own_markers: frozenset[str] = frozenset()  # this run's probe marker: not foreign to the isolation probes
     stopped: str | None = None  # why later probes were not sent (an engine stopped answering, the deadline)
+    not_answering: str | None = None  # the run stopped because the engine stopped answering (of `stopped`)
     speed_note: str = ""  # how the request budgets were set (the measured speed, or the assumed one)
     untied_danger_lines: tuple[DangerLine, ...] = ()  # logged between probes (calibration, waits)
     # What the measured speed predicts one prompt at the served context takes (None: no speed).
@@ -288,7 +289,10 @@ class CacheProbe:
     tenant: Tenant
     prefix: int  # which fresh prefix
     completion: Completion
-    hit_metric_delta: float | None = None  # the engines' prefix-cache hit counters over this request
+    hit_metric_delta: float | None = None  # the engines' prefix-cache hit counters over this request, summed
+    # Each engine's counters over this request (url -> Counters field -> delta): which engine found
+    # the prompt in its cache, a decode's own cache included, and whether other traffic was there too.
+    counter_deltas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
 
     @property
     def ttft_s(self) -> float:
@@ -323,6 +327,11 @@ class IsolationRun:
     healthy_after: Mapping[str, bool] = field(default_factory=dict)
     idle_after: Mapping[str, bool | None] = field(default_factory=dict)
     untied_danger_lines: tuple[DangerLine, ...] = ()  # logged between scenarios or during the prefix-cache probes
+    # The small request sent after the last isolation probe, the check's last request: the engine
+    # is judged healthy after the probes that can wedge it, not before them.
+    small_request_after: Completion | None = None
+    stopped: str | None = None  # why the run stopped before its end (an engine stopped answering, the deadline)
+    not_answering: str | None = None  # the run stopped because the engine stopped answering (of `stopped`)
 
     def requests(self) -> list[TenantRequest]:
         return [r for s in self.scenarios for r in s.requests]

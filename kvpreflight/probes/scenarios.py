@@ -33,6 +33,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, replace
 
 from kvpreflight.probes.budget import TINY_TOKENS, PlannedRequest
+from kvpreflight.probes.capacity import HEALTH_MAX_TOKENS, HEALTH_PROMPT
 from kvpreflight.probes.isolation_sizes import LONGER_LEAVER_CONDITION, TIMING_AUDIT_CONDITION, IsolationSizes
 from kvpreflight.probes.prefix_cache import DEFAULT_TIMING_SAMPLES, ORDER, TIMING_REQUESTS_PER_SAMPLE, timing_prompt_tokens
 from kvpreflight.probes.results import Expect, ProbeName, ScenarioName, Tenant
@@ -258,4 +259,8 @@ def isolation_sizes(sizes: IsolationSizes, *, churn: bool, timing_samples: int =
             for _ in range(TIMING_REQUESTS_PER_SAMPLE * timing_samples)]
     if sizes.has_prefill:
         out.append(PlannedRequest(NOTICES_REQUEST, TINY_TOKENS, 1, accept, only_if=NOTICES_CONDITION))
+    out.append(PlannedRequest(HEALTH_AFTER_REQUEST, HEALTH_PROMPT, HEALTH_MAX_TOKENS, accept))
     return out
+
+
+HEALTH_AFTER_REQUEST = "health-after"  # the small request after the last isolation probe

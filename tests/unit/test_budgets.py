@@ -107,7 +107,11 @@ def test_an_engine_that_stops_answering_is_probed_no_further():
     sizes = [s.tokens for s in engine.sent]
     assert sizes[sizes.index(MAX_ACCEPTED):] == [MAX_ACCEPTED, TINY_TOKENS]  # one liveness request, then silence
     assert "stopped answering" in result(report, "concurrent-capacity").message
-    assert all(result(report, check_id).status is not Status.FAIL for check_id in PROBE_CHECKS)  # no evidence, no fail
+    # no evidence, no fail; but an engine that stopped answering is not healthy after the probes (issue 44)
+    assert all(result(report, check_id).status is not Status.FAIL for check_id in PROBE_CHECKS
+               if check_id != "engine-healthy-after")
+    healthy_after = result(report, "engine-healthy-after")
+    assert healthy_after.status is Status.FAIL and "the deployment stopped answering during them" in healthy_after.message
 
 
 def test_an_engine_that_cannot_answer_the_calibration_is_probed_no_further():
@@ -255,5 +259,6 @@ def test_a_small_request_after_the_probes_that_times_out_is_inconclusive_never_a
         return None
     report = check(FakeEngine(snapshot(URL), script=busy_after_the_probes))
     healthy_after = result(report, "engine-healthy-after")
-    assert len(health) == 1
+    # one after the capacity probes, one after the isolation probes: the check's last request, judged
+    assert [s.seed.startswith("kvpreflight health check after the isolation probes") for s in health] == [False, True]
     assert healthy_after.status is Status.INCONCLUSIVE and "timed out after the probes" in healthy_after.message, healthy_after.message

@@ -10,7 +10,7 @@ import pytest
 
 from kvpreflight.checks import CheckContext
 from kvpreflight.model import Status
-from tests.unit.test_checks import T, check, ok, refused, run, snap
+from tests.unit.test_checks import PREFILL, T, check, ok, refused, run, snap
 
 
 @pytest.mark.parametrize(("small", "status", "said"), [
@@ -42,3 +42,86 @@ def test_a_small_request_the_deadline_ran_out_under_is_no_verdict():
     now[0] = 6.0
     assert not budget.ended_by_deadline(ok(16))  # served is served
     assert budget.ended_by_deadline(failed) and budget.stopped == "stopped at --deadline of 6 s, during reading the engines"
+
+
+# -- judged after the isolation probes, the check's last requests (issue 44) -----------------------
+
+def after_isolation(**kw):
+    """The capacity probes found the engine healthy, serving and idle; the isolation probes ran after them."""
+    from kvpreflight.probes.results import IsolationRun
+
+    fields = {"healthy_after": {PREFILL: True}, "idle_after": {PREFILL: True}, "small_request_after": ok(16, 4), **kw}
+    return CheckContext((snap(),), T, probes=run(), isolation=IsolationRun(**fields))
+
+
+def test_an_engine_healthy_after_the_isolation_probes_passes():
+    (r,) = check("engine-healthy-after", after_isolation())
+    assert r.status is Status.PASS and r.message == "unified engine healthy, serving, and back to idle", r.message
+
+
+@pytest.mark.parametrize(("wedge", "said"), [
+    ({"healthy_after": {PREFILL: False}}, "unified engine is not healthy after the probes"),
+    ({"idle_after": {PREFILL: False}}, "still holds KV tokens 10 s after the probes ended"),
+    ({"small_request_after": refused(16, "Internal Server Error", kind=None, status=500)},
+     "a small request through the entry failed after the probes"),
+])
+def test_what_the_isolation_probes_left_behind_is_judged_not_what_the_capacity_probes_did(wedge, said):
+    (r,) = check("engine-healthy-after", after_isolation(**wedge))
+    assert r.status is Status.FAIL and said in r.message, r.message
+
+
+STOPPED = ("after the cancel-transfer probe stalled, an 8-token request got no answer within --timeout (5.0 s): the engine is "
+           "not answering; the engine stopped answering, so it was probed no further")
+
+
+def test_an_engine_that_stopped_answering_during_the_isolation_probes_fails_though_its_health_is_ok_now():
+    """The wedge of issue 44: /health 200, nothing scheduled, tokens stuck in the used gauge, and
+    tenant-isolation says the engine stopped answering. It was judged healthy from before."""
+    from kvpreflight.probes.results import Scenario
+
+    stuck = Scenario(name="cancel-transfer", purpose="test", stopped=STOPPED, idle_after={PREFILL: False})
+    (r,) = check("engine-healthy-after", after_isolation(small_request_after=None, idle_after={}, stopped=STOPPED,
+                                                         not_answering=STOPPED, scenarios=(stuck,)))
+    assert r.status is Status.FAIL, r.message
+    assert r.message == (f"unified engine is not healthy after the probes: the deployment stopped answering during them "
+                         f"({STOPPED}); its /health answers OK now, its used-token gauge stayed up after the "
+                         "cancel-transfer scenario(s), but an engine that stopped answering once is not healthy: restart it, "
+                         "and read its log around that request: an engine that stops answering under kvpreflight's "
+                         "disconnects or load near its pool will do so under real clients")
+    assert r.evidence["stuck_after_scenarios"] == ["cancel-transfer"] and r.evidence["health_ok"] is True
+
+
+def test_a_deadline_stop_during_the_isolation_probes_is_inconclusive_not_a_fail():
+    deadline = "stopped at --deadline of 60 s, during the load scenario"
+    (r,) = check("engine-healthy-after", after_isolation(small_request_after=None, idle_after={}, stopped=deadline))
+    assert r.status is Status.INCONCLUSIVE and r.message == f"not checked after the probes: {deadline}", r.message
+
+
+def test_an_engine_that_wedges_on_the_prefix_cache_probes_is_not_healthy_after_them():
+    """Through the whole check on a fake engine: healthy through the capacity probes and the
+    scenarios, then it stops answering (its /health still 200, its used-token gauge held)."""
+    from support.fake_adapter import FakeEngine, Sent, snapshot
+
+    from kvpreflight.check_plan import CheckPlan
+    from kvpreflight.model import Completion
+    from kvpreflight.pipeline import run_check
+    from kvpreflight.targets import Target
+
+    url = "http://engine:1"
+    wedged = {"yes": False}
+
+    def script(engine: FakeEngine, sent: Sent) -> Completion | None:
+        if "SHARED" in sent.seed:  # the first prefix-cache probe
+            wedged["yes"] = True
+            engine.counters = replace(engine.counters, used_tokens=512)
+        if not wedged["yes"]:
+            return None
+        return Completion(sent_tokens=sent.tokens, max_tokens=sent.max_tokens, streamed=sent.stream, status=None,
+                          elapsed_s=sent.timeout_s, timed_out=True)
+
+    FakeEngine(snapshot(url), script=script)  # registers itself under its URL
+    report = run_check(CheckPlan(targets=(Target(url),), engine="fake", timeout_s=2))
+    (r,) = [c for c in report.checks if c.id == "engine-healthy-after"]
+    assert wedged["yes"] and r.status is Status.FAIL, r.message
+    assert "the deployment stopped answering during them (after the cold prefix-cache probe stalled" in r.message, r.message
+    assert "its /health answers OK now" in r.message

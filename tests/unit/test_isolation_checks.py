@@ -55,14 +55,16 @@ def scenario(name="normal", requests=None, **kw) -> Scenario:
     return Scenario(name=name, purpose="test", requests=tuple(requests), **fields)
 
 
-def cache_run(cross_cached=0, warm_cached=1008, off=None, ttft=(0.080, 0.020, 0.080), hit_delta=None) -> PrefixCacheRun:
+def cache_run(cross_cached=0, warm_cached=1008, off=None, ttft=(0.080, 0.020, 0.080), hit_delta=None,
+              cross_deltas=None) -> PrefixCacheRun:
+    """`cross_deltas`: each engine's counters over every cross-tenant request (url -> field -> delta)."""
     probes = []
     for k in range(3):
         for kind, tenant, cached, t in (("cold", "a", 0, ttft[0]), ("warm", "a", warm_cached, ttft[1]),
                                         ("warm", "a", warm_cached, ttft[1]), ("cross", "b", cross_cached, ttft[2])):
             c = Completion(sent_tokens=1024, max_tokens=1, streamed=True, status=200, elapsed_s=t, completion_tokens=1, prompt_tokens=1024, cached_tokens=cached, ttft_s=t)
             probes.append(CacheProbe(kind=CacheProbeKind(kind), tenant=Tenant(tenant), prefix=k, completion=c,
-                                     hit_metric_delta=hit_delta))
+                                     hit_metric_delta=hit_delta, counter_deltas=(cross_deltas or {}) if kind == "cross" else {}))
     return PrefixCacheRun(probes=tuple(probes), binding="a cache_salt per tenant", caching_off=off, prompt_tokens=1024)
 
 
@@ -266,6 +268,73 @@ def test_a_few_leading_cached_tokens_are_not_a_hit():
     # ("KVPF-SHARED-") with the previous one. Only most of the prompt counts as the prefix reused.
     r = one("prefix-cache-isolation", iso(cache=cache_run(cross_cached=12)))
     assert r.status is Status.PASS, r.message
+
+
+# -- contradictions: the answer's cached_tokens against each engine's own counters ---------------
+
+PREFILL = "http://prefill:3"
+
+
+def pd_ctx(isolation, engine="sglang") -> CheckContext:
+    snaps = tuple(EngineSnapshot(url=url, engine=engine, version="x", role=role, model="m", served_context=8192, page_size=1)
+                  for url, role in ((PREFILL, Role.PREFILL), (DECODE, Role.DECODE)))
+    return CheckContext(snaps, T, None, DEFAULT_PROBES, ENTRY, isolation=isolation)
+
+
+def window(cached=None, hits=None, requests=1, prompt=1024) -> dict[str, float]:
+    """One engine's counters over one cross-tenant request (None: it has no such counter)."""
+    out = {"requests": requests, "prompt_tokens": prompt}
+    if cached is not None:
+        out["cached_prompt_tokens"] = cached
+    if hits is not None:
+        out["prefix_cache_hits"] = hits
+    return out
+
+
+def test_a_decode_whose_own_cache_hit_across_tenants_fails_though_the_answer_says_0_cached():
+    """Issue 44: SGLang's decode-side radix cache ignores the salt; the answer carries the
+    prefill's cached_tokens 0, the decode's counters found 1,016 of the 1,024 tokens."""
+    deltas = {PREFILL: window(cached=0, hits=0), DECODE: window(cached=1016, hits=1016)}
+    (r,) = run_checks(pd_ctx(iso(cache=cache_run(cross_cached=0, cross_deltas=deltas))), ["prefix-cache-isolation"])
+    assert r.status is Status.FAIL, r.message
+    assert r.message.startswith("tenant B reused tenant A's cached prefix (3 of 3 cross-tenant requests hit; first: the answer "
+                                "said cached tokens: 0 of 1024, but decode http://decode:2 found 1,016 of its prompt tokens in "
+                                "its own prefix cache; the answer and the engines' counters disagree, and the counter that saw "
+                                "the hit is believed)"), r.message
+    assert "--disaggregation-decode-enable-radix-cache" in r.message and "turn the decode's prefix cache off" in r.message
+    assert r.evidence["probes"][3]["engine_cache_hits"] == {PREFILL: {"cached_prompt_tokens": 0, "prefix_cache_hits": 0},
+                                                            DECODE: {"cached_prompt_tokens": 1016, "prefix_cache_hits": 1016}}
+
+
+def test_a_prefill_hit_counter_that_moved_fails_though_the_answer_says_0_cached():
+    """The other shape: a unified engine (a gateway rewrites usage) whose only hit counter counts
+    lookups, no tokens, and moved on every cross-tenant request while the answer said 0."""
+    snap = EngineSnapshot(url=ENTRY, engine="sglang", version="x", role=Role.UNIFIED, model="m", served_context=8192)
+    isolation = iso(cache=cache_run(cross_cached=0, cross_deltas={ENTRY: window(hits=1)}))
+    (r,) = run_checks(CheckContext((snap,), T, None, DEFAULT_PROBES, ENTRY, isolation=isolation), ["prefix-cache-isolation"])
+    assert r.status is Status.FAIL and "unified http://router:1's prefix-cache hit counter moved by 1" in r.message, r.message
+    assert GENERIC_FIX in r.message
+
+
+def test_a_counter_hit_with_other_traffic_in_its_window_is_inconclusive_never_a_pass():
+    deltas = {PREFILL: window(cached=1016, hits=1016, requests=3, prompt=4000), DECODE: window(cached=0, hits=0)}
+    (r,) = run_checks(pd_ctx(iso(cache=cache_run(cross_cached=0, cross_deltas=deltas))), ["prefix-cache-isolation"])
+    assert r.status is Status.INCONCLUSIVE, r.message
+    assert r.message.startswith("3 of 3 cross-tenant requests may have reused tenant A's cached prefix: the answer said "
+                                "cached tokens: 0 of 1024, but prefill http://prefill:3 found 1,016 of its prompt tokens in "
+                                "its own prefix cache, while other traffic was in the window (http://prefill:3 counted 4,000 "
+                                "prompt tokens; http://prefill:3 finished 3 requests)"), r.message
+    assert "rerun with no other traffic on the engines" in r.message
+
+
+@pytest.mark.parametrize("deltas", [
+    {PREFILL: window(cached=0, hits=0), DECODE: window(cached=0, hits=0)},
+    {PREFILL: window(cached=12, hits=12), DECODE: window()},  # a few leading tokens: not the prefix reused
+    {PREFILL: window(cached=0, hits=0, requests=5, prompt=9000), DECODE: window(cached=0)},  # other traffic, no hit
+])
+def test_counters_that_agree_with_the_answer_pass(deltas):
+    (r,) = run_checks(pd_ctx(iso(cache=cache_run(cross_cached=0, cross_deltas=deltas))), ["prefix-cache-isolation"])
+    assert r.status is Status.PASS and "the other tenant never did (0 of 3)" in r.message, r.message
 
 
 def llama_ctx(isolation) -> CheckContext:

@@ -211,6 +211,47 @@ def test_prefix_cache_controls_send_cold_warm_warm_cross_per_fresh_prefix():
     assert all(p.hit_metric_delta == (1 if p.kind is CacheProbeKind.WARM else 0) for p in run.cache.probes)
 
 
+def decode_cache(salted: bool):
+    """A decode with its own prefix cache (SGLang's --disaggregation-decode-enable-radix-cache),
+    keyed with the tenant's salt or without it. Its answer carries the prefill's cached_tokens (the
+    fake's salted cache); its own counters count what it found in its own cache."""
+    seen: set[tuple[str | None, str, int]] = set()
+
+    def script(engine: FakeEngine, sent: Sent) -> Completion | None:
+        key = (sent.extra.get("cache_salt") if salted else None, sent.seed, sent.tokens)
+        found = sent.tokens - 1 if key in seen else 0
+        seen.add(key)
+        answer = engine.well_behaved(sent)
+        c = engine.counters
+        engine.counters = replace(c, cached_prompt_tokens=(c.cached_prompt_tokens or 0) + found,
+                                  prefix_cache_hits=(c.prefix_cache_hits or 0) + (1 if found and not answer.cached_tokens else 0))
+        return answer
+
+    return script
+
+
+@pytest.mark.parametrize("salted", [True, False])
+def test_a_decode_cache_that_ignores_the_salt_fails_though_every_answer_says_0_cached(salted):
+    prefill = FakeEngine(snapshot("http://prefill:1", role=Role.PREFILL))
+    decode = FakeEngine(snapshot("http://decode:2", role=Role.DECODE), script=decode_cache(salted))
+    decode.counters = replace(decode.counters, cached_prompt_tokens=0)
+    router = FakeEngine(snapshot("http://router:0"), forwards_to=(prefill, decode))
+    run = isolate(prefill, decode, entry=router)
+    assert run.cache is not None
+    cross = run.cache.of(CacheProbeKind.CROSS)
+    assert cross and all(p.completion.cached_tokens == 0 for p in cross)  # the answers never say
+    # each engine's own counters over each request are kept, the decode's among them
+    assert all(p.counter_deltas["http://decode:2"]["cached_prompt_tokens"] == (0 if salted else p.completion.sent_tokens - 1)
+               for p in cross)
+    result = judged(run, (router.snap, prefill.snap, decode.snap), "prefix-cache-isolation")
+    if salted:
+        assert result.status is Status.PASS, result.message
+    else:
+        assert result.status is Status.FAIL, result.message
+        assert ("the answer said cached tokens: 0 of 512, but decode http://decode:2 found 511 of its prompt tokens in its "
+                "own prefix cache") in result.message
+
+
 def no_cache(engine: FakeEngine, sent: Sent) -> Completion | None:
     engine.cache.clear()  # nothing is ever reused
     return None
@@ -582,7 +623,7 @@ def test_scenario_selects_the_scenarios_that_run_and_the_plan_counts_only_those(
     assert "not run (not selected (--scenario over-capacity))" in result.message
 
     planned = {p.name for p in isolation_sizes(IsolationSizes.of(LIMITS, [engine.snap]), churn=True, only=("over-capacity",))}
-    assert planned == {"over-capacity", "prefix-cache", "prefix-cache-timing"}
+    assert planned == {"over-capacity", "prefix-cache", "prefix-cache-timing", "health-after"}
 
 
 @pytest.mark.parametrize("scheduled_leavers,finished_leavers,confirmed", [(True, 0, True), (False, 0, False), (True, 1, False)])

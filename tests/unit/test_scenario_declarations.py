@@ -87,4 +87,4 @@ def test_the_plan_counts_each_declared_request_once_and_the_carried_scenarios_no
         assert [p.prompt_tokens for p in in_place] == [r.longer for r in longer], spec.name
     assert [p.name for p in plan if p.only_if == LONGER_LEAVER_CONDITION] == [ScenarioName.CANCEL_TRANSFER] * 2
     without_churn = scenarios.isolation_sizes(sizes, churn=False, timing_samples=0)
-    assert {p.name for p in without_churn} == {ScenarioName.NORMAL, ScenarioName.OVER_CAPACITY, "prefix-cache"}
+    assert {p.name for p in without_churn} == {ScenarioName.NORMAL, ScenarioName.OVER_CAPACITY, "prefix-cache", "health-after"}
