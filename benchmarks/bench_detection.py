@@ -13,7 +13,9 @@ a fresh unified engine (context 2,048, pool 8,192, metrics on), one `check` each
 fault can fire in judged from that run's evidence (MATRIX below: which check must fail, and the
 requests that show the cell), then the honest engine, whose checks must all pass or warn; then
 the same on a fresh prefill/decode trio behind the builtin router per fault (PD_MATRIX: which role
-carries the fault, and why there), then the honest trio; then `--runs` runs of fault
+carries the fault, and why there; a fault with no unified form, such as decode-cache-no-salt, is in
+PD_MATRIX alone, PD_NOT_LISTED saying why), then the honest trio (each engine's log goes to the
+check as `--log`, so a fault that prints its engine's own warning can fail on it); then `--runs` runs of fault
 leak-streamed firing with `--probability` per request (`--racy-only`: these alone), beside the
 miss probability the plan implies: (1 - p) to the power of the streamed answers that showed the
 leak in one run with it firing on every request (a streamed answer that cannot show it, such as
@@ -105,6 +107,24 @@ def _check(report: dict, check_id: str) -> dict:
     return next((c for c in report.get("checks", []) if c["id"] == check_id), {})
 
 
+def _status_decides(report: dict) -> bool:
+    """The cell is the check's own verdict (cells() requires it failed): no finer evidence to read."""
+    return True
+
+
+def _warning_failed(report: dict, phrase: str) -> bool:
+    """Some failing check names the engine's own start-up warning (read from --log)."""
+    return any(phrase in c.get("message", "") for c in report.get("checks", []) if c.get("status") == "fail")
+
+
+def _cross_said_no_hit(report: dict) -> bool:
+    """prefix-cache-isolation's cross-tenant probes were answered with cached_tokens 0: the hit
+    showed only in the engines' counters (faults decode-cache-no-salt*)."""
+    probes = _check(report, "prefix-cache-isolation").get("evidence", {}).get("probes", [])
+    cross = [p for p in probes if p.get("kind") == "cross"]
+    return bool(cross) and all(p.get("cached_tokens") == 0 for p in cross)
+
+
 ALONE, AFTER = ("normal-", "over-capacity-", "boundary-"), ("cancel-",)
 AT_ONCE = ("normal-at-once-",)  # normal's last pairs, A beside B
 CONCURRENT = ("concurrent-", "load-", *AT_ONCE)
@@ -125,6 +145,19 @@ MATRIX = {
         and "does not read" in _check(r, "overcapacity-rejected").get("message", "")}),
     "text-with-bad-count": ("overcapacity-rejected", {
         "unified, not streamed, alone (over-context)": lambda r: "its counts not readable" in _check(r, "overcapacity-rejected").get("message", "")}),
+    # Issue 44: answers that do not come from their own prompt (defaults: positions 1,024 and a
+    # window of 512 at context 2,048). The near-context probes' answers are noise or the tail's
+    # text; short ones echo. The loud forms also put the engine's own warning in --log.
+    "positions-overridden": ("prompt-integrity", {
+        "unified, near-context answers past the positions (noise)": _status_decides,
+        "unified, the engine's start-up warning read from --log": lambda r: _warning_failed(r, "derived context_length")}),
+    "positions-overridden-silent": ("prompt-integrity", {
+        "unified, near-context answers past the positions (noise), no warning": _status_decides}),
+    "attention-window": ("prompt-integrity", {
+        "unified, near-context answers copied from the last window (no head marker)": _status_decides,
+        "unified, the engine's start-up warning read from --log": lambda r: _warning_failed(r, "maxAttentionWindowVec")}),
+    "attention-window-silent": ("prompt-integrity", {
+        "unified, near-context answers copied from the last window (no head marker), no warning": _status_decides}),
 }
 NOT_LISTED = {
     "leak-streamed": "not streamed: by definition; prefill/decode: PD_MATRIX",
@@ -135,6 +168,10 @@ NOT_LISTED = {
                            "fire it, and they are sent alone; prefill/decode: PD_MATRIX",
     "text-with-bad-count": "streamed: tokens-then-garbage is that path's cell; concurrent / after a disconnect: only over-limit "
                            "prompts fire it, sent alone; prefill/decode: PD_MATRIX",
+    "positions-overridden": "prompts within the positions (every short probe) echo by design; prefill/decode: PD_MATRIX",
+    "positions-overridden-silent": "as positions-overridden; prefill/decode: PD_MATRIX",
+    "attention-window": "prompts within the window (every short probe) echo by design; prefill/decode: PD_MATRIX",
+    "attention-window-silent": "as attention-window; prefill/decode: PD_MATRIX",
 }
 
 # The same faults behind the builtin router (a prefill and a decode, context 2,048, pools 8,192,
@@ -171,6 +208,26 @@ PD_MATRIX = {
     "text-with-bad-count": ("overcapacity-rejected", ("text-with-bad-count",), ("text-with-bad-count",), {
         "P/D, not streamed, alone (over-context: the decode's answer, relayed by the router)":
             lambda r: "its counts not readable" in _check(r, "overcapacity-rejected").get("message", "")}),
+    # Issue 44. The decode's own prefix cache (SGLang's --disaggregation-decode-enable-radix-cache)
+    # keyed without the salt: tenant B's repeat of tenant A's prefix hits it, the decode's counters
+    # move, the answer (the prefill's figure) says cached_tokens 0.
+    "decode-cache-no-salt": ("prefix-cache-isolation", (), ("decode-cache-no-salt",), {
+        "P/D, cross-tenant prefix probes (full hit in the decode's lookup and cached-token counters; the answer says 0)":
+            _cross_said_no_hit}),
+    "decode-cache-no-salt-partial": ("prefix-cache-isolation", (), ("decode-cache-no-salt-partial",), {
+        "P/D, cross-tenant prefix probes (half the prefix, in the decode's cached-token counter alone; the answer says 0)":
+            _cross_said_no_hit}),
+    # The model's positions and its attention window belong to the model both roles load.
+    "positions-overridden": ("prompt-integrity", ("positions-overridden",), ("positions-overridden",), {
+        "P/D, near-context answers past the positions (the decode's noise, behind the router)": _status_decides,
+        "P/D, the engines' start-up warning read from --log": lambda r: _warning_failed(r, "derived context_length")}),
+    "positions-overridden-silent": ("prompt-integrity", ("positions-overridden-silent",), ("positions-overridden-silent",), {
+        "P/D, near-context answers past the positions (the decode's noise), no warning": _status_decides}),
+    "attention-window": ("prompt-integrity", ("attention-window",), ("attention-window",), {
+        "P/D, near-context answers copied from the last window (the decode's)": _status_decides,
+        "P/D, the engines' start-up warning read from --log": lambda r: _warning_failed(r, "maxAttentionWindowVec")}),
+    "attention-window-silent": ("prompt-integrity", ("attention-window-silent",), ("attention-window-silent",), {
+        "P/D, near-context answers copied from the last window (the decode's), no warning": _status_decides}),
 }
 PD_NOT_LISTED = {
     "leak-streamed": "not streamed: by definition",
@@ -182,6 +239,13 @@ PD_NOT_LISTED = {
     "text-with-bad-count": ("streamed: tokens-then-garbage's cell; concurrent / after a disconnect: only over-limit prompts, sent "
                             "alone; on one role alone: the prefill's refusal (decode only) or the decode's honest 400 (prefill "
                             "only) is what the client gets, a correct rejection"),
+    "decode-cache-no-salt": ("unified: a unified engine has no decode-side cache (its own cache without the salt is "
+                             "prefix-cache-no-salt); on the prefill: it is the decode's cache"),
+    "decode-cache-no-salt-partial": "as decode-cache-no-salt",
+    "positions-overridden": "on one role alone: the model is one build on both; prompts within the positions echo by design",
+    "positions-overridden-silent": "as positions-overridden",
+    "attention-window": "on one role alone: the model is one build on both; prompts within the window echo by design",
+    "attention-window-silent": "as attention-window",
 }
 PD_TRANSFER_DELAY_MS = 6
 
@@ -190,7 +254,8 @@ def matrix_run(faults: list[str]) -> tuple[int, dict, float]:
     with tempfile.TemporaryDirectory() as workdir, unified_engine(
             Path(workdir), context_length=MATRIX_CONTEXT, pool_tokens=MATRIX_POOL, faults=faults, wait_s=300) as engine:
         start = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--endpoint", engine.url, "--format", "json"],
+        proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--endpoint", engine.url,
+                               "--log", f"{engine.url}={engine.log_path}", "--format", "json"],
                               capture_output=True, text=True, timeout=1800)
         wall = time.monotonic() - start
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}, wall
@@ -203,7 +268,9 @@ def pd_matrix_run(prefill_faults: tuple[str, ...], decode_faults: tuple[str, ...
             prefill_args=["--transfer-delay-ms", str(PD_TRANSFER_DELAY_MS)], wait_s=300) as trio:
         start = time.monotonic()
         proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--endpoint", f"prefill={trio.prefill.url}",
-                               "--endpoint", f"decode={trio.decode.url}", "--entry", trio.router.url, "--format", "json"],
+                               "--endpoint", f"decode={trio.decode.url}", "--entry", trio.router.url,
+                               "--log", f"{trio.prefill.url}={trio.prefill.log_path}",
+                               "--log", f"{trio.decode.url}={trio.decode.log_path}", "--format", "json"],
                               capture_output=True, text=True, timeout=1800)
         wall = time.monotonic() - start
     return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}, wall
@@ -285,7 +352,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--matrix", action="store_true", help="issue 26's fault matrix (see the module docstring)")
     parser.add_argument("--racy-only", action="store_true", help="with --matrix: only the racy-leak runs")
-    parser.add_argument("--only", action="append", default=[], choices=sorted(MATRIX), help="with --matrix: only this fault's rows (repeatable)")
+    parser.add_argument("--only", action="append", default=[], choices=sorted(MATRIX.keys() | PD_MATRIX.keys()), help="with --matrix: only this fault's rows (repeatable)")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--probability", type=float, default=0.3)
     parser.add_argument("--context", type=int, default=4096)

@@ -18,6 +18,11 @@ FAULTS_ENV = "KVPREFLIGHT_BUILTIN_FAULTS"
 # this set (a probability in (0, 1]), fault early-free-on-cancel fires at each disconnect with
 # that probability; unset, at every one. benchmarks/bench_detection.py uses it.
 FAULT_PROBABILITY_ENV = "KVPREFLIGHT_BUILTIN_FAULT_PROBABILITY"
+# The faults' parameters, from the environment too (never argv): the model's positions under
+# faults positions-overridden*, and the attention window under faults attention-window*. Unset,
+# half and a quarter of the served context.
+POSITIONS_ENV = "KVPREFLIGHT_BUILTIN_POSITIONS"
+ATTENTION_WINDOW_ENV = "KVPREFLIGHT_BUILTIN_ATTENTION_WINDOW"
 
 
 class Fault(str, enum.Enum):
@@ -36,6 +41,12 @@ class Fault(str, enum.Enum):
     SHORTENED_PROMPT = "shortened-prompt"
     TOKENS_THEN_GARBAGE = "tokens-then-garbage"
     TEXT_WITH_BAD_COUNT = "text-with-bad-count"
+    DECODE_CACHE_NO_SALT = "decode-cache-no-salt"
+    DECODE_CACHE_NO_SALT_PARTIAL = "decode-cache-no-salt-partial"
+    POSITIONS_OVERRIDDEN = "positions-overridden"
+    POSITIONS_OVERRIDDEN_SILENT = "positions-overridden-silent"
+    ATTENTION_WINDOW = "attention-window"
+    ATTENTION_WINDOW_SILENT = "attention-window-silent"
 
     @property
     def description(self) -> str:
@@ -56,6 +67,23 @@ _FAULT_DESCRIPTIONS = {
     Fault.SHORTENED_PROMPT: "prompts over 256 tokens lose their second half, the answer still reports the full length (unified, prefill)",
     Fault.TOKENS_THEN_GARBAGE: "a streamed prompt over the limits gets 3 tokens, then an error frame cut mid-JSON",
     Fault.TEXT_WITH_BAD_COUNT: "a prompt over the limits, not streamed, gets an answer with text and completion_tokens -1",
+    Fault.DECODE_CACHE_NO_SALT: (
+        "the decode keeps its own prefix cache (SGLang's --disaggregation-decode-enable-radix-cache) keyed without the "
+        "cache_salt: another tenant's cached prefix is reused and only the rest transferred; the decode's hit counters "
+        "(lookups, cached tokens, hit rate) move, the answer's cached_tokens stays the prefill's (decode)"),
+    Fault.DECODE_CACHE_NO_SALT_PARTIAL: (
+        "as decode-cache-no-salt, but a hit reuses only the first half of the cached prefix's pages and is counted in "
+        "the cached-tokens counter alone, not in the lookup counter or the hit rate (decode)"),
+    Fault.POSITIONS_OVERRIDDEN: (
+        f"the model has fewer positions ({POSITIONS_ENV}, else half the context) than the served context, as "
+        "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 allows: past them every token is served and counted, the answer "
+        "is noise; SGLang's start-up warning is logged (unified, decode)"),
+    Fault.POSITIONS_OVERRIDDEN_SILENT: "as positions-overridden, with no warning at start-up (unified, decode)",
+    Fault.ATTENTION_WINDOW: (
+        f"attention sees only the last {ATTENTION_WINDOW_ENV} tokens (else a quarter of the context), as TensorRT-LLM's "
+        "clamped maxAttentionWindow: every token is computed and counted, a longer prompt's answer is copied from its "
+        "tail; TensorRT-LLM's clamp warning is logged at start-up (unified, decode)"),
+    Fault.ATTENTION_WINDOW_SILENT: "as attention-window, with no warning at start-up (unified, decode)",
 }
 
 # Name -> description, for callers that hold fault names as text (demo and fleet settings).
@@ -128,6 +156,8 @@ class EngineConfig:
     prefill_tokens_per_second: float = 0.0  # test: prefill no faster than this (0: as fast as it runs)
     pd_wait_s: float = DEFAULT_PD_WAIT_S  # PD: how long one side waits for its peer (pd_wait_from_env)
     kv_canary: str = "none"  # SGLang's --kv-canary: none | log | raise (builtin_engine/core.py verify_canary)
+    positions: int | None = None  # faults positions-overridden*: the model's positions (POSITIONS_ENV; None: half the context)
+    attention_window: int | None = None  # faults attention-window*: tokens attended (ATTENTION_WINDOW_ENV; None: a quarter)
 
     def validate(self) -> None:
         if not (0 <= self.port <= 65535):
@@ -164,6 +194,9 @@ class EngineConfig:
             raise ServeConfigError(f"--device {self.device!r} is not one of cpu, cuda, auto")
         if self.transfer_delay_ms < 0 or self.transfer_fail_every < 0:
             raise ServeConfigError("--transfer-delay-ms and --transfer-fail-every must not be negative")
+        for env, value in ((POSITIONS_ENV, self.positions), (ATTENTION_WINDOW_ENV, self.attention_window)):
+            if value is not None and value < 1:
+                raise ServeConfigError(f"{env}={value} must be a number of tokens, at least 1")
         if not (self.prefill_tokens_per_second >= 0 and math.isfinite(self.prefill_tokens_per_second)):
             raise ServeConfigError(f"--prefill-tokens-per-second {self.prefill_tokens_per_second} must be a finite number, 0 or more")
 
@@ -204,6 +237,20 @@ def fault_probability_from_env(environ: Mapping[str, str] | None = None) -> floa
         value = float("nan")
     if not 0.0 < value <= 1.0:
         raise ServeConfigError(f"{FAULT_PROBABILITY_ENV}={raw} must be a probability in (0, 1]; unset it for always")
+    return value
+
+
+def tokens_from_env(name: str, environ: Mapping[str, str] | None = None) -> int | None:
+    """A fault's token parameter (POSITIONS_ENV, ATTENTION_WINDOW_ENV); None when unset."""
+    raw = (environ if environ is not None else os.environ).get(name, "").strip()
+    if not raw:
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ServeConfigError(f"{name}={raw!r} must be a whole number of tokens, at least 1; unset it for the default")
     return value
 
 

@@ -6,6 +6,7 @@ Faults live in `self.faults` and change behaviour only; nothing here reports the
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -29,6 +30,10 @@ MAX_CANARY_LINES = 8  # violation lines logged per request (the count covers the
 ALLOC_WAIT_S = 30.0  # a request waits this long for pages held by others (SGLang queues)
 LEAK_TOKENS = 96  # faults leak-*: the tail another tenant's prompt lends (the copy head reads 38 back)
 SHORTEN_FROM = 256  # fault shortened-prompt: shorter prompts pass whole (calibration, health checks)
+DECODE_CACHE_FAULTS = frozenset({Fault.DECODE_CACHE_NO_SALT, Fault.DECODE_CACHE_NO_SALT_PARTIAL})
+POSITIONS_FAULTS = frozenset({Fault.POSITIONS_OVERRIDDEN, Fault.POSITIONS_OVERRIDDEN_SILENT})
+WINDOW_FAULTS = frozenset({Fault.ATTENTION_WINDOW, Fault.ATTENTION_WINDOW_SILENT})
+NOISE_TOKENS = range(33, 127)  # faults positions-overridden*: what a model past its positions emits (printable bytes)
 
 
 class Engine:
@@ -50,6 +55,15 @@ class Engine:
         self.prefix_cache = (
             PrefixCache(self.pool, self.page_size, Fault.PREFIX_CACHE_NO_SALT in self.faults) if use_cache else None
         )
+        if self.role is ProcessRole.DECODE and self.faults & DECODE_CACHE_FAULTS:
+            # Faults decode-cache-no-salt*: the decode's own radix cache (SGLang PR #19746), its key without the salt.
+            self.prefix_cache = PrefixCache(self.pool, self.page_size, ignore_salt=True)
+        # Faults positions-overridden*: the model's positions (None: as many as the context).
+        self.positions = ((config.positions or max(1, self.context_len // 2))
+                          if self.faults & POSITIONS_FAULTS else None)
+        # Faults attention-window*: the tokens attention sees, counted back from the last (None: all).
+        self.attention_window = ((config.attention_window or max(1, self.context_len // 4))
+                                 if self.faults & WINDOW_FAULTS else None)
         self._transfer_seq = 0
         self._last_prompts: dict[str | None, list[int]] = {}  # cache_salt -> its last prompt (faults leak-*)
 
@@ -215,6 +229,35 @@ class Engine:
             self.prefix_cache.insert(ids, params.cache_salt, pages)
         self.release(pages, params.rid)
 
+    # ---- the decode's own prefix cache (faults decode-cache-no-salt*) ------------------------------
+
+    def decode_cache_lookup(self, ids: list[int], salt: str | None, rid: str) -> list[int]:
+        """The pages of the longest prefix of `ids` the decode's cache holds (referenced for this
+        request; the prefill then sends only the rest). Keyed without the salt: another tenant's
+        prefix is reused. Counted as SGLang's decode counts a radix hit: the reused tokens as cached
+        prompt tokens (decode-cache-no-salt also in the lookup counter and the hit rate)."""
+        if self.prefix_cache is None or self.role is not ProcessRole.DECODE:
+            return []
+        found = self.prefix_cache.match(ids, salt)
+        if Fault.DECODE_CACHE_NO_SALT_PARTIAL in self.faults and found:
+            keep = len(found) // 2  # a partial hit: the first half of the cached prefix
+            self.pool.release(found[keep:])
+            found = found[:keep]
+        tokens = len(found) * self.page_size
+        if found:
+            self.page_log.event("cache_hit", rid, found)
+        # prompt_tokens too, as SGLang's prompt counter includes the cached tokens: computed
+        # (prompt - cached) stays 0 on the decode, the hit shows as cached.
+        self.count(prompt_tokens=tokens, cached_tokens=tokens)
+        if Fault.DECODE_CACHE_NO_SALT in self.faults:
+            self.count(cache_queries=1, cache_hits=1 if found else 0)
+        return found
+
+    def decode_cache_insert(self, ids: list[int], salt: str | None, pages: list[int]) -> None:
+        """After a decode: its prompt's full pages join the decode's cache (refcounted there)."""
+        if self.prefix_cache is not None and self.role is ProcessRole.DECODE:
+            self.prefix_cache.insert(ids, salt, pages[: len(ids) // self.page_size])
+
     # ---- decode loop ------------------------------------------------------------------------------
 
     def decode_tokens(
@@ -225,10 +268,20 @@ class Engine:
         produced: list[int] = []
         if params.max_new_tokens <= 0:
             return
+        # Fault attention-window*: the copy head's query sees only the last `window` tokens of the
+        # prompt, so step i reads position len - window + i (its answer is the prompt's tail).
+        window = self.attention_window
+        shift = prompt_len - window if window is not None and prompt_len > window else 0
+        noise = random.Random(f"{rid}:{prompt_len}") if self.positions is not None else None
         for step in range(params.max_new_tokens):
-            with self.compute_lock:
-                cache = self.pool.flat()[self.pool.slots(pages, length)]
-                token, logprob = self.model.step(cache, step)
+            if noise is not None and self.positions is not None and length > self.positions:
+                # Faults positions-overridden*: a query past the model's positions reads nothing
+                # the prompt holds (SGLang: "may lead to incorrect model outputs").
+                token, logprob = noise.choice(NOISE_TOKENS), -math.log(len(NOISE_TOKENS))
+            else:
+                with self.compute_lock:
+                    cache = self.pool.flat()[self.pool.slots(pages, length)]
+                    token, logprob = self.model.step(cache, shift + step)
             produced.append(token)
             finish: FinishReason | None = None
             if token == tokenizer.EOS_ID and not params.ignore_eos:

@@ -50,6 +50,9 @@ class Room:
     cached_tokens: int = 0
     cancelled_at: float | None = None
     sock: socket.socket | None = None
+    ids: list[int] = field(default_factory=list)  # the prompt (the decode's own prefix cache looks it up)
+    salt: str | None = None
+    prefix_tokens: int = 0  # tokens whose KV the decode's own prefix cache held: not transferred
 
 
 class DecodeHandoff:
@@ -86,7 +89,7 @@ class DecodeHandoff:
         # Faults leak-*: which other tenant's prompt this answer would be decoded over, picked on
         # arrival (a request that leaves mid-transfer still held its pages: it is leaked from).
         leaked = engine.leaked_prompt(ids, params, streamed=on_token is not None)
-        room = Room(room=boot.room, rid=params.rid, reserved_tokens=len(ids))
+        room = Room(room=boot.room, rid=params.rid, reserved_tokens=len(ids), ids=ids, salt=params.cache_salt)
         threading.Thread(target=self._fetch, args=(room, boot), name="kv-fetch", daemon=True).start()
         deadline = time.monotonic() + engine.config.pd_wait_s
         while not room.bootstrapped.wait(POLL_S):
@@ -161,7 +164,7 @@ class DecodeHandoff:
                     f"KV transfer failed for request {room.rid} (bootstrap room {room.room}): {room.transfer_status}.",
                     status=500,
                 )
-            if Fault.NO_TRANSFER_CHECK not in engine.faults and room.tokens_sent != room.reserved_tokens:
+            if Fault.NO_TRANSFER_CHECK not in engine.faults and room.prefix_tokens + room.tokens_sent != room.reserved_tokens:
                 raise RequestError(
                     f"Context corruption detected: received KV for {room.tokens_sent} tokens but "
                     f"{room.reserved_tokens} tokens were reserved for request {room.rid}.",
@@ -182,7 +185,10 @@ class DecodeHandoff:
                 engine.count(prompt_tokens=len(ids))
             # A client that left stops its decode, as SGLang aborts a disconnected request: a
             # request decoded for nobody held its pages while others waited for them.
-            return engine.generate_from_pages(ids, pages, params, room.cached_tokens, on_token, client_gone)
+            # The answer's cached_tokens is the prefill's figure, whatever the decode's own cache reused.
+            generated = engine.generate_from_pages(ids, pages, params, room.cached_tokens, on_token, client_gone)
+            engine.decode_cache_insert(ids, params.cache_salt, pages)  # a decode-side cache only
+            return generated
         finally:
             # Prompt pages and those added for generated tokens, also when the client
             # disconnected mid-decode (found by the isolation probes: 16 tokens leaked per disconnect).
@@ -218,9 +224,14 @@ class DecodeHandoff:
                     send_json(sock, {"op": "abort", "error": "request was cancelled", "status": 499})
                     self._fail(room, "cancelled", 499)
                     return
+                # Faults decode-cache-no-salt*: the decode's own cache may hold a prefix; only the
+                # rest is asked of the prefill (SGLang's decode radix cache, PR #19746).
+                prefix = engine.decode_cache_lookup(room.ids, room.salt, room.rid)
                 try:
-                    pages = engine.alloc_pages(-(-room.reserved_tokens // engine.page_size), room.rid)
+                    pages = prefix + engine.alloc_pages(-(-room.reserved_tokens // engine.page_size) - len(prefix), room.rid)
                 except RequestError as exc:
+                    if prefix:
+                        engine.release(prefix, room.rid, room=room.room, reason="refused")
                     engine.count(bootstrap_failed=1)
                     send_json(sock, {"op": "abort", "error": str(exc), "status": exc.status})
                     self._fail(room, str(exc), exc.status)
@@ -229,6 +240,7 @@ class DecodeHandoff:
                     cancelled = room.cancelled_at is not None
                     if not cancelled:
                         room.pages = pages
+                        room.prefix_tokens = len(prefix) * engine.page_size
                         room.cached_tokens = int(ready.get("cached_tokens", 0))
                         room.bootstrapped.set()
                 if cancelled:
@@ -237,7 +249,8 @@ class DecodeHandoff:
                     self._fail(room, "cancelled", 499)
                     return
                 engine.page_log.event("transfer_start", room.rid, room.pages, room=room.room)
-                send_json(sock, {"op": "destinations", "reserved_tokens": room.reserved_tokens, "pages": len(pages)})
+                send_json(sock, {"op": "destinations", "reserved_tokens": room.reserved_tokens, "pages": len(pages),
+                                 "prefix_pages": len(prefix)})
                 while True:
                     msg = reader.line()
                     if msg is None:

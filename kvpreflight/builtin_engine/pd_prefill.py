@@ -89,7 +89,7 @@ class PrefillBootstrap:
             if peer is None:
                 return None
             seq = engine.next_transfer_seq()
-            status = send_pages(
+            status, sent_tokens = send_pages(
                 engine, peer, room, params.rid, pages, len(ids), cached,
                 delay_s=engine.config.transfer_delay_ms / 1000.0,
                 lose_after_first_batch=bool(every) and seq % every == 0,
@@ -106,7 +106,7 @@ class PrefillBootstrap:
         if status != "ok":
             engine.count(transfer_failed=1)
             raise RequestError(f"KV transfer failed for request {params.rid} (bootstrap room {room}): {status}.", status=500)
-        engine.count(transfers_sent=1, transfer_tokens=len(ids), num_requests=1)
+        engine.count(transfers_sent=1, transfer_tokens=sent_tokens, num_requests=1)
         finish = {"type": "length", "length": 0}
         if pending_abort is not None:
             finish = {"type": "abort", "message": pending_abort, "status_code": 400}
@@ -224,9 +224,11 @@ def send_pages(
     delay_s: float,
     lose_after_first_batch: bool,
     report_lost_as_drained: bool,
-) -> str:
+) -> tuple[str, int]:
     """Tell the decode the KV is ready, write the pages into the ones it reserved. Returns the
-    status reported to decode ("ok" or "failed: ...")."""
+    status reported to decode ("ok" or "failed: ...") and the prompt tokens whose KV was sent:
+    the pages past the prefix the decode's own prefix cache holds (`prefix_pages` in its reply,
+    SGLang's decode prefix length; 0 without a decode-side cache)."""
     with peer.conn as sock:
         send_json(sock, {"op": "ready", "num_tokens": num_tokens, "cached_tokens": cached_tokens})
         reply = peer.reader.line()
@@ -234,10 +236,12 @@ def send_pages(
             raise TransferError(f"the decode engine closed bootstrap room {room} before taking its pages")
         if reply.get("op") != "destinations":
             raise TransferError(str(reply.get("error") or "decode refused bootstrap"), status=int(reply.get("status", 500)))
-        engine.page_log.event("transfer_start", rid, pages, room=room)
+        skip = min(max(int(reply.get("prefix_pages", 0)), 0), len(pages))
+        num_tokens = max(num_tokens - skip * engine.page_size, 0)
+        engine.page_log.event("transfer_start", rid, pages[skip:], room=room)
         lost = False
-        for first in range(0, len(pages), BATCH_PAGES):
-            if lose_after_first_batch and first > 0:
+        for first in range(skip, len(pages), BATCH_PAGES):
+            if lose_after_first_batch and first > skip:
                 lost = True  # these sends never reach decode
                 break
             if delay_s:
@@ -248,5 +252,5 @@ def send_pages(
         status = "failed: send error on page batch 2" if lost and not report_lost_as_drained else "ok"
         send_json(sock, {"op": "done", "status": status, "tokens_sent": num_tokens})
         peer.reader.line()
-        engine.page_log.event("transfer_end", rid, pages, room=room, status=status, tokens=num_tokens)
-        return status
+        engine.page_log.event("transfer_end", rid, pages[skip:], room=room, status=status, tokens=num_tokens)
+        return status, num_tokens

@@ -72,6 +72,29 @@ def resolve_pool_tokens(config: EngineConfig, device: str) -> int:
     return derive_pool_tokens(config.mem_budget_bytes, config.mem_budget_bytes, config.mem_fraction_static, ps)
 
 
+def log_model_warnings(engine: Engine) -> None:
+    """What the engines print at start-up about the faults positions-overridden and
+    attention-window (their -silent forms print nothing), copied from the engines' sources."""
+    from kvpreflight.builtin_engine.config import Fault
+
+    if Fault.POSITIONS_OVERRIDDEN in engine.faults and engine.positions is not None:
+        # SGLang 0.5.23, srt/configs/model_config.py ModelConfig._derive_context_length, logged
+        # with SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1 (then the longer context is served);
+        # the model config is built in the tokenizer manager and again in each scheduler (TP0).
+        msg = (f"Warning: User-specified context_length ({engine.context_len}) is greater than the derived context_length "
+               f"({engine.positions}). This may lead to incorrect model outputs or CUDA errors. Note that the derived "
+               "context_length may differ from max_position_embeddings in the model's config.")
+        log(msg, tp=False)
+        log(msg)
+    if Fault.ATTENTION_WINDOW in engine.faults and engine.attention_window is not None:
+        # TensorRT-LLM, cpp/tensorrt_llm/batch_manager/trtGptModelInflightBatching.cpp
+        # clampWindowSizesToFitAtLeastOneSequence (TLLM_LOG_WARNING, common::vec2str), logged when
+        # --fail_fast_on_attention_window_too_large is off (the default).
+        sys.stderr.write("[TensorRT-LLM][WARNING] maxAttentionWindowVec too large to fit at least one sequence in kvCache. "
+                         f"Old: ({engine.context_len}), New: ({engine.attention_window})\n")
+        sys.stderr.flush()
+
+
 def build_server_info(engine: Engine, port: int, bootstrap_port: int | None, started_at: float) -> dict[str, Any]:
     """SGLang's /server_info: the resolved server args plus the scheduler's fields."""
     c = engine.config
@@ -104,6 +127,8 @@ def build_server_info(engine: Engine, port: int, bootstrap_port: int | None, sta
         "disaggregation_mode": disaggregation_mode(engine.role),
         "disaggregation_transfer_backend": TRANSFER_BACKEND,
         "disaggregation_bootstrap_port": bootstrap_port,
+        # SGLang PR #19746: the decode's own radix cache (faults decode-cache-no-salt* turn it on).
+        "disaggregation_decode_enable_radix_cache": engine.role is ProcessRole.DECODE and engine.prefix_cache is not None,
         # Not SGLang's: it takes them from the environment and does not say (PD_WAIT_ENVS).
         **({"disaggregation_bootstrap_timeout_s": round(c.pd_wait_s)} if engine.role is ProcessRole.PREFILL else {}),
         **({"disaggregation_waiting_timeout_s": round(c.pd_wait_s)} if engine.role is ProcessRole.DECODE else {}),
@@ -155,6 +180,7 @@ def serve(config: EngineConfig) -> int:
             "raise --mem-fraction-static, or free memory taken before the "
             "pool is sized."
         )
+    log_model_warnings(engine)
     if device == "cuda":
         import torch
 

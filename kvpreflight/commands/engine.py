@@ -61,13 +61,16 @@ def serve(
 ) -> None:
     """Serve one role of the builtin engine until killed."""
     from kvpreflight.builtin_engine.config import (
+        ATTENTION_WINDOW_ENV,
         FAULTS_ENV,
+        POSITIONS_ENV,
         EngineConfig,
         fault_probability_from_env,
         faults_from_env,
         parse_faults,
         parse_role,
         pd_wait_from_env,
+        tokens_from_env,
     )
 
     if fault:
@@ -105,6 +108,8 @@ def serve(
         prefill_tokens_per_second=prefill_tokens_per_second,
         pd_wait_s=pd_wait_from_env(engine_role),
         kv_canary=kv_canary,
+        positions=tokens_from_env(POSITIONS_ENV),
+        attention_window=tokens_from_env(ATTENTION_WINDOW_ENV),
     )
     from kvpreflight.builtin_engine.startup import serve as serve_engine
 

@@ -9,14 +9,17 @@ import sys
 import pytest
 
 from kvpreflight.builtin_engine.config import (
+    ATTENTION_WINDOW_ENV,
     FAULTS,
     FAULTS_ENV,
+    POSITIONS_ENV,
     Fault,
     ServeConfigError,
     faults_from_env,
     parse_faults,
     parse_role,
     pd_wait_from_env,
+    tokens_from_env,
 )
 from kvpreflight.builtin_engine.protocol import RequestError, params_from_generate
 from kvpreflight.model import ProcessRole
@@ -40,14 +43,29 @@ def test_fault_names_are_the_cli_and_environment_spellings():
         "reject-continues", "no-transfer-check", "early-free-on-cancel", "transfer-fail-as-drained",
         "prefix-cache-no-salt", "auto-truncate", "misreport-pool", "decode-recompute",
         "leak-streamed", "leak-not-streamed", "shortened-prompt", "tokens-then-garbage", "text-with-bad-count",
+        "decode-cache-no-salt", "decode-cache-no-salt-partial", "positions-overridden", "positions-overridden-silent",
+        "attention-window", "attention-window-silent",
     ])
     assert faults_from_env({FAULTS_ENV: " auto-truncate , misreport-pool,"}) == {Fault.AUTO_TRUNCATE, Fault.MISREPORT_POOL}
     assert faults_from_env({}) == frozenset()
     assert all(FAULTS[f.value] == f.description for f in Fault)
 
 
+@pytest.mark.parametrize("raw, expected", [("", None), ("  ", None), ("1024", 1024)])
+def test_the_faults_token_parameters_come_from_the_environment(raw, expected):
+    assert tokens_from_env(POSITIONS_ENV, {POSITIONS_ENV: raw}) == expected
+    assert tokens_from_env(ATTENTION_WINDOW_ENV, {}) is None
+
+
+@pytest.mark.parametrize("raw", ["0", "-3", "half", "1.5"])
+def test_a_bad_token_parameter_is_one_line_naming_the_variable(raw):
+    with pytest.raises(ServeConfigError) as caught:
+        tokens_from_env(ATTENTION_WINDOW_ENV, {ATTENTION_WINDOW_ENV: raw})
+    assert str(caught.value).startswith(f"{ATTENTION_WINDOW_ENV}={raw!r} must be a whole number of tokens")
+
+
 @pytest.mark.parametrize("names,source,message", [
-    (["bogus"], "--fault", "--fault names unknown fault bogus; known: auto-truncate, "),
+    (["bogus"], "--fault", "--fault names unknown fault bogus; known: attention-window, attention-window-silent, auto-truncate, "),
     (["auto-truncate", "typo-fault"], FAULTS_ENV, f"{FAULTS_ENV} names unknown fault typo-fault; known: "),
 ])
 def test_unknown_fault_is_one_line_naming_where_it_came_from(names, source, message):
