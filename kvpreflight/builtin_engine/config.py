@@ -18,6 +18,11 @@ FAULTS_ENV = "KVPREFLIGHT_BUILTIN_FAULTS"
 # this set (a probability in (0, 1]), fault early-free-on-cancel fires at each disconnect with
 # that probability; unset, at every one. benchmarks/bench_detection.py uses it.
 FAULT_PROBABILITY_ENV = "KVPREFLIGHT_BUILTIN_FAULT_PROBABILITY"
+# Fault pool-in-another-unit: the parallel size P its stated pool is multiplied by (per-rank
+# tokens times P, as SGLang's DCP accounting, PR #32730, and Dynamo's per-rank DP capacity, PR
+# #14258). From the environment like the faults, so no endpoint reveals it; unset: 2.
+PARALLEL_SIZE_ENV = "KVPREFLIGHT_BUILTIN_PARALLEL_SIZE"
+DEFAULT_PARALLEL_SIZE = 2
 
 
 class Fault(str, enum.Enum):
@@ -36,6 +41,8 @@ class Fault(str, enum.Enum):
     SHORTENED_PROMPT = "shortened-prompt"
     TOKENS_THEN_GARBAGE = "tokens-then-garbage"
     TEXT_WITH_BAD_COUNT = "text-with-bad-count"
+    POOL_IN_ANOTHER_UNIT = "pool-in-another-unit"
+    WEDGE_AFTER_DISCONNECT = "wedge-after-disconnect"
 
     @property
     def description(self) -> str:
@@ -56,6 +63,11 @@ _FAULT_DESCRIPTIONS = {
     Fault.SHORTENED_PROMPT: "prompts over 256 tokens lose their second half, the answer still reports the full length (unified, prefill)",
     Fault.TOKENS_THEN_GARBAGE: "a streamed prompt over the limits gets 3 tokens, then an error frame cut mid-JSON",
     Fault.TEXT_WITH_BAD_COUNT: "a prompt over the limits, not streamed, gets an answer with text and completion_tokens -1",
+    Fault.POOL_IN_ANOTHER_UNIT: ("the pool is stated as per-rank tokens times a parallel size (KVPREFLIGHT_BUILTIN_PARALLEL_SIZE, "
+                                 "default 2) in every source; a prompt over the true pool becomes a 1-token placeholder and is "
+                                 "answered from stale pages, counted in full (unified, prefill)"),
+    Fault.WEDGE_AFTER_DISCONNECT: ("after a client leaves a request in flight the engine schedules nothing more: /health 200, new "
+                                   "requests accepted and never answered, the abandoned request's pages held (unified, decode)"),
 }
 
 # Name -> description, for callers that hold fault names as text (demo and fleet settings).
@@ -115,6 +127,7 @@ class EngineConfig:
     model_name: str = "kvpreflight-builtin-copy"
     faults: frozenset[Fault] = frozenset()
     fault_probability: float = 1.0  # racy faults fire at each chance with this probability
+    parallel_size: int = DEFAULT_PARALLEL_SIZE  # fault pool-in-another-unit: stated pool = real x this
     transfer_delay_ms: int = 0
     transfer_fail_every: int = 0
     page_log: str | None = None
@@ -204,6 +217,19 @@ def fault_probability_from_env(environ: Mapping[str, str] | None = None) -> floa
         value = float("nan")
     if not 0.0 < value <= 1.0:
         raise ServeConfigError(f"{FAULT_PROBABILITY_ENV}={raw} must be a probability in (0, 1]; unset it for always")
+    return value
+
+
+def parallel_size_from_env(environ: Mapping[str, str] | None = None) -> int:
+    raw = (environ if environ is not None else os.environ).get(PARALLEL_SIZE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_PARALLEL_SIZE
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 2 <= value <= 1024:
+        raise ServeConfigError(f"{PARALLEL_SIZE_ENV}={raw} must be a whole number in [2, 1024]; unset it for {DEFAULT_PARALLEL_SIZE}")
     return value
 
 
