@@ -159,12 +159,13 @@ class Engine:
 
     def prefill_placeholder(self, ids: list[int], params: GenParams) -> tuple[list[int], int]:
         """Fault pool-in-another-unit, over the true pool: the request's page table spans its
-        per-rank share of the prompt (len / P tokens, the pool less a page at most), but only its
-        first slot is written, with a 1-token placeholder (the incident's abort path); the rest
-        holds whatever earlier requests left there. Counted as the whole prompt, as the incident's
-        engine counted it. Returns (pages, the tokens the table spans)."""
-        span = min(-(-len(ids) // self.config.parallel_size), self.real_pool_tokens - self.page_size)
-        span = max(span, 1)
+        per-rank share of the prompt (len / P tokens; at most what leaves the pool room for the
+        answer's tokens, so that it can grow), but only its first slot is written, with a 1-token
+        placeholder (the incident's abort path); the rest holds whatever earlier requests left
+        there. Counted as the whole prompt, as the incident's engine counted it. Returns (pages,
+        the tokens the table spans)."""
+        room = self.real_pool_tokens - self.page_size - max(params.max_new_tokens, 0)
+        span = max(1, min(-(-len(ids) // self.config.parallel_size), room))
         if self.prefix_cache is not None:
             self.count(cache_queries=1)
         pages = self.alloc_pages(-(-span // self.page_size), params.rid)
