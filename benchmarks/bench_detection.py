@@ -15,7 +15,11 @@ requests that show the cell), then the honest engine, whose checks must all pass
 the same on a fresh prefill/decode trio behind the builtin router per fault (PD_MATRIX: which role
 carries the fault, and why there; a fault with no unified form, such as decode-cache-no-salt, is in
 PD_MATRIX alone, PD_NOT_LISTED saying why), then the honest trio (each engine's log goes to the
-check as `--log`, so a fault that prints its engine's own warning can fail on it); then `--runs` runs of fault
+check as `--log`, so a fault that prints its engine's own warning can fail on it); a fault listed in
+SETUPS runs on the engine shape it names (pool-in-another-unit: a true pool of 1,024 tokens, below
+the context, stated as 2,048 unified and 4,096 on the prefill, with a third customer's
+BackgroundTraffic during the check, so stale pages hold someone else's text; the honest engines run
+with that traffic too, on the pools the fault states); then `--runs` runs of fault
 leak-streamed firing with `--probability` per request (`--racy-only`: these alone), beside the
 miss probability the plan implies: (1 - p) to the power of the streamed answers that showed the
 leak in one run with it firing on every request (a streamed answer that cannot show it, such as
@@ -39,8 +43,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from kvpreflight.builtin_engine.config import FAULT_PROBABILITY_ENV  # noqa: E402
-from kvpreflight.builtin_engine.testbed import pd_trio, unified_engine  # noqa: E402
+from kvpreflight.builtin_engine.config import FAULT_PROBABILITY_ENV, PARALLEL_SIZE_ENV  # noqa: E402
+from kvpreflight.builtin_engine.testbed import BackgroundTraffic, pd_trio, unified_engine  # noqa: E402
 
 FAULT = "early-free-on-cancel"
 TRANSFER_DELAY_MS = 6  # as the demo: a paced link, so a disconnect can land mid-transfer
@@ -81,6 +85,9 @@ def one(checkout: Path, context: int) -> dict[str, object]:
 # Issue 26's answer-path faults: fault -> (the check that must fail, {cell: does this run's
 # report show the fault caught in that cell}). Cells the fault cannot fire in are in NOT_LISTED.
 MATRIX_CONTEXT, MATRIX_POOL = 2048, 8192
+# Issue 44: the true pool of fault pool-in-another-unit (below the context) and its parallel
+# sizes, unified and on the prefill (two shapes: stated 2,048 and 4,096 tokens).
+TRUE_POOL, UNIFIED_P, PD_P = 1024, 2, 4
 
 
 def _crossed(report: dict, *, streamed: bool, where: tuple[str, ...]) -> bool:
@@ -123,6 +130,23 @@ def _cross_said_no_hit(report: dict) -> bool:
     probes = _check(report, "prefix-cache-isolation").get("evidence", {}).get("probes", [])
     cross = [p for p in probes if p.get("kind") == "cross"]
     return bool(cross) and all(p.get("cached_tokens") == 0 for p in cross)
+def _failed(report: dict, check_id: str) -> bool:
+    """Some result of the check failed (a P/D report has one per engine for per-engine checks)."""
+    return any(c["id"] == check_id and c["status"] == "fail" for c in report.get("checks", []))
+
+
+def _requests(report: dict, check_id: str, *names: str) -> list[dict]:
+    """The check's probe requests whose name starts with one of `names`."""
+    ev = _check(report, check_id).get("evidence", {})
+    found = [r for s in ev.get("scenarios", []) for r in s.get("requests", [])]
+    found += [r for r in ev.get("requests", []) if isinstance(r, dict)]
+    return [r for r in found if any(str(r.get("request", "")).startswith(n) for n in names)]
+
+
+def _stopped_answering(report: dict) -> bool:
+    """tenant-isolation says the engine stopped answering after a disconnect (cancel-*)."""
+    message = _check(report, "tenant-isolation").get("message", "")
+    return "stopped answering" in message and "cancel-" in message
 
 
 ALONE, AFTER = ("normal-", "over-capacity-", "boundary-"), ("cancel-",)
@@ -158,6 +182,20 @@ MATRIX = {
         "unified, the engine's start-up warning read from --log": lambda r: _warning_failed(r, "maxAttentionWindowVec")}),
     "attention-window-silent": ("prompt-integrity", {
         "unified, near-context answers copied from the last window (no head marker), no warning": _status_decides}),
+    # Issue 44. Over the true pool (1,024 tokens) every near-limit probe gets a placeholder's
+    # answer from stale pages, fast, counted in full: the boundary pair (tenant-isolation), the
+    # prompt at the limit (prompt-integrity: it came faster than the engine can prefill it) and
+    # the concurrent pair (concurrent-capacity). The cell is caught when that check fails.
+    "pool-in-another-unit": ("prompt-integrity", {
+        "unified, streamed, alone (the limit prompt, 2,041 tokens over a 1,024-token true pool)":
+            lambda r: _failed(r, "prompt-integrity"),
+        "unified, streamed and not, concurrent (the pair of 1,785 tokens)": lambda r: _failed(r, "concurrent-capacity"),
+        "unified, not streamed, alone (boundary A B B A, 1,791 tokens)": lambda r: _failed(r, "tenant-isolation")}),
+    # The first disconnect (cancel-transfer) wedges the engine: every later request hangs.
+    "wedge-after-disconnect": ("engine-healthy-after", {
+        "unified, after a client disconnect (cancel-transfer's leaver)":
+            lambda r: _failed(r, "engine-healthy-after") and _stopped_answering(r)
+            and _check(r, "prefix-cache-isolation").get("status") != "pass"}),
 }
 NOT_LISTED = {
     "leak-streamed": "not streamed: by definition; prefill/decode: PD_MATRIX",
@@ -172,7 +210,22 @@ NOT_LISTED = {
     "positions-overridden-silent": "as positions-overridden; prefill/decode: PD_MATRIX",
     "attention-window": "prompts within the window (every short probe) echo by design; prefill/decode: PD_MATRIX",
     "attention-window-silent": "as attention-window; prefill/decode: PD_MATRIX",
+    "pool-in-another-unit": ("under the true pool: honest by definition (every short probe is computed); after a "
+                             "disconnect: no near-limit request follows one; prefill/decode: PD_MATRIX"),
+    "wedge-after-disconnect": ("alone / concurrent: no disconnect precedes them (the wedge needs one); streamed or not: "
+                               "after the wedge nothing is answered either way; prefill/decode: PD_MATRIX"),
 }
+# Faults that need an engine shape of their own: fault -> (unified engine settings, the
+# prefill's settings in a trio); both with a third customer's traffic during the check.
+SETUPS: dict[str, tuple[dict, dict]] = {
+    "pool-in-another-unit": ({"pool_tokens": TRUE_POOL, "env": {PARALLEL_SIZE_ENV: str(UNIFIED_P)}},
+                             {"prefill_pool": TRUE_POOL, "prefill_env": {PARALLEL_SIZE_ENV: str(PD_P)}}),
+}
+# The honest engines beside them: the pools the fault states, truly held, with the same traffic.
+HONEST_SETUPS: tuple[tuple[dict, dict], ...] = (
+    ({"pool_tokens": TRUE_POOL * UNIFIED_P}, {"prefill_pool": TRUE_POOL * PD_P}),
+)
+BACKGROUND = {"pool-in-another-unit"}  # faults checked with BackgroundTraffic running
 
 # The same faults behind the builtin router (a prefill and a decode, context 2,048, pools 8,192,
 # the transfer paced at 6 ms a batch so that cancel-transfer's disconnect lands mid-transfer):
@@ -228,6 +281,18 @@ PD_MATRIX = {
         "P/D, the engines' start-up warning read from --log": lambda r: _warning_failed(r, "maxAttentionWindowVec")}),
     "attention-window-silent": ("prompt-integrity", ("attention-window-silent",), ("attention-window-silent",), {
         "P/D, near-context answers copied from the last window (the decode's), no warning": _status_decides}),
+    # Issue 44: on the prefill, the only engine that computes the prompt (its true pool 1,024
+    # tokens, stated 4,096): it sends the placeholder's pages as the whole prompt's KV, so the
+    # decode's received-equals-reserved check passes and decodes the prefill's stale pages.
+    "pool-in-another-unit": ("prompt-integrity", ("pool-in-another-unit",), (), {
+        "P/D, streamed, alone (the limit prompt, over the prefill's true pool)": lambda r: _failed(r, "prompt-integrity"),
+        "P/D, streamed and not, concurrent (the pair)": lambda r: _failed(r, "concurrent-capacity"),
+        "P/D, not streamed, alone (boundary A B B A)": lambda r: _failed(r, "tenant-isolation")}),
+    # On the decode, where the disconnect is seen (the router closes its relay when the client leaves).
+    "wedge-after-disconnect": ("engine-healthy-after", (), ("wedge-after-disconnect",), {
+        "P/D, after a client disconnect (cancel-transfer's leaver, the decode wedged)":
+            lambda r: _failed(r, "engine-healthy-after") and _stopped_answering(r)
+            and _check(r, "prefix-cache-isolation").get("status") != "pass"}),
 }
 PD_NOT_LISTED = {
     "leak-streamed": "not streamed: by definition",
@@ -246,34 +311,51 @@ PD_NOT_LISTED = {
     "positions-overridden-silent": "as positions-overridden",
     "attention-window": "on one role alone: the model is one build on both; prompts within the window echo by design",
     "attention-window-silent": "as attention-window",
+    "pool-in-another-unit": ("on the decode: a decode computes no prompt (it reserves what the prefill says and takes "
+                             "the KV sent); after a disconnect: no near-limit request follows one"),
+    "wedge-after-disconnect": ("on the prefill: the cancel probes' disconnects reach the decode (the router closes the "
+                               "decode's relay; the prefill's side finishes its transfer); alone / concurrent: no disconnect "
+                               "precedes them"),
 }
 PD_TRANSFER_DELAY_MS = 6
 
 
-def matrix_run(faults: list[str]) -> tuple[int, dict, float]:
+def _run_check(entry: str, args: list[str], background: bool) -> tuple[int, dict, float]:
+    """One `check` (a third customer's traffic to `entry` during it, if `background`)."""
+    traffic = BackgroundTraffic(entry) if background else None
+    if traffic is not None:
+        traffic.start()
+    start = time.monotonic()
+    try:
+        proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", *args, "--format", "json"],
+                              capture_output=True, text=True, timeout=1800)
+    finally:
+        if traffic is not None:
+            traffic.stop()
+    wall = time.monotonic() - start
+    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}, wall
+
+
+def matrix_run(faults: list[str], setup: dict | None = None, *, background: bool = False) -> tuple[int, dict, float]:
+    """`setup`: the engine's settings where a fault needs its own (SETUPS), else the matrix's. The
+    engine's log goes to the check (--log), so a fault that prints the engine's own warning can fail on it."""
+    settings = {"pool_tokens": MATRIX_POOL, **(setup or {})}
     with tempfile.TemporaryDirectory() as workdir, unified_engine(
-            Path(workdir), context_length=MATRIX_CONTEXT, pool_tokens=MATRIX_POOL, faults=faults, wait_s=300) as engine:
-        start = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--endpoint", engine.url,
-                               "--log", f"{engine.url}={engine.log_path}", "--format", "json"],
-                              capture_output=True, text=True, timeout=1800)
-        wall = time.monotonic() - start
-    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}, wall
+            Path(workdir), context_length=MATRIX_CONTEXT, faults=faults, wait_s=300, **settings) as engine:
+        return _run_check(engine.url, ["--endpoint", engine.url, "--log", f"{engine.url}={engine.log_path}"], background)
 
 
-def pd_matrix_run(prefill_faults: tuple[str, ...], decode_faults: tuple[str, ...]) -> tuple[int, dict, float]:
+def pd_matrix_run(prefill_faults: tuple[str, ...], decode_faults: tuple[str, ...], setup: dict | None = None, *,
+                  background: bool = False) -> tuple[int, dict, float]:
+    settings = {"prefill_pool": MATRIX_POOL, **(setup or {})}
     with tempfile.TemporaryDirectory() as workdir, pd_trio(
-            Path(workdir), context_length=MATRIX_CONTEXT, prefill_pool=MATRIX_POOL, decode_pool=MATRIX_POOL,
+            Path(workdir), context_length=MATRIX_CONTEXT, decode_pool=MATRIX_POOL,
             prefill_faults=prefill_faults, decode_faults=decode_faults, page_log=False,
-            prefill_args=["--transfer-delay-ms", str(PD_TRANSFER_DELAY_MS)], wait_s=300) as trio:
-        start = time.monotonic()
-        proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--endpoint", f"prefill={trio.prefill.url}",
-                               "--endpoint", f"decode={trio.decode.url}", "--entry", trio.router.url,
-                               "--log", f"{trio.prefill.url}={trio.prefill.log_path}",
-                               "--log", f"{trio.decode.url}={trio.decode.log_path}", "--format", "json"],
-                              capture_output=True, text=True, timeout=1800)
-        wall = time.monotonic() - start
-    return proc.returncode, json.loads(proc.stdout) if proc.stdout.strip() else {}, wall
+            prefill_args=["--transfer-delay-ms", str(PD_TRANSFER_DELAY_MS)], wait_s=300, **settings) as trio:
+        return _run_check(trio.router.url, ["--endpoint", f"prefill={trio.prefill.url}", "--endpoint",
+                                            f"decode={trio.decode.url}", "--entry", trio.router.url,
+                                            "--log", f"{trio.prefill.url}={trio.prefill.log_path}",
+                                            "--log", f"{trio.decode.url}={trio.decode.log_path}"], background)
 
 
 def streamed_chances(report: dict) -> int:
@@ -320,8 +402,8 @@ def cells(only: tuple[str, ...] = ()) -> None:
     for fault, (check_id, listed) in MATRIX.items():
         if only and fault not in only:
             continue
-        code, report, wall = matrix_run([fault])
-        status = _check(report, check_id).get("status")
+        code, report, wall = matrix_run([fault], SETUPS.get(fault, ({}, {}))[0], background=fault in BACKGROUND)
+        status = "fail" if _failed(report, check_id) else _check(report, check_id).get("status")
         for cell, caught in listed.items():
             print(json.dumps({"fault": fault, "cell": cell, "check": check_id, "check_status": status,
                               "caught": bool(status == "fail" and caught(report)), "exit_code": code,
@@ -331,11 +413,17 @@ def cells(only: tuple[str, ...] = ()) -> None:
     bad = {c["id"]: c["status"] for c in report.get("checks", []) if c["status"] in ("fail", "inconclusive")}
     print(json.dumps({"fault": None, "cell": "honest engine, every cell", "exit_code": code, "failing_or_inconclusive": bad,
                       "wall_s": round(wall, 1)}), flush=True)
+    for unified, _ in HONEST_SETUPS:
+        code, report, wall = matrix_run([], unified, background=True)
+        bad = {c["id"]: c["status"] for c in report.get("checks", []) if c["status"] in ("fail", "inconclusive")}
+        print(json.dumps({"fault": None, "cell": "honest engine, a third customer's traffic during the check", "engine": unified,
+                          "exit_code": code, "failing_or_inconclusive": bad, "wall_s": round(wall, 1)}), flush=True)
     for fault, (check_id, prefill_faults, decode_faults, listed) in PD_MATRIX.items():
         if only and fault not in only:
             continue
-        code, report, wall = pd_matrix_run(prefill_faults, decode_faults)
-        status = _check(report, check_id).get("status")
+        code, report, wall = pd_matrix_run(prefill_faults, decode_faults, SETUPS.get(fault, ({}, {}))[1],
+                                           background=fault in BACKGROUND)
+        status = "fail" if _failed(report, check_id) else _check(report, check_id).get("status")
         for cell, caught in listed.items():
             print(json.dumps({"fault": fault, "prefill_faults": list(prefill_faults), "decode_faults": list(decode_faults),
                               "cell": cell, "check": check_id, "check_status": status,
@@ -346,6 +434,12 @@ def cells(only: tuple[str, ...] = ()) -> None:
     bad = {c["id"]: c["status"] for c in report.get("checks", []) if c["status"] in ("fail", "inconclusive")}
     print(json.dumps({"fault": None, "cell": "honest P/D trio behind the router, every cell", "exit_code": code,
                       "failing_or_inconclusive": bad, "wall_s": round(wall, 1)}), flush=True)
+    for _, prefill in HONEST_SETUPS:
+        code, report, wall = pd_matrix_run((), (), prefill, background=True)
+        bad = {c["id"]: c["status"] for c in report.get("checks", []) if c["status"] in ("fail", "inconclusive")}
+        print(json.dumps({"fault": None, "cell": "honest P/D trio, a third customer's traffic during the check",
+                          "prefill": prefill, "exit_code": code, "failing_or_inconclusive": bad, "wall_s": round(wall, 1)}),
+              flush=True)
 
 
 def main() -> None:

@@ -56,7 +56,7 @@ def loads(h: EngineHandler) -> None:
             "num_used_tokens": used, "num_total_tokens": used, "max_total_num_tokens": pool,
             "max_running_requests": MAX_RUNNING_REQUESTS, "token_usage": used / pool if pool else 0.0,
             "memory": {"weight_gb": round(e.model.weight_bytes / GB, 3),
-                       "kv_cache_gb": round(e.pool.nbytes / GB, 3), "graph_gb": 0.0, "token_capacity": pool},
+                       "kv_cache_gb": round(e.allocator_kv_bytes / GB, 3), "graph_gb": 0.0, "token_capacity": pool},
         }],
     })
 
@@ -68,8 +68,17 @@ def metrics_page(h: EngineHandler) -> None:
     h.reply_text(200, metrics.render(h.engine))
 
 
+HEALTH_CHECK_TIMEOUT_S = 20.0  # SGLang's SGLANG_HEALTH_CHECK_TIMEOUT default
+
+
 def health_generate(h: EngineHandler) -> None:
     e = h.engine
+    if e.wedged.is_set():
+        # Fault wedge-after-disconnect: SGLang's health generation waits for a scheduler that
+        # never answers, then says 503 (http_server.py health_generate).
+        time.sleep(HEALTH_CHECK_TIMEOUT_S)
+        h.reply_empty(503)
+        return
     if e.role is ProcessRole.UNIFIED:
         try:
             e.run_unified([0], GenParams(max_new_tokens=1, rid=f"HEALTH_CHECK_{uuid.uuid4().hex}"))

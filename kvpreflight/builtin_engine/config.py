@@ -23,6 +23,11 @@ FAULT_PROBABILITY_ENV = "KVPREFLIGHT_BUILTIN_FAULT_PROBABILITY"
 # half and a quarter of the served context.
 POSITIONS_ENV = "KVPREFLIGHT_BUILTIN_POSITIONS"
 ATTENTION_WINDOW_ENV = "KVPREFLIGHT_BUILTIN_ATTENTION_WINDOW"
+# Fault pool-in-another-unit: the parallel size P its stated pool is multiplied by (per-rank
+# tokens times P, as SGLang's DCP accounting, PR #32730, and Dynamo's per-rank DP capacity, PR
+# #14258). From the environment like the faults, so no endpoint reveals it; unset: 2.
+PARALLEL_SIZE_ENV = "KVPREFLIGHT_BUILTIN_PARALLEL_SIZE"
+DEFAULT_PARALLEL_SIZE = 2
 
 
 class Fault(str, enum.Enum):
@@ -47,6 +52,8 @@ class Fault(str, enum.Enum):
     POSITIONS_OVERRIDDEN_SILENT = "positions-overridden-silent"
     ATTENTION_WINDOW = "attention-window"
     ATTENTION_WINDOW_SILENT = "attention-window-silent"
+    POOL_IN_ANOTHER_UNIT = "pool-in-another-unit"
+    WEDGE_AFTER_DISCONNECT = "wedge-after-disconnect"
 
     @property
     def description(self) -> str:
@@ -84,6 +91,11 @@ _FAULT_DESCRIPTIONS = {
         "clamped maxAttentionWindow: every token is computed and counted, a longer prompt's answer is copied from its "
         "tail; TensorRT-LLM's clamp warning is logged at start-up (unified, decode)"),
     Fault.ATTENTION_WINDOW_SILENT: "as attention-window, with no warning at start-up (unified, decode)",
+    Fault.POOL_IN_ANOTHER_UNIT: ("the pool is stated as per-rank tokens times a parallel size (KVPREFLIGHT_BUILTIN_PARALLEL_SIZE, "
+                                 "default 2) in every source; a prompt over the true pool becomes a 1-token placeholder and is "
+                                 "answered from stale pages, counted in full (unified, prefill)"),
+    Fault.WEDGE_AFTER_DISCONNECT: ("after a client leaves a request in flight the engine schedules nothing more: /health 200, new "
+                                   "requests accepted and never answered, the abandoned request's pages held (unified, decode)"),
 }
 
 # Name -> description, for callers that hold fault names as text (demo and fleet settings).
@@ -143,6 +155,7 @@ class EngineConfig:
     model_name: str = "kvpreflight-builtin-copy"
     faults: frozenset[Fault] = frozenset()
     fault_probability: float = 1.0  # racy faults fire at each chance with this probability
+    parallel_size: int = DEFAULT_PARALLEL_SIZE  # fault pool-in-another-unit: stated pool = real x this
     transfer_delay_ms: int = 0
     transfer_fail_every: int = 0
     page_log: str | None = None
@@ -251,6 +264,19 @@ def tokens_from_env(name: str, environ: Mapping[str, str] | None = None) -> int 
         value = 0
     if value < 1:
         raise ServeConfigError(f"{name}={raw!r} must be a whole number of tokens, at least 1; unset it for the default")
+    return value
+
+
+def parallel_size_from_env(environ: Mapping[str, str] | None = None) -> int:
+    raw = (environ if environ is not None else os.environ).get(PARALLEL_SIZE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_PARALLEL_SIZE
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if not 2 <= value <= 1024:
+        raise ServeConfigError(f"{PARALLEL_SIZE_ENV}={raw} must be a whole number in [2, 1024]; unset it for {DEFAULT_PARALLEL_SIZE}")
     return value
 
 

@@ -16,7 +16,7 @@ from dataclasses import replace
 import torch
 
 from kvpreflight.builtin_engine import tokenizer
-from kvpreflight.builtin_engine.config import KV_DIM, EngineConfig, Fault, ServeConfigError, max_req_input_len
+from kvpreflight.builtin_engine.config import CELL_BYTES, KV_DIM, EngineConfig, Fault, ServeConfigError, max_req_input_len
 from kvpreflight.builtin_engine.metrics import ServedCounters
 from kvpreflight.builtin_engine.model import CopyModel
 from kvpreflight.builtin_engine.pagelog import PageLog
@@ -34,6 +34,7 @@ DECODE_CACHE_FAULTS = frozenset({Fault.DECODE_CACHE_NO_SALT, Fault.DECODE_CACHE_
 POSITIONS_FAULTS = frozenset({Fault.POSITIONS_OVERRIDDEN, Fault.POSITIONS_OVERRIDDEN_SILENT})
 WINDOW_FAULTS = frozenset({Fault.ATTENTION_WINDOW, Fault.ATTENTION_WINDOW_SILENT})
 NOISE_TOKENS = range(33, 127)  # faults positions-overridden*: what a model past its positions emits (printable bytes)
+WEDGE_POLL_S = 0.2  # fault wedge-after-disconnect: how often a request that is never scheduled looks for its client
 
 
 class Engine:
@@ -66,6 +67,7 @@ class Engine:
                                  if self.faults & WINDOW_FAULTS else None)
         self._transfer_seq = 0
         self._last_prompts: dict[str | None, list[int]] = {}  # cache_salt -> its last prompt (faults leak-*)
+        self.wedged = threading.Event()  # fault wedge-after-disconnect: the scheduler stopped
 
     # ---- what the engine says about itself -------------------------------------------------
 
@@ -76,7 +78,23 @@ class Engine:
     @property
     def reported_pool_tokens(self) -> int:
         # misreport-pool: the scheduler believes (and reports) twice what the allocator holds.
-        return self.real_pool_tokens * 2 if Fault.MISREPORT_POOL in self.faults else self.real_pool_tokens
+        if Fault.MISREPORT_POOL in self.faults:
+            return self.real_pool_tokens * 2
+        # pool-in-another-unit: per-rank tokens times the parallel size, in every source.
+        if Fault.POOL_IN_ANOTHER_UNIT in self.faults:
+            return self.real_pool_tokens * self.config.parallel_size
+        return self.real_pool_tokens
+
+    @property
+    def allocator_pool_tokens(self) -> int:
+        """The pool the allocator's start-up line and the KV byte figures state: what it holds,
+        except under pool-in-another-unit, whose stated unit is the same in every source (the
+        misreport-pool fault's allocator tells the truth, which is how it is caught)."""
+        return self.reported_pool_tokens if Fault.POOL_IN_ANOTHER_UNIT in self.faults else self.real_pool_tokens
+
+    @property
+    def allocator_kv_bytes(self) -> int:
+        return self.allocator_pool_tokens * CELL_BYTES
 
     @property
     def max_req_input_len(self) -> int:
@@ -143,8 +161,52 @@ class Engine:
             raise RequestError(message)
         if -(-n // self.page_size) > self.pool.num_pages:
             # Only reachable when the reported pool is larger than the real one.
+            if self.over_true_pool(n):
+                return ids, None  # the caller prefills a placeholder (prefill_placeholder)
             raise RequestError(f"Request prompt exceeds the KV memory budget: input_len={n}.")
         return ids, None
+
+    def over_true_pool(self, n: int) -> bool:
+        """Fault pool-in-another-unit: a prompt admitted against the stated pool that the real
+        one cannot hold. It is not refused: a 1-token placeholder is prefilled instead."""
+        return Fault.POOL_IN_ANOTHER_UNIT in self.faults and -(-n // self.page_size) > self.pool.num_pages
+
+    def prefill_placeholder(self, ids: list[int], params: GenParams) -> tuple[list[int], int]:
+        """Fault pool-in-another-unit, over the true pool: the request's page table spans its
+        per-rank share of the prompt (len / P tokens; at most what leaves the pool room for the
+        answer's tokens, so that it can grow), but only its first slot is written, with a 1-token
+        placeholder (the incident's abort path); the rest holds whatever earlier requests left
+        there. Counted as the whole prompt, as the incident's engine counted it. Returns (pages,
+        the tokens the table spans)."""
+        room = self.real_pool_tokens - self.page_size - max(params.max_new_tokens, 0)
+        span = max(1, min(-(-len(ids) // self.config.parallel_size), room))
+        if self.prefix_cache is not None:
+            self.count(cache_queries=1)
+        pages = self.alloc_pages(-(-span // self.page_size), params.rid)
+        self.write_kv([tokenizer.PLACEHOLDER_ID], pages)
+        self.count(prompt_tokens=len(ids))
+        return pages, span
+
+    # ---- fault wedge-after-disconnect ---------------------------------------------------------
+
+    def wedge_on_disconnect(self) -> None:
+        """Called where a request's client is found gone, its pages still held. Under fault
+        wedge-after-disconnect the scheduler stops there for good: this never returns, so the
+        abandoned request keeps its pages (the used-token gauge stays at its tokens) and is
+        never counted as aborted."""
+        if Fault.WEDGE_AFTER_DISCONNECT not in self.faults:
+            return
+        self.wedged.set()
+        threading.Event().wait()  # nobody sets it: the thread, and the pages it holds, stay
+
+    def never_scheduled(self, client_gone: Callable[[], bool] | None) -> bool:
+        """A wedged engine accepts a request and never schedules it: waits until its client
+        leaves, then True (nothing to answer). False at once when the engine is not wedged."""
+        if not self.wedged.is_set():
+            return False
+        while client_gone is None or not client_gone():
+            time.sleep(WEDGE_POLL_S)
+        return True
 
     # ---- pages ---------------------------------------------------------------------------------
 
@@ -362,6 +424,7 @@ class Engine:
         self.count(running=1)
         try:
             if client_gone is not None and client_gone():  # left during prefill: not one token for it
+                self.wedge_on_disconnect()
                 self.count(aborted_requests=1)
                 return None
             for token, logprob, done in self.decode_tokens(pages, len(ids), params, params.rid):
@@ -372,6 +435,7 @@ class Engine:
                 if done is not None:
                     finish = done
                 elif client_gone is not None and client_gone():  # as SGLang's scheduler aborts it
+                    self.wedge_on_disconnect()
                     self.count(aborted_requests=1, generation_tokens=len(out_ids))
                     return None
         finally:
@@ -393,6 +457,8 @@ class Engine:
                     client_gone: Callable[[], bool] | None = None) -> Generation | None:
         """None: the client left before the answer was complete (counted as an abort)."""
         ids, _ = self.admit(ids, params.max_new_tokens)
+        if self.over_true_pool(len(ids)):
+            return self._run_placeholder(ids, params, on_token, client_gone)
         computed = self.leaked_prompt(ids, params, streamed=on_token is not None)
         if computed is ids:
             computed = self.shortened_prompt(ids)
@@ -406,6 +472,17 @@ class Engine:
             if len(pages) > prompt_pages:
                 self.release(pages[prompt_pages:], params.rid)
             self.finish_prefill_pages(computed, pages[:prompt_pages], params)
+
+    def _run_placeholder(self, ids: list[int], params: GenParams, on_token: OnToken | None,
+                         client_gone: Callable[[], bool] | None) -> Generation | None:
+        """Fault pool-in-another-unit: decoded over the placeholder's page table (stale pages
+        past its first slot), answered HTTP 200 with the prompt reported in full."""
+        pages, span = self.prefill_placeholder(ids, params)
+        try:
+            generated = self.generate_from_pages(ids[:span], pages, params, 0, on_token, client_gone)
+            return None if generated is None else replace(generated, prompt_ids=tuple(ids))
+        finally:
+            self.release(pages, params.rid)
 
     def leaked_prompt(self, ids: list[int], params: GenParams, *, streamed: bool) -> list[int]:
         """Faults leak-*: the prompt whose KV the answer is decoded over, its tail taken from

@@ -94,6 +94,7 @@ class DecodeHandoff:
         deadline = time.monotonic() + engine.config.pd_wait_s
         while not room.bootstrapped.wait(POLL_S):
             if client_gone():
+                engine.wedge_on_disconnect()  # the fetch goes on: the pages it takes stay held
                 self._cancel(room)
                 return None
             if time.monotonic() > deadline:
@@ -110,6 +111,7 @@ class DecodeHandoff:
             raise RequestError(room.error, status=room.error_status)
         while not room.done.wait(POLL_S):
             if client_gone():
+                engine.wedge_on_disconnect()
                 self._cancel(room)
                 return None
         return self._decode_after_transfer(room, ids, params, on_token, leaked, client_gone)

@@ -79,8 +79,14 @@ class PrefillBootstrap:
         # Fault shortened-prompt: the prefill is where a P/D deployment computes (and counts)
         # prompts; it computes half, and tells the decode the whole prompt's KV was sent, so the
         # decode's received-equals-reserved check passes and the answer reports the full length.
-        computed = engine.shortened_prompt(ids)
-        pages, cached = engine.prefill(computed, params)
+        # Fault pool-in-another-unit: a prompt over the true pool is a 1-token placeholder whose
+        # page table (stale past its first slot) is sent as the whole prompt's KV.
+        placeholder = engine.over_true_pool(len(ids))
+        computed = ids if placeholder else engine.shortened_prompt(ids)
+        if placeholder:
+            pages, cached = engine.prefill_placeholder(ids, params)[0], 0
+        else:
+            pages, cached = engine.prefill(computed, params)
         every = engine.config.transfer_fail_every
         if not every and Fault.TRANSFER_FAIL_AS_DRAINED in engine.faults:
             every = FLAKY_TRANSFER_EVERY
@@ -102,7 +108,10 @@ class PrefillBootstrap:
             engine.count(transfer_failed=1)
             raise RequestError(f"KV transfer failed for request {params.rid}: {exc}", status=500) from None
         finally:
-            engine.finish_prefill_pages(computed, pages, params)
+            if placeholder:
+                engine.release(pages, params.rid)  # garbage past the first slot: not cached
+            else:
+                engine.finish_prefill_pages(computed, pages, params)
         if status != "ok":
             engine.count(transfer_failed=1)
             raise RequestError(f"KV transfer failed for request {params.rid} (bootstrap room {room}): {status}.", status=500)

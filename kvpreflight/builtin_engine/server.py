@@ -85,6 +85,8 @@ class EngineHandler(BaseHTTPRequestHandler):
     def run(self, ids: list[int], params: GenParams, body: dict[str, Any], on_token: OnToken | None) -> Generation | None:
         """Generate by this engine's role. Returns None when the client disconnected."""
         engine = self.engine
+        if engine.never_scheduled(self.client_gone):  # fault wedge-after-disconnect
+            return None
         if engine.role is ProcessRole.UNIFIED:
             return engine.run_unified(ids, params, on_token, self.client_gone)
         handoff = self.server.handoff

@@ -169,8 +169,10 @@ def serve(config: EngineConfig) -> int:
     device = device_for(config.device)
     pool_tokens = resolve_pool_tokens(config, device)
     engine = Engine(config, pool_tokens, device)
-    real = engine.real_pool_tokens
-    log(f"KV Cache is allocated. dtype: torch.float32, #tokens: {real}, KV size: {engine.pool.nbytes / GB:.2f} GB")
+    # The allocator's line states the pool it holds, or under fault pool-in-another-unit the same
+    # stated unit as every other source.
+    allocated = engine.allocator_pool_tokens
+    log(f"KV Cache is allocated. dtype: torch.float32, #tokens: {allocated}, KV size: {engine.allocator_kv_bytes / GB:.2f} GB")
     reported = engine.reported_pool_tokens
     if reported < engine.context_len:
         log(

@@ -10,19 +10,22 @@ or a PD trio (prefill + decode + router) on free 127.0.0.1 ports and always take
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from kvpreflight.boot.launch import free_port  # below the ephemeral range (see there)
-from kvpreflight.builtin_engine.config import FAULTS_ENV
+from kvpreflight.builtin_engine.config import FAULTS_ENV, PARALLEL_SIZE_ENV
 from kvpreflight.builtin_engine.pagelog import read_page_log
 from kvpreflight.files import read_tail, writing
 
@@ -82,8 +85,9 @@ def engine_argv(role: str, port: int, *, context_length: int | None = None, pool
 def start_engine(role: str, workdir: Path, *, name: str | None = None, context_length: int | None = None,
                  pool_tokens: int | None = None, faults: Sequence[str] = (), page_log: bool = False,
                  enable_metrics: bool = True, extra_args: Sequence[str] = (), wait_s: float = 60.0,
-                 port: int | None = None) -> RunningEngine:
-    """`port`: this one (an engine restarted where the last one listened), else a free one."""
+                 port: int | None = None, env: Mapping[str, str] | None = None) -> RunningEngine:
+    """`port`: this one (an engine restarted where the last one listened), else a free one.
+    `env`: more environment for the engine (a fault's setting, e.g. PARALLEL_SIZE_ENV), never argv."""
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     name = name or role
@@ -91,13 +95,15 @@ def start_engine(role: str, workdir: Path, *, name: str | None = None, context_l
     plog = workdir / f"{name}.pages.jsonl" if page_log else None
     argv = engine_argv(role, port, context_length=context_length, pool_tokens=pool_tokens, page_log=plog,
                        enable_metrics=enable_metrics, extra_args=extra_args)
-    env = dict(os.environ)
-    env.pop(FAULTS_ENV, None)
+    environ = dict(os.environ)
+    environ.pop(FAULTS_ENV, None)
+    environ.pop(PARALLEL_SIZE_ENV, None)
     if faults:
-        env[FAULTS_ENV] = ",".join(faults)  # faults never appear in argv
+        environ[FAULTS_ENV] = ",".join(faults)  # faults never appear in argv
+    environ.update(env or {})
     log_path = workdir / f"{name}.log"
     with writing(log_path) as log:
-        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env)
+        process = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=environ)
     engine = RunningEngine(role, f"http://{HOST}:{port}", process, log_path, plog, tuple(argv))
     try:
         _wait_healthy(engine, wait_s)
@@ -139,15 +145,17 @@ def stop_engine(engine: RunningEngine) -> None:
 def start_pd(workdir: Path, *, context_length: int, prefill_pool: int, decode_pool: int,
              prefill_faults: Sequence[str] = (), decode_faults: Sequence[str] = (), page_log: bool = True,
              prefill_args: Sequence[str] = (), decode_args: Sequence[str] = (),
-             decode_context_length: int | None = None, wait_s: float = 60.0) -> PDTrio:
+             decode_context_length: int | None = None, wait_s: float = 60.0,
+             prefill_env: Mapping[str, str] | None = None, decode_env: Mapping[str, str] | None = None) -> PDTrio:
     started: list[RunningEngine] = []
     try:
         decode = start_engine("decode", workdir, context_length=decode_context_length or context_length,
                               pool_tokens=decode_pool, faults=decode_faults, page_log=page_log, extra_args=decode_args,
-                              wait_s=wait_s)
+                              wait_s=wait_s, env=decode_env)
         started.append(decode)
         prefill = start_engine("prefill", workdir, context_length=context_length, pool_tokens=prefill_pool,
-                               faults=prefill_faults, page_log=page_log, extra_args=prefill_args, wait_s=wait_s)
+                               faults=prefill_faults, page_log=page_log, extra_args=prefill_args, wait_s=wait_s,
+                               env=prefill_env)
         started.append(prefill)
         router = start_engine("router", workdir, extra_args=["--prefill-url", prefill.url, "--decode-url", decode.url],
                               wait_s=wait_s)
@@ -176,3 +184,80 @@ def pd_trio(workdir: Path, **kwargs: Any) -> Iterator[PDTrio]:
     finally:
         for engine in trio.all():
             stop_engine(engine)
+
+
+# ---- a third customer's honest traffic ------------------------------------------------------------
+
+CUSTOMER_MARKER_PREFIX = "CUSTOMER-SECRET-"  # not kvpreflight's canary shape (KVPF-...)
+
+
+class BackgroundTraffic:
+    """Honest traffic of a third customer, sent to `url` (an engine or a router) while a check
+    runs, so that freed and cached pages hold someone else's text, as they do in production.
+
+    Each prompt is this customer's marker (`CUSTOMER-SECRET-<hex>`) repeated, with a request number
+    in front so no two prompts share a cached prefix (each one takes fresh pages). Sent one at a
+    time with `interval_s` between, not streamed, with no cache_salt (another customer of the
+    deployment). `answers` keeps the texts that came back; `sent` and `failed` count requests.
+
+        with BackgroundTraffic(engine.url) as traffic:
+            ... run the check ...
+        assert traffic.marker not in report_text
+    """
+
+    def __init__(self, url: str, *, prompt_tokens: int = 384, max_new_tokens: int = 8, interval_s: float = 0.1,
+                 timeout_s: float = 30.0, marker: str | None = None) -> None:
+        self.url = url.rstrip("/")
+        self.marker = marker or f"{CUSTOMER_MARKER_PREFIX}{secrets.token_hex(4)}"
+        self.prompt_tokens = prompt_tokens
+        self.max_new_tokens = max_new_tokens
+        self.interval_s = interval_s
+        self.timeout_s = timeout_s
+        self.sent = 0
+        self.failed = 0
+        self.answers: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="background-traffic", daemon=True)
+
+    def prompt(self, number: int) -> str:
+        """The customer's prompt number `number`: exactly `prompt_tokens` bytes (one token each)."""
+        head = f"order {number:06d}: "
+        body = (f"{self.marker} " * (self.prompt_tokens // (len(self.marker) + 1) + 2))
+        return (head + body)[: self.prompt_tokens]
+
+    def send(self) -> str | None:
+        """One request, answered or not: the answer's text, None when it failed."""
+        body = json.dumps({"text": self.prompt(self.sent),
+                           "sampling_params": {"max_new_tokens": self.max_new_tokens, "temperature": 0}}).encode()
+        self.sent += 1
+        request = urllib.request.Request(self.url + "/generate", data=body, headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout_s) as resp:
+                text = json.loads(resp.read()).get("text")
+        except (OSError, ValueError):
+            self.failed += 1
+            return None
+        if isinstance(text, str):
+            self.answers.append(text)
+            return text
+        self.failed += 1
+        return None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.send()
+            self._stop.wait(self.interval_s)
+
+    def start(self) -> BackgroundTraffic:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.timeout_s + 5)
+
+    def __enter__(self) -> BackgroundTraffic:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
