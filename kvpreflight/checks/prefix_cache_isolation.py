@@ -65,13 +65,15 @@ class CrossReading:
 
 def _counter_hits(p: CacheProbe, prompt_tokens: int, roles: dict[str, Role]) -> list[tuple[str, str]]:
     """(url, what) for each engine whose own counters say this request found its prompt in that
-    engine's prefix cache: tokens covering more than half the prompt (as for `cached_tokens`), or,
-    where an engine counts no tokens, any hit at all."""
+    engine's prefix cache: tokens covering more than a quarter of the prompt (a decode's own cache
+    may reuse only the leading pages of another tenant's prefix: SGLang's decode radix cache
+    matches page by page; a fresh prefix shares only a few leading tokens), or, where an engine
+    counts no tokens, any hit at all."""
     out = []
     for url, d in p.counter_deltas.items():
         role = roles[url].value if url in roles else "engine"
         if (tokens := d.get(CACHED)) is not None:
-            if tokens * 2 > prompt_tokens:
+            if tokens * 4 > prompt_tokens:
                 out.append((url, f"{role} {url} found {tokens:,.0f} of its prompt tokens in its own prefix cache"))
         elif (hits := d.get(HITS)) is not None and hits > 0:
             out.append((url, f"{role} {url}'s prefix-cache hit counter moved by {hits:,.0f}"))
