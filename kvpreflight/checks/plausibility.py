@@ -5,7 +5,7 @@ computed from that prompt (a placeholder prefilled in its place: the incident). 
 model, echoing or not, through any gateway. Never fails an honest engine: the speed is the
 fastest the run showed (the calibration's, or any shorter request's: a stalled calibration cannot
 make an honest answer look impossible), the margin is wide, and a prefill predicted shorter than
-MIN_JUDGED_S is within scheduling noise and not judged."""
+MIN_JUDGED_S (or than 20 requests' fixed cost) is within noise and not judged."""
 
 from __future__ import annotations
 
@@ -17,7 +17,12 @@ from kvpreflight.model import Completion
 from kvpreflight.probes.results import IsolationRun, ProbeName, ProbeResult, ProbeRun
 
 MARGIN = 10.0  # an answer this many times faster than the fastest prefill allows is impossible
-MIN_JUDGED_S = 0.05  # a prefill predicted shorter than this is not judged (timer and scheduling noise)
+# A prefill predicted shorter than this, or than OVERHEAD_MULTIPLE x a request's fixed cost, is not
+# judged: on an engine whose requests cost mostly a fixed time (the builtin engine on a CPU: the
+# calibration measured 7-12k tokens/s from 8- and 127-token requests, while it computed 2,041
+# tokens in a few ms), every speed measured from a short request understates the real one.
+MIN_JUDGED_S = 0.5
+OVERHEAD_MULTIPLE = 20.0
 MIN_MEASURABLE_S = 0.001  # a request's time to first token past its fixed cost, at least this
 REFERENCE_FRACTION = 0.5  # a reference request computed at most this share of the judged prompt
 
@@ -31,6 +36,7 @@ class Judged:
     first_token_s: float
     fastest_rate: float | None  # prompt tokens per second
     fastest_from: str
+    overhead_s: float = 0.0  # the fixed cost of a request, as the calibration measured it
 
     @property
     def needs_s(self) -> float | None:
@@ -39,7 +45,8 @@ class Judged:
     @property
     def impossible(self) -> bool:
         needs = self.needs_s
-        return needs is not None and needs >= MIN_JUDGED_S and self.first_token_s * MARGIN < needs
+        return (needs is not None and needs >= max(MIN_JUDGED_S, OVERHEAD_MULTIPLE * self.overhead_s)
+                and self.first_token_s * MARGIN < needs)
 
     def describe(self) -> str:
         return (f"{self.probe} answered a {self.computed_tokens:,}-token uncached prompt in {self.first_token_s:.3f} s; at the "
@@ -96,7 +103,7 @@ def judge(run: ProbeRun, isolation: IsolationRun | None) -> list[Judged]:
         for name, c, n in _references(others, p.name, computed) if rate else ():
             if (r := _rate(c, n, run.overhead_s)) > (rate or 0.0):
                 rate, source = r, f"{name}, {n:,} tokens"
-        out.append(Judged(p.name, computed, p.completion.first_token_s, rate, source))
+        out.append(Judged(p.name, computed, p.completion.first_token_s, rate, source, run.overhead_s))
     return out
 
 

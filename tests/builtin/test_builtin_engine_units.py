@@ -44,7 +44,7 @@ def test_fault_names_are_the_cli_and_environment_spellings():
         "prefix-cache-no-salt", "auto-truncate", "misreport-pool", "decode-recompute",
         "leak-streamed", "leak-not-streamed", "shortened-prompt", "tokens-then-garbage", "text-with-bad-count",
         "decode-cache-no-salt", "decode-cache-no-salt-partial", "positions-overridden", "positions-overridden-silent",
-        "attention-window", "attention-window-silent",
+        "attention-window", "attention-window-silent", "pool-in-another-unit", "wedge-after-disconnect",
     ])
     assert faults_from_env({FAULTS_ENV: " auto-truncate , misreport-pool,"}) == {Fault.AUTO_TRUNCATE, Fault.MISREPORT_POOL}
     assert faults_from_env({}) == frozenset()
