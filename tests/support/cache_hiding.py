@@ -1,5 +1,6 @@
 """A gateway that hides every prefix-cache report, so time to first token is all that is left:
-cached-token fields in answers and stream frames, the prefix-cache series of /metrics, and the
+cached-token fields in answers and stream frames, the prefix-cache series of /metrics (vLLM's
+prompt tokens by source too: its `local_cache_hit` share is the cache's own count), and the
 stated cache setting (/server_info's disable_radix_cache, vLLM's enable_prefix_caching label)."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from support.rewriting_proxy import Rewrites
 
 HIDDEN_FIELDS = {"cached_tokens", "prompt_tokens_details", "disable_radix_cache", "cache_n", "tokens_cached"}
+HIDDEN_SERIES = ("cached_tokens", "prefix_cache", "prompt_tokens_by_source")
 CACHE_SETTING_LABEL = re.compile(r'enable_prefix_caching="[^"]*",?')
 
 
@@ -26,7 +28,7 @@ def hide_cache_reports(path: str, value: Any) -> Any:
 
 def hide_cache_series(text: str) -> str:
     return "".join(CACHE_SETTING_LABEL.sub("", line) for line in text.splitlines(keepends=True)
-                   if "cached_tokens" not in line and "prefix_cache" not in line)
+                   if not any(hidden in line for hidden in HIDDEN_SERIES))
 
 
 SILENT = Rewrites(reply=hide_cache_reports, metrics=hide_cache_series)
