@@ -225,6 +225,7 @@ class Completion:
     # The model an OpenAI-style answer names; behind a gateway, another deployment's name says it
     # answered instead of the checked engines (a fallback).
     answer_model: str | None = None
+    reconnected: str | None = None  # the first connection failed before anything was sent: sent again once
 
     @property
     def rejected(self) -> bool:
@@ -251,7 +252,8 @@ class Completion:
             "elapsed_s": round(self.elapsed_s, 3),
         }
         for key in ("timed_out", "transport_error", "error_message", "error_kind", "completion_tokens",
-                    "prompt_tokens", "cached_tokens", "finish_reason", "truncated", "empty_body", "request_id", "malformed"):
+                    "prompt_tokens", "cached_tokens", "finish_reason", "truncated", "empty_body", "request_id", "malformed",
+                    "reconnected"):
             value = getattr(self, key)
             if value not in (None, False):
                 out[key] = value.value if isinstance(value, enum.Enum) else value
@@ -347,6 +349,10 @@ class Report:
     def status_count(self, status: Status) -> int:
         return sum(1 for c in self.checks if c.status is status)
 
+    def checked_context(self, engine: EngineSnapshot) -> int | None:
+        """The context this run held `engine` to (kv-capacity's): see `checked_context`."""
+        return checked_context(engine.served_context, self.context_length_promised)
+
     # The schema lives in kvpreflight.schema, which imports this module: imported when called.
     def to_dict(self) -> dict[str, Any]:
         """The JSON report's dict (what `--format json` writes and a record embeds)."""
@@ -360,6 +366,15 @@ class Report:
         from kvpreflight.schema import report_from_dict
 
         return report_from_dict(data)
+
+
+def checked_context(served: int | None, promised: int | None) -> int | None:
+    """The context an engine is checked against: the larger of what it serves and what the
+    operator promises (--context-length), either alone where the other is unknown. A client can
+    send what the engine serves whatever was promised, and the promise is owed even above it.
+    The one rule: kv-capacity judges by it and every format shows it."""
+    values = [v for v in (served, promised) if v]
+    return max(values) if values else None
 
 
 def combined_verdict(statuses: Iterable[Status]) -> Status:

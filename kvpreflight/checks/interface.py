@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from kvpreflight.checkdata import Thresholds
 from kvpreflight.checks.advisory_data import Advisory
-from kvpreflight.model import CheckResult, EngineSnapshot, Status, Waiver
+from kvpreflight.model import CheckResult, EngineSnapshot, Status, Waiver, checked_context
 from kvpreflight.probes.results import IsolationRun, ProbeRun
 
 
@@ -24,9 +24,8 @@ class CheckContext:
     entry_model: str | None = None  # --entry-model: the name the entry knows the engines' model by
 
     def checked_context(self, snapshot: EngineSnapshot) -> int | None:
-        """The larger of what the engine serves and what the operator promises."""
-        values = [v for v in (snapshot.served_context, self.promised_context) if v]
-        return max(values) if values else None
+        """The context `snapshot` is checked against (kvpreflight.model.checked_context)."""
+        return checked_context(snapshot.served_context, self.promised_context)
 
 
 def probe_run(ctx: CheckContext, check_id: str) -> ProbeRun | CheckResult:

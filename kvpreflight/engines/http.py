@@ -78,6 +78,7 @@ _MIN_FRAME_BYTES = 128
 _GET_MAX_BYTES = int(BodyLimit.METRICS)
 _CHUNK_BYTES = 64 * 1024  # each read of a body; a fixed size, so no single read holds a whole body
 _CERT_FILE_MAX_BYTES = 1 * MiB  # a PEM certificate chain or key is a few KiB
+RECONNECT_PAUSE_S = 0.2  # before the one retry of a request whose connection was never made
 
 
 class BodyTooLarge(EngineError):
@@ -92,6 +93,7 @@ class HttpReply:
     elapsed_s: float
     content_type: str = ""
     headers: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)  # names lower-cased
+    reconnected: str | None = None  # sent a second time: why (`HttpClient._send`)
 
     @property
     def sha256(self) -> str:
@@ -140,34 +142,44 @@ class HttpClient:
         self.session.close()
 
     def _send(self, method: str, url: str, *, json_body: Any, timeout_s: float | None,
-              headers: Mapping[str, str] | None = None) -> tuple[requests.Response, Deadline]:
-        """Send and read the headers; the returned deadline is running and the caller ends it."""
-        deadline = Deadline(timeout_s if timeout_s is not None else self.timeout_s)
-        current_request.deadline = deadline
-        try:
-            resp = self.session.request(method, url, json=json_body, timeout=(deadline.connect_s, deadline.timeout_s),
-                                        allow_redirects=False, stream=True, headers=dict(headers) if headers else None)
-        except Exception as exc:
-            deadline.end()
-            error = _transport_error(url, exc, deadline, client_cert=self.session.cert is not None)
-            if error is None:
-                raise
-            raise error from None
-        finally:
-            current_request.deadline = None
+              headers: Mapping[str, str] | None = None) -> tuple[requests.Response, Deadline, str | None]:
+        """Send and read the headers; the returned deadline is running and the caller ends it. A
+        connection that failed before anything was sent (refused, reset while connecting: the
+        engine never saw the request) is tried once more, and the third value says so; a loaded
+        2-core machine refused 1 of 28 connections to a healthy llama-server once."""
+        reconnected = None
+        while True:
+            deadline = Deadline(timeout_s if timeout_s is not None else self.timeout_s)
+            current_request.deadline = deadline
+            try:
+                resp = self.session.request(method, url, json=json_body, timeout=(deadline.connect_s, deadline.timeout_s),
+                                            allow_redirects=False, stream=True, headers=dict(headers) if headers else None)
+                break
+            except Exception as exc:
+                deadline.end()
+                if reconnected is None and _never_connected(exc):
+                    reconnected = f"the first connection failed before anything was sent ({_reason(exc)}); sent again once"
+                    time.sleep(RECONNECT_PAUSE_S)
+                    continue
+                error = _transport_error(url, exc, deadline, client_cert=self.session.cert is not None)
+                if error is None:
+                    raise
+                raise error from None
+            finally:
+                current_request.deadline = None
         if 300 <= resp.status_code < 400:
             deadline.end()
             location = resp.headers.get("Location", "?")
             resp.close()
             raise EngineError(f"{url}: redirected (HTTP {resp.status_code}) to {location}; not followed, point kvpreflight at the engine itself")
-        return resp, deadline
+        return resp, deadline, reconnected
 
     def request(self, method: str, url: str, *, json_body: Any = None, timeout_s: float | None = None,
                 max_bytes: int = BodyLimit.COMPLETION, headers: Mapping[str, str] | None = None) -> HttpReply:
         """One request read in full within `timeout_s` (else EngineTimeout) and `max_bytes` (else
         BodyTooLarge)."""
         start = time.monotonic()
-        resp, deadline = self._send(method, url, json_body=json_body, timeout_s=timeout_s, headers=headers)
+        resp, deadline, reconnected = self._send(method, url, json_body=json_body, timeout_s=timeout_s, headers=headers)
         try:
             _refuse_declared_size(url, resp, max_bytes)
             body = bytearray()
@@ -179,7 +191,7 @@ class HttpClient:
             deadline.end()
             resp.close()
         return HttpReply(url, resp.status_code, bytes(body), time.monotonic() - start, resp.headers.get("Content-Type", ""),
-                         {k.lower(): v for k, v in resp.headers.items()})
+                         {k.lower(): v for k, v in resp.headers.items()}, reconnected)
 
     def get(self, url: str, *, timeout_s: float | None = None, max_bytes: int = _GET_MAX_BYTES) -> HttpReply:
         """A GET; by default capped at the largest kind of body fetched by GET (metrics). Pass
@@ -203,7 +215,7 @@ class HttpClient:
         headers by the deadline is EngineTimeout; a stream over `max_bytes` (or with more frames
         than one per _MIN_FRAME_BYTES of it) is BodyTooLarge."""
         start = time.monotonic()
-        resp, deadline = self._send("POST", url, json_body=body, timeout_s=timeout_s, headers=headers)
+        resp, deadline, reconnected = self._send("POST", url, json_body=body, timeout_s=timeout_s, headers=headers)
         frames: list[str] = []
         max_frames = max(1, max_bytes // _MIN_FRAME_BYTES)
         raw = bytearray()
@@ -233,7 +245,7 @@ class HttpClient:
             deadline.end()
             resp.close()
         return StreamReply(url, resp.status_code, tuple(frames), bytes(raw), time.monotonic() - start, timed_out, first_frame_s,
-                           cut_off)
+                           cut_off, reconnected)
 
 
 @dataclass(frozen=True)
@@ -246,6 +258,7 @@ class StreamReply:
     timed_out: bool = False
     first_frame_s: float | None = None
     cut_off: str | None = None  # the connection broke before the stream ended: how
+    reconnected: str | None = None  # sent a second time: why (`HttpClient._send`)
 
     @property
     def sha256(self) -> str:
@@ -382,6 +395,15 @@ def _transport_error(url: str, exc: Exception, deadline: Deadline, *, client_cer
         # message holds the path: not shown
         return EngineError(f"{url}: a TLS file (--ca-bundle, --client-cert or --client-key) could not be read")
     return None
+
+
+def _never_connected(exc: Exception) -> bool:
+    """No connection was made, so no byte of the request left: refused or reset while connecting
+    (urllib3's NewConnectionError). Not a timeout (that is waited out once, never twice), not TLS."""
+    if not isinstance(exc, requests.exceptions.ConnectionError) or isinstance(exc, requests.exceptions.ConnectTimeout):
+        return False
+    inner: Any = exc.args[0] if exc.args else None
+    return isinstance(getattr(inner, "reason", inner), urllib3.exceptions.NewConnectionError) and not _tls_alert(exc)
 
 
 def _tls_alert(exc: Exception) -> bool:

@@ -241,6 +241,10 @@ class EngineAdapter(abc.ABC):
             return _unanswered(request, time.monotonic() - start, timed_out=True)
         except EngineError as exc:
             return _unanswered(request, time.monotonic() - start, transport_error=str(exc))
+        completion = self._from_reply(request, reply)
+        return completion if reply.reconnected is None else replace(completion, reconnected=reply.reconnected)
+
+    def _from_reply(self, request: EngineRequest, reply: HttpReply | StreamReply) -> Completion:
         if reply.status != 200:
             return self._refused(request, reply, error_reply_message(reply.status, reply.body))
         if isinstance(reply, HttpReply):

@@ -19,18 +19,48 @@ import sys
 import tempfile
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 from kvpreflight.errors import ConfigError
 from kvpreflight.files import FileKind, read_tail, read_text, writing
 from kvpreflight.fleet.inventory import AttachTarget, Deployment
-from kvpreflight.model import Report, Status, exit_code_of
+from kvpreflight.model import Report, Status, Waiver, exit_code_of
 from kvpreflight.redact import cut
 
 STOP_GRACE_S = 30.0  # after a deadline: time a worker gets to stop its engines before SIGKILL
 PARENT_ENV = "KVPREFLIGHT_FLEET_PARENT"
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkerJob:
+    """What `python -m kvpreflight.fleet.worker` is given on stdin: one boot or builtin deployment,
+    its whole waivers (an expiry travels into the record, where `verify` refuses it once past), and
+    where the worker writes."""
+
+    name: str
+    kind: str  # boot | builtin
+    target: Mapping[str, Any]  # the target dataclass's fields (asdict)
+    waivers: tuple[Waiver, ...]
+    subjects: tuple[str, ...]
+    command_line: tuple[str, ...]
+    record: str  # the unsigned record's path
+    report: str  # the JSON report's path
+    log_dir: str
+
+    def to_json(self) -> str:
+        from kvpreflight.schema import waiver_to_dict
+
+        return json.dumps({**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "waivers"},
+                           "waivers": [waiver_to_dict(w) for w in self.waivers]})
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerJob:
+        data = json.loads(text)
+        waivers = tuple(Waiver(w["check_id"], w["reason"], w.get("until")) for w in data.pop("waivers"))
+        return cls(**{**data, "waivers": waivers, "subjects": tuple(data["subjects"]),
+                      "command_line": tuple(data["command_line"])})
 
 
 @dataclass(frozen=True)
@@ -126,18 +156,9 @@ def _boot_in(base: Path, deployment: Deployment, settings: JobSettings) -> Outco
     record.unlink(missing_ok=True)
     report_path.unlink(missing_ok=True)
     t = deployment.target
-    job = {
-        "name": deployment.name,
-        "kind": deployment.kind,
-        "target": asdict(t),
-        "skips": [w.check_id for w in deployment.waivers],
-        "reasons": [w.reason for w in deployment.waivers],
-        "subjects": _subjects(deployment, settings),
-        "command_line": _command_line(deployment, settings),
-        "record": str(record),
-        "report": str(report_path),
-        "log_dir": str(work / "logs"),
-    }
+    job = WorkerJob(name=deployment.name, kind=deployment.kind, target=asdict(t), waivers=deployment.waivers,
+                    subjects=tuple(_subjects(deployment, settings)), command_line=tuple(_command_line(deployment, settings)),
+                    record=str(record), report=str(report_path), log_dir=str(work / "logs"))
     log_path = work / "worker.log"
     log_named = f"log {log_path}" if settings.keep else "its log is removed with the run's other logs; --keep keeps them"
     with writing(log_path) as log:
@@ -147,7 +168,7 @@ def _boot_in(base: Path, deployment: Deployment, settings: JobSettings) -> Outco
         )
         try:
             assert proc.stdin is not None
-            proc.stdin.write(json.dumps(job).encode())
+            proc.stdin.write(job.to_json().encode())
             proc.stdin.close()
             proc.wait(timeout=deployment.timeout_s)
         except subprocess.TimeoutExpired:

@@ -47,12 +47,10 @@ def pools(outcome: Outcome) -> list[dict[str, Any]]:
     """Per engine: role, URL, pool and the context it was checked against."""
     if outcome.report is None:
         return []
-    promised = outcome.report.context_length_promised
     out = []
     for e in outcome.report.engines:
-        contexts = [c for c in (e.served_context, promised) if c is not None]
         out.append({"role": e.role.value, "url": e.url, "kv_pool_tokens": e.pool_tokens(),
-                    "context": max(contexts) if contexts else None})
+                    "context": outcome.report.checked_context(e)})
     return out
 
 

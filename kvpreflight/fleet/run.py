@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kvpreflight.clock import utc_now
+from kvpreflight.errors import ConfigError
 from kvpreflight.files import check_writable
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.fleet.job import JobSettings, Outcome
@@ -100,8 +101,14 @@ def execute(request: FleetRequest) -> int:
     from kvpreflight.fleet.report import FleetReport, merged_report
     from kvpreflight.formats import FORMATS
     from kvpreflight.record import file_subject, parse_subjects, prepare_signer
+    from kvpreflight.targets import refuse_expired_waivers
 
     inventory = load_inventory(request.inventory)
+    for d in inventory.deployments:  # each would make a record `verify` refuses: refuse the fleet now
+        try:
+            refuse_expired_waivers(d.waivers)
+        except ConfigError as exc:
+            raise FleetError(f"{inventory.source}: deployment {d.name}: {exc}") from None
     fmt = request.fmt or "table"
     if fmt not in FORMATS and fmt not in FLEET_FORMATS:
         raise FleetError(f"--format {fmt!r}: choose one of {', '.join(dict.fromkeys([*FLEET_FORMATS, *FORMATS]))}")

@@ -3,15 +3,14 @@ record. Started by kvpreflight.fleet.job with the job as JSON on stdin; dies wit
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
-from kvpreflight.fleet.job import PARENT_ENV
+from kvpreflight.fleet.job import PARENT_ENV, WorkerJob
 
 if TYPE_CHECKING:
     from kvpreflight.boot.spec import DeploymentSpec
@@ -31,11 +30,11 @@ def _die_with_parent() -> None:
         sys.exit(3)
 
 
-def _spec(job: dict[str, Any]) -> DeploymentSpec:
+def _spec(job: WorkerJob) -> DeploymentSpec:
     from kvpreflight.boot import parse_spec
 
-    target = job["target"]
-    if job["kind"] == "builtin":
+    target = job.target
+    if job.kind == "builtin":
         from kvpreflight.demo import BuiltinDeployment, demo_spec
 
         return demo_spec(BuiltinDeployment(pool_ratio=target["pool_ratio"], decode_pool_ratio=target["decode_pool_ratio"],
@@ -67,16 +66,14 @@ def _run() -> int:
     from kvpreflight import preflight
     from kvpreflight.check_plan import CheckPlan, OutputPlan
     from kvpreflight.errors import KvpreflightError
-    from kvpreflight.model import Waiver
 
-    job = json.load(sys.stdin)
+    job = WorkerJob.from_json(sys.stdin.read())
     try:
-        record = preflight.prepare_record(Path(job["record"]), sign_key=None, subjects=job["subjects"], unsigned=True,
-                                          command_line=job["command_line"], reads_files=True)
-        waivers = tuple(Waiver(c, r) for c, r in zip(job["skips"], job["reasons"], strict=True))
-        booted = preflight.run_booted(_spec(job), CheckPlan(targets=(), waivers=waivers), log_dir=Path(job["log_dir"]),
+        record = preflight.prepare_record(Path(job.record), sign_key=None, subjects=job.subjects, unsigned=True,
+                                          command_line=job.command_line, reads_files=True)
+        booted = preflight.run_booted(_spec(job), CheckPlan(targets=(), waivers=job.waivers), log_dir=Path(job.log_dir),
                                       progress=_progress)
-        preflight.publish(booted.report, OutputPlan(format="json", path=Path(job["report"]), record=record),
+        preflight.publish(booted.report, OutputPlan(format="json", path=Path(job.report), record=record),
                           files_read=booted.files_read, progress=_progress)
         return booted.report.exit_code
     except KvpreflightError as exc:

@@ -37,8 +37,8 @@ def tokens(n: int | None) -> str:
 
 
 def checked_context(report: Report, engine: EngineSnapshot) -> int | None:
-    """The context length the run checked: the one promised (--context-length), else what the engine serves."""
-    return report.context_length_promised if report.context_length_promised is not None else engine.served_context
+    """The context length the run checked `engine` against, as kv-capacity judged it."""
+    return report.checked_context(engine)
 
 
 def pool_ratio(report: Report, engine: EngineSnapshot) -> float | None:

@@ -29,7 +29,7 @@ RULES: dict[str, RuleHelp] = {
     "kv-capacity": RuleHelp(
         "Every engine's KV pool holds the context it serves.",
         "Reads each engine's runtime KV pool (allocator log, scheduler API or metrics; the smallest rank counts) "
-        "and compares it with the checked context (the promised --context-length, else the served one): below 1.0x fails, "
+        "and compares it with the checked context (the larger of the served one and the promised --context-length): below 1.0x fails, "
         "below 1.2x warns (checks/thresholds.yaml). An engine whose start-up log says it cut its longest sequence or "
         "input to fit its KV cache (TensorRT-LLM's clamps) fails, with --capacity-only too.",
         "Give the engine more KV memory (a larger memory fraction, fewer other allocations, more GPUs), or serve a "

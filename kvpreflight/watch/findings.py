@@ -66,9 +66,13 @@ class Round:
 
     @property
     def exit_code(self) -> int:
-        """`check`'s exit codes for `watch --once`: 1 a finding, 3 nothing or not all measured, 0 clean."""
-        if self.findings:
+        """`check`'s exit codes for `watch --once`: 1 a finding, 3 nothing or not all measured, 0 clean.
+        An engine that could not be read is not measured (3), as `check` says of it; it stays a
+        finding in the round's line and its metrics (an alert for a running watch)."""
+        if any(f.kind is not FindingKind.UNREACHABLE for f in self.findings):
             return EXIT_FAIL
+        if self.findings:
+            return EXIT_INCONCLUSIVE
         if self.outcome is RoundOutcome.CLEAN:
             return EXIT_OK
         return EXIT_INCONCLUSIVE

@@ -121,13 +121,13 @@ def test_table_engine_block_shows_every_pool_source_and_the_ratio():
     assert "log:KV Cache is allocated [dp0] = 140,000 (allocator)" in out
     assert "log:KV Cache is allocated [dp1] = 141,000 (allocator)" in out
     assert "/server_info max_total_num_tokens = 139,500 (scheduler)" in out
-    # The pool that counts is the smallest non-behavioural reading; the ratio uses the checked context.
-    prefill_block = out.split("Engine 2 of 2")[0]
-    assert "KV pool tokens   139,500" in prefill_block
-    assert "served context   131,072" in prefill_block
-    assert "checked context  128,000" in prefill_block
-    assert "1.09x" in prefill_block  # 139,500 / 128,000
-    assert "0.51x" in out.split("Engine 2 of 2")[1]  # 65,536 / 128,000: below one full request
+    # The pool that counts is the smallest non-behavioural reading; the ratio uses the checked context,
+    # kv-capacity's: a promise of 128,000 below the 131,072 served still leaves 131,072 to hold.
+    prefill_block = " ".join(out.split("Engine 2 of 2")[0].split())
+    assert "KV pool tokens 139,500" in prefill_block
+    assert "context 131,072 (served and checked)" in prefill_block
+    assert "1.06x" in prefill_block  # 139,500 / 131,072
+    assert "0.50x" in out.split("Engine 2 of 2")[1]  # 65,536 / 131,072: below one full request
 
 
 def test_table_lists_checks_and_waivers_with_reasons():
@@ -563,3 +563,24 @@ def test_many_checks_grouped_under_one_finding_wrap_in_the_check_column_at_80_co
     rows = lines[3:]
     assert [line.split()[0] for line in rows if not line.startswith(" ")] == ["SKIP", "PASS"]
     assert [w.rstrip(",") for line in rows for w in line.split() if w.rstrip(",") in ids] == list(ids)
+
+
+def test_a_promise_below_the_served_context_is_shown_as_kv_capacity_judges_it():
+    """--context-length 4096 against an engine serving 8,192 with a 6,000-token pool: kv-capacity
+    fails at 0.73x, and the table, the JSON and the metrics show the same 8,192 (they once showed
+    the promise, 1.46x, beside the fail)."""
+    from kvpreflight.checkdata import load_thresholds
+    from kvpreflight.checks import CheckContext, run_checks
+
+    engine = EngineSnapshot(url=PREFILL, engine="vllm", version="0.32.0", role=Role.UNIFIED, model="m", served_context=8192,
+                            pool_readings=(PoolReading("vllm:cache_config_info kv_cache_size_tokens", Origin.SCHEDULER, 6000),))
+    (capacity,) = run_checks(CheckContext((engine,), load_thresholds(), promised_context=4096), ["kv-capacity"])
+    assert capacity.status is Status.FAIL and "0.73x" in capacity.message, capacity.message
+    shown = Report(tool_version="0.1.0", engines=(engine,), checks=(capacity,), context_length_promised=4096)
+    table = " ".join(plain_table(shown).split())
+    assert "context 8,192 (served and checked)" in table and "pool / context 0.73x" in table
+    assert "1.46x" not in table
+    metrics = get_format("prometheus").render(shown)
+    assert any(line.startswith("kvpreflight_context_tokens{") and line.endswith(" 8192.0") for line in metrics.splitlines()), metrics
+    data = json.loads(get_format("json").render(shown))
+    assert data["checks"][0]["evidence"]["checked_context"] == 8192

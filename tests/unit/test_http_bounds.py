@@ -321,3 +321,66 @@ def test_check_passes_the_client_certificate_to_every_request(pki: dict[str, Pat
     assert "--client-cert" in refused
     reached = " ".join(c["message"] for c in check("--client-cert", str(pki["client_cert"]), "--client-key", str(pki["client_key"]))["checks"])
     assert "--client-cert" not in reached and "TLS" not in reached, reached
+
+
+# -- a connection never made is tried once more -------------------------------------------------
+
+class _Answer(BaseHTTPRequestHandler):
+    def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        body = b'{"choices": [{"text": "ok"}]}'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *_: Any) -> None:
+        pass
+
+
+def test_a_connection_refused_before_anything_was_sent_is_tried_once_more_and_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The port is bound but not listening (refused) until the client pauses before its one retry:
+    the request then reaches the engine, and the reply says it was sent twice."""
+    import types
+
+    import kvpreflight.engines.http as http_module
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answer, bind_and_activate=False)
+    server.server_bind()
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    pauses: list[float] = []
+
+    def pause(seconds: float) -> None:  # the retry's pause: the engine comes up now
+        pauses.append(seconds)
+        server.server_activate()
+        thread.start()
+
+    monkeypatch.setattr(http_module, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=pause))
+    host, port = server.server_address[:2]
+    try:
+        reply = HttpClient(timeout_s=TIMEOUT_S).post(f"http://{host}:{port}/v1/completions", {"prompt": [1]})
+    finally:
+        if thread.is_alive():
+            server.shutdown()
+        server.server_close()
+    assert reply.status == 200 and json.loads(reply.body)["choices"][0]["text"] == "ok"
+    assert pauses == [http_module.RECONNECT_PAUSE_S]
+    assert reply.reconnected is not None and "failed before anything was sent (Connection refused); sent again once" in reply.reconnected
+
+
+def test_a_connection_refused_twice_is_the_usual_error_after_one_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    import types
+
+    import kvpreflight.engines.http as http_module
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Answer, bind_and_activate=False)
+    server.server_bind()  # never listens
+    pauses: list[float] = []
+    monkeypatch.setattr(http_module, "time", types.SimpleNamespace(monotonic=time.monotonic, sleep=pauses.append))
+    host, port = server.server_address[:2]
+    try:
+        error, _ = timed(lambda: HttpClient(timeout_s=TIMEOUT_S).post(f"http://{host}:{port}/v1/completions", {"prompt": [1]}))
+    finally:
+        server.server_close()
+    assert isinstance(error, EngineError) and "cannot connect (Connection refused)" in str(error), error
+    assert len(pauses) == 1
