@@ -66,6 +66,16 @@ def timed(node: object, name: str | None = None) -> list[tuple[float, str | None
     return []
 
 
+def engine_env(workdir: Path, rpc: str, vllm_python: str) -> dict[str, str]:
+    """The examples' specs run in `workdir` with the cached echo model at models/echo/hf: link it,
+    and return the environment that puts the cached vLLM and router first on PATH."""
+    (workdir / "models" / "echo").mkdir(parents=True)
+    (workdir / "models" / "echo" / "hf").symlink_to(Path(os.environ["KVPREFLIGHT_ECHO_MODEL"]) / "hf")
+    router = os.environ["KVPREFLIGHT_VLLM_ROUTER"]
+    return {"PATH": os.pathsep.join([str(Path(vllm_python).parent), str(Path(router).parent), os.environ["PATH"]]),
+            "VLLM_RPC_BASE_PATH": rpc}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--context", type=int, default=4096)
@@ -74,14 +84,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.lease is not None and (args.connector != "nixl" or args.lease < 1):
         parser.error("--lease S: a whole number of seconds, with --connector nixl")
-    vllm_python, router = os.environ[PYTHONS[args.connector]], os.environ["KVPREFLIGHT_VLLM_ROUTER"]
-    model = Path(os.environ["KVPREFLIGHT_ECHO_MODEL"]) / "hf"
     with tempfile.TemporaryDirectory() as tmp, tempfile.TemporaryDirectory(prefix="kvpf-rpc-", dir="/tmp") as rpc:
         workdir = Path(tmp)
-        (workdir / "models" / "echo").mkdir(parents=True)
-        (workdir / "models" / "echo" / "hf").symlink_to(model)
-        env = {"PATH": os.pathsep.join([str(Path(vllm_python).parent), str(Path(router).parent), os.environ["PATH"]]),
-               "VLLM_RPC_BASE_PATH": rpc}
+        env = engine_env(workdir, rpc, os.environ[PYTHONS[args.connector]])
         spec = load_spec(SPECS[args.connector])
         spec = replace(spec, context_length=args.context, engines=tuple(
             replace(e, command=scaled(e.command, args.context, args.lease), cwd=str(workdir),

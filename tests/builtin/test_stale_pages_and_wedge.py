@@ -176,9 +176,22 @@ def test_honest_engine_with_the_same_customer_traffic_passes(tmp_path: Path) -> 
     assert traffic.sent > 5 and traffic.failed == 0
 
 
-# The honest P/D trio with the same traffic is not asserted here: overcapacity-rejected blames a
-# refused probe for the background customer's KV transfer that lands in its counter window (4 of 7
-# runs, 2026-12-05; docs/FINDINGS.md, open). benchmarks/bench_detection.py --matrix runs that cell.
+def test_honest_trio_with_the_same_customer_traffic_fails_nothing(tmp_path: Path) -> None:
+    """The honest P/D trio with the third customer's traffic: no check fails. The customer's KV
+    transfers land in the refused probes' counter windows at random (4 of 7 runs once failed
+    overcapacity-rejected for it); the decode's counters cannot say whose KV moved, so such a
+    window is inconclusive, named as other traffic, and the check exits 3; with no transfer in
+    those windows it passes."""
+    with pd_trio(tmp_path, context_length=CONTEXT, prefill_pool=TRUE_POOL * PD_P, decode_pool=HONEST_POOL, page_log=False,
+                 prefill_args=["--transfer-delay-ms", "6"]) as trio, BackgroundTraffic(trio.url) as traffic:
+        proc = check("--endpoint", f"prefill={trio.prefill.url}", "--endpoint", f"decode={trio.decode.url}",
+                     "--entry", trio.url)
+    assert traffic.sent > 5 and traffic.failed == 0
+    assert proc.returncode in (0, 3), failing(proc)
+    unsure = {c["id"]: c["message"] for c in json.loads(proc.stdout)["checks"] if c["status"] == "inconclusive"}
+    assert set(unsure) <= {"overcapacity-rejected"}, unsure
+    assert all("while other traffic was on the deployment" in m for m in unsure.values()), unsure
+    assert (proc.returncode == 3) == bool(unsure)
 
 
 # ---- the planted marker reaches no output ---------------------------------------------------------
@@ -235,10 +248,14 @@ def test_a_customer_marker_in_the_stale_pages_reaches_no_output(tmp_path: Path) 
     # The test can fail: answers the check read carried the customer's marker.
     stale = [text for text in received if traffic.marker in text]
     assert stale, "no answer to the check held the customer's text"
-    # ... and the search below finds such an answer, or any 32 characters of it, wherever it is quoted.
+    # ... and the search below finds such an answer, or any 32 characters of it, wherever it is quoted
+    # (every cut of the customer's text is tried on its prompt: an answer may stop a few characters
+    # after the marker, and the rest of a stale answer need not be the customer's).
     assert seen_in({"a quoted answer": json.dumps({"text": stale[0]})}, traffic.marker)
-    window = stale[0][stale[0].index(traffic.marker) + 20:][:32]
-    assert len(window) == 32 and seen_in({"a cut quote": window}, traffic.marker), window
+    sample = traffic.prompt(0)
+    uncaught = [sample[i:i + 32] for i in range(len(sample) - 31) if not seen_in({"a cut quote": sample[i:i + 32]},
+                                                                                 traffic.marker)]
+    assert not uncaught, uncaught[:3]
     assert proc.returncode in (0, 1, 3), proc.stderr[-2000:]
     outputs = {"stdout (json)": proc.stdout, "stderr": proc.stderr}
     report = Report.from_dict(json.loads(proc.stdout))

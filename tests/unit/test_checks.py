@@ -231,3 +231,22 @@ def test_pd_consistency_with_an_unknown_model_is_inconclusive_not_a_pass():
     assert r.status is Status.INCONCLUSIVE and "model unknown" in r.message
     (r,) = check("pd-consistency", CheckContext((snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE, served=20000)), T))
     assert r.status is Status.FAIL and "served_context differs" in r.message
+
+
+def test_a_refusal_whose_window_saw_a_transfer_while_others_used_the_deployment_is_inconclusive():
+    """The decode's counters moved while a probe was being refused, but another window shows a
+    client that is not kvpreflight (the boundary probe's window finished two requests, one sent):
+    whose KV moved cannot be told, so neither a pass nor a fail (the honest P/D trio with a third
+    customer's traffic once failed here)."""
+    pd = (snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE))
+    moved = {DECODE: {"kv_transfers": 1.0, "kv_transfer_tokens": 384.0}}
+    busy = {PREFILL: {"requests": 2.0, "prompt_tokens": 9992.0 + 384.0}}
+    probes = run(("boundary-accept", ok(9992), busy), ("over-context", refused(10001), moved), reached=(PREFILL, DECODE))
+    (r,) = check("overcapacity-rejected", CheckContext(pd, T, probes=probes, entry=ENTRY))
+    assert r.status is Status.INCONCLUSIVE, r.message
+    assert "other traffic was on the deployment (http://p:1 counted 10,376 prompt tokens)" in r.message
+    # the same window alone, nothing else on the deployment: the transfer was the refused probe's
+    quiet = run(("boundary-accept", ok(9992), {PREFILL: {"requests": 1.0, "prompt_tokens": 9992.0}}),
+                ("over-context", refused(10001), moved), reached=(PREFILL, DECODE))
+    (r,) = check("overcapacity-rejected", CheckContext(pd, T, probes=quiet, entry=ENTRY))
+    assert r.status is Status.FAIL and "KV reached the decode engine first" in r.message
