@@ -102,8 +102,8 @@ def bench_big_probe() -> dict:
 
 
 def bench_whole_check() -> dict:
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-    from kvpreflight.builtin_engine.testbed import unified_engine
+    sys.path[:0] = [str(Path(__file__).resolve().parent.parent), str(Path(__file__).resolve().parent.parent / "tests")]
+    from support.builtin_testbed import unified_engine
 
     with tempfile.TemporaryDirectory() as d, unified_engine(Path(d), context_length=8192, pool_tokens=16384) as engine:
         start = time.perf_counter()

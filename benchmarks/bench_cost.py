@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kvpreflight.builtin_engine.testbed import unified_engine  # noqa: E402
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
+from support.builtin_testbed import unified_engine  # noqa: E402
 
 
 def one(context: int, cache: bool) -> dict[str, object]:

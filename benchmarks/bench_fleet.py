@@ -23,7 +23,8 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-from kvpreflight.builtin_engine.testbed import start_pd, stop_engine
+sys.path[:0] = [str(Path(__file__).resolve().parents[1] / "tests")]  # tests/support: the builtin testbed
+from support.builtin_testbed import start_pd, stop_engine  # noqa: E402
 
 
 @contextmanager

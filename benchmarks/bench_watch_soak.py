@@ -22,9 +22,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # tests/support: the builtin testbed
 
-from kvpreflight.builtin_engine.testbed import pd_trio, unified_engine  # noqa: E402
+from support.builtin_testbed import pd_trio, unified_engine  # noqa: E402
+
 from kvpreflight.check_plan import CheckPlan  # noqa: E402
 from kvpreflight.targets import Target  # noqa: E402
 from kvpreflight.watch.budget import HOUR_S, BudgetPlan  # noqa: E402

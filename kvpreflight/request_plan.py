@@ -123,9 +123,11 @@ def to_dict(previews: list[GroupPreview]) -> dict[str, Any]:
     return {"plan": groups}
 
 
-def render(previews: list[GroupPreview]) -> str:
-    """The plan as text: one block per probe run."""
+def render(previews: list[GroupPreview], width: int | None = None) -> str:
+    """The plan as text: one block per probe run, its lines fitted to `width` (None: as long as they are)."""
     from tabulate import tabulate
+
+    from kvpreflight.formats._common import fit
 
     out = []
     for preview in previews:
@@ -153,7 +155,7 @@ def render(previews: list[GroupPreview]) -> str:
         else:
             out.append(f"  expected duration: about {preview.estimate_s:.0f} s at {preview.speed.describe()}")
         out.extend(f"  before sending: {said}" for said in preview.outlived)
-    return "\n".join(out) + "\n"
+    return fit("\n".join(out), width) + "\n"
 
 
 def _grouped(requests: tuple[PlannedRequest, ...]) -> list[PlannedRequest]:

@@ -61,6 +61,10 @@ else
     fi
     ln -s "$venv" .venv
 fi
+# The cached venv is shared: its editable install points at whichever checkout installed last (a
+# developer's test run while a clean clone's CI runs moved it once). This checkout's code comes
+# first on every process's path, so each run tests its own tree.
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if [[ " ${TIERS[*]} " == *" builtin "* ]]; then
     scripts/setup_consumers.sh
 fi

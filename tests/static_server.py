@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import json
+import socket
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
 
 Body = bytes | str | dict | list
 Route = tuple | Callable[[dict], tuple]  # (status, content_type, body[, headers])
@@ -74,3 +77,43 @@ def static_server(routes: Mapping[str, Route]) -> Iterator[str]:
         server.shutdown()
         server.server_close()
         thread.join(timeout=5)
+
+
+@contextlib.contextmanager
+def silent_server() -> Iterator[str]:
+    """Accepts connections and never answers."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(16)
+    held = []
+    stop = threading.Event()
+
+    def accept():
+        sock.settimeout(0.2)
+        while not stop.is_set():
+            try:
+                held.append(sock.accept()[0])
+            except OSError:
+                continue
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        stop.set()
+        thread.join()
+        for conn in held:
+            conn.close()
+        sock.close()
+
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
+
+
+def vllm_routes(metrics: str | None = None) -> dict[str, Any]:
+    return {
+        "GET /v1/models": (200, "application/json", (FIXTURES / "vllm" / "models.json").read_text()),
+        "GET /version": (200, "application/json", (FIXTURES / "vllm" / "version.json").read_text()),
+        "GET /metrics": (200, "text/plain", metrics if metrics is not None else (FIXTURES / "vllm" / "metrics.txt").read_text()),
+    }

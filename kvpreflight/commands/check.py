@@ -178,6 +178,7 @@ def _print_plan(plan: CheckPlan, spec: DeploymentSpec | None, *, measure: bool, 
     from kvpreflight import preflight
     from kvpreflight.errors import ConfigError
     from kvpreflight.formats import write_text
+    from kvpreflight.formats._common import output_width
     from kvpreflight.redact import Redactor
     from kvpreflight.request_plan import render, to_dict
 
@@ -189,5 +190,6 @@ def _print_plan(plan: CheckPlan, spec: DeploymentSpec | None, *, measure: bool, 
         raise ConfigError(f"--plan prints a table or JSON, not --format {fmt}")
     scrub = Redactor(plan.auth.secrets).text
     previews = preflight.preview(plan, measure=measure, progress=lambda message: progress(scrub(message)))
-    text = json.dumps(to_dict(previews), indent=2) + "\n" if fmt == "json" else render(previews)
+    width = output_width(sys.stdout) if output is None else None
+    text = json.dumps(to_dict(previews), indent=2) + "\n" if fmt == "json" else render(previews, width)
     write_text(scrub(text), output)

@@ -279,17 +279,36 @@ def fit(text: str, width: int | None) -> str:
     their own indentation (nothing is cut; the full text stays in JSON and Markdown)."""
     if not width:
         return text
-    import textwrap
-
     out = []
     for line in text.split("\n"):
         if visible_len(line) <= width:
             out.append(line)
             continue
         indent = " " * (len(line) - len(line.lstrip(" ")))
-        out += textwrap.wrap(line, width, initial_indent="", subsequent_indent=indent + "  ",
-                             break_long_words=True, break_on_hyphens=False, drop_whitespace=True) or [""]
+        out += wrap(line, width, indent=indent + "  ")
     return "\n".join(out)
+
+
+CONTINUED = "\\"  # ends each piece of a word cut across lines (no URL holds one: a cut address never reads as two)
+
+
+def wrap(line: str, width: int, *, indent: str = "") -> list[str]:
+    """One line in pieces no wider than `width`, broken at spaces, later pieces under `indent`. A
+    word longer than a piece (a URL, a path) starts a piece of its own and is cut, each cut piece
+    ending with CONTINUED."""
+    import textwrap
+
+    width = max(width, len(CONTINUED) + 1)
+    cut = width - len(CONTINUED)
+    under = indent if cut - len(indent) >= 10 else ""  # a cut word always moves on
+    pieces: list[str] = []
+    for piece in textwrap.wrap(line, width, subsequent_indent=indent, break_long_words=False,
+                               break_on_hyphens=False) or [""]:
+        while len(piece) > width:
+            pieces.append(piece[:cut] + CONTINUED)
+            piece = under + piece[cut:]
+        pieces.append(piece)
+    return pieces
 
 
 # A message in the table or the Markdown summary: at most this many lines (wrapped at the width
@@ -302,10 +321,7 @@ SHORTENED_NOTE = "… marks a message cut short here; --format json has every me
 
 def wrapped_lines(text: str, width: int) -> int:
     """Lines `text` takes wrapped at `width`, as the table wraps a cell."""
-    import textwrap
-
-    return sum(len(textwrap.wrap(line, width, break_long_words=True, break_on_hyphens=False) or [""])
-               for line in text.split("\n"))
+    return sum(len(wrap(line, width)) for line in text.split("\n"))
 
 
 def clauses(text: str) -> list[str]:

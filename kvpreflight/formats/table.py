@@ -130,10 +130,7 @@ def _line(cells: list[str], widths: list[int]) -> str:
 def _wrap(text: str, width: int | None) -> list[str]:
     if not width:
         return text.split("\n")
-    import textwrap
-
-    return [piece for line in text.split("\n")
-            for piece in (textwrap.wrap(line, width, break_long_words=True, break_on_hyphens=False) or [""])]
+    return [piece for line in text.split("\n") for piece in _common.wrap(line, width)]
 
 
 def _stacked(rows: list[list[str]], width: int) -> str:

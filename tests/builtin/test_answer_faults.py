@@ -13,9 +13,9 @@ import sys
 
 import pytest
 import requests
+from support.builtin_testbed import pd_trio, unified_engine
 
 from kvpreflight.builtin_engine.config import ATTENTION_WINDOW_ENV, POSITIONS_ENV
-from kvpreflight.builtin_engine.testbed import pd_trio, unified_engine
 
 CONTEXT, POOL, PAGE = 2048, 8192, 16
 TIMEOUT = 30

@@ -16,8 +16,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-
-from kvpreflight.builtin_engine.testbed import RunningEngine, unified_engine
+from support.builtin_testbed import RunningEngine, unified_engine
 
 pytestmark = pytest.mark.alone  # the check's estimate and deadline against a throttled engine's measured speed
 

@@ -14,10 +14,10 @@ import re
 import pytest
 import requests
 from support.builtin_requests import gen
+from support.builtin_testbed import start_engine, start_pd, stop_engine
 
 from kvpreflight import __version__
 from kvpreflight.builtin_engine.config import FAULTS
-from kvpreflight.builtin_engine.testbed import start_engine, start_pd, stop_engine
 
 CONTEXT = 8192
 SMALL_POOL = 4096

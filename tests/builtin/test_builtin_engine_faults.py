@@ -13,9 +13,9 @@ import urllib.parse
 
 import pytest
 import requests
+from support.builtin_testbed import pd_trio, unified_engine
 
 from kvpreflight.builtin_engine.config import derive_pool_tokens, max_req_input_len
-from kvpreflight.builtin_engine.testbed import pd_trio, unified_engine
 
 CONTEXT = 8192
 SMALL_POOL = 4096

@@ -12,9 +12,8 @@ from pathlib import Path
 
 import pytest
 import requests
+from support.builtin_testbed import RunningEngine, unified_engine
 from support.schemas import parsed
-
-from kvpreflight.builtin_engine.testbed import RunningEngine, unified_engine
 
 
 def counters(url: str) -> dict[str, float]:

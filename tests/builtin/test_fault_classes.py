@@ -16,8 +16,7 @@ import sys
 import threading
 
 import requests
-
-from kvpreflight.builtin_engine.testbed import pd_trio, unified_engine
+from support.builtin_testbed import pd_trio, unified_engine
 
 CONTEXT, POOL = 2048, 8192
 

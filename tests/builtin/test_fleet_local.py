@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 from record_support import make_keys, record_text, run_console_script
+from static_server import silent_server
 from support.schemas import parsed
 
 from kvpreflight.model import Status
@@ -61,35 +62,6 @@ def slow_server(delay_s: float):
     finally:
         server.shutdown()
         server.server_close()
-
-
-@contextlib.contextmanager
-def silent_server():
-    """Accepts connections and never answers."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    sock.listen(16)
-    held = []
-    stop = threading.Event()
-
-    def accept():
-        sock.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(sock.accept()[0])
-            except OSError:
-                continue
-
-    thread = threading.Thread(target=accept, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-    finally:
-        stop.set()
-        thread.join()
-        for conn in held:
-            conn.close()
-        sock.close()
 
 
 def write_inventory(path: Path, deployments: list[dict], **top) -> Path:

@@ -17,7 +17,7 @@ import uuid
 import pytest
 from proctags import processes_tagged
 from record_support import KVPREFLIGHT, make_keys, run_console_script
-from test_fleet_local import silent_server
+from static_server import silent_server
 
 pytestmark = pytest.mark.alone  # a Ray cluster on both cores; a dead node reported within a deadline
 

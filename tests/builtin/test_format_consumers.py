@@ -23,10 +23,9 @@ from pathlib import Path
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from support.builtin_testbed import RunningEngine, start_engine, stop_engine
 from support.cli import invoke
 from support.consumers import consumer, run_consumer
-
-from kvpreflight.builtin_engine.testbed import RunningEngine, start_engine, stop_engine
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "examples" / "prometheus" / "kvpreflight.rules.yml"

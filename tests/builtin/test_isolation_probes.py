@@ -11,9 +11,8 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 
 from record_support import record_text
+from support.builtin_testbed import PDTrio, pd_trio, unified_engine
 from support.schemas import parsed
-
-from kvpreflight.builtin_engine.testbed import PDTrio, pd_trio, unified_engine
 
 
 def check(*args: str, env: dict | None = None) -> tuple[int, dict, str]:

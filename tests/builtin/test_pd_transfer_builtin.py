@@ -10,9 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from support.builtin_testbed import pd_trio
 from support.schemas import parsed
-
-from kvpreflight.builtin_engine.testbed import pd_trio
 
 CONTEXT, POOL = 2048, 4096
 CANARY_PREFILL_POOL = 1024  # smaller than the context: the over-pool probe meets reject-continues

@@ -14,10 +14,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from support.builtin_testbed import unified_engine
 from support.cache_hiding import SILENT, check, prefix_cache
 from support.rewriting_proxy import rewriting_proxy
-
-from kvpreflight.builtin_engine.testbed import unified_engine
 
 pytestmark = pytest.mark.alone  # a timing audit: first-token times, KS p-values
 

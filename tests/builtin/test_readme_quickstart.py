@@ -8,9 +8,8 @@ import os
 import subprocess
 import sys
 
+from support.builtin_testbed import start_engine, stop_engine
 from support.readme import README, check_rows, row_messages, sample_output, verdict_line
-
-from kvpreflight.builtin_engine.testbed import start_engine, stop_engine
 
 README_URL = "http://localhost:30000"
 

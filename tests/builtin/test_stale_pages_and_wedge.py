@@ -33,10 +33,10 @@ import pytest
 import requests
 from proctags import processes_tagged
 from record_support import record_text
+from support.builtin_testbed import BackgroundTraffic, pd_trio, unified_engine
 from support.rewriting_proxy import Rewrites, rewriting_proxy
 
 from kvpreflight.builtin_engine.config import CELL_BYTES, PARALLEL_SIZE_ENV
-from kvpreflight.builtin_engine.testbed import BackgroundTraffic, pd_trio, unified_engine
 from kvpreflight.formats import FORMATS, get_format
 from kvpreflight.model import Report
 

@@ -21,11 +21,11 @@ from pathlib import Path
 
 import pytest
 import yaml
+from support.builtin_testbed import PDTrio, pd_trio, start_engine, stop_engine
 from support.cli import invoke
 from support.consumers import run_consumer
 
 from kvpreflight.boot.launch import free_port
-from kvpreflight.builtin_engine.testbed import PDTrio, pd_trio, start_engine, stop_engine
 
 pytestmark = pytest.mark.alone  # reported within one interval, stopped within seconds
 

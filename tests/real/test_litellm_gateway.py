@@ -23,8 +23,7 @@ from collections.abc import Iterator
 import pytest
 import realengines
 from realengines import EngineProcess
-
-from kvpreflight.builtin_engine.testbed import RunningEngine, free_port, start_engine, stop_engine
+from support.builtin_testbed import RunningEngine, free_port, start_engine, stop_engine
 
 # One worker runs the module (scripts/test.sh runs this tier three at a time, `--dist loadgroup`): the
 # proxy and its engines boot once.

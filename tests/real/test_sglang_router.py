@@ -21,9 +21,9 @@ from pathlib import Path
 
 import pytest
 import requests
+from support.builtin_testbed import HOST, free_port, start_engine, stop_engine
 from support.demo_runs import run_demo, statuses
 
-from kvpreflight.builtin_engine.testbed import HOST, free_port, start_engine, stop_engine
 from kvpreflight.demo import find_sglang_router_python
 from kvpreflight.errors import ConfigError
 

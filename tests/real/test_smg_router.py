@@ -28,9 +28,9 @@ from pathlib import Path
 import pytest
 import requests
 from support.builtin_requests import gen
+from support.builtin_testbed import HOST, RunningEngine, free_port, start_engine, stop_engine
 from support.demo_runs import run_demo, statuses, unpassed
 
-from kvpreflight.builtin_engine.testbed import HOST, RunningEngine, free_port, start_engine, stop_engine
 from kvpreflight.demo import find_smg
 from kvpreflight.errors import ConfigError
 

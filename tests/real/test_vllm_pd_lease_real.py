@@ -28,7 +28,7 @@ import pytest
 import realengines
 import requests
 from support.rewriting_proxy import Rewrites, rewriting_proxy
-from test_vllm_pd_real import (
+from support.vllm_pair import (
     LATE_READ,
     ROUTER_READY_TIMEOUT_S,
     SPEC,

@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import requests
 from support.echo_canaries import echoed_canaries
-from test_vllm_pd_real import BootedPair, CheckRun, boot_pair, run_check
+from support.vllm_pair import BootedPair, CheckRun, boot_pair, run_check
 
 pytestmark = pytest.mark.alone  # a real vLLM pair, one core each
 

@@ -18,18 +18,12 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import io
 import json
 import os
 import re
-import subprocess
 import sys
-import tempfile
-import threading
 import time
-import types
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,17 +32,22 @@ import realengines
 import requests
 from boot_support.procs import live_pids
 from support.echo_canaries import echoed_canaries
+from support.vllm_pair import (
+    LATE_READ,
+    ROUTER_READY_TIMEOUT_S,
+    SPEC,
+    BootedPair,
+    CheckRun,
+    boot_pair,
+    finished_requests,
+    run_check,
+    wait_until_idle,
+)
 
-from kvpreflight.boot import BootedDeployment, BootedEngine, boot_deployment, load_spec
 from kvpreflight.demo import find_smg
 
 pytestmark = pytest.mark.alone  # a real vLLM pair, one core each
 
-SPEC = Path(__file__).parents[2] / "examples" / "specs" / "vllm-pd-nixl.yaml"
-# The probes alone; issue 13 sets 4 minutes for the whole check at context 1,024, this is the
-# ceiling before the run is called hung.
-CHECK_TIMEOUT_S = 900
-ROUTER_READY_TIMEOUT_S = 60.0
 # Canaries in flight at once through the router: what the spec's 2,304-token pools hold (a canary
 # prompt is 100-793 tokens plus an 80-token answer, up to 7 blocks of 128; 17 blocks usable). 25 at
 # once left the pools queueing them past their 120 s budget (48 of 100 echoed in 427 s); 3 at once
@@ -64,70 +63,6 @@ STRIPPED_DEADLINE_S = 120  # 90 ran out once (final clean clone, 2026-12-02: the
 
 
 
-@dataclass(frozen=True)
-class CheckRun:
-    exit_code: int
-    report: dict[str, Any]
-    stderr: str
-    wall_s: float
-    started_at: float = 0.0  # time.time() when the check started: the window the engine's own log is read in
-
-    def check(self, check_id: str) -> dict[str, Any]:
-        return next(c for c in self.report["checks"] if c["id"] == check_id)
-
-    def summary(self) -> dict[str, tuple[str, str]]:
-        return {c["id"]: (c["status"], c["message"]) for c in self.report["checks"]}
-
-
-@dataclass(frozen=True)
-class BootedPair:
-    deployment: BootedDeployment
-    stop: Callable[[], None]  # stops every engine of the pair (idempotent)
-    progress: io.StringIO  # what the boot library said while booting and stopping it (also on stderr)
-
-    @property
-    def prefill(self) -> BootedEngine:
-        return self.deployment.engine("prefill")
-
-    @property
-    def decode(self) -> BootedEngine:
-        return self.deployment.engine("decode")
-
-    @property
-    def router(self) -> BootedEngine:
-        return self.deployment.engine("router")
-
-
-def run_check(*args: str) -> CheckRun:
-    """`kvpreflight check --format json ARGS`; its stderr lines carry the second they arrived at, so
-    a slow run shows where its time went."""
-    started, started_at = time.monotonic(), time.time()
-    timed: list[str] = []
-    with tempfile.TemporaryFile("w+") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "kvpreflight", "check", "--format", "json", *args],
-                                stdout=out, stderr=subprocess.PIPE, text=True)
-        stream = proc.stderr
-        assert stream is not None
-        reader = threading.Thread(target=lambda: timed.extend(
-            f"{time.monotonic() - started:7.1f}s {line}" for line in stream), daemon=True)
-        reader.start()
-        try:
-            proc.wait(timeout=CHECK_TIMEOUT_S)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-        reader.join(timeout=10)
-        out.seek(0)
-        stdout = out.read()
-    wall_s = time.monotonic() - started
-    stderr = "".join(timed)
-    try:
-        report = json.loads(stdout)
-    except ValueError:
-        pytest.fail(f"no JSON report (exit {proc.returncode}, {wall_s:.0f} s): {stderr[-3000:]}")
-    return CheckRun(proc.returncode, report, stderr, wall_s, started_at)
-
-
 @pytest.fixture(scope="module")
 def pd_pair(tmp_path_factory: pytest.TempPathFactory, vllm_python: str, vllm_router_binary: str,
             echo_hf_model: Path) -> Iterator[BootedPair]:
@@ -137,51 +72,6 @@ def pd_pair(tmp_path_factory: pytest.TempPathFactory, vllm_python: str, vllm_rou
     bins = sorted({str(Path(vllm_python).parent), str(Path(vllm_router_binary).parent)})
     with contextlib.ExitStack() as stack:
         yield boot_pair(stack, SPEC, workdir, echo_hf_model, bins)
-
-
-def boot_pair(stack: contextlib.ExitStack, spec_path: Path, workdir: Path, echo_hf_model: Path, bins: list[str],
-              extra_env: dict[str, str] | None = None) -> BootedPair:
-    """Boot a shipped P/D spec from `workdir` (holding ./models/echo/hf) with `bins` first on PATH,
-    its caches and zmq paths under the test's folders, and warm each engine; `stack` stops it."""
-    (workdir / "models" / "echo").mkdir(parents=True)
-    (workdir / "models" / "echo" / "hf").symlink_to(echo_hf_model)
-    cache = workdir / "cache"
-    rpc = stack.enter_context(tempfile.TemporaryDirectory(prefix="kvpf-rpc-", dir="/tmp"))  # zmq paths < 107 bytes
-    env = {
-        "PATH": os.pathsep.join([*bins, os.environ["PATH"]]),
-        "VLLM_RPC_BASE_PATH": rpc,
-        "VLLM_CACHE_ROOT": str(cache / "vllm"),
-        "TORCHINDUCTOR_CACHE_DIR": str(cache / "inductor"),
-        "XDG_CACHE_HOME": str(cache / "xdg"),
-        **(extra_env or {}),
-    }
-    spec = load_spec(spec_path)
-    spec = replace(spec, engines=tuple(
-        replace(e, cwd=str(workdir), env=types.MappingProxyType({**e.env, **env})) for e in spec.engines))
-    started = time.monotonic()
-    progress = TeeToStderr()
-    deployment = stack.enter_context(boot_deployment(spec, workdir / "logs", stderr=progress))
-    print(f"{spec.deployment} boot: {time.monotonic() - started:.0f} s", file=sys.stderr)
-    pair = BootedPair(deployment, stop=stack.close, progress=progress)
-    warm_each_engine(pair)
-    return pair
-
-
-class TeeToStderr(io.StringIO):
-    def write(self, text: str) -> int:
-        sys.stderr.write(text)
-        return super().write(text)
-
-
-def warm_each_engine(pair: BootedPair) -> None:
-    """One plain completion straight to each engine before anything goes through the router: on
-    this project's 2-core Xeon (AMX) the decode's worker died (SIGILL) whenever the first request
-    it ever served arrived with KV from the prefill, and never after one local request (README
-    Findings). The pair under test is the warmed one, as an operator would run it."""
-    for engine in (pair.prefill, pair.decode):
-        reply = requests.post(f"{engine.url}/v1/completions", json={"model": "tiny-llama", "prompt": "warm up", "max_tokens": 2},
-                              timeout=120)
-        assert reply.status_code == 200, (engine.name, reply.status_code, reply.text[:300])
 
 
 def test_the_pair_echoes_10_of_10_fresh_canaries(pd_pair: BootedPair) -> None:
@@ -218,9 +108,6 @@ def pd_check(pd_pair: BootedPair) -> CheckRun:
 # the lease and the fix (issue 27); seen in about one clean-clone run in two. Where the released
 # pages had meanwhile taken the other tenant's concurrent prompt, the answer carries that tenant's
 # canary: tenant-isolation fails on the crossing (once in five clean-clone runs, 2026-12-03).
-LATE_READ = "a decode read KV its prefill had already released"
-
-
 def late_read_fail(check: dict[str, Any]) -> bool:
     return check["status"] == "fail" and LATE_READ in check["message"] and "kv_lease_duration" in check["message"]
 
@@ -341,28 +228,6 @@ def test_pd_transfer_sees_the_kv_move_from_prefill_to_decode(pd_check: CheckRun)
     moved = [p for p in transfer["evidence"].get("probes", []) if p["verdict"] == "moved"]
     assert (transfer["status"] in ("pass", "warn") or late_read_fail(transfer)) and moved, transfer["message"]
     assert all(p["decode_kv_received_tokens"] for p in moved), transfer["evidence"]["probes"]
-
-
-def vllm_counter(url: str, name: str) -> float:
-    text = requests.get(f"{url}/metrics", timeout=10).text
-    return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
-
-
-def finished_requests(url: str) -> float:
-    return vllm_counter(url, "vllm:request_success_total")
-
-
-def wait_until_idle(*urls: str, timeout_s: float = 120.0) -> None:
-    """Until no engine runs or queues a request: the test before this one (the stripped check,
-    stopped at its deadline) can leave a request finishing at the prefill, which a count of
-    finished requests taken too early would put down to this test (seen once in CI: 2 for 1)."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if not any(vllm_counter(u, "vllm:num_requests_running") + vllm_counter(u, "vllm:num_requests_waiting")
-                   for u in urls):
-            return
-        time.sleep(0.5)
-    pytest.fail(f"the pair was still busy after {timeout_s:.0f} s: {urls}")
 
 
 def test_smg_in_front_of_the_vllm_pair_serves_degraded_and_refuses_token_id_prompts(pd_pair: BootedPair, tmp_path: Path) -> None:

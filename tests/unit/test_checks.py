@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from support.check_cases import DECODE, ENTRY, PREFILL, T, check, good_probes, ok, refused, run, snap
 
-from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CheckContext, run_checks
 from kvpreflight.model import (
     Completion,
-    EngineSnapshot,
     ErrorKind,
     Origin,
     PoolReading,
@@ -20,44 +19,6 @@ from kvpreflight.model import (
     verdict_of,
 )
 from kvpreflight.probes.results import Expect, Limits, ProbeResult, ProbeRun
-
-T = load_thresholds()
-PREFILL, DECODE, ENTRY = "http://p:1", "http://d:2", "http://router:3"
-
-
-def snap(url=PREFILL, role=Role.UNIFIED, pool=20000, served=10000, readings=None, **kw) -> EngineSnapshot:
-    readings = readings if readings is not None else (
-        PoolReading("/server_info max_total_num_tokens", Origin.SCHEDULER, pool),
-        PoolReading("log: KV Cache is allocated #tokens", Origin.ALLOCATOR, pool),
-    )
-    return EngineSnapshot(url=url, engine="sglang", version="0.5.23", role=role, model="m", served_context=served,
-                          pool_readings=tuple(readings), page_size=16, **kw)
-
-
-def ok(sent, generated=1, **kw) -> Completion:
-    return Completion(sent_tokens=sent, max_tokens=kw.pop("max_tokens", 1), streamed=False, status=200, elapsed_s=0.1, completion_tokens=generated, prompt_tokens=sent,
-                      finish_reason="length", body_bytes=100, body_sha256="ab", **kw)
-
-
-def refused(sent, msg="Input length (9999 tokens) exceeds the maximum allowed length (9993 tokens).", kind=ErrorKind.LENGTH, status=400, **kw):
-    return Completion(sent_tokens=sent, max_tokens=16, streamed=kw.pop("stream", False), status=status, elapsed_s=0.01, error_message=msg, error_kind=kind, **kw)
-
-
-DEFAULT_LIMITS = Limits(10000, 20000, 9993)
-
-
-def run(*probes, limits=DEFAULT_LIMITS, reached=(PREFILL,)) -> ProbeRun:
-    items = []
-    for name, completion, *rest in probes:
-        deltas = rest[0] if rest else {}
-        expect = Expect.ACCEPT if name.startswith(("boundary-accept", "concurrent")) else Expect.REJECT
-        items.append(ProbeResult(name=name, expect=expect, completion=completion, purpose="test", reached=reached, counter_deltas=deltas))
-    return ProbeRun(limits=limits, probes=tuple(items), healthy_after={PREFILL: True}, idle_after={PREFILL: True},
-                    small_request_after=ok(16))
-
-
-def check(check_id, ctx):
-    return [r for r in run_checks(ctx, [check_id])]
 
 
 @pytest.mark.parametrize("pool,expected", [(6500, Status.FAIL), (10000, Status.WARN), (11999, Status.WARN), (12000, Status.PASS), (20000, Status.PASS)])
@@ -101,16 +62,6 @@ def test_every_prefill_and_decode_engine_is_checked():
 def test_capacity_only_skips_probe_checks_with_the_reason():
     (r,) = check("overcapacity-rejected", CheckContext((snap(),), T, probes=None))
     assert r.status is Status.SKIP and "--capacity-only" in r.message
-
-
-def good_probes(**override):
-    probes = {
-        "boundary-accept": ok(9992), "boundary-reject": refused(9993),
-        "over-context": refused(10001, "The input (10001 tokens) is longer than the model's context length (10000 tokens)."),
-        "over-context-stream": refused(10001, "The input (10001 tokens) is longer than the model's context length (10000 tokens).", status=200, stream=True),
-    }
-    probes.update(override)
-    return [(k, v) for k, v in probes.items() if v is not None]
 
 
 def test_clean_length_rejections_with_an_accepted_twin_pass():

@@ -4,7 +4,7 @@ hand-built snapshots and recorded counter deltas (no server)."""
 
 from __future__ import annotations
 
-from test_checks import DECODE, ENTRY, PREFILL, T, check, ok, snap
+from support.check_cases import DECODE, ENTRY, PREFILL, T, check, ok, snap
 
 from kvpreflight.checks import CheckContext
 from kvpreflight.model import Role, Status

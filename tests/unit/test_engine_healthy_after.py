@@ -7,10 +7,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from support.check_cases import PREFILL, T, check, ok, refused, run, snap
 
 from kvpreflight.checks import CheckContext
 from kvpreflight.model import Status
-from tests.unit.test_checks import PREFILL, T, check, ok, refused, run, snap
 
 
 @pytest.mark.parametrize(("small", "status", "said"), [

@@ -584,3 +584,50 @@ def test_a_promise_below_the_served_context_is_shown_as_kv_capacity_judges_it():
     assert any(line.startswith("kvpreflight_context_tokens{") and line.endswith(" 8192.0") for line in metrics.splitlines()), metrics
     data = json.loads(get_format("json").render(shown))
     assert data["checks"][0]["evidence"]["checked_context"] == 8192
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_an_endpoint_cut_across_lines_is_marked_and_reads_back_whole(width):
+    """At 80 columns a 22-character check id leaves the endpoint 21: a local URL used to come out
+    as `http://127.0.0.1:6034` and `0` on the next line, which reads as another address."""
+    url, far = "http://127.0.0.1:60340", "http://prefill-0.a-very-long-hostname.example.internal:30000"
+    out = plain_table(report(CheckResult("prefix-cache-isolation", Status.FAIL, "one tenant's prefix served another " * 4, url),
+                             CheckResult("kv-capacity", Status.PASS, "pool 8,192 tokens vs context 4,096", far)), width=width)
+    assert max(len(line) for line in out.splitlines()) <= width
+    rows = _check_rows(out)
+    start = rows[0].index("http://")
+    for address in (url, far):
+        first = next(i for i, row in enumerate(rows) if address[:12] in row)
+        pieces = [rows[first][start:].split("  ")[0].strip()]
+        while pieces[-1].endswith(_common.CONTINUED):
+            pieces.append(rows[first + len(pieces)][start:].split("  ")[0].strip())
+        assert "".join(p.removesuffix(_common.CONTINUED) for p in pieces) == address, pieces
+        assert len(pieces) == 1 or address == far or width == 80, pieces
+    assert _common.CONTINUED in out  # at least the long address was cut
+
+
+def test_a_word_longer_than_the_line_is_cut_with_a_mark_wherever_text_is_fitted():
+    line = "  log /tmp/kvpreflight-demo-logs-cyqximn6/" + "x" * 70 + "/prefill.log and more"
+    pieces = _common.fit(line, 40).splitlines()
+    assert all(len(p) <= 40 for p in pieces), pieces
+    cut = [p for p in pieces if p.endswith(_common.CONTINUED)]
+    assert cut and "".join(p.strip().removesuffix(_common.CONTINUED) for p in pieces[1:-1]) in line.replace(" ", "")
+    assert pieces[-1].strip().endswith("and more") or pieces[-1].strip() == "and more"
+
+
+def test_the_plan_printed_with_columns_set_fits_them_and_to_a_file_keeps_its_lines(tmp_path):
+    from misbehaving_http import Sglang, fake_engine
+    from support.cli import invoke
+
+    with fake_engine(Sglang()) as url:
+        narrow = invoke("check", "--endpoint", url, "--engine", "sglang", "--plan", env={"COLUMNS": "80"})
+        whole = invoke("check", "--endpoint", url, "--engine", "sglang", "--plan", "--output", tmp_path / "plan.txt",
+                       env={"COLUMNS": "80"})
+    assert narrow.returncode == 0 and whole.returncode == 0, narrow.stderr + whole.stderr
+    assert max(len(line) for line in narrow.stdout.splitlines()) <= 80, narrow.stdout
+    kept = (tmp_path / "plan.txt").read_text()
+    assert max(len(line) for line in kept.splitlines()) > 80  # the summary line, whole in a file
+    def words(text: str) -> str:  # up to the measured speed, which differs from run to run
+        return " ".join(text.split()).split(" calibration: ")[0]
+
+    assert words(kept) == words(narrow.stdout)  # the same words either way

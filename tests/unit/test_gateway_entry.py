@@ -10,14 +10,14 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from support.check_cases import PREFILL, T, check, good_probes, ok, run, snap
+from support.cli import invoke
 
 from kvpreflight.checks import CheckContext
 from kvpreflight.engines.builtin import BuiltinAdapter
 from kvpreflight.engines.http import HttpReply
 from kvpreflight.engines.openai_completions import openai_entry
 from kvpreflight.model import Completion, ErrorKind, Status
-from tests.support.cli import invoke
-from tests.unit.test_checks import PREFILL, T, check, good_probes, ok, run, snap
 
 GATEWAY = "http://gateway:4000"
 # No fallback: the upstream's own refusal, wrapped.

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 import pytest
-from static_server import static_server
+from static_server import static_server, vllm_routes
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import HttpClient
@@ -29,14 +28,6 @@ VLLM_ROUTER_WORKERS = {"workers": [
     {"url": "http://p:1", "model_id": "unknown", "worker_type": "prefill", "is_healthy": True, "load": 0,
      "connection_mode": "Http", "priority": 50, "cost": 1.0, "bootstrap_port": None}],
     "total": 2, "stats": {"prefill_count": 1, "decode_count": 1, "regular_count": 0}}
-
-
-def vllm_routes(metrics: str | None = None) -> dict[str, Any]:
-    return {
-        "GET /v1/models": (200, JSON, (FIX / "vllm" / "models.json").read_text()),
-        "GET /version": (200, JSON, (FIX / "vllm" / "version.json").read_text()),
-        "GET /metrics": (200, "text/plain", metrics if metrics is not None else (FIX / "vllm" / "metrics.txt").read_text()),
-    }
 
 
 @pytest.mark.parametrize("line,role", [

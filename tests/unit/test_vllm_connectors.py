@@ -8,8 +8,7 @@ examples/specs/vllm-pd-mooncake-cpu.yaml."""
 from __future__ import annotations
 
 import pytest
-from static_server import static_server
-from test_roles import vllm_routes
+from static_server import static_server, vllm_routes
 
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CheckContext, run_checks

@@ -1,4 +1,5 @@
-"""Start builtin engines as real subprocesses for tests and demos, and stop them by PID.
+"""Start builtin engines as real subprocesses for tests and benchmarks, and stop them by PID (a test
+helper: it does not ship in the wheel).
 
 Not a general launcher (that is kvpreflight/boot/): just enough to bring up one unified engine
 or a PD trio (prefill + decode + router) on free 127.0.0.1 ports and always take it down.
