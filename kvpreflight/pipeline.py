@@ -170,7 +170,8 @@ def group_plan(check_plan: CheckPlan, entry_url: str | None, entry: EngineAdapte
         return none("the engines state no served context or request limit, so no probe size can be derived")
     sizes = IsolationSizes.of(limits, group, settings.concurrency)
     # The concurrent requests carry the tenants' canaries and scanned answers (probes/isolation.py).
-    requests = (*capacity_plan(limits, settings.concurrency, scan_tokens=sizes.gen),
+    requests = (*capacity_plan(limits, settings.concurrency, scan_tokens=sizes.gen,
+                               decode=any(s.role is Role.DECODE for s in group)),
                 *isolation_sizes(sizes, churn=_churn_allowed(check_plan, group), timing_samples=_timing_samples(check_plan),
                                  only=check_plan.scenarios))
     return GroupPlan(entry=entry_url, engines=tuple(s.url for s in group), limits=limits, requests=requests)

@@ -18,7 +18,7 @@ from kvpreflight.checks.probe_common import (
     worst_status,
 )
 from kvpreflight.model import CheckResult, Status
-from kvpreflight.probes.results import OVER_CAPACITY_PROBES, ProbeName, ProbeRun
+from kvpreflight.probes.results import OVER_CAPACITY_PROBES, ProbeName, ProbeResult, ProbeRun, transfer_moved
 
 ID = CheckId.OVERCAPACITY_REJECTED
 SCOPE = Scope.GROUP
@@ -27,9 +27,6 @@ FIX = ("fix: the engine must refuse a prompt over its pool or context before pre
        "(SGLang --allow-auto-truncate), serve a --context-length the smallest pool holds, or upgrade the engine "
        "(`kvpreflight advisories list` names the known bugs)")
 # Counters (kvpreflight.engines.interface.Counters fields) that move when KV is handed to a decode engine.
-TRANSFER_KEYS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "kv_transfers", "kv_transfer_tokens")
-
-
 def traffic_beside_ours(run: ProbeRun, ctx: CheckContext) -> list[str]:
     """What any probe window's counters moved beyond that window's own requests (a concurrent
     window holds all of its requests): other clients were on the deployment during the check."""
@@ -43,6 +40,30 @@ def traffic_beside_ours(run: ProbeRun, ctx: CheckContext) -> list[str]:
             for o in other_traffic(url, d, sent + count * pages.get(url, DEFAULT_PAGE), count)]
 
 
+def _decode_windows(p: ProbeResult, decoders: set[str], run: ProbeRun, ctx: CheckContext) -> tuple[Status, str] | None:
+    """A refused probe judged by what its windows (the last try's, and the earlier ones it was sent
+    again for) saw the decodes' transfer counters do; None: nothing moved in any of them."""
+    moved = transfer_moved(p.counter_deltas, decoders)
+    earlier = [m for d in p.earlier_windows if (m := transfer_moved(d, decoders))]
+    if not moved and not earlier:
+        return None
+    tries = f" (in each of its {len(earlier) + 1} windows)" if moved and earlier else ""
+    # A decode's counters cannot say whose KV moved: with other clients on the deployment a window
+    # that moved is neither cleared nor blamed by itself; in a quiet run it can only be the probe's.
+    traffic = traffic_beside_ours(run, ctx)
+    if moved and traffic:
+        return Status.INCONCLUSIVE, (
+            f"refused, but the decode's counters moved in its window{tries} ({moved}) while other traffic was on the "
+            f"deployment ({traffic[0]}): whose KV moved cannot be told; rerun with no other traffic on the engines")
+    if moved:
+        return Status.FAIL, f"refused, but KV reached the decode engine first{tries} (counters moved: {moved})"
+    if not traffic:
+        return Status.FAIL, (f"refused, but KV reached the decode engine first in its first window (counters moved: "
+                             f"{earlier[0]}) with no other traffic on the deployment; sent again, it moved nothing")
+    return Status.PASS, (f"refused with no KV moved in a window of its own (sent {len(earlier) + 1} times: the decode's "
+                         f"counters moved in the earlier windows while other traffic was on the deployment, {traffic[0]})")
+
+
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
     run = probe_run(ctx, ID)
     if isinstance(run, CheckResult):
@@ -54,18 +75,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     for p in probes:
         status, message = refusal_verdict(p.completion)
         if status is Status.PASS:
-            moved = {url: {k: v for k, v in d.items() if k in TRANSFER_KEYS and v}
-                     for url, d in p.counter_deltas.items() if url in decoders}
-            moved = {u: d for u, d in moved.items() if d}
-            if moved and (traffic := traffic_beside_ours(run, ctx)):
-                # A decode's counters cannot say whose KV moved: with other clients on the deployment
-                # the refused probe is neither cleared nor blamed (a third customer's 384-token
-                # transfer landed in this window in 4 of 7 runs of the honest builtin trio).
-                status, message = Status.INCONCLUSIVE, (
-                    f"refused, but the decode's counters moved in its window ({moved}) while other traffic was on the "
-                    f"deployment ({traffic[0]}): whose KV moved cannot be told; rerun with no other traffic on the engines")
-            elif moved:
-                status, message = Status.FAIL, f"refused, but KV reached the decode engine first (counters moved: {moved})"
+            status, message = _decode_windows(p, decoders, run, ctx) or (status, message)
         elsewhere = answered_elsewhere(p, ctx.snapshots, ctx.entry_model)
         if elsewhere is not None:  # the gateway's 200 hides the checked engine's refusal: still a fail (clients got an answer)
             status, message = Status.FAIL, f"{message}; {elsewhere}"

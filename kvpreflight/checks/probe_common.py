@@ -130,6 +130,8 @@ def probe_evidence(p: ProbeResult) -> dict[str, Any]:
         ev["reached"] = list(p.reached)
     if p.counter_deltas:
         ev["counter_deltas"] = {u: dict(d) for u, d in p.counter_deltas.items()}
+    if p.earlier_windows:  # the tries it was sent again after (a decode's counters moved in their windows)
+        ev["earlier_windows"] = [{u: dict(d) for u, d in w.items()} for w in p.earlier_windows]
     if p.foreign_markers:
         ev["foreign_markers"] = list(p.foreign_markers)
     if p.echo.own is not None:

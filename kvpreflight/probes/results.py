@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import enum
 import statistics
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from kvpreflight.model import Completion, ErrorKind, Hazard
@@ -78,6 +78,16 @@ UNANSWERED_QUOTE_CHARS = 120  # of what the deployment said, per distinct refusa
 
 OVER_CAPACITY_PROBES = (ProbeName.OVER_POOL, ProbeName.OVER_POOL_STREAM, ProbeName.OVER_CONTEXT,
                         ProbeName.OVER_CONTEXT_STREAM)
+# The Counters fields that move on a decode when KV reaches it: a refused prompt must move none.
+TRANSFER_COUNTERS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "kv_transfers",
+                     "kv_transfer_tokens")
+
+
+def transfer_moved(deltas: Mapping[str, Mapping[str, float]], decoders: Iterable[str]) -> dict[str, dict[str, float]]:
+    """The decodes' transfer counters that moved over one window: url -> counter -> delta."""
+    wanted = set(decoders)
+    moved = {url: {k: v for k, v in d.items() if k in TRANSFER_COUNTERS and v} for url, d in deltas.items() if url in wanted}
+    return {url: d for url, d in moved.items() if d}
 
 
 class ScenarioName(enum.StrEnum):
@@ -161,6 +171,10 @@ class ProbeResult:
     danger_lines: tuple[DangerLine, ...] = ()  # logged while this probe was in flight
     tenant: Tenant | None = None  # sent as this synthetic tenant, its canary in the prompt (isolation reuses it)
     echo: Echo = field(default_factory=lambda: Echo())  # what its answer repeated of its own prompt
+    # The counter deltas of the earlier tries this result replaces: a refused over-capacity probe
+    # whose window saw a decode's KV move is sent again for a window no other client's transfer
+    # lands in (CapacityProber); the check reads every window.
+    earlier_windows: tuple[Mapping[str, Mapping[str, float]], ...] = ()
 
     @property
     def probe(self) -> ProbeName | None:

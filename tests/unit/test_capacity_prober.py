@@ -11,7 +11,7 @@ from kvpreflight.engines.http import HttpClient
 from kvpreflight.model import Completion, Role, Status
 from kvpreflight.probes.budget import Budget
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, deployment_limits
-from kvpreflight.probes.results import Expect, Limits, ProbeName
+from kvpreflight.probes.results import Expect, Limits, ProbeName, transfer_moved
 from kvpreflight.probes.session import ProbeSession
 
 URL = "http://engine:1"
@@ -99,3 +99,62 @@ def test_no_stated_context_derives_no_probe_size():
     engine = FakeEngine(snapshot(URL, pool=4096, context=None))
     assert deployment_limits(FakeAdapter(engine.snap.url, HttpClient()), [engine.snap]) is None
     assert engine.sent == []
+
+
+def probe_pd(moves_on: int) -> tuple[FakeEngine, object]:
+    """A prefill entry and a decode whose KV counters move while the prefill refuses the first
+    `moves_on` over-pool prompts (another client's transfer landing, or a leaking engine)."""
+    from dataclasses import replace
+
+    prefill = FakeEngine(snapshot("http://prefill:1", pool=4096, context=8192, role=Role.PREFILL))
+    decode = FakeEngine(snapshot("http://decode:2", pool=16384, context=8192, role=Role.DECODE))
+    decode.counters = replace(decode.counters, kv_transfers=0, kv_transfer_tokens=0)
+    refusals = []
+
+    def transfer_lands(engine: FakeEngine, sent: Sent) -> Completion | None:
+        if sent.tokens == 6144 and not sent.stream:
+            refusals.append(sent)
+            if len(refusals) <= moves_on:
+                c = decode.counters
+                decode.counters = replace(c, kv_transfers=c.kv_transfers + 1, kv_transfer_tokens=c.kv_transfer_tokens + 384)
+        return None
+
+    prefill.script = transfer_lands
+    adapters = {e.snap.url: FakeAdapter(e.snap.url, HttpClient()) for e in (prefill, decode)}
+    limits = deployment_limits(adapters[prefill.snap.url], [prefill.snap])
+    assert limits is not None
+    session = ProbeSession(entry=adapters[prefill.snap.url], engines=adapters, snapshots=(prefill.snap, decode.snap),
+                           limits=limits, budget=Budget(timeout_s=5, fallback_tokens_per_second=20000))
+    return prefill, CapacityProber(session, ProbeSettings()).run()
+
+
+def test_a_refusal_whose_window_saw_the_decode_move_is_sent_again_in_a_window_of_its_own():
+    prefill, run = probe_pd(moves_on=1)
+    assert [s.tokens for s in prefill.sent if not s.stream].count(6144) == 2  # once more, and no more
+    (over_pool,) = run.of(ProbeName.OVER_POOL)
+    assert [transfer_moved(w, ["http://decode:2"]) for w in over_pool.earlier_windows] == [
+        {"http://decode:2": {"kv_transfers": 1, "kv_transfer_tokens": 384}}]
+    assert not transfer_moved(over_pool.counter_deltas, ["http://decode:2"])
+    assert all(not p.earlier_windows for p in run.probes if p is not over_pool)
+
+
+def test_a_decode_that_moves_on_every_refusal_is_sent_again_twice_then_judged_on_all_three_windows():
+    prefill, run = probe_pd(moves_on=10)
+    assert [s.tokens for s in prefill.sent if not s.stream].count(6144) == 3
+    (over_pool,) = run.of(ProbeName.OVER_POOL)
+    assert len(over_pool.earlier_windows) == 2 and over_pool.counter_deltas["http://decode:2"]["kv_transfers"] == 1.0
+    ctx = CheckContext(tuple(s for s in (prefill.snap, FakeAdapter("http://decode:2", HttpClient()).snapshot())),
+                       load_thresholds(), probes=run, entry=prefill.snap.url)
+    (result,) = [r for r in run_checks(ctx, ["overcapacity-rejected"]) if r.endpoint == prefill.snap.url]
+    assert result.status is Status.FAIL and "in each of its 3 windows" in result.message, result.message
+
+
+def test_the_plan_counts_the_resends_as_conditional_only_where_a_decode_is_read():
+    from kvpreflight.probes.capacity import QUIET_RESEND_CONDITION, QUIET_RESENDS, capacity_plan
+
+    limits = Limits(served_context=8192, pool_tokens=4096, max_accepted=4089)
+    assert not [p for p in capacity_plan(limits, 2) if p.only_if]
+    extra = [p for p in capacity_plan(limits, 2, decode=True) if p.only_if]
+    assert [(p.name, p.concurrent, p.only_if) for p in extra] == [
+        (name, QUIET_RESENDS, QUIET_RESEND_CONDITION) for name in ("over-pool", "over-pool-stream", "over-context",
+                                                                   "over-context-stream")]

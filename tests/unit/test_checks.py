@@ -201,3 +201,28 @@ def test_a_refusal_whose_window_saw_a_transfer_while_others_used_the_deployment_
                 ("over-context", refused(10001), moved), reached=(PREFILL, DECODE))
     (r,) = check("overcapacity-rejected", CheckContext(pd, T, probes=quiet, entry=ENTRY))
     assert r.status is Status.FAIL and "KV reached the decode engine first" in r.message
+
+
+def test_a_refusal_sent_again_is_cleared_only_by_a_quiet_window_beside_other_traffic():
+    """The prober sends a refused over-capacity probe again when a decode's counters moved in its
+    window: with other traffic on the deployment a later window with nothing moving clears it;
+    in a quiet run the first window already proved the KV was the probe's, whatever came after."""
+    from dataclasses import replace
+
+    pd = (snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE))
+    moved = {DECODE: {"kv_transfers": 1.0, "kv_transfer_tokens": 384.0}}
+
+    def judged(boundary_window):
+        probes = run(("boundary-accept", ok(9992), boundary_window), ("over-context", refused(10001), {}),
+                     reached=(PREFILL, DECODE))
+        again = replace(probes.probes[1], earlier_windows=(moved, moved))
+        (r,) = check("overcapacity-rejected", CheckContext(pd, T, probes=replace(probes, probes=(probes.probes[0], again)),
+                                                          entry=ENTRY))
+        return r
+
+    busy = judged({PREFILL: {"requests": 2.0, "prompt_tokens": 9992.0 + 384.0}})
+    assert busy.status is Status.PASS, busy.message
+    assert "sent 3 times" in busy.message and "other traffic was on the deployment" in busy.message
+    assert busy.evidence["probes"][0]["earlier_windows"] == [{DECODE: moved[DECODE]}] * 2
+    quiet = judged({PREFILL: {"requests": 1.0, "prompt_tokens": 9992.0}})
+    assert quiet.status is Status.FAIL and "in its first window" in quiet.message, quiet.message
