@@ -45,7 +45,8 @@ RULES: dict[str, RuleHelp] = {
         "Requests over the pool or over the context are refused, not served.",
         "Sends real over-pool and over-context requests, streamed and not: each must get a length error with zero "
         "tokens while a shorter twin is accepted. HTTP 200 with text, silent truncation, a placeholder, a hang or a 5xx "
-        "each fail.",
+        "each fail. Behind a router no KV may reach a decode for a refused request: its counters over the refusal "
+        "are read, and a refusal another client's transfer landed beside is sent again in a window of its own.",
         "Make the engine (or its router) refuse prompts longer than its context and pool: set its maximum model "
         "length to what the pool holds, and keep the router from retrying or truncating."),
     "prompt-integrity": RuleHelp(
