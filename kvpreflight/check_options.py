@@ -20,6 +20,7 @@ from kvpreflight.check_plan import CheckPlan, OutputPlan
 from kvpreflight.errors import ConfigError, naming
 from kvpreflight.files import FileKind, check_file, check_private, check_writable
 from kvpreflight.model import EntryApi
+from kvpreflight.targets import REQUEST_TIMEOUT_S
 
 __all__ = ["CheckOptions", "Label", "build_output", "build_plan", "check_fields", "flag", "options_from", "under"]
 
@@ -75,7 +76,7 @@ class CheckOptions:
     skips: tuple[str, ...] = ()
     reasons: tuple[str, ...] = ()
     untils: tuple[str, ...] = ()
-    timeout: float = 30.0
+    timeout: float = REQUEST_TIMEOUT_S
     deadline: float | None = None
     max_context_equivalents: float | None = None
     concurrency: int | None = None

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from kvpreflight.model import EntryApi, Waiver
-from kvpreflight.targets import Auth, Target
+from kvpreflight.targets import REQUEST_TIMEOUT_S, Auth, Target
 
 __all__ = ["CheckPlan", "OutputPlan", "RecordPlan"]
 
@@ -30,7 +30,7 @@ class CheckPlan:
     logs: Mapping[str, Path] = field(default_factory=dict)  # engine URL -> its start-up log
     auth: Auth = field(default_factory=lambda: Auth(headers={}))
     capacity_only: bool = False
-    timeout_s: float = 30.0
+    timeout_s: float = REQUEST_TIMEOUT_S
     deadline_s: float | None = None
     max_context_equivalents: float | None = None  # refuse (exit 2) a probe plan that submits more prompt tokens than this many contexts
     concurrency: int | None = None

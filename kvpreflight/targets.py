@@ -99,6 +99,9 @@ def parse_header(text: str) -> tuple[str, str]:
 
 
 # Secrets are scrubbed from every output by value; a shorter one would scrub ordinary words.
+# Seconds a refusal or a short request may take (`--timeout`, an inventory's `timeout`); accepted
+# long prompts get more, from the engine's measured speed (probes/budget.py).
+REQUEST_TIMEOUT_S = 30.0
 MIN_SECRET_LENGTH = 8
 # Header names whose values are secrets (besides those named with --secret-header).
 SECRET_HEADER = re.compile(r"(?:authorization|api-?key|token|secret|cookie|password|auth)", re.I)

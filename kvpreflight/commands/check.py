@@ -15,6 +15,7 @@ import typer
 from kvpreflight.commands import options
 from kvpreflight.formats import FORMATS
 from kvpreflight.probes.results import ScenarioName
+from kvpreflight.targets import REQUEST_TIMEOUT_S
 
 if TYPE_CHECKING:
     from kvpreflight.boot.spec import DeploymentSpec
@@ -74,7 +75,7 @@ def register(app: typer.Typer) -> None:
         output: Path | None = typer.Option(None, "--output", metavar="PATH", rich_help_panel="Output", help="Write the report here instead of stdout."),
         quiet: bool = typer.Option(False, "--quiet", "-q", rich_help_panel="Output", help="Leave the passing checks out of the table (the verdict line still counts them)."),
         name: str | None = typer.Option(None, "--name", metavar="NAME", rich_help_panel="Output", help="The deployment's name in the report: the `deployment` label of every Prometheus series and SARIF's per-deployment path. [default: the entry URL, else the first endpoint]"),
-        timeout: float = typer.Option(30.0, "--timeout", metavar="S", rich_help_panel="Budgets", help="Seconds to wait for a rejection or a short request; accepted long prompts get more, from the engine's measured speed."),
+        timeout: float = typer.Option(REQUEST_TIMEOUT_S, "--timeout", metavar="S", rich_help_panel="Budgets", help="Seconds to wait for a rejection or a short request; accepted long prompts get more, from the engine's measured speed."),
         plan_only: bool = typer.Option(False, "--plan", rich_help_panel="Budgets", help="Print the probes it would send, their sizes, context-equivalents and expected duration; sends only one short calibration request per entry (the duration is then an upper estimate)."),
         no_calibrate: bool = typer.Option(False, "--no-calibrate", rich_help_panel="Budgets", help="With --plan: send no request at all (the duration is then unknown)."),
         max_context_equivalents: float | None = typer.Option(None, "--max-context-equivalents", metavar="N", rich_help_panel="Budgets", help="Refuse (exit 2, before any request) a plan that submits more prompt tokens than N times the context."),

@@ -34,6 +34,7 @@ from kvpreflight.engines.deadline import Deadline, DeadlineAdapter, EngineTimeou
 from kvpreflight.engines.errors import EngineConfigError, EngineError
 from kvpreflight.engines.untrusted import shape
 from kvpreflight.redact import cut
+from kvpreflight.targets import REQUEST_TIMEOUT_S
 
 MiB = 1 << 20
 
@@ -118,7 +119,7 @@ class HttpClient:
         *,
         headers: Mapping[str, str] | None = None,
         ca_bundle: str | None = None,
-        timeout_s: float = 30.0,
+        timeout_s: float = REQUEST_TIMEOUT_S,
         client_cert: str | None = None,
         client_key: str | None = None,
     ) -> None:

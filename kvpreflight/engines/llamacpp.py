@@ -14,7 +14,7 @@ from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
-from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, cycle_to, role_of
+from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, role_of, tokenized
 from kvpreflight.engines.log_patterns import gap, log_lines
 from kvpreflight.engines.untrusted import (
     excerpt,
@@ -119,13 +119,7 @@ class LlamaCppAdapter(EngineAdapter):
         return None if snapshot.served_context is None else snapshot.served_context - 1
 
     def token_ids(self, count: int, seed_text: str) -> list[int]:
-        reply = self.client.post(f"{self.url}/tokenize", {"content": seed_text, "add_special": False})
-        if reply.status != 200:
-            raise EngineError(f"{self.url}/tokenize: HTTP {reply.status}")
-        tokens = json_object(reply.json(), "/tokenize answer", self.url).get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise EngineError(f"{self.url}/tokenize: no token list in the answer")
-        return cycle_to(tokens, count)
+        return tokenized(self.client, self.url, {"content": seed_text, "add_special": False}, count)
 
     def build_request(self, ids: list[int], *, max_tokens: int, stream: bool,
                       extra: Mapping[str, Any] | None = None) -> EngineRequest:

@@ -14,7 +14,7 @@ from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
-from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, cycle_to, role_of, transfer_time
+from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, role_of, tokenized, transfer_time
 from kvpreflight.engines.log_patterns import REQUEST_ID, LogSignal, gap, log_lines
 from kvpreflight.engines.untrusted import (
     json_list,
@@ -201,13 +201,7 @@ class SglangAdapter(EngineAdapter):
 
     # -- sending ---------------------------------------------------------------------------
     def token_ids(self, count: int, seed_text: str) -> list[int]:
-        reply = self.client.post(f"{self.url}/tokenize", {"prompt": seed_text, "add_special_tokens": False})
-        if reply.status != 200:
-            raise EngineError(f"{self.url}/tokenize: HTTP {reply.status}; kvpreflight needs the engine's tokenizer to build valid token ids")
-        tokens = json_object(reply.json(), "/tokenize answer", self.url).get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise EngineError(f"{self.url}/tokenize: no token list in the answer")
-        return cycle_to(tokens, count)
+        return tokenized(self.client, self.url, {"prompt": seed_text, "add_special_tokens": False}, count)
 
     def build_request(self, ids: list[int], *, max_tokens: int, stream: bool,
                       extra: Mapping[str, Any] | None = None) -> EngineRequest:

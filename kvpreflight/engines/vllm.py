@@ -13,7 +13,7 @@ from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
-from kvpreflight.engines.interface import Counters, PrefillLeg, SplitLegs, _unanswered, cycle_to, role_of, transfer_time
+from kvpreflight.engines.interface import Counters, PrefillLeg, SplitLegs, _unanswered, role_of, tokenized, transfer_time
 from kvpreflight.engines.log_patterns import REQUEST_ID, LogSignal, log_lines
 from kvpreflight.engines.openai_completions import OpenAICompletionsMixin
 from kvpreflight.engines.untrusted import (
@@ -271,13 +271,7 @@ class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
         body: dict[str, object] = {"prompt": seed_text, "add_special_tokens": False}
         if self.model:
             body["model"] = self.model
-        reply = self.client.post(f"{self.url}/tokenize", body)
-        if reply.status != 200:
-            raise EngineError(f"{self.url}/tokenize: HTTP {reply.status}; kvpreflight needs the engine's tokenizer to build valid token ids")
-        tokens = json_object(reply.json(), "/tokenize answer", self.url).get("tokens")
-        if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-            raise EngineError(f"{self.url}/tokenize: no token list in the answer")
-        return cycle_to(tokens, count)
+        return tokenized(self.client, self.url, body, count)
 
 
 def prefill_handoff(answer: Mapping[str, Any], url: str) -> Mapping[str, Any] | None:

@@ -13,6 +13,7 @@ from kvpreflight.model import EngineSnapshot
 from kvpreflight.probes.budget import Budget
 from kvpreflight.probes.logs import LogWatch
 from kvpreflight.probes.results import Limits
+from kvpreflight.targets import REQUEST_TIMEOUT_S
 
 
 def _silent(_: str) -> None:
@@ -25,7 +26,7 @@ class Connection:
     Each synthetic tenant opens its own with its credentials added; a raw disconnect repeats it."""
 
     headers: Mapping[str, str] = field(default_factory=dict)
-    timeout_s: float = 30.0  # also the socket timeout of the disconnect probes (budgets: probes/budget.py)
+    timeout_s: float = REQUEST_TIMEOUT_S  # also the socket timeout of the disconnect probes (budgets: probes/budget.py)
     ca_bundle: str | None = None
     client_cert: str | None = None  # mutual TLS (see HttpClient)
     client_key: str | None = None
