@@ -233,8 +233,8 @@ class Engine:
         request is retracted, as SGLang's scheduler retracts one it cannot grow: its KV copied
         out, its pages freed for the requests it would otherwise wait on, then all it needs taken
         again (ALLOC_WAIT_S at most) and its KV put back; `pages` is updated in place. Waiting
-        while holding its pages let growing requests wait on each other until one was refused
-        (clean-clone runs cc18 and cc21, 2026-12-04: an honest engine failed a check)."""
+        while holding its pages let growing requests wait on each other until one was refused, and
+        an honest engine failed a check (docs/FINDINGS.md: `cancel-transfer` went inconclusive under load)."""
         try:
             pages.extend(self.alloc_pages(1, rid, wait_s=0))
             return

@@ -111,8 +111,8 @@ def _arrived(conn: http.client.HTTPConnection) -> bytes | None:
     """None while the engine has sent nothing (never waits for it); once it has begun to answer,
     the whole answer: its body read to the end (ANSWER_PEEK_BYTES at most, within
     ANSWER_READ_S), b"" where it closed the connection instead. Not the bytes that happen to be
-    there: an engine that wrote its headers apart from its body left the body, and a canary in
-    it, unscanned (a clean-clone run, 2026-12-04)."""
+    there: an engine that writes its headers apart from its body would leave the body, and a
+    canary in it, unscanned."""
     sock = conn.sock
     if sock is None or not select.select([sock], [], [], 0)[0]:
         return None
