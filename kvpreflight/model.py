@@ -270,9 +270,12 @@ class Waiver:
     until: str | None = None  # YYYY-MM-DD: after this day `verify` refuses a record that carries it
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class CheckResult:
-    id: str
+    """One check's verdict on one endpoint (or the deployment). Built by keyword: five fields, two
+    of them strings, read the same in every check."""
+
+    id: str  # a CheckId's value
     status: Status
     message: str
     endpoint: str | None = None

@@ -206,8 +206,8 @@ def read_engines(check_plan: CheckPlan, client: HttpClient, progress: Callable[[
             snapshots.append(listing.applied_to(snapshot) if listing is not None else snapshot)
             adapters[url] = adapter
         except EngineError as exc:
-            unreadable.append(CheckResult(CheckId.KV_CAPACITY, Status.INCONCLUSIVE,
-                                          f"could not read the engine: {exc}{_wrong_kind_hint(url, client, check_plan.engine)}", url))
+            unreadable.append(CheckResult(id=CheckId.KV_CAPACITY, status=Status.INCONCLUSIVE,
+                                          message=f"could not read the engine: {exc}{_wrong_kind_hint(url, client, check_plan.engine)}", endpoint=url))
     return adapters, snapshots, unreadable, listing
 
 

@@ -44,14 +44,14 @@ def sample_report(*, failing: bool = False) -> Report:
         pool_readings=(PoolReading("log:KV Cache is allocated", Origin.ALLOCATOR, 150000, rank="dp0"),),
     )
     checks = (
-        CheckResult("kv-capacity", Status.PASS, "pool 139264 tokens >= context 131072",
+        CheckResult(id="kv-capacity", status=Status.PASS, message="pool 139264 tokens >= context 131072",
                     endpoint=prefill.url, evidence={"pool_tokens": 139264, "context": 131072}),
-        CheckResult("overcapacity-rejected", Status.FAIL if failing else Status.PASS,
-                    "over-capacity request got HTTP 200" if failing else "over-capacity request got HTTP 400",
+        CheckResult(id="overcapacity-rejected", status=Status.FAIL if failing else Status.PASS,
+                    message="over-capacity request got HTTP 200" if failing else "over-capacity request got HTTP 400",
                     endpoint=decode.url, evidence={"http_status": 200 if failing else 400,
                                                    "response_text": "fluent text from another tenant"}),
-        CheckResult("tenant-isolation", Status.PASS, "no canary crossed"),
-        CheckResult("engine-advisories", Status.WARN, "no throughput baseline"),
+        CheckResult(id="tenant-isolation", status=Status.PASS, message="no canary crossed"),
+        CheckResult(id="engine-advisories", status=Status.WARN, message="no throughput baseline"),
     )
     return Report(
         tool_version="0.1.0", engines=(prefill, decode), checks=checks,

@@ -24,7 +24,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         return [run]
     probes = run.concurrent
     if not probes:
-        return [CheckResult(ID, Status.INCONCLUSIVE, run.missing("the concurrent probe"), ctx.entry)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message=run.missing("the concurrent probe"), endpoint=ctx.entry)]
     verdicts = []
     scope = EchoScope.of(ctx)
     for p in probes:
@@ -55,4 +55,4 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     worst = worst_status(s for s, _ in verdicts)
     size = probes[0].completion.sent_tokens
     message = f"{len(probes)} x {size:,}-token requests at once: " + "; ".join(m for _, m in verdicts)
-    return [CheckResult(ID, worst, message, ctx.entry, {"probes": [probe_evidence(p) for p in probes]})]
+    return [CheckResult(id=ID, status=worst, message=message, endpoint=ctx.entry, evidence={"probes": [probe_evidence(p) for p in probes]})]

@@ -23,5 +23,5 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         review_only = [a.id for a in ctx.advisories if a.engine == snap.engine and not a.detect_check]
         evidence = {"engine": snap.engine, "version": snap.version, "pd": is_pd, **summary.evidence,
                     "not_checked_here": review_only}
-        results.append(CheckResult(ID, summary.status, summary.message, snap.url, evidence))
+        results.append(CheckResult(id=ID, status=summary.status, message=summary.message, endpoint=snap.url, evidence=evidence))
     return results

@@ -55,4 +55,4 @@ def warning_result(check_id: str, snapshots: Iterable[EngineSnapshot], hazards: 
     message = (f"the {snap.role.value} engine's start-up log ({snap.url}) warns \"{first.what}\": {consequence(first)}. "
                f"Fix: {first.fix}{more}")
     evidence = {"start_up_warnings": [{"engine": s.url, **w.evidence()} for s, w in found]}
-    return CheckResult(check_id, Status.FAIL, message, endpoint, evidence)
+    return CheckResult(id=check_id, status=Status.FAIL, message=message, endpoint=endpoint, evidence=evidence)

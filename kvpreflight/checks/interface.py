@@ -36,9 +36,9 @@ def probe_run(ctx: CheckContext, check_id: str) -> ProbeRun | CheckResult:
             return [run]
     """
     if ctx.probes is None:
-        return CheckResult(check_id, Status.SKIP, "--capacity-only: no request was sent (read-only mode)", ctx.entry)
+        return CheckResult(id=check_id, status=Status.SKIP, message="--capacity-only: no request was sent (read-only mode)", endpoint=ctx.entry)
     if ctx.probes.not_run:
-        return CheckResult(check_id, Status.INCONCLUSIVE, ctx.probes.not_run, ctx.entry)
+        return CheckResult(id=check_id, status=Status.INCONCLUSIVE, message=ctx.probes.not_run, endpoint=ctx.entry)
     return ctx.probes
 
 
@@ -48,9 +48,9 @@ def isolation_run(ctx: CheckContext, check_id: str) -> IsolationRun | CheckResul
     if isinstance(probes, CheckResult):
         return probes
     if ctx.isolation is None:
-        return CheckResult(check_id, Status.INCONCLUSIVE, "the two-tenant probes did not run", ctx.entry)
+        return CheckResult(id=check_id, status=Status.INCONCLUSIVE, message="the two-tenant probes did not run", endpoint=ctx.entry)
     if ctx.isolation.not_run:
-        return CheckResult(check_id, Status.INCONCLUSIVE, ctx.isolation.not_run, ctx.entry)
+        return CheckResult(id=check_id, status=Status.INCONCLUSIVE, message=ctx.isolation.not_run, endpoint=ctx.entry)
     return ctx.isolation
 
 
@@ -65,9 +65,9 @@ def run_checks(ctx: CheckContext, check_ids: Sequence[str], waivers: Sequence[Wa
             if waiver is not None:
                 # The check still ran: the report keeps what it found next to the reason it was waived.
                 result = CheckResult(
-                    result.id, Status.SKIP,
-                    f"waived: {waiver.reason} (found: {result.status.value}: {result.message})",
-                    result.endpoint, {**result.evidence, "waiver": waiver.reason, "status_before_waiver": result.status.value},
+                    id=result.id, status=Status.SKIP,
+                    message=f"waived: {waiver.reason} (found: {result.status.value}: {result.message})",
+                    endpoint=result.endpoint, evidence={**result.evidence, "waiver": waiver.reason, "status_before_waiver": result.status.value},
                 )
             results.append(result)
     return tuple(results)

@@ -29,17 +29,17 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         }
         # The engine's own warning that it cut its longest sequence outweighs any pool figure.
         if (warned := warning_result(ID, (snap,), KV_CAPACITY_HAZARDS, snap.url)) is not None:
-            results.append(CheckResult(ID, Status.FAIL, warned.message, snap.url, {**evidence, **warned.evidence}))
+            results.append(CheckResult(id=ID, status=Status.FAIL, message=warned.message, endpoint=snap.url, evidence={**evidence, **warned.evidence}))
             continue
         if pool is None:
-            results.append(CheckResult(ID, Status.INCONCLUSIVE,
-                                       f"{snap.role.value} engine: KV pool size unknown (no source reported it; pass --log URL=PATH for the start-up log)",
-                                       snap.url, evidence))
+            results.append(CheckResult(id=ID, status=Status.INCONCLUSIVE,
+                                       message=f"{snap.role.value} engine: KV pool size unknown (no source reported it; pass --log URL=PATH for the start-up log)",
+                                       endpoint=snap.url, evidence=evidence))
             continue
         if checked is None:
-            results.append(CheckResult(ID, Status.INCONCLUSIVE,
-                                       f"{snap.role.value} engine: context length unknown; pass --context-length N",
-                                       snap.url, evidence))
+            results.append(CheckResult(id=ID, status=Status.INCONCLUSIVE,
+                                       message=f"{snap.role.value} engine: context length unknown; pass --context-length N",
+                                       endpoint=snap.url, evidence=evidence))
             continue
         ratio = pool / checked
         evidence["ratio"] = round(ratio, 4)
@@ -54,5 +54,5 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             status, message = Status.WARN, f"{what}: fits one full-context request with little headroom (< {ctx.thresholds.warn_below_ratio}x)"
         else:
             status, message = Status.PASS, what
-        results.append(CheckResult(ID, status, message, snap.url, evidence))
+        results.append(CheckResult(id=ID, status=status, message=message, endpoint=snap.url, evidence=evidence))
     return results

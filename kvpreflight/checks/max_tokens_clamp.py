@@ -18,26 +18,26 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         return [run]
     p = run.get(ProbeName.CLAMP)
     if p is None or run.limits is None:
-        return [CheckResult(ID, Status.INCONCLUSIVE, run.missing("the clamp probe"), ctx.entry)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message=run.missing("the clamp probe"), endpoint=ctx.entry)]
     c, ev = p.completion, probe_evidence(p)
     served = run.limits.served_context
     if c.timed_out or c.transport_error or c.malformed:
-        return [CheckResult(ID, Status.INCONCLUSIVE, f"no answer to the clamp probe ({c.transport_error or c.malformed or 'timed out'})", ctx.entry, ev)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"no answer to the clamp probe ({c.transport_error or c.malformed or 'timed out'})", endpoint=ctx.entry, evidence=ev)]
     if c.error_message is not None:
         if c.error_kind is ErrorKind.LENGTH and (c.status or 0) < 500:
-            return [CheckResult(ID, Status.PASS, "prompt + max_tokens over the context is refused explicitly", ctx.entry, ev)]
-        return [CheckResult(ID, Status.INCONCLUSIVE, f"refused, but not for length (HTTP {c.status}): {c.error_message}", ctx.entry, ev)]
+            return [CheckResult(id=ID, status=Status.PASS, message="prompt + max_tokens over the context is refused explicitly", endpoint=ctx.entry, evidence=ev)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"refused, but not for length (HTTP {c.status}): {c.error_message}", endpoint=ctx.entry, evidence=ev)]
     generated = c.completion_tokens
     if generated is None:
-        return [CheckResult(ID, Status.INCONCLUSIVE, "served, but the engine reports no completion token count", ctx.entry, ev)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message="served, but the engine reports no completion token count", endpoint=ctx.entry, evidence=ev)]
     elsewhere = answered_elsewhere(p, ctx.snapshots, ctx.entry_model)
     if c.sent_tokens + generated > served:  # what the client got, whoever answered it
         also = f"; {elsewhere}" if elsewhere else ""
-        return [CheckResult(ID, Status.FAIL, f"generated {generated} tokens after a {c.sent_tokens:,}-token prompt: past the served context of {served:,}{also}", ctx.entry, ev)]
+        return [CheckResult(id=ID, status=Status.FAIL, message=f"generated {generated} tokens after a {c.sent_tokens:,}-token prompt: past the served context of {served:,}{also}", endpoint=ctx.entry, evidence=ev)]
     if elsewhere is not None:
-        return [CheckResult(ID, Status.INCONCLUSIVE, f"the clamp probe was served, but {elsewhere}, so it shows nothing about them", ctx.entry, ev)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"the clamp probe was served, but {elsewhere}, so it shows nothing about them", endpoint=ctx.entry, evidence=ev)]
     if generated < c.max_tokens:
-        return [CheckResult(ID, Status.WARN,
-                            f"max_tokens {c.max_tokens} silently cut to {generated} (finish_reason {c.finish_reason!r}, HTTP {c.status}); "
-                            "clients are not told their request was shortened", ctx.entry, ev)]
-    return [CheckResult(ID, Status.PASS, "max_tokens honoured", ctx.entry, ev)]
+        return [CheckResult(id=ID, status=Status.WARN,
+                            message=f"max_tokens {c.max_tokens} silently cut to {generated} (finish_reason {c.finish_reason!r}, HTTP {c.status}); "
+                            "clients are not told their request was shortened", endpoint=ctx.entry, evidence=ev)]
+    return [CheckResult(id=ID, status=Status.PASS, message="max_tokens honoured", endpoint=ctx.entry, evidence=ev)]

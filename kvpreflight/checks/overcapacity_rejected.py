@@ -91,7 +91,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             message += f"; the response carried another request's synthetic marker(s): {', '.join(p.foreign_markers)}"
         verdicts.append((status, f"{p.name} ({p.completion.sent_tokens:,} tokens): {message}", probe_evidence(p)))
     if not verdicts:
-        return [CheckResult(ID, Status.INCONCLUSIVE, run.missing("the over-capacity probe"), ctx.entry)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message=run.missing("the over-capacity probe"), endpoint=ctx.entry)]
     if twin is None:
         verdicts.append((Status.INCONCLUSIVE, run.missing("the shorter twin (boundary-accept)")
                          + ", so a refusal cannot be shown to be about length", {}))
@@ -108,7 +108,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if run.limits and not run.limits.pool_bound:
         gap = " (the pool holds the served context: no over-pool gap exists, only over-context was probed)"
     fix = f"; {FIX}" if worst is Status.FAIL else ""
-    result = CheckResult(ID, worst, "; ".join(lines) + gap + fix, ctx.entry,
-                         {"probes": [e for _, _, e in verdicts], "twin_accepted": bool(twin and accepted(twin.completion)
+    result = CheckResult(id=ID, status=worst, message="; ".join(lines) + gap + fix, endpoint=ctx.entry,
+                         evidence={"probes": [e for _, _, e in verdicts], "twin_accepted": bool(twin and accepted(twin.completion)
                                                                 and answered_elsewhere(twin, ctx.snapshots, ctx.entry_model) is None)})
     return [result, *unreached(ctx, ID)]

@@ -13,10 +13,10 @@ SCOPE = Scope.DEPLOYMENT
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
     wrong = [s for s in ctx.snapshots if ctx.expected_model and s.model != ctx.expected_model]
     if wrong:
-        return [CheckResult(ID, Status.FAIL, "; ".join(f"{s.url} serves {s.model!r}, not --model {ctx.expected_model!r}" for s in wrong),
-                            None, {"expected_model": ctx.expected_model})]
+        return [CheckResult(id=ID, status=Status.FAIL, message="; ".join(f"{s.url} serves {s.model!r}, not --model {ctx.expected_model!r}" for s in wrong),
+                            endpoint=None, evidence={"expected_model": ctx.expected_model})]
     if len(ctx.snapshots) < 2:
-        return [CheckResult(ID, Status.PASS, "one engine: nothing to compare", None)]
+        return [CheckResult(id=ID, status=Status.PASS, message="one engine: nothing to compare", endpoint=None)]
     problems, evidence = [], {}
     for field in ("model", "served_context", "page_size", "engine"):
         values = {s.url: getattr(s, field) for s in ctx.snapshots}
@@ -25,10 +25,10 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         if len(distinct) > 1:
             problems.append(f"{field} differs: " + ", ".join(f"{u}={v}" for u, v in values.items()))
     if problems:
-        return [CheckResult(ID, Status.FAIL, "; ".join(problems), None, evidence)]
+        return [CheckResult(id=ID, status=Status.FAIL, message="; ".join(problems), endpoint=None, evidence=evidence)]
     # Model and context are what a handoff depends on: unknown on one engine is not "the same".
     unknown = [f"{field} unknown at {url}" for field in ("model", "served_context")
                for url, value in evidence[field].items() if value is None]
     if unknown:
-        return [CheckResult(ID, Status.INCONCLUSIVE, "cannot compare the engines: " + "; ".join(unknown), None, evidence)]
-    return [CheckResult(ID, Status.PASS, f"{len(ctx.snapshots)} engines serve the same model, context and page size", None, evidence)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message="cannot compare the engines: " + "; ".join(unknown), endpoint=None, evidence=evidence)]
+    return [CheckResult(id=ID, status=Status.PASS, message=f"{len(ctx.snapshots)} engines serve the same model, context and page size", endpoint=None, evidence=evidence)]

@@ -78,7 +78,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     decodes = [s for s in ctx.snapshots if s.role is Role.DECODE]
     if not decodes or not any(s.role is Role.PREFILL for s in ctx.snapshots):
         roles = ", ".join(f"{s.role.value} {s.url}" for s in ctx.snapshots) or "no engine"
-        return [CheckResult(ID, Status.SKIP, f"not a prefill/decode deployment ({roles}): no KV moves between engines", ctx.entry)]
+        return [CheckResult(id=ID, status=Status.SKIP, message=f"not a prefill/decode deployment ({roles}): no KV moves between engines", endpoint=ctx.entry)]
     run = probe_run(ctx, ID)
     if isinstance(run, CheckResult):
         return [run]
@@ -127,22 +127,22 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         own = {Hazard.LATE_READ.value, Hazard.KV_CANARY.value}  # quoted in their findings
         rest = [d for d in dangers if d["hazard"] not in own]
         quoted = logged if late is None and canary is None else logged_lines(rest)
-        return [CheckResult(ID, Status.FAIL, "; ".join(parts) + quoted, ctx.entry, evidence)]
+        return [CheckResult(id=ID, status=Status.FAIL, message="; ".join(parts) + quoted, endpoint=ctx.entry, evidence=evidence)]
     if not findings:
         why = run.missing("a served probe") if not windows else "no served probe moved a decode engine's counters"
-        return [CheckResult(ID, Status.INCONCLUSIVE, f"no probe is known to have reached a decode engine: {why}{logged}",
-                            ctx.entry, evidence)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"no probe is known to have reached a decode engine: {why}{logged}",
+                            endpoint=ctx.entry, evidence=evidence)]
     moved = [f for f in findings if f["verdict"] is Transfer.MOVED]
     if not moved:
-        return [CheckResult(ID, Status.INCONCLUSIVE, "nothing measures the transfer: the decode engine counts neither KV "
-                            f"received nor prompt tokens it computed itself{logged}", ctx.entry, evidence)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message="nothing measures the transfer: the decode engine counts neither KV "
+                            f"received nor prompt tokens it computed itself{logged}", endpoint=ctx.entry, evidence=evidence)]
     unmeasured = len(findings) - len(moved)
     also = f"; {unmeasured} more not measured" if unmeasured else ""
     said = f"KV moved from prefill to decode for {len(moved)} served probe(s): " + "; ".join(f["finding"] for f in moved) + also
     if expiry is not None:
         said += f"; {expiry}"
     said += "".join(f"; {a}" for a in assumed)
-    return [CheckResult(ID, Status.WARN if dangers or stale or expiry or assumed else Status.PASS, said + logged, ctx.entry, evidence)]
+    return [CheckResult(id=ID, status=Status.WARN if dangers or stale or expiry or assumed else Status.PASS, message=said + logged, endpoint=ctx.entry, evidence=evidence)]
 
 
 LATE_DECODE_WHEN = "during the late-decode scenario: its decode leg, sent after the prefill's KV lease, was answered"

@@ -128,7 +128,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         return [run]
     cache = run.cache
     if cache is None or cache.not_run:
-        return [CheckResult(ID, Status.INCONCLUSIVE, (cache.not_run if cache else None) or "the prefix-cache probes did not run", ctx.entry)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message=(cache.not_run if cache else None) or "the prefix-cache probes did not run", endpoint=ctx.entry)]
     ttft = ttft_summary(cache)
     evidence: dict[str, Any] = {"tenant_binding": cache.binding, "prompt_tokens": cache.prompt_tokens,
                       "probes": [_probe_ev(p) for p in cache.probes]}
@@ -142,21 +142,21 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         counted_by = tuple(url for r in leaks for url in r.counted_by)
         believed = ("; the answer and the engines' counters disagree, and the counter that saw the hit is believed"
                     if counted_by else "")
-        return [CheckResult(ID, Status.FAIL,
-                            f"tenant B reused tenant A's cached prefix ({len(leaks)} of {len(cross)} cross-tenant requests hit; "
+        return [CheckResult(id=ID, status=Status.FAIL,
+                            message=f"tenant B reused tenant A's cached prefix ({len(leaks)} of {len(cross)} cross-tenant requests hit; "
                             f"first: {leaks[0].said}{believed}) with {cache.binding}: {_fix(ctx.snapshots, counted_by)}",
-                            ctx.entry, evidence)]
+                            endpoint=ctx.entry, evidence=evidence)]
     if unsure := [r for r in readings if r.hit]:
-        return [CheckResult(ID, Status.INCONCLUSIVE,
-                            f"{len(unsure)} of {len(cross)} cross-tenant requests may have reused tenant A's cached prefix: "
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE,
+                            message=f"{len(unsure)} of {len(cross)} cross-tenant requests may have reused tenant A's cached prefix: "
                             f"{unsure[0].said}, while other traffic was in the window ({'; '.join(unsure[0].other_traffic)}), "
                             "so whose hit it was cannot be told and the answer's rosier figure is not believed: rerun with no "
-                            "other traffic on the engines", ctx.entry, evidence)]
+                            "other traffic on the engines", endpoint=ctx.entry, evidence=evidence)]
     if failed:
-        return [CheckResult(ID, Status.INCONCLUSIVE,
-                            f"{len(failed)} of {len(cache.probes)} prefix-cache requests were not served "
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE,
+                            message=f"{len(failed)} of {len(cache.probes)} prefix-cache requests were not served "
                             f"(first: HTTP {failed[0].completion.status} {failed[0].completion.error_message or failed[0].completion.transport_error or ''})".rstrip(),
-                            ctx.entry, evidence)]
+                            endpoint=ctx.entry, evidence=evidence)]
     first_warm: list[CacheProbe] = []
     for p in cache.of(CacheProbeKind.WARM):  # the first repeat of each prefix is the control; the second only adds TTFT
         if all(q.prefix != p.prefix for q in first_warm):
@@ -165,20 +165,20 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if warm_hits and all(h is True for h in warm_hits):
         pass
     elif cache.caching_off:
-        return [CheckResult(ID, Status.SKIP, f"prefix caching is off ({cache.caching_off}); a same-tenant repeat got no "
-                                             "cache hit, so no prefix is shared between tenants", ctx.entry, evidence)]
+        return [CheckResult(id=ID, status=Status.SKIP, message=f"prefix caching is off ({cache.caching_off}); a same-tenant repeat got no "
+                                             "cache hit, so no prefix is shared between tenants", endpoint=ctx.entry, evidence=evidence)]
     elif any(h is None for h in warm_hits):
         if cache.timing:
             return [_timing_audit(ctx, cache, evidence)]
-        return [CheckResult(ID, Status.INCONCLUSIVE, "the engine reports no cached_tokens and exposes no prefix-cache hit "
-                                                     "counter, so a cache hit cannot be seen at all", ctx.entry, evidence)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message="the engine reports no cached_tokens and exposes no prefix-cache hit "
+                                                     "counter, so a cache hit cannot be seen at all", endpoint=ctx.entry, evidence=evidence)]
     else:
-        return [CheckResult(ID, Status.INCONCLUSIVE,
-                            "positive control failed: the same tenant repeating a prompt got no prefix-cache hit "
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE,
+                            message="positive control failed: the same tenant repeating a prompt got no prefix-cache hit "
                             f"({sum(1 for h in warm_hits if h)} of {len(warm_hits)}), so 'no hit across tenants' proves "
                             "nothing (is prefix caching on? vLLM: --enable-prefix-caching --enable-prompt-tokens-details; "
                             "llama.cpp: does a gateway force cache_prompt false?)",
-                            ctx.entry, evidence)]
+                            endpoint=ctx.entry, evidence=evidence)]
     warm_tokens = [p.completion.cached_tokens for p in first_warm if p.completion.cached_tokens is not None]
     message = (f"same tenant hit the cache ({len(first_warm)} of {len(first_warm)}"
                + (f", {min(warm_tokens):,}+ cached tokens" if warm_tokens else "")
@@ -186,7 +186,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if ttft:
         message += (f"; TTFT median cold {ttft[CacheProbeKind.COLD] * 1000:.1f} ms, warm {ttft[CacheProbeKind.WARM] * 1000:.1f} ms, "
                     f"cross-tenant {ttft[CacheProbeKind.CROSS] * 1000:.1f} ms")
-    return [CheckResult(ID, Status.PASS, message, ctx.entry, evidence)]
+    return [CheckResult(id=ID, status=Status.PASS, message=message, endpoint=ctx.entry, evidence=evidence)]
 
 
 def _ks_ev(result: KsResult) -> dict[str, Any]:
@@ -206,8 +206,8 @@ def _timing_audit(ctx: CheckContext, cache: PrefixCacheRun, evidence: dict[str, 
     if unserved or not (cold and warm and cross):
         first = unserved[0].completion if unserved else None
         why = f" (first: HTTP {first.status} {first.error_message or first.transport_error or ''})".rstrip() if first else ""
-        return CheckResult(ID, Status.INCONCLUSIVE, f"the engine reports no cache hits, and {len(unserved)} of "
-                                                    f"{len(cache.timing)} timing-audit requests were not served{why}", ctx.entry, evidence)
+        return CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"the engine reports no cache hits, and {len(unserved)} of "
+                                                    f"{len(cache.timing)} timing-audit requests were not served{why}", endpoint=ctx.entry, evidence=evidence)
     cold_warm, cross_cold, cross_warm = ks_2samp(cold, warm), ks_2samp(cross, cold), ks_2samp(cross, warm)
     timing["ks"] = {"cold_vs_warm": _ks_ev(cold_warm), "cross_vs_cold": _ks_ev(cross_cold), "cross_vs_warm": _ks_ev(cross_warm)}
     figures = (f"TTFT median cold {median_ms['cold']:.1f} ms, warm {median_ms['warm']:.1f} ms, cross-tenant "
@@ -220,15 +220,15 @@ def _timing_audit(ctx: CheckContext, cache: PrefixCacheRun, evidence: dict[str, 
         more = (f"; the repeats were faster by a median of {median_ms['cold'] - median_ms['warm']:.1f} ms but not "
                 f"significantly: more samples may decide it (--timing-samples, now {len(cold)})"
                 if median_ms["warm"] < median_ms["cold"] else "")
-        return CheckResult(ID, Status.INCONCLUSIVE, f"{head} nothing: a same-tenant repeat is not measurably faster than a "
+        return CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"{head} nothing: a same-tenant repeat is not measurably faster than a "
                                                     f"cold prompt (KS p >= {ALPHA} or slower), so prefix caching is off or its "
-                                                    f"effect is not measurable here ({figures}){more}", ctx.entry, evidence)
+                                                    f"effect is not measurable here ({figures}){more}", endpoint=ctx.entry, evidence=evidence)
     if cross_warm.p_value < ALPHA and median_ms["cross"] > median_ms["warm"]:
-        return CheckResult(ID, Status.PASS, f"{head}: tenant B's requests are not warm (cross-tenant differs from same-tenant "
-                                            f"warm, p < {ALPHA}) with {cache.binding} ({figures})", ctx.entry, evidence)
+        return CheckResult(id=ID, status=Status.PASS, message=f"{head}: tenant B's requests are not warm (cross-tenant differs from same-tenant "
+                                            f"warm, p < {ALPHA}) with {cache.binding} ({figures})", endpoint=ctx.entry, evidence=evidence)
     if cross_cold.p_value < ALPHA and cross_warm.p_value >= ALPHA:
-        return CheckResult(ID, Status.FAIL, f"{head}: tenant B's requests are as fast as tenant A's warm repeats (cross-tenant "
+        return CheckResult(id=ID, status=Status.FAIL, message=f"{head}: tenant B's requests are as fast as tenant A's warm repeats (cross-tenant "
                                             f"differs from cold, p < {ALPHA}, and not from warm) with {cache.binding}: "
-                                            f"{_fix(ctx.snapshots)} ({figures})", ctx.entry, evidence)
-    return CheckResult(ID, Status.INCONCLUSIVE, f"{head} nothing: the cross-tenant samples are neither clearly warm nor "
-                                                f"clearly not ({figures})", ctx.entry, evidence)
+                                            f"{_fix(ctx.snapshots)} ({figures})", endpoint=ctx.entry, evidence=evidence)
+    return CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"{head} nothing: the cross-tenant samples are neither clearly warm nor "
+                                                f"clearly not ({figures})", endpoint=ctx.entry, evidence=evidence)

@@ -23,10 +23,10 @@ def unreached(ctx: CheckContext, check_id: str) -> list[CheckResult]:
             continue
         if ctx.entry is None or ctx.entry.rstrip("/") == snap.url:
             continue  # the probes were sent to this engine itself
-        out.append(CheckResult(check_id, Status.INCONCLUSIVE,
-                               f"no probe reached this {snap.role.value} engine (its request and token counters never moved); "
+        out.append(CheckResult(id=check_id, status=Status.INCONCLUSIVE,
+                               message=f"no probe reached this {snap.role.value} engine (its request and token counters never moved); "
                                "check it directly with --endpoint and no --entry, or enable its metrics",
-                               snap.url))
+                               endpoint=snap.url))
     return out
 
 

@@ -215,8 +215,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         lines = [f"tenant {r.tenant.label}'s {r.name} ({s.name}) carried {', '.join(r.crossings)}" for s, r in crossed]
         lines += [said for st, said in (scenario_verdict(s, ctx.snapshots, abandoned) for s in run.scenarios)
                   if st is Status.FAIL and CANARY_MEANING in said]  # the engine's own detector saw it too
-        return [CheckResult(ID, Status.FAIL, "canary crossed tenants: " + "; ".join(lines), ctx.entry,
-                            {**evidence, "crossings": [{"scenario": s.name, **request_evidence(r)} for s, r in crossed]})]
+        return [CheckResult(id=ID, status=Status.FAIL, message="canary crossed tenants: " + "; ".join(lines), endpoint=ctx.entry,
+                            evidence={**evidence, "crossings": [{"scenario": s.name, **request_evidence(r)} for s, r in crossed]})]
     results = []
     # Each answer on its own: where the model echoes, one that repeats nothing of its own prompt was
     # computed from other KV. The per-tenant control below cannot see it when other answers echoed.
@@ -268,4 +268,4 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             message += "; also: " + "; ".join(lesser)
     if skipped:
         message += "; " + "; ".join(skipped)
-    return [CheckResult(ID, worst, message, ctx.entry, evidence)]
+    return [CheckResult(id=ID, status=worst, message=message, endpoint=ctx.entry, evidence=evidence)]

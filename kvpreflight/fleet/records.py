@@ -52,8 +52,8 @@ def _not_measured_statement(outcome: Outcome, report: FleetReport, subjects: lis
                             secrets: Iterable[str]) -> dict[str, Any]:
     stand_in = Report(
         tool_version=report.tool_version, engines=(),
-        checks=(CheckResult(FLEET_CHECK_ID, Status.INCONCLUSIVE, f"not measured: {outcome.reason}", outcome.deployment,
-                            {"host": outcome.host, "node": outcome.node}),),
+        checks=(CheckResult(id=FLEET_CHECK_ID, status=Status.INCONCLUSIVE, message=f"not measured: {outcome.reason}", endpoint=outcome.deployment,
+                            evidence={"host": outcome.host, "node": outcome.node}),),
         started_at=report.started_at, finished_at=report.finished_at,
     )
     return build_statement(stand_in, command_line=[*command_line, f"[deployment {outcome.deployment}]"], subjects=subjects,

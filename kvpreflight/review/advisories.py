@@ -114,7 +114,7 @@ def review_advisories(launches: Sequence[Launch], advisories: Sequence[Advisory]
             "version": version, "image": image, "image_line": launch.site.image_line, "pd": pd,
             **summary.evidence, "estimate": True,
         }
-        results.append(CheckResult(CHECK_ID, summary.status, summary.message, where, evidence))
+        results.append(CheckResult(id=CHECK_ID, status=summary.status, message=summary.message, endpoint=where, evidence=evidence))
     return results
 
 

@@ -167,9 +167,9 @@ def test_waiver_keeps_the_finding_and_the_reason():
 def test_verdict_and_exit_codes():
     from kvpreflight.model import CheckResult as R
 
-    assert exit_code_of(verdict_of([R("a", Status.PASS, ""), R("b", Status.WARN, "")])) == 0
-    assert exit_code_of(verdict_of([R("a", Status.INCONCLUSIVE, ""), R("b", Status.PASS, "")])) == 3
-    assert exit_code_of(verdict_of([R("a", Status.INCONCLUSIVE, ""), R("b", Status.FAIL, "")])) == 1
+    assert exit_code_of(verdict_of([R(id="a", status=Status.PASS, message=""), R(id="b", status=Status.WARN, message="")])) == 0
+    assert exit_code_of(verdict_of([R(id="a", status=Status.INCONCLUSIVE, message=""), R(id="b", status=Status.PASS, message="")])) == 3
+    assert exit_code_of(verdict_of([R(id="a", status=Status.INCONCLUSIVE, message=""), R(id="b", status=Status.FAIL, message="")])) == 1
     assert exit_code_of(verdict_of([])) == 3  # nothing ran: nothing proved
     assert Report("0", (), ()).exit_code == 3
 

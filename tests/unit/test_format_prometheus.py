@@ -26,7 +26,7 @@ def samples(text: str) -> dict[str, list[tuple[dict[str, str], float]]]:
 def report_with_secrets():
     base = sample_report(failing=True)
     leaky = "https://ops:hunter2-password@gw.example:8443/v1?api_key=sk-live-123456"
-    checks = (*base.checks, CheckResult("tenant-isolation", Status.INCONCLUSIVE, "model does not echo", leaky))
+    checks = (*base.checks, CheckResult(id="tenant-isolation", status=Status.INCONCLUSIVE, message="model does not echo", endpoint=leaky))
     cost = Cost(requests=51, prompt_tokens_submitted=219191, generated_tokens=5667, wall_s=17.0, checked_context=8192,
                 prefilled_tokens=32136, measured=True, basis="measured")
     return replace(base, checks=checks, cost=cost)

@@ -67,20 +67,20 @@ def report(*checks: CheckResult, waivers: tuple[Waiver, ...] = (), context: int 
     )
 
 
-PASS = CheckResult("kv.capacity", Status.PASS, "pool holds the served context twice", PREFILL)
-FAIL = CheckResult("reject.over_capacity", Status.FAIL, LONG, PREFILL, {"sent_tokens": 200_001})
-FAIL_DECODE = CheckResult("reject.over_capacity", Status.FAIL, "decode accepted 70,000 tokens", DECODE)
-INCONCLUSIVE = CheckResult("tenant.isolation", Status.INCONCLUSIVE, SPECIAL, DECODE)
+PASS = CheckResult(id="kv.capacity", status=Status.PASS, message="pool holds the served context twice", endpoint=PREFILL)
+FAIL = CheckResult(id="reject.over_capacity", status=Status.FAIL, message=LONG, endpoint=PREFILL, evidence={"sent_tokens": 200_001})
+FAIL_DECODE = CheckResult(id="reject.over_capacity", status=Status.FAIL, message="decode accepted 70,000 tokens", endpoint=DECODE)
+INCONCLUSIVE = CheckResult(id="tenant.isolation", status=Status.INCONCLUSIVE, message=SPECIAL, endpoint=DECODE)
 WARN_FILE = CheckResult(
-    "review.auto_truncate",
-    Status.WARN,
-    "allow_auto_truncate: true lets over-long prompts through",
-    None,
-    {"file": "deploy/sglang, prod:v2.yaml", "line": 12},
+    id="review.auto_truncate",
+    status=Status.WARN,
+    message="allow_auto_truncate: true lets over-long prompts through",
+    endpoint=None,
+    evidence={"file": "deploy/sglang, prod:v2.yaml", "line": 12},
 )
-SKIP = CheckResult("gpu.memory", Status.SKIP, "no NVIDIA driver on this host")
-WAIVED = CheckResult("tenant.isolation", Status.SKIP, "waived: staging (found: warn: x)", DECODE,
-                     {"waiver": "staging", "status_before_waiver": "warn"})
+SKIP = CheckResult(id="gpu.memory", status=Status.SKIP, message="no NVIDIA driver on this host")
+WAIVED = CheckResult(id="tenant.isolation", status=Status.SKIP, message="waived: staging (found: warn: x)", endpoint=DECODE,
+                     evidence={"waiver": "staging", "status_before_waiver": "warn"})
 MIXED = report(PASS, FAIL, INCONCLUSIVE, WARN_FILE, SKIP, waivers=(Waiver("gpu.memory", "CPU-only runner"),))
 
 
@@ -156,8 +156,8 @@ def test_table_to_a_pipe_or_file_keeps_a_long_message_whole():
 
 
 FINDINGS = "; ".join(f"over-pool probe {i} (9,000 tokens): served, not rejected, {i} tokens generated" for i in range(6))
-FIXED = CheckResult("overcapacity-rejected", Status.FAIL, f"{FINDINGS}; fix: serve a --context-length the pool holds",
-                    PREFILL)
+FIXED = CheckResult(id="overcapacity-rejected", status=Status.FAIL, message=f"{FINDINGS}; fix: serve a --context-length the pool holds",
+                    endpoint=PREFILL)
 
 
 @pytest.mark.parametrize("width", [100, 120])
@@ -183,7 +183,7 @@ def test_markdown_shows_a_long_message_in_three_lines_of_its_column():
 
 
 def test_table_cannot_drive_the_terminal():
-    sneaky = CheckResult("kv.capacity", Status.FAIL, "ok\x1b[2J\rcleared", PREFILL)
+    sneaky = CheckResult(id="kv.capacity", status=Status.FAIL, message="ok\x1b[2J\rcleared", endpoint=PREFILL)
     out = plain_table(report(sneaky))
     assert "\x1b" not in out and "\r" not in out
     assert r"ok\x1b[2J\x0dcleared" in out
@@ -228,7 +228,7 @@ def test_junit_one_testcase_per_result_with_the_right_outcome():
 
 
 def test_junit_escapes_special_characters_and_drops_nothing():
-    bad = CheckResult("odd]]>", Status.FAIL, SPECIAL + " ctrl:\x1b\x00 end", "http://h/?a=1&b=<2>")
+    bad = CheckResult(id="odd]]>", status=Status.FAIL, message=SPECIAL + " ctrl:\x1b\x00 end", endpoint="http://h/?a=1&b=<2>")
     suite = parse_junit(report(bad))
     case = suite.find("testcase")
     assert case.get("name") == "odd]]> http://h/?a=1&b=<2>"
@@ -301,7 +301,7 @@ def test_sarif_rules_carry_what_code_scanning_shows_and_fingerprints_track_a_fin
 
 
 def test_sarif_failing_review_check_points_at_the_config_line():
-    failing = CheckResult("review.max_model_len", Status.FAIL, "context above pool", None, {"file": "/etc/engine.yaml", "line": "7"})
+    failing = CheckResult(id="review.max_model_len", status=Status.FAIL, message="context above pool", endpoint=None, evidence={"file": "/etc/engine.yaml", "line": "7"})
     (result,) = sarif(report(failing))["runs"][0]["results"]
     assert result["level"] == "error"
     physical = result["locations"][0]["physicalLocation"]
@@ -362,7 +362,7 @@ def test_markdown_summary_headline_tables_and_escaping():
 
 
 def test_markdown_pipe_in_message_stays_in_its_cell():
-    r = report(CheckResult("x", Status.FAIL, "a | b", PREFILL))
+    r = report(CheckResult(id="x", status=Status.FAIL, message="a | b", endpoint=PREFILL))
     row = next(line for line in MarkdownFormat().render(r).splitlines() if line.startswith("| ❌"))
     assert row.endswith("| a \\| b |")
 
@@ -535,7 +535,7 @@ def test_quiet_table_leaves_passes_out_but_counts_them():
 
 def test_the_same_finding_on_several_checks_and_engines_is_one_row_naming_them_all():
     same = "no --entry: the probes need the client-facing URL"
-    checks = [CheckResult(cid, Status.INCONCLUSIVE, same, url) for cid in ("tenant.isolation", "prompt.integrity")
+    checks = [CheckResult(id=cid, status=Status.INCONCLUSIVE, message=same, endpoint=url) for cid in ("tenant.isolation", "prompt.integrity")
               for url in (PREFILL, DECODE)]
     out = plain_table(report(*checks))
     assert out.count(same) == 1
@@ -556,7 +556,7 @@ def test_many_checks_grouped_under_one_finding_wrap_in_the_check_column_at_80_co
     same = "--capacity-only: no request was sent (read-only mode)"
     ids = ("overcapacity-rejected", "prompt-integrity", "max-tokens-clamp", "concurrent-capacity",
            "engine-healthy-after", "tenant-isolation", "prefix-cache-isolation")
-    out = TableFormat(color=False, width=80).render(report(PASS, *(CheckResult(cid, Status.SKIP, same, PREFILL) for cid in ids)))
+    out = TableFormat(color=False, width=80).render(report(PASS, *(CheckResult(id=cid, status=Status.SKIP, message=same, endpoint=PREFILL) for cid in ids)))
     lines = out.split("Checks (")[1].split("\n\n")[0].splitlines()
     assert lines[1].split() == ["status", "check", "endpoint", "message"]  # not stacked
     assert max(len(line) for line in out.splitlines()) <= 80
@@ -591,8 +591,8 @@ def test_an_endpoint_cut_across_lines_is_marked_and_reads_back_whole(width):
     """At 80 columns a 22-character check id leaves the endpoint 21: a local URL used to come out
     as `http://127.0.0.1:6034` and `0` on the next line, which reads as another address."""
     url, far = "http://127.0.0.1:60340", "http://prefill-0.a-very-long-hostname.example.internal:30000"
-    out = plain_table(report(CheckResult("prefix-cache-isolation", Status.FAIL, "one tenant's prefix served another " * 4, url),
-                             CheckResult("kv-capacity", Status.PASS, "pool 8,192 tokens vs context 4,096", far)), width=width)
+    out = plain_table(report(CheckResult(id="prefix-cache-isolation", status=Status.FAIL, message="one tenant's prefix served another " * 4, endpoint=url),
+                             CheckResult(id="kv-capacity", status=Status.PASS, message="pool 8,192 tokens vs context 4,096", endpoint=far)), width=width)
     assert max(len(line) for line in out.splitlines()) <= width
     rows = _check_rows(out)
     start = rows[0].index("http://")

@@ -32,10 +32,10 @@ def with_checks(*checks: CheckResult, waivers: tuple[Waiver, ...] = ()) -> Repor
     return replace(sample_report(), checks=checks, waivers=waivers)
 
 
-PASS = CheckResult("kv-capacity", Status.PASS, "pool holds the context", endpoint="http://prefill-0:30000")
-REJECTED = CheckResult("overcapacity-rejected", Status.PASS, "HTTP 400")
-ISOLATED = CheckResult("tenant-isolation", Status.PASS, "no canary crossed")
-WAIVED = CheckResult("tenant-isolation", Status.SKIP, "waived: shared pool (found: fail: canary crossed)",
+PASS = CheckResult(id="kv-capacity", status=Status.PASS, message="pool holds the context", endpoint="http://prefill-0:30000")
+REJECTED = CheckResult(id="overcapacity-rejected", status=Status.PASS, message="HTTP 400")
+ISOLATED = CheckResult(id="tenant-isolation", status=Status.PASS, message="no canary crossed")
+WAIVED = CheckResult(id="tenant-isolation", status=Status.SKIP, message="waived: shared pool (found: fail: canary crossed)",
                      evidence={"waiver": "shared pool", "status_before_waiver": "fail"})
 
 

@@ -63,7 +63,7 @@ def _ray(filler: str) -> str:
 
 
 def _fleet_reason(filler: str) -> str:
-    checks = (CheckResult("kv-capacity", Status.INCONCLUSIVE, filler + KEY + " was not measured", "http://e"),)
+    checks = (CheckResult(id="kv-capacity", status=Status.INCONCLUSIVE, message=filler + KEY + " was not measured", endpoint="http://e"),)
     outcome = job.Outcome("d", Status.INCONCLUSIVE, 3, report=Report(tool_version="0", engines=(), checks=checks))
     return report.problems(outcome)
 

@@ -199,8 +199,8 @@ def test_missing_and_malformed_inputs_are_bad_input(tmp_path, record, keys):
 def _with(check_id: str, status: Status, message: str, *, waiver: Waiver | None = None) -> Report:
     base = sample_report()
     checks = tuple(
-        CheckResult(c.id, status, message, c.endpoint,
-                    {"waiver": waiver.reason} if waiver else {}) if c.id == check_id else c
+        CheckResult(id=c.id, status=status, message=message, endpoint=c.endpoint,
+                    evidence={"waiver": waiver.reason} if waiver else {}) if c.id == check_id else c
         for c in base.checks)
     return replace(base, checks=checks, waivers=(*base.waivers, *((waiver,) if waiver else ())))
 
