@@ -11,6 +11,9 @@
 #   * vLLM's MooncakeConnector stack (after the PD stack; --only mooncake): a venv that sees the
 #     vLLM venv's packages through a .pth file, with mooncake-transfer-engine-non-cuda, libibverbs
 #     where the system has none, and the CPU start-up shim scripts/mooncake_cpu_shim.py;
+#   * SGLang on CPU (--only sglang), the incident's engine, in a venv of its own: sglang --no-deps, its
+#     non-CUDA requirements under the local torch CPU wheel, the Mooncake transfer engine and NIXL for
+#     prefill/decode, and the CPU stand-ins of scripts/sglang_cpu/ (inert unless KVPF_SGLANG_CPU=1);
 #   * the LiteLLM proxy (a gateway with fallbacks, fronting the builtin engine as production gateways
 #     front engines) in its own venv;
 #   * the echo model (scripts/make_echo_model.py: an HF folder for vLLM, a GGUF for llama.cpp, built
@@ -18,7 +21,7 @@
 # Idempotent: a second run only checks the markers and rewrites engines.env (a few seconds).
 # Everything lives under ${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}; nothing touches the dev venv.
 #
-# Usage: scripts/setup_engines.sh [--only vllm|vllm-pd|mooncake|llama|smg|litellm]   (vllm-pd: vLLM and its PD stack;
+# Usage: scripts/setup_engines.sh [--only vllm|vllm-pd|mooncake|llama|smg|sglang|litellm]   (vllm-pd: vLLM and its PD stack;
 #        mooncake: vLLM, its PD stack and the Mooncake venv; smg: smg and sglang-router)
 # Then:  source "${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}/engines.env"   (tests/conftest.py also
 #        loads that file by itself when it exists).
@@ -32,11 +35,14 @@ SMG_VERSION=1.13.0
 SGLANG_ROUTER_VERSION=0.3.2
 LITELLM_VERSION=1.110.2
 MOONCAKE_VERSION=0.3.13.post1
+SGLANG_VERSION=0.5.23
+SGLANG_TORCH=2.13.0+cpu        # the local CPU wheel (/opt/wheels); sglang's wheel pins torch==2.14.1 (CUDA)
+SGLANG_TORCHVISION=0.28.0      # the torchvision built against torch 2.13 (a CUDA build: see scripts/sglang_cpu)
 CACHE="${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}"
 PY="${KVPREFLIGHT_SETUP_PYTHON:-python3}"
 ONLY=""
-if [[ "${1:-}" == "--only" ]]; then ONLY="${2:?--only needs vllm, vllm-pd, mooncake, llama, smg or litellm}"; fi
-case "$ONLY" in ""|vllm|vllm-pd|mooncake|llama|smg|litellm) ;; *) echo "usage: $0 [--only vllm|vllm-pd|mooncake|llama|smg|litellm]" >&2; exit 2 ;; esac
+if [[ "${1:-}" == "--only" ]]; then ONLY="${2:?--only needs vllm, vllm-pd, mooncake, llama, smg, sglang or litellm}"; fi
+case "$ONLY" in ""|vllm|vllm-pd|mooncake|llama|smg|sglang|litellm) ;; *) echo "usage: $0 [--only vllm|vllm-pd|mooncake|llama|smg|sglang|litellm]" >&2; exit 2 ;; esac
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ECHO_BUILDER="$REPO/scripts/make_echo_model.py"
@@ -49,6 +55,11 @@ SGLANG_ROUTER_VENV="$CACHE/sglang-router-venv"
 LITELLM_VENV="$CACHE/litellm-venv"
 MOONCAKE_VENV="$CACHE/mooncake-venv"
 MOONCAKE_MARKER="$MOONCAKE_VENV/.kvpreflight-mooncake-$MOONCAKE_VERSION-$(sha256sum "$REPO/scripts/mooncake_cpu_shim.py" | cut -c1-12)"
+SGLANG_VENV="$CACHE/sglang-venv"
+SGLANG_STANDINS="$REPO/scripts/sglang_cpu"
+# The stand-ins' hash (names and contents) is in the marker: an edited stand-in is installed anew.
+SGLANG_STANDINS_HASH=$(cd "$SGLANG_STANDINS" && find . -type f -name '*.py' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12)
+SGLANG_MARKER="$SGLANG_VENV/.kvpreflight-sglang-$SGLANG_VERSION-$SGLANG_STANDINS_HASH"
 WHEELS="$CACHE/wheels"
 LOGS="$CACHE/logs"
 mkdir -p "$CACHE" "$WHEELS" "$LOGS"
@@ -242,6 +253,84 @@ setup_sglang_router() {
     log "sglang-router $SGLANG_ROUTER_VERSION: installed in $(( $(now) - t0 )) s"
 }
 
+# SGLang 0.5.23 on CPU (the incident's engine; examples/specs/sglang-*-cpu.yaml), in a venv of its own.
+# sglang's wheel requires torch==2.14.1, sglang-kernel and a dozen CUDA packages (flashinfer, deep-gemm,
+# flash-mla, cutlass, nvshmem, ...), so it is installed --no-deps and its other requirements are named
+# here (the 0.5.23 wheel's Requires-Dist less torch, torchaudio, torchcodec, torchvision, cuda-python,
+# flash-attn-4, flashinfer_python, humming-kernels, nvidia-cutlass-dsl, nvidia-mathdx, nvshmem4py-cu13,
+# quack-kernels, sgl-deep-ep, sgl-deep-gemm, sgl-flash-mla, sglang-kernel, tilelang, torch_memory_saver),
+# installed under a constraint that holds torch to the local CPU wheel: no CUDA torch is ever pulled.
+# torchvision (timm and transformers' image code import it) is PyPI's 0.28.0 --no-deps: a CUDA build
+# whose C ops cannot load on a CPU torch (the stand-ins define two schemas it needs to import).
+# dill is imported by SGLang without being declared. Prefill/decode: mooncake-transfer-engine-non-cuda
+# (libibverbs as setup_mooncake fetches it) and nixl + nixl-cu12 (UCX over TCP, no CUDA needed).
+# The CPU stand-ins (scripts/sglang_cpu: a pure-torch sgl_kernel and start-up patches, each with the
+# SGLang call that needs it) are copied in and loaded by a .pth file, inert unless KVPF_SGLANG_CPU=1.
+# Two markers: the packages' (version and this list), so edited stand-ins are reinstalled in a second;
+# and the whole install's, which names the stand-ins' hash.
+SGLANG_REQUIREMENTS=(aiohttp "anthropic>=0.20.0" "apache-tvm-ffi==0.1.11" "blobfile==3.0.0" build
+    "compressed-tensors==0.18.0" datasets "deepseek-recipe==0.2.0" distro easydict einops fastapi gguf
+    interegular IPython "kernels>=0.14.1,<0.15" "llguidance>=1.7.6,<2.0.0" "mistral_common>=1.11.5" modelscope
+    msgspec ninja "numba==0.65.1" numpy nvidia-ml-py "openai==2.8.0" "openai-harmony==0.0.4" orjson
+    "outlines==0.1.11" packaging partial_json_parser pillow "prometheus-client>=0.20.0" psutil py-spy
+    pybase64 pydantic "python-dateutil<3" python-multipart "pyzmq>=25.1.2" regex requests scipy
+    "sentencepiece==0.2.1" setproctitle "smg-grpc-servicer>=0.9.0" "soundfile==0.13.1" tiktoken
+    "timm==1.0.25" "tml-renderers==0.1.0" "tokenizers==0.23.2" tqdm "transformers==5.19.0" "uvicorn>=0.51"
+    uvloop watchfiles "xgrammar==0.2.7" xxhash zstandard dill
+    "mooncake-transfer-engine-non-cuda==$MOONCAKE_VERSION" "nixl==$NIXL_VERSION" "nixl-cu12==$NIXL_VERSION")
+SGLANG_IMPORTS="import sglang, sglang.srt.entrypoints.http_server, mooncake.engine, nixl, torchvision"
+setup_sglang() {
+    local packages_marker
+    packages_marker="$SGLANG_VENV/.kvpreflight-sglang-packages-$SGLANG_VERSION-$(printf '%s\n' "$SGLANG_TORCH" \
+        "$SGLANG_TORCHVISION" "${SGLANG_REQUIREMENTS[@]}" | sha256sum | cut -c1-12)"
+    if [[ -f "$SGLANG_MARKER" && -f "$packages_marker" ]] \
+        && KVPF_SGLANG_CPU=1 "$SGLANG_VENV/bin/python" -c "import sglang, mooncake.engine, nixl, sgl_kernel" 2>/dev/null; then
+        log "SGLang $SGLANG_VERSION: cached in $SGLANG_VENV"
+        byte_compile "$SGLANG_VENV"
+        return 0
+    fi
+    local t0; t0=$(now)
+    if [[ ! -f "$packages_marker" ]]; then
+        log "SGLang $SGLANG_VERSION: installing into $SGLANG_VENV (2-5 minutes, 3 GB; log $LOGS/sglang-install.log)"
+        rm -rf "$SGLANG_VENV"
+        (
+            set -euo pipefail
+            "$PY" -m venv "$SGLANG_VENV"
+            local pip=("$SGLANG_VENV/bin/pip" install --no-compile)
+            constraints="$SGLANG_VENV/kvpreflight-constraints.txt"
+            printf 'torch==%s\ntorchvision==%s\n' "$SGLANG_TORCH" "$SGLANG_TORCHVISION" >"$constraints"
+            "${pip[@]}" "torch==$SGLANG_TORCH"
+            "${pip[@]}" --no-deps "sglang==$SGLANG_VERSION" "torchvision==$SGLANG_TORCHVISION"
+            "${pip[@]}" -c "$constraints" "${SGLANG_REQUIREMENTS[@]}"
+            "$SGLANG_VENV/bin/python" -c "import torch; assert torch.version.cuda is None, torch.__version__; print('torch', torch.__version__)"
+            site=$("$SGLANG_VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+            if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 '; then
+                debs=$(mktemp -d)
+                (cd "$debs" && apt-get download libibverbs1 libnl-3-200 libnl-route-3-200)
+                for deb in "$debs"/*.deb; do dpkg -x "$deb" "$debs/root"; done
+                find "$debs/root" \( -name libibverbs.so.1 -o -name libnl-3.so.200 -o -name libnl-route-3.so.200 \) \
+                    -exec cp -L {} "$site/mooncake_transfer_engine_non_cuda.libs/" \;
+                rm -rf "$debs"
+            fi
+        ) >"$LOGS/sglang-install.log" 2>&1 || { tail -n 30 "$LOGS/sglang-install.log" >&2; return 1; }
+        touch "$packages_marker"
+    fi
+    (
+        set -euo pipefail
+        site=$("$SGLANG_VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+        rm -f "$SGLANG_VENV"/.kvpreflight-sglang-"$SGLANG_VERSION"-*
+        rm -rf "$site/kvpf_sglang_cpu"
+        mkdir -p "$site/kvpf_sglang_cpu"
+        (cd "$SGLANG_STANDINS" && find . -type f -name '*.py' -exec cp --parents {} "$site/kvpf_sglang_cpu/" \;)
+        echo "import kvpf_sglang_cpu.hook" >"$site/kvpreflight-sglang-cpu.pth"
+        echo "stand-ins $SGLANG_STANDINS_HASH installed"
+        KVPF_SGLANG_CPU=1 "$SGLANG_VENV/bin/python" -c "$SGLANG_IMPORTS; import sgl_kernel; print('sglang', sglang.__version__)"
+    ) >>"$LOGS/sglang-install.log" 2>&1 || { tail -n 30 "$LOGS/sglang-install.log" >&2; return 1; }
+    byte_compile "$SGLANG_VENV"
+    touch "$SGLANG_MARKER"
+    log "SGLang $SGLANG_VERSION: installed in $(( $(now) - t0 )) s"
+}
+
 # The LiteLLM proxy. The litellm wheel carries the proxy server (litellm/proxy); its `[proxy]` extra
 # also requires the split-out `litellm-proxy` package, which package indexes may not hold, so the
 # proxy's own dependencies are named here: what `import litellm.proxy.proxy_server` (what
@@ -310,6 +399,9 @@ if [[ -z "$ONLY" || "$ONLY" == "smg" ]]; then
     setup_smg || rc=1
     setup_sglang_router || rc=1
 fi
+if [[ -z "$ONLY" || "$ONLY" == "sglang" ]]; then
+    setup_sglang || rc=1
+fi
 if [[ -z "$ONLY" || "$ONLY" == "litellm" ]]; then
     setup_litellm || rc=1
 fi
@@ -345,6 +437,9 @@ tmp_env="$ENV_FILE.tmp.$$"
     if [[ -f "$SGLANG_ROUTER_VENV/.kvpreflight-sglang-router-$SGLANG_ROUTER_VERSION" ]]; then
         echo "export KVPREFLIGHT_SGLANG_ROUTER_PYTHON=$SGLANG_ROUTER_VENV/bin/python"
     fi
+    if [[ -f "$SGLANG_MARKER" ]]; then
+        echo "export KVPREFLIGHT_SGLANG_PYTHON=$SGLANG_VENV/bin/python"
+    fi
     if [[ -f "$LITELLM_VENV/.kvpreflight-litellm-$LITELLM_VERSION" ]]; then
         echo "export KVPREFLIGHT_LITELLM=$LITELLM_VENV/bin/litellm"
     fi
@@ -361,6 +456,7 @@ echo "llama-server:      $( [[ -f "$LLAMA_VENV/.kvpreflight-llama-$LLAMA_VERSION
 echo "llama.cpp wheel:   $(llama_wheel)"
 echo "smg:               $( [[ -f "$SMG_VENV/.kvpreflight-smg-$SMG_VERSION" ]] && echo "$SMG_VENV/bin/smg" )"
 echo "sglang-router:     $( [[ -f "$SGLANG_ROUTER_VENV/.kvpreflight-sglang-router-$SGLANG_ROUTER_VERSION" ]] && echo "$SGLANG_ROUTER_VENV/bin/python -m sglang_router.launch_router" )"
+echo "sglang python:     $( [[ -f "$SGLANG_MARKER" ]] && echo "$SGLANG_VENV/bin/python" )"
 echo "litellm:           $( [[ -f "$LITELLM_VENV/.kvpreflight-litellm-$LITELLM_VERSION" ]] && echo "$LITELLM_VENV/bin/litellm" )"
 echo "echo model:        $( [[ -d "$ECHO_DIR" ]] && echo "$ECHO_DIR (hf/, echo.gguf)" )"
 echo "engines.env:       $ENV_FILE"

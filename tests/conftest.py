@@ -4,7 +4,7 @@ The suite is three tiers, one folder and one marker each (``scripts/test.sh unit
 
 - ``tests/unit/`` (``unit``): in-process, no child process (tests/unit/conftest.py enforces it);
 - ``tests/builtin/`` (``builtin``): the builtin engine, the demo and the CLI as real processes;
-- ``tests/real/`` (``real``): real vLLM, the vLLM P/D pair, llama.cpp, smg and sglang-router.
+- ``tests/real/`` (``real``): real vLLM, the vLLM P/D pair, llama.cpp, smg and sglang-router, live SGLang.
 
 A test that uses a real-engine fixture is a ``real`` test wherever it is collected; one under
 unit/ or builtin/ is a collection error (it would hide minutes of engine time in a fast tier).
@@ -58,10 +58,11 @@ ENGINE_FIXTURES = {
     "shared_llama_server",
     "vllm_router_binary",
     "mooncake_python",
+    "sglang_python",
 }
 
 # The real engines that fill both cores: every test using one runs alone.
-VLLM_FIXTURES = {"vllm_python", "vllm_server", "echo_hf_model", "vllm_router_binary", "mooncake_python"}
+VLLM_FIXTURES = {"vllm_python", "vllm_server", "echo_hf_model", "vllm_router_binary", "mooncake_python", "sglang_python"}
 
 TIERS = ("unit", "builtin", "real")
 TESTS = Path(__file__).resolve().parent
@@ -130,6 +131,12 @@ def vllm_router_binary() -> str:
 def mooncake_python() -> str:
     """Path of the Mooncake venv's python (``$KVPREFLIGHT_MOONCAKE_PYTHON``); fails if not set up."""
     return _require(realengines.mooncake_python)
+
+
+@pytest.fixture(scope="session")
+def sglang_python() -> str:
+    """Path of the SGLang venv's python (``$KVPREFLIGHT_SGLANG_PYTHON``); fails if not set up."""
+    return _require(realengines.sglang_python)
 
 
 @pytest.fixture(scope="session")

@@ -8,8 +8,8 @@ stopped by process group: SIGTERM, a grace period, then SIGKILL. Fixtures call `
 Where the engines come from: ``scripts/setup_engines.sh`` writes ``$CACHE/engines.env`` with
 ``KVPREFLIGHT_VLLM_PYTHON`` (the vLLM venv's python), ``KVPREFLIGHT_LLAMA_SERVER`` (the
 llama-server binary) and ``KVPREFLIGHT_LLAMA_PYTHON`` (the llama venv's python, which has
-``gguf`` for the GGUF builders) and ``KVPREFLIGHT_VLLM_ROUTER`` (vLLM's PD router, beside
-NIXL in the vLLM venv). ``$CACHE`` is ``${KVPREFLIGHT_CACHE:-~/.cache/kvpreflight}``. It also builds
+``gguf`` for the GGUF builders), ``KVPREFLIGHT_VLLM_ROUTER`` (vLLM's PD router, beside
+NIXL in the vLLM venv) and ``KVPREFLIGHT_SGLANG_PYTHON`` (SGLang 0.5.23's venv, with its CPU stand-ins). ``$CACHE`` is ``${KVPREFLIGHT_CACHE:-~/.cache/kvpreflight}``. It also builds
 the echo model (scripts/make_echo_model.py) that the engine fixtures serve, under
 ``$CACHE/models/echo-<hash of the builder>``; a fixture builds it there when it is missing.
 """
@@ -46,6 +46,9 @@ ENV_LLAMA_PYTHON = "KVPREFLIGHT_LLAMA_PYTHON"
 ENV_VLLM_ROUTER = "KVPREFLIGHT_VLLM_ROUTER"
 ENV_LITELLM = "KVPREFLIGHT_LITELLM"
 ENV_MOONCAKE_PYTHON = "KVPREFLIGHT_MOONCAKE_PYTHON"
+ENV_SGLANG_PYTHON = "KVPREFLIGHT_SGLANG_PYTHON"
+ENV_SGLANG_ROUTER_PYTHON = "KVPREFLIGHT_SGLANG_ROUTER_PYTHON"
+ENV_SMG = "KVPREFLIGHT_SMG"
 
 VLLM_READY_TIMEOUT_S = float(os.environ.get("KVPREFLIGHT_VLLM_READY_TIMEOUT", "300"))
 LLAMA_READY_TIMEOUT_S = float(os.environ.get("KVPREFLIGHT_LLAMA_READY_TIMEOUT", "60"))
@@ -118,6 +121,22 @@ def mooncake_python() -> str:
     """The Mooncake venv's python (vLLM's packages through a .pth file, the Mooncake transfer
     engine, the CPU shim: scripts/setup_engines.sh --only mooncake)."""
     return _required_executable(ENV_MOONCAKE_PYTHON)
+
+
+def sglang_python() -> str:
+    """The SGLang venv's python (SGLang 0.5.23 on the local CPU torch, Mooncake, NIXL and the CPU
+    stand-ins of scripts/sglang_cpu: scripts/setup_engines.sh --only sglang)."""
+    return _required_executable(ENV_SGLANG_PYTHON)
+
+
+def sglang_router_bin() -> str:
+    """The folder of sglang-router's `sglang-router` command (its own venv: scripts/setup_engines.sh --only smg)."""
+    return str(Path(_required_executable(ENV_SGLANG_ROUTER_PYTHON)).parent)
+
+
+def smg_bin() -> str:
+    """The folder of smg's `smg` command (its own venv: scripts/setup_engines.sh --only smg)."""
+    return str(Path(_required_executable(ENV_SMG)).parent)
 
 
 def litellm_binary() -> str:

@@ -168,13 +168,25 @@ class SglangAdapter(EngineAdapter):
         metrics = self.metrics()
         prompt = metric_sum(metrics, "sglang:prompt_tokens_total")
         cached = metric_sum(metrics, "sglang:cached_tokens_total")  # tokens; prompt_tokens_total includes them
+        computed = prompt - cached if prompt is not None and cached is not None else None
+        # What this engine's own prefill batches computed and found in its cache: SGLang's
+        # realtime_tokens_total, counted per prefill batch (srt/observability/metrics_collector.py
+        # increment_realtime_tokens; modes prefill_compute, prefill_cache, decode). Seen live (0.5.23,
+        # P/D over Mooncake and NIXL): a decode's prompt_tokens_total and cached_tokens_total repeat
+        # the prefill's numbers for every transferred request (4,000 and 3,999 on the decode for a
+        # prompt the prefill had cached), while its prefill_compute never moves: prompt - cached is
+        # the decode's own compute only where this family is missing (older builds, the builtin engine).
+        if metrics and metrics.get("sglang:realtime_tokens_total"):
+            modes = [(labels.get("mode"), value) for labels, value in metrics["sglang:realtime_tokens_total"]]
+            computed = sum(v for mode, v in modes if mode == "prefill_compute")
+            cached = sum(v for mode, v in modes if mode == "prefill_cache")
         latency_ms = metric_sum(metrics, "sglang:kv_transfer_latency_ms_sum")  # observability/metrics_collector.py (0.5.23)
         return Counters(
             requests=metric_sum(metrics, "sglang:num_requests_total"),
             # srt/observability/metrics_collector.py (0.5.23), counted by the tokenizer manager on abort.
             aborted_requests=metric_sum(metrics, "sglang:num_aborted_requests_total"),
             prompt_tokens=prompt,
-            prefilled_tokens=prompt - cached if prompt is not None and cached is not None else None,
+            prefilled_tokens=computed,
             cached_prompt_tokens=cached,
             generation_tokens=metric_sum(metrics, "sglang:generation_tokens_total"),
             transfer_failures=metric_sum(metrics, "sglang:num_transfer_failed_reqs_total"),

@@ -1,5 +1,6 @@
 """The SGLang adapter against bodies and log lines copied from SGLang 0.5.23's source
-(tests/fixtures/sglang/README.md says where each comes from). SGLang cannot run on this machine."""
+(tests/fixtures/sglang/README.md says where each comes from), and against metrics recorded from
+the live engine on CPU (tests/fixtures/sglang/live; the live engine itself: tests/real/test_sglang_live.py)."""
 
 from __future__ import annotations
 
@@ -174,3 +175,30 @@ def test_kv_canary_violation_and_stats_lines_become_danger_lines_with_slot_posit
          "stored_token=881 expected_token=42 launch_tag=HEAD_K_FULL"),
         (Hazard.KV_CANARY, "[canary] ... violations=N (counted so far)", "violations=1"),
     ]  # the stats line with violations=0 and the header/body lines of the same violation are no signal
+
+
+LIVE = FIX / "live"  # recorded from live SGLang 0.5.23 on CPU (README.md there)
+
+
+@pytest.mark.parametrize(("role", "computed", "cached"), [("prefill", 5_007, 6_999), ("decode", 0, 0)])
+def test_counters_take_each_engines_own_compute_from_realtime_tokens_not_the_prompt_counts_a_decode_repeats(role, computed, cached):
+    """Live P/D (Mooncake): the decode's prompt_tokens_total and cached_tokens_total repeat the
+    prefill's (12,004 and 6,999) though it computed none of those prompts; what each engine computed
+    and found cached is its realtime_tokens_total (prefill_compute, prefill_cache). Read as
+    prompt - cached, the decode 'computed' 5,005 tokens, and pd-transfer failed every honest pair."""
+    info = json.loads((FIX / "server_info_prefill.json").read_text())
+    r = {**routes({**info, "disaggregation_mode": role}),
+         "GET /metrics": (200, "text/plain; version=0.0.4", (LIVE / f"metrics_{role}.txt").read_text())}
+    with static_server(r) as url:
+        counters = open_adapter(url, HttpClient()).counters()
+    assert counters.prompt_tokens == 12_004
+    assert (counters.prefilled_tokens, counters.cached_prompt_tokens) == (computed, cached)
+
+
+def test_counters_without_realtime_tokens_fall_back_to_prompt_less_cached():
+    """Builds (and the builtin engine) without realtime_tokens_total: prompt - cached, as before."""
+    text = (LIVE / "metrics_prefill.txt").read_text()
+    text = "\n".join(line for line in text.splitlines() if "realtime_tokens_total" not in line) + "\n"
+    with static_server({**routes(), "GET /metrics": (200, "text/plain; version=0.0.4", text)}) as url:
+        counters = open_adapter(url, HttpClient()).counters()
+    assert (counters.prefilled_tokens, counters.cached_prompt_tokens) == (12_004 - 6_999, 6_999)
