@@ -67,6 +67,9 @@ class Speed:
     prefill_tokens_per_second: float
     decode_s_per_token: float
     measured_on: str
+    # The measured request's time past the fixed cost: its prefill, as far as the two requests can
+    # tell. Small next to the run's fixed-cost spread, the speed is noise (plausibility trusts it not).
+    prefill_s: float = 0.0
 
     def expected_s(self, prompt_tokens: int, max_tokens: int = 1, concurrent: int = 1) -> float:
         return (self.overhead_s + concurrent * prompt_tokens / self.prefill_tokens_per_second
@@ -156,7 +159,7 @@ def calibrate(entry: EngineAdapter, engines: Iterable[EngineAdapter], budget: Bu
     first_token, decode = _first_token_and_decode_s(second)
     prefill_s = max(first_token - tiny.elapsed_s, first_token * 0.05, MIN_MEASURABLE_S)
     speed = Speed(overhead_s=tiny.elapsed_s, prefill_tokens_per_second=short / prefill_s, decode_s_per_token=decode,
-                  measured_on=f"{TINY_TOKENS}- and {short}-token requests through the entry")
+                  measured_on=f"{TINY_TOKENS}- and {short}-token requests through the entry", prefill_s=prefill_s)
     return Calibration(speed, tuple(sent), retried=tuple(retried))
 
 

@@ -189,6 +189,7 @@ class CapacityProber:
                         speed_note=self.budget.rate_note(), untied_danger_lines=untied,
                         near_context_s=near_context_s(self.budget.speed, limits),
                         prefill_rate=self.budget.speed.prefill_tokens_per_second if self.budget.speed else None,
+                        calibration_prefill_s=self.budget.speed.prefill_s if self.budget.speed else None,
                         overhead_s=self.budget.speed.overhead_s if self.budget.speed else 0.0)
 
     def send_only(self, planned: Sequence[PlannedRequest]) -> ProbeRun:

@@ -199,6 +199,7 @@ class ProbeRun:
     # The calibration's measured speed (None: not measured): prompt tokens per second over the
     # fixed cost of a request, what the plausibility of every answer's speed starts from.
     prefill_rate: float | None = None
+    calibration_prefill_s: float | None = None  # the measured request's time past the fixed cost (None: unknown)
     overhead_s: float = 0.0
 
     def missing(self, what: str) -> str:

@@ -35,9 +35,13 @@ def probe(name: str, c: Completion, *, own: bool | None, head: bool | None = Non
                                  sha256=hashlib.sha256(c.text.encode()).hexdigest()))
 
 
-def run_of(*probes: ProbeResult, rate: float | None = SPEED) -> ProbeRun:
+def run_of(*probes: ProbeResult, rate: float | None = SPEED, calibration_prefill_s: float | None = None,
+           overhead_s: float = 0.005) -> ProbeRun:
+    """The calibration's short request (1/16 of the limit, 255 tokens) took 255 / rate past its fixed cost."""
+    measured = calibration_prefill_s if calibration_prefill_s is not None else (LIMIT // 16 / rate if rate else None)
     return ProbeRun(limits=Limits(served_context=CONTEXT, pool_tokens=8192, max_accepted=LIMIT), probes=probes,
-                    healthy_after={URL: True}, idle_after={URL: True}, prefill_rate=rate, overhead_s=0.005)
+                    healthy_after={URL: True}, idle_after={URL: True}, prefill_rate=rate, overhead_s=overhead_s,
+                    calibration_prefill_s=measured)
 
 
 def verdicts(run: ProbeRun) -> dict[str, tuple[Status, str, dict]]:
@@ -46,7 +50,7 @@ def verdicts(run: ProbeRun) -> dict[str, tuple[Status, str, dict]]:
 
 
 def honest_pair(first_token_s: float = 0.62) -> tuple[ProbeResult, ...]:
-    return (probe("concurrent-1", answer(4085, 0.05, text="KVPF-TENANTA " * 20, max_tokens=4, cached=4080), own=True, head=True),
+    return (probe("concurrent-1", answer(4085, 0.02, text="KVPF-TENANTA " * 20, max_tokens=4, cached=4080), own=True, head=True),
             probe("concurrent-2", answer(4085, first_token_s, text="KVPF-TENANTB " * 20, max_tokens=4), own=True, head=True,
                   tenant=Tenant.B))
 
@@ -123,3 +127,21 @@ def test_a_cached_prompt_or_an_unmeasured_speed_is_not_judged():
     unmeasured = run_of(probe("boundary-accept", answer(LIMIT, 0.01, text="K", max_tokens=1), own=None), rate=None)
     status, _, evidence = verdicts(unmeasured)["prompt-integrity"]
     assert status is Status.PASS and evidence["plausibility"][0]["needs_at_least_s"] is None
+
+
+def test_a_speed_measured_within_the_fixed_cost_spread_judges_nothing():
+    """Live SGLang P/D at a 1,024 context: the calibration's 63-token request took 37 ms past the
+    8-token one's 10 ms, so it measured 1,700 tokens/s; the run's small requests took up to 45 ms
+    to their first token, so those 37 ms were the pair's per-request spread, not prefill. An honest
+    1,017-token answer in 44 ms must not be called impossible (it was, before: a false fail)."""
+    small = probe("normal-b10", answer(36, 0.045, text="KVPF-TENANTB " * 3, max_tokens=8), own=True, head=True,
+                  tenant=Tenant.B)
+    honest = probe("boundary-accept", answer(1017, 0.044, text="K", max_tokens=1), own=None)
+    run = run_of(honest, small, rate=1700.0, calibration_prefill_s=0.037, overhead_s=0.01)
+    status, message, evidence = verdicts(run)["prompt-integrity"]
+    assert status is Status.PASS, message
+    (judged,) = evidence["plausibility"]
+    assert judged["needs_at_least_s"] is None and judged["fastest_from"] == "no speed measured past the fixed cost"
+    # the same run with a calibration whose prefill stood clear of that spread: judged, and impossible
+    trusted = run_of(honest, small, rate=1700.0, calibration_prefill_s=0.3, overhead_s=0.01)
+    assert verdicts(trusted)["prompt-integrity"][0] is Status.FAIL
