@@ -4,8 +4,8 @@ engine's fastest prefill in this run allows for the tokens it did not report cac
 computed from that prompt (a placeholder prefilled in its place: the incident). Works for any
 model, echoing or not, through any gateway. Never fails an honest engine: the speed is the
 fastest the run showed (the calibration's, or any shorter request's: a stalled calibration cannot
-make an honest answer look impossible), the margin is wide, a speed is taken only from a request
-whose prefill stood clear of the run's fixed-cost spread, and a prefill predicted shorter than
+make an honest answer look impossible), the margin is wide, an answer is judged only where some
+request's prefill stood clear of the run's fixed-cost spread, and a prefill predicted shorter than
 MIN_JUDGED_S (or than 20 requests' fixed cost) is within noise and not judged."""
 
 from __future__ import annotations
@@ -102,18 +102,21 @@ def judge(run: ProbeRun, isolation: IsolationRun | None) -> list[Judged]:
         # The fixed cost of a request as the run showed it: the tiny calibration request's time, or
         # the slowest first token of any small request (a P/D pair's per-request cost varies by tens
         # of ms). A speed is trusted only from a request whose prefill took at least that long past
-        # its fixed cost: else its time is mostly that cost's spread, the speed it gives understates
-        # the engine's, and an honest answer would look impossible (live SGLang P/D at a 1,024
-        # context: 8- and 63-token calibration requests, a 15x understated speed).
+        # its fixed cost: else its time is mostly that cost's spread and the speed it gives may
+        # understate the engine's (live SGLang P/D at a 1,024 context: 8- and 63-token calibration
+        # requests, a 15x understated speed, an honest answer failed). Judged only where some speed
+        # is trusted, and then against the fastest of all (a stalled request must not slow it).
         band = max([run.overhead_s, *(c.first_token_s for _, c, k in others if 0 < k <= computed * SMALL_FRACTION)])
-        rate, source = None, "no speed measured"
+        rate, source, trusted = None, "no speed measured", False
         if run.prefill_rate:  # without it the fixed cost of a request is unknown: nothing is judged
-            source = "no speed measured past the fixed cost"
-            if run.calibration_prefill_s is not None and run.calibration_prefill_s >= band:
-                rate, source = run.prefill_rate, "the calibration"
+            rate, source = run.prefill_rate, "the calibration"
+            trusted = run.calibration_prefill_s is not None and run.calibration_prefill_s >= band
             for name, c, n in _references(others, p.name, computed):
-                if c.first_token_s - run.overhead_s >= band and (r := _rate(c, n, run.overhead_s)) > (rate or 0.0):
+                trusted = trusted or c.first_token_s - run.overhead_s >= band
+                if (r := _rate(c, n, run.overhead_s)) > rate:
                     rate, source = r, f"{name}, {n:,} tokens"
+            if not trusted:
+                rate, source = None, "no speed measured past the fixed cost"
         out.append(Judged(p.name, computed, p.completion.first_token_s, rate, source, run.overhead_s))
     return out
 

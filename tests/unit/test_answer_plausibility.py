@@ -145,3 +145,19 @@ def test_a_speed_measured_within_the_fixed_cost_spread_judges_nothing():
     # the same run with a calibration whose prefill stood clear of that spread: judged, and impossible
     trusted = run_of(honest, small, rate=1700.0, calibration_prefill_s=0.3, overhead_s=0.01)
     assert verdicts(trusted)["prompt-integrity"][0] is Status.FAIL
+
+
+def test_a_stalled_request_that_stood_clear_of_the_fixed_cost_does_not_slow_the_speed_judged_against():
+    """The calibration's prefill was within the fixed-cost spread (not trusted by itself) but fast;
+    a queued request took 0.4 s past its fixed cost (trusted, and slow). The answer is judged, against
+    the fastest speed of all, and passes (the builtin engine without a prefix cache was failed when
+    the trusted speed alone was used)."""
+    small = probe("normal-b10", answer(36, 0.03, text="KVPF-TENANTB " * 3, max_tokens=8), own=True, head=True,
+                  tenant=Tenant.B)
+    queued = probe("health", answer(900, 0.41, text="K", max_tokens=4, stream=False), own=None, tenant=None)
+    honest = probe("boundary-accept", answer(LIMIT, 0.15, text="K", max_tokens=1), own=None)
+    run = run_of(honest, small, queued, rate=12000.0, calibration_prefill_s=0.011, overhead_s=0.01)
+    status, message, evidence = verdicts(run)["prompt-integrity"]
+    assert status is Status.PASS, message
+    judged = evidence["plausibility"][0]
+    assert judged["fastest_from"] == "the calibration" and not judged["impossible"]
