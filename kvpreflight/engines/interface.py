@@ -23,7 +23,7 @@ from kvpreflight.engines.context_warnings import context_warnings
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply, StreamReply
 from kvpreflight.engines.log_patterns import LogSignal
-from kvpreflight.engines.untrusted import answer_text, error_in_event, error_reply_message, json_object, parse_metrics, shape
+from kvpreflight.engines.untrusted import answer_text, error_in_event, error_reply_message, parse_metrics, shape
 from kvpreflight.model import (
     TRANSFER_SECONDS,
     TRANSFERS_TIMED,
@@ -441,18 +441,6 @@ def role_of(override: Role | None, reported: Role | None) -> tuple[Role, RoleSou
     if reported is not None:
         return reported, RoleSource.ENGINE
     return Role.UNIFIED, RoleSource.ASSUMED
-
-
-def tokenized(client: HttpClient, url: str, body: Mapping[str, Any], count: int) -> list[int]:
-    """`count` token ids from the engine's own `/tokenize` (SGLang's, vLLM's and llama.cpp's answer
-    `{"tokens": [ids]}`), its tokens of the seed text in `body` repeated to the length."""
-    reply = client.post(f"{url}/tokenize", dict(body))
-    if reply.status != 200:
-        raise EngineError(f"{url}/tokenize: HTTP {reply.status}; kvpreflight needs the engine's tokenizer to build valid token ids")
-    tokens = json_object(reply.json(), "/tokenize answer", url).get("tokens")
-    if not isinstance(tokens, list) or not all(isinstance(t, int) for t in tokens):
-        raise EngineError(f"{url}/tokenize: no token list in the answer")
-    return cycle_to(tokens, count)
 
 
 def cycle_to(ids: Iterable[int], count: int) -> list[int]:

@@ -14,8 +14,9 @@ from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
-from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, role_of, tokenized
+from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, role_of
 from kvpreflight.engines.log_patterns import gap, log_lines
+from kvpreflight.engines.tokenize import tokenized
 from kvpreflight.engines.untrusted import (
     excerpt,
     json_list,

@@ -14,8 +14,9 @@ from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
-from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, role_of, tokenized, transfer_time
+from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, ReplyFacts, role_of, transfer_time
 from kvpreflight.engines.log_patterns import REQUEST_ID, LogSignal, gap, log_lines
+from kvpreflight.engines.tokenize import tokenized
 from kvpreflight.engines.untrusted import (
     json_list,
     json_object,

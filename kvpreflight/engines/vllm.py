@@ -13,9 +13,10 @@ from typing import Any
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
-from kvpreflight.engines.interface import Counters, PrefillLeg, SplitLegs, _unanswered, role_of, tokenized, transfer_time
+from kvpreflight.engines.interface import Counters, PrefillLeg, SplitLegs, _unanswered, role_of, transfer_time
 from kvpreflight.engines.log_patterns import REQUEST_ID, LogSignal, log_lines
 from kvpreflight.engines.openai_completions import OpenAICompletionsMixin
+from kvpreflight.engines.tokenize import tokenized
 from kvpreflight.engines.untrusted import (
     error_reply_message,
     json_object,
