@@ -7,6 +7,7 @@ without --full-every no prompt comes near the context."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -85,6 +86,60 @@ def test_a_full_round_over_the_hourly_cap_is_skipped_and_said(fake_engines):
     assert line["outcome"] == "skipped" and line["full"] is False and line["requests"] == 4
     assert any("full round skipped" in n and "--max-tokens-per-hour 2,000" in n for n in line["notes"]), line["notes"]
     assert max(s.tokens for s in engine.sent) <= CANARY_MAX
+
+
+def test_a_watch_round_and_a_check_judge_one_engine_alike(fake_engines, monkeypatch):
+    """One engine that serves what it must refuse: `check` and a watch full round send it the same
+    over-capacity and near-context requests and judge them through one code path (the deployment
+    session's `judge`), to the same verdict and message."""
+    from kvpreflight import preflight
+    from kvpreflight.check_ids import CheckId
+    from kvpreflight.check_options import CheckOptions, build_plan
+    from kvpreflight.model import Status
+    from kvpreflight.probes.results import ProbeName
+    from kvpreflight.session import DeploymentSession
+    from kvpreflight.watch.budget import BudgetPlan
+    from kvpreflight.watch.loop import Watcher, WatchSettings
+
+    def serves_anything(engine, sent):
+        return Completion(sent_tokens=sent.tokens, max_tokens=sent.max_tokens, streamed=sent.stream, status=200,
+                          elapsed_s=0.001, completion_tokens=sent.max_tokens, prompt_tokens=sent.tokens,
+                          finish_reason="length", text=sent.seed * 3)
+
+    FakeEngine(snapshot(URL, pool=POOL, context=CONTEXT), script=serves_anything)
+    judged: list[tuple[tuple[str, ...], object]] = []
+    judge = DeploymentSession.judge
+
+    def recording(self, group, run, ids, **kwargs):
+        results = judge(self, group, run, ids, **kwargs)
+        judged.append((tuple(ids), run))
+        return results
+
+    monkeypatch.setattr(DeploymentSession, "judge", recording)
+    plan = build_plan(CheckOptions(endpoints=(URL,), engine="fake"))
+    report = preflight.run(plan)
+    ((check_ids, check_run),) = judged
+    judged.clear()
+    watcher = Watcher(WatchSettings(plan=replace(plan, capacity_only=True), canaries=False, full_every_s=3600,
+                                    budget=BudgetPlan(interval_s=1, max_tokens_per_hour=10**9, full_every_s=3600)))
+    line = watcher.round()
+    ((watch_ids, watch_run),) = judged
+    assert {CheckId.OVERCAPACITY_REJECTED, CheckId.PROMPT_INTEGRITY} <= set(check_ids) and set(watch_ids) < set(check_ids)
+
+    def sent(run, name):
+        (probe,) = run.of(name)
+        return probe.completion.sent_tokens, probe.completion.max_tokens
+
+    for name in (ProbeName.OVER_POOL, ProbeName.BOUNDARY_ACCEPT):  # the same requests
+        assert sent(watch_run, name) == sent(check_run, name), name
+    (failed,) = [r for r in report.checks if r.id == CheckId.OVERCAPACITY_REJECTED]
+    (finding,) = line.findings
+    assert failed.status is Status.FAIL and finding.what == str(CheckId.OVERCAPACITY_REJECTED)
+    said = finding.message.removeprefix(f"{URL}: overcapacity-rejected (full round): ")
+    # word for word what check says of the same request (check goes on about the requests it adds)
+    first = said.split("; ")[0]
+    assert first.startswith("over-pool (6,144 tokens): HTTP 200") and "served, not rejected" in first
+    assert failed.message.split("; ")[0] == first, (said, failed.message)
 
 
 @pytest.mark.parametrize(("args", "says"), [
