@@ -149,9 +149,10 @@ def open_session(plan: CheckPlan, progress: Progress = _quiet) -> Iterator[Deplo
     client = connection.client()
     try:
         thresholds = load_thresholds()
-        adapters, snapshots, unreadable, listing = _read_engines(plan, client, progress)
+        entry = plan.entry.rstrip("/") if plan.entry else None  # every URL normalised here, once
+        adapters, snapshots, unreadable, listing = _read_engines(plan, entry, client, progress)
         groups = tuple(ProbeGroup(entry_url, tuple(group), entry_adapter(plan, entry_url, group, client))
-                       for entry_url, group in _probe_groups(plan, snapshots))
+                       for entry_url, group in _probe_groups(entry, snapshots))
     except BaseException:
         client.close()
         raise
@@ -178,14 +179,14 @@ def one_kind(named: str, kinds: Sequence[str]) -> str:
     return named
 
 
-def _read_engines(plan: CheckPlan, client: HttpClient, progress: Progress,
+def _read_engines(plan: CheckPlan, entry: str | None, client: HttpClient, progress: Progress,
                   ) -> tuple[dict[str, EngineAdapter], list[EngineSnapshot], list[CheckResult], RouterListing | None]:
     adapters: dict[str, EngineAdapter] = {}
     snapshots: list[EngineSnapshot] = []
     unreadable: list[CheckResult] = []
-    targets, listing = _targets(plan, client, progress)
+    targets, listing = _targets(plan, entry, client, progress)
     for target in targets:
-        url = target.url.rstrip("/")
+        url = target.url
         progress(f"reading {url}")
         try:
             adapter = open_adapter(url, client, plan.engine)
@@ -210,12 +211,14 @@ def _wrong_kind_hint(url: str, client: HttpClient, named: str) -> str:
     return f"; it answers as {found}, not {named}: pass --engine {found} or drop --engine" if found else ""
 
 
-def _targets(plan: CheckPlan, client: HttpClient, progress: Progress) -> tuple[tuple[Target, ...], RouterListing | None]:
-    """The engines to read, and what the router at the entry lists (None: no entry, or not a
-    router kvpreflight knows). Without --endpoint the router's workers are the engines."""
-    entry = plan.entry.rstrip("/") if plan.entry else None
+def _targets(plan: CheckPlan, entry: str | None, client: HttpClient, progress: Progress
+             ) -> tuple[tuple[Target, ...], RouterListing | None]:
+    """The engines to read (URLs without a trailing slash), and what the router at the entry lists
+    (None: no entry, or not a router kvpreflight knows). Without --endpoint the router's workers are
+    the engines."""
+    given = tuple(Target(t.url.rstrip("/"), t.role) for t in plan.targets)
     if entry is None:
-        return plan.targets, None
+        return given, None
     router = open_router(entry, client)
     listing = None
     if router is not None:
@@ -223,25 +226,25 @@ def _targets(plan: CheckPlan, client: HttpClient, progress: Progress) -> tuple[t
         try:
             listing = router.listing()
         except EngineError as exc:
-            if not plan.targets:
+            if not given:
                 raise ConfigError(f"--entry {entry}: the {router.kind} router's worker list is unreadable ({exc}); "
                                   "add --endpoint ROLE=URL for every engine behind it") from None
             progress(f"the {router.kind} router's worker list is unreadable ({exc}); using the --endpoint roles")
-    if plan.targets:
-        return plan.targets, listing
+    if given:
+        return given, listing
     if listing is None:
         raise ConfigError(f"--entry {entry} is not a router kvpreflight can ask for its workers ({', '.join(ROUTERS)}); "
                           "add --endpoint URL (or ROLE=URL) for every engine behind it")
     if not listing.workers:
         raise ConfigError(f"--entry {entry}: the {listing.router} router lists no workers ({listing.source}); "
                           "add --endpoint prefill=URL and --endpoint decode=URL for the engines behind it")
-    return tuple(Target(w.url) for w in listing.workers), listing
+    return tuple(Target(w.url.rstrip("/")) for w in listing.workers), listing
 
 
-def _probe_groups(plan: CheckPlan, snapshots: Sequence[EngineSnapshot]) -> list[tuple[str | None, list[EngineSnapshot]]]:
+def _probe_groups(entry: str | None, snapshots: Sequence[EngineSnapshot]) -> list[tuple[str | None, list[EngineSnapshot]]]:
     """Which engines each probe run covers: all of them behind --entry, else each unified engine."""
-    if plan.entry or any(s.role is not Role.UNIFIED for s in snapshots):
-        return [(plan.entry.rstrip("/") if plan.entry else None, list(snapshots))] if snapshots else []
+    if entry or any(s.role is not Role.UNIFIED for s in snapshots):
+        return [(entry, list(snapshots))] if snapshots else []
     return [(s.url, [s]) for s in snapshots]
 
 
