@@ -214,6 +214,27 @@ def test_a_spec_whose_ports_are_chosen_at_boot_is_refused_in_one_line(fake_engin
     assert "--spec" in said and "engines[0] (engine) has port: auto" in said and "give it a port number" in said
 
 
+def test_a_spec_is_read_as_boot_mode_launches_it_one_kind_or_auto(tmp_path):
+    """`watch --spec` takes its plan from the spec's launch as boot mode does (preflight.launched_plan):
+    the workers' URLs and roles, the router as the entry, and the engines' kind only where all say one."""
+    from kvpreflight.boot import load_spec
+    from kvpreflight.check_options import CheckOptions, build_plan
+    from kvpreflight.preflight import running_plan
+    from kvpreflight.targets import Target
+
+    sglang = ["python", "-m", "sglang.launch_server", "--port", "{port}"]
+    engines = [{"name": "prefill", "role": "prefill", "command": sglang, "port": 31001},
+               {"name": "decode", "role": "decode", "command": sglang, "port": 31002},
+               {"name": "router", "role": "router", "command": ["python", "-m", "server"], "port": 31000}]
+    plan = running_plan(build_plan(CheckOptions()), load_spec(spec_file(tmp_path, engines, context_length=4096)))
+    assert plan.targets == (Target("http://127.0.0.1:31001", Role.PREFILL), Target("http://127.0.0.1:31002", Role.DECODE))
+    assert (plan.entry, plan.engine, plan.context_length, plan.booted) == ("http://127.0.0.1:31000", "sglang", 4096, False)
+    engines[1]["command"] = ["python", "-m", "server"]  # a kind the command does not say: each engine is detected
+    assert running_plan(build_plan(CheckOptions()), load_spec(spec_file(tmp_path, engines))).engine == "auto"
+    named = running_plan(build_plan(CheckOptions(engine="vllm")), load_spec(spec_file(tmp_path, engines)))
+    assert named.engine == "vllm"  # --engine wins
+
+
 # -- a fleet inventory ---------------------------------------------------------------------------------
 
 def inventory_file(tmp_path: Path, deployments: list[dict]) -> Path:
