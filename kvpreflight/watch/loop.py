@@ -219,7 +219,12 @@ class Watcher:
             if entry is None:
                 missing.append("canaries: a prefill/decode deployment is probed through its router; pass --entry URL")
                 continue
-            limits = session.limits(group)
+            try:
+                limits = session.limits(group)
+            except EngineError as exc:  # the round goes on: the entry is unreachable this round
+                findings.append(Finding(kind=FindingKind.UNREACHABLE, what="entry", endpoint=entry.url,
+                                        message=f"{entry.url}: its limits could not be read, so no canary was sent: {exc}"))
+                continue
             if limits is None:
                 missing.append(f"canaries: {group.entry_url} states no served context or request limit")
                 continue
