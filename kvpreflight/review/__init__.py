@@ -24,7 +24,8 @@ from kvpreflight.review.estimate import Estimate, ReviewInputs
 from kvpreflight.review.interface import Launch, ReviewError
 from kvpreflight.review.sources import read_sites
 
-ENGINE_WORDS = "python -m sglang.launch_server, sglang serve, vllm serve, python -m vllm.entrypoints.openai.api_server, llama-server"
+ENGINE_WORDS = ("python -m sglang.launch_server, sglang serve, vllm serve, python -m vllm.entrypoints.openai.api_server, llama-server, "
+                "trtllm-serve")
 
 
 def find_all_launches(files: Sequence[Path]) -> list[list[Launch]]:

@@ -146,6 +146,9 @@ LOG_TEMPLATES = [
     "estimated maximum model length is {n}",
     "llama_kv_cache: size = 1 MiB ( {n} cells, 2 layers, 1/{n} seqs)",
     "n_slots = {n}, n_ctx_slot = {n}, kv_unified = 'true'",
+    "[TensorRT-LLM][INFO] [MemUsageChange] Allocated 1.00 GiB for max tokens in paged KV cache ({n}).",
+    "[TRT-LLM] [I] max_seq_len={n}, max_num_requests=64, max_num_tokens={n}, max_batch_size=64",
+    "[TRT-LLM] [I] Estimated max memory in KV cache : 1.00 GiB",
     "Setting max batch total tokens to {n}",
     "Not enough memory to handle max_total_tokens={n}",
 ]
@@ -216,6 +219,8 @@ HONEST_REPLY: dict[str, Any] = {
     "llamacpp": {"content": " the", "tokens_predicted": 4, "tokens_evaluated": 100, "stop": True, "stop_type": "limit",
                  "truncated": False},
     "tgi": json.loads((FIXTURES / "tgi" / "generate.json").read_text()),
+    "trtllm": json.loads((FIXTURES / "trtllm" / "completion.json").read_text().replace("PROMPT_TOKENS", "100")
+                         .replace("TOTAL_TOKENS", "101")),
 }
 HONEST_FRAMES: dict[str, list[Any]] = {
     "sglang": [{"text": " the", "meta_info": {"finish_reason": None, "prompt_tokens": 100, "completion_tokens": 1}},
@@ -225,6 +230,10 @@ HONEST_FRAMES: dict[str, list[Any]] = {
     "llamacpp": [{"content": " the", "stop": False}, {**HONEST_REPLY["llamacpp"], "content": ""}],
     "tgi": [json.loads(line[5:].replace("INPUT_LENGTH", "100"))
             for line in (FIXTURES / "tgi" / "generate_stream.txt").read_text().splitlines() if line.startswith("data:")],
+    # serve/openai_protocol.py CompletionStreamResponse: the usage in a last frame of its own
+    "trtllm": [{"model": "m", "choices": [{"index": 0, "text": " the", "finish_reason": None}]},
+               {"model": "m", "choices": [{"index": 0, "text": "", "finish_reason": "length"}]},
+               {"model": "m", "choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": 4, "total_tokens": 104}}],
 }
 ERROR_FRAMES = [{"error": {"message": "Input length exceeds the maximum allowed length", "code": 400}},
                 {"object": "error", "message": "This model's maximum context length is 4096 tokens"}, {"error": None}]
