@@ -100,8 +100,14 @@ def test_a_yaml_that_is_not_a_mapping_is_refused(tmp_path: Path):
         findings(script)
 
 
-def test_the_disaggregated_router_is_not_estimated_as_an_engine(tmp_path: Path):
-    with pytest.raises(ReviewError, match="serves no model of its own"):
+def test_the_disaggregated_router_is_not_an_engine_launch_and_its_workers_are(tmp_path: Path):
+    script = deploy(tmp_path, "trtllm-serve disaggregated -c disagg.yaml &\n"
+                              "trtllm-serve Llama-3.1-8B-Instruct --max_seq_len 8192 --server_role context &\n"
+                              "trtllm-serve Llama-3.1-8B-Instruct --max_seq_len 8192 --server_role generation")
+    by_id = findings(script)
+    assert sorted(e.evidence["role"] for e in by_id["kv-capacity-estimate"]) == ["decode", "prefill"]
+    assert {c.evidence["line"] for c in by_id["engine-advisories"]} == {3, 4}  # the router (line 2) is no engine
+    with pytest.raises(ReviewError, match="no engine launch command"):
         findings(deploy(tmp_path, "trtllm-serve disaggregated -c disagg.yaml"))
 
 

@@ -105,12 +105,16 @@ def _number(data: Mapping[str, Any], key: str, where: str, kind: type = int) -> 
     return kind(value)
 
 
+def serves_model(launch: Launch) -> bool:
+    """`trtllm-serve disaggregated` (the router in front of the context and generation workers),
+    its MPI worker launcher and the multimodal-embedding server hold no KV cache of their own."""
+    first = next((t.text for t in launch.args if not t.text.startswith("-")), None)
+    return first not in NOT_SERVING
+
+
 def estimate(launch: Launch, inputs: ReviewInputs, models: dict) -> Estimate:
     a = parse_args(launch, ALIASES, SWITCHES)
     positional = [t.text for t in a.positional]
-    if positional and positional[0] in NOT_SERVING:
-        raise ReviewError(f"{launch.site.file}:{launch.line}: trtllm-serve {positional[0]} serves no model of its own "
-                          "(it fronts the context and generation workers); review the workers' launches")
     if positional and positional[0] in SUBCOMMANDS:
         positional = positional[1:]
     path, yaml_options = config_file(launch, a)
