@@ -145,6 +145,9 @@ class EngineAdapter(abc.ABC):
     prefix_cache_fields: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     log_signals: ClassVar[tuple[LogSignal, ...]] = ()  # danger lines in the engine's log
     metrics_path: ClassVar[str] = "/metrics"  # where its Prometheus text is served
+    # Whether the requests this adapter sends take a `cache_salt` field (the isolation probes bind
+    # tenants A and B with one where the deployment does not bind them itself).
+    takes_cache_salt: ClassVar[bool] = True
     # A prefill that reads its decodes' transfer notifications only when it steps (vLLM's NIXL
     # prefill): a late read on the last request it served is logged and counted only at its
     # next request, so the check sends it one before its last read of logs and counters.

@@ -2,7 +2,7 @@
 built from its source and tested against bodies and log lines copied from it
 (tests/fixtures/trtllm/README.md says where each comes from): `tensorrt_llm/serve/openai_server.py`
 (routes, `ErrorResponse` bodies), `serve/openai_protocol.py` (`ModelCard.owned_by`
-"tensorrt_llm", `cache_salt`), `llmapi/llm.py` `_check_arguments` (length refusals),
+"tensorrt_llm"; `CompletionRequest` needs `model` and takes no `cache_salt`), `llmapi/llm.py` `_check_arguments` (length refusals),
 `cpp/tensorrt_llm/batch_manager/kvCacheManager.cpp` (the allocator line) and the iteration-stats
 JSON of `/metrics` (`kvCacheStats`).
 
@@ -27,13 +27,14 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
 
 from kvpreflight.engines.context_warnings import context_warnings
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, HttpClient
-from kvpreflight.engines.interface import Counters, cycle_to, role_of
+from kvpreflight.engines.interface import Counters, EngineRequest, cycle_to, role_of
 from kvpreflight.engines.log_patterns import log_lines
 from kvpreflight.engines.openai_completions import OpenAICompletionsMixin, owned_with_version
 from kvpreflight.engines.untrusted import (
@@ -77,6 +78,10 @@ class TrtllmAdapter(OpenAICompletionsMixin):
     # Prometheus text is mounted at /prometheus/metrics (only with return_perf_metrics); /metrics is
     # the iteration stats' JSON (`iteration_stats`).
     metrics_path = "/prometheus/metrics"
+    # serve/openai_protocol.py: only ChatCompletionRequest has `cache_salt`; CompletionRequest (the
+    # token-id route) has none and forbids fields it does not know (HTTP 400), so tenants cannot be
+    # salted on /v1/completions.
+    takes_cache_salt = False
     # llmapi/llm.py _check_arguments: the PyTorch backend refuses a prompt over max_num_tokens
     # while chunked prefill is off ("The sum of prompt length (P), query length (Q) should not
     # exceed max_num_tokens (N)"; later "The prompt length (P) should not exceed max_num_tokens (N)"),
@@ -183,6 +188,12 @@ class TrtllmAdapter(OpenAICompletionsMixin):
         return min(limits) if limits else None
 
     # -- sending ---------------------------------------------------------------------------
+    def build_request(self, ids: list[int], *, max_tokens: int, stream: bool,
+                      extra: Mapping[str, Any] | None = None) -> EngineRequest:
+        if not self.model:  # CompletionRequest.model is required: the name /v1/models lists, once
+            self.model, _ = served_model(self.client.get_json(f"{self.url}/v1/models", max_bytes=BodyLimit.JSON_INFO), self.url)
+        return super().build_request(ids, max_tokens=max_tokens, stream=stream, extra=extra)
+
     def token_ids(self, count: int, seed_text: str) -> list[int]:
         # serve/openai_server.py (after 1.2): POST /_internal/tokenize {"prompt"} -> {"count", "tokens"}
         reply = self.client.post(f"{self.url}/_internal/tokenize", {"prompt": seed_text})

@@ -136,20 +136,44 @@ def test_another_bad_request_is_not_a_length_error():
     assert c.error_kind is ErrorKind.OTHER
 
 
-def test_an_answer_is_read_with_its_usage_and_the_salt_goes_in_the_body():
+def completions(req: dict):
+    """trtllm-serve's /v1/completions as its source has it: CompletionRequest needs `model`, forbids
+    fields it does not know (`cache_salt` among them: HTTP 400 from the validation handler), and
+    the PyTorch backend refuses a prompt over max_num_tokens (8,192) while chunked prefill is off."""
+    n = len(req.get("prompt") or [])
+    if "model" not in req or set(req) - {"model", "prompt", "max_tokens", "temperature", "stream", "stream_options"}:
+        return 400, JSON, {"error": "1 validation error for CompletionRequest: Extra inputs are not permitted"}
+    if n > 8192:
+        return 400, JSON, body("error_max_num_tokens.json").replace("8193.0", f"{n}.0")
+    return 200, JSON, body("completion.json").replace("PROMPT_TOKENS", str(n)).replace("TOTAL_TOKENS", str(n + 1))
+
+
+def test_an_answer_is_read_with_its_usage_and_the_model_it_requires_is_named():
     seen: list[dict] = []
 
     def answer(req: dict):
         seen.append(req)
-        n = len(req["prompt"])
-        return 200, JSON, body("completion.json").replace("PROMPT_TOKENS", str(n)).replace("TOTAL_TOKENS", str(n + 1))
+        return completions(req)
 
     with static_server(routes(completions=answer)) as url:
-        adapter = TrtllmAdapter(url, HttpClient(), model="Llama-3.1-8B-Instruct")
-        c = adapter.complete(list(range(50)), max_tokens=1, stream=False, timeout_s=5, extra={"cache_salt": "tenant-a"})
+        c = TrtllmAdapter(url, HttpClient()).complete(list(range(50)), max_tokens=1, stream=False, timeout_s=5)
     assert c.status == 200 and c.prompt_tokens == 50 and c.completion_tokens == 1 and c.text == " PROBE"
     assert c.cached_tokens == 0 and c.finish_reason == "length" and not c.rejected
-    assert seen[0]["cache_salt"] == "tenant-a" and seen[0]["prompt"] == list(range(50))
+    assert seen[0]["model"] == "Llama-3.1-8B-Instruct" and seen[0]["prompt"] == list(range(50))
+
+
+def test_a_full_check_refuses_for_length_and_says_tenants_cannot_be_salted():
+    r = routes(metrics="metrics_empty.json", completions=completions, tokenize=(200, JSON, {"count": 3, "tokens": [11, 12, 13]}))
+    with static_server(r) as url:
+        proc = invoke("check", "--endpoint", url, "--log", f"{url}={FIX / 'startup_fits.log'}", "--format", "json",
+                      "--timeout", "5")
+    report = json.loads(proc.stdout)
+    by_id = {c["id"]: c for c in report["checks"]}
+    assert by_id["overcapacity-rejected"]["status"] == "pass", by_id["overcapacity-rejected"]["message"]
+    for check in ("tenant-isolation", "prefix-cache-isolation"):
+        assert by_id[check]["status"] == "inconclusive" and "cache_salt" in by_id[check]["message"]
+        assert "--tenant-header" in by_id[check]["message"]
+    assert proc.returncode != 0  # isolation was not measured: never a pass
 
 
 def test_token_ids_come_from_its_tokenizer_route_and_its_absence_is_named():
