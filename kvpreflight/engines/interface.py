@@ -179,7 +179,12 @@ class EngineAdapter(abc.ABC):
         snap = self.snapshot(role=role, log_text=log_text)
         if not log_text:
             return snap
-        return replace(snap, context_warnings=snap.context_warnings + context_warnings(log_text))
+        return replace(snap, context_warnings=snap.context_warnings + context_warnings(self.serving_log(log_text)))
+
+    def serving_log(self, log_text: str) -> str:
+        """The part of a start-up log about the engine that serves (all of it, unless the engine
+        logs a trial start of its own first)."""
+        return log_text
 
     def counters(self) -> Counters:
         return Counters()

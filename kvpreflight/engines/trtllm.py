@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import replace
 from typing import Any
 
 from kvpreflight.engines.context_warnings import context_warnings
@@ -102,18 +101,10 @@ class TrtllmAdapter(OpenAICompletionsMixin):
         return owned_with_version(url, client, "tensorrt_llm")
 
     # -- reading ---------------------------------------------------------------------------
-    def read(self, *, role: Role | None = None, log_text: str | None = None) -> EngineSnapshot:
-        """`snapshot`, with the context warnings of the cache that serves: those of the PyTorch
-        backend's trial cache (before its last "Estimated max memory in KV cache") are left out."""
-        snap = self.snapshot(role=role, log_text=log_text)
-        if not log_text:
-            return snap
-        final, trial = served_pass(log_text)
-        notes = snap.notes
-        if trial and context_warnings(trial):
-            notes += ("clamp warnings of the PyTorch backend's trial KV cache (before \"Estimated max memory in KV "
-                      "cache\") are not counted: it measures memory and rebuilds the cache after them",)
-        return replace(snap, context_warnings=snap.context_warnings + context_warnings(final), notes=notes)
+    def serving_log(self, log_text: str) -> str:
+        # Only the context warnings of the cache that serves count: those of the PyTorch backend's
+        # trial cache (before its last "Estimated max memory in KV cache") say nothing of it.
+        return served_pass(log_text)[0]
 
     def snapshot(self, *, role: Role | None = None, log_text: str | None = None) -> EngineSnapshot:
         model_name, _ = served_model(self.client.get_json(f"{self.url}/v1/models", max_bytes=BodyLimit.JSON_INFO), self.url)
@@ -144,6 +135,9 @@ class TrtllmAdapter(OpenAICompletionsMixin):
             notes.extend(log.notes)
             settings.update(log.settings)
             served = log.max_seq_len
+            if context_warnings(served_pass(log_text)[1]):
+                notes.append("clamp warnings of the PyTorch backend's trial KV cache (before \"Estimated max memory in KV "
+                             "cache\") are not counted: it measures memory and rebuilds the cache after them")
             if log.chunked_prefill is False and log.max_num_tokens:
                 max_request = log.max_num_tokens
         else:

@@ -50,7 +50,9 @@ def routes(*, metrics: str = "metrics.json", completions=None, tokenize=None, pr
 
 
 def test_auto_detection_takes_trtllm_serve_and_no_other_adapter_claims_it():
-    with static_server(routes()) as url:
+    # newer builds also answer /server_info (openai_server.py get_server_info), which SGLang's
+    # detection asks: {"disaggregated_params": ...}
+    with static_server({**routes(), "GET /server_info": (200, JSON, {"disaggregated_params": None})}) as url:
         adapter = open_adapter(url, HttpClient())
         assert isinstance(adapter, TrtllmAdapter) and adapter.kind == "trtllm"
         assert not VllmAdapter.detect(url, HttpClient())  # it serves /version and /v1/models too
