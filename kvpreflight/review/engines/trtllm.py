@@ -20,6 +20,7 @@ read beside the deployment file, or at the path the command gives.
 
 from __future__ import annotations
 
+import math
 import posixpath
 from collections.abc import Mapping
 from pathlib import Path
@@ -97,12 +98,21 @@ def config_settings(launch: Launch) -> tuple[Mapping[str, str], int]:
 
 
 def _number(data: Mapping[str, Any], key: str, where: str, kind: type = int) -> Any:
+    """A count (a positive integer) or, with kind float, a finite number; None when not set."""
     value = data.get(key)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
-        raise ReviewError(f"{where}: {key} {value!r} is not {'an integer' if kind is int else 'a number'}")
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value)
+            or (kind is int and (not float(value).is_integer() or value < 1))):
+        raise ReviewError(f"{where}: {key} {value!r:.60} is not {'a positive integer' if kind is int else 'a number'}")
     return kind(value)
+
+
+def _text(data: Mapping[str, Any], key: str, where: str) -> str | None:
+    value = data.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ReviewError(f"{where}: {key} {value!r:.60} is not a name (e.g. auto, fp8)")
+    return value
 
 
 def serves_model(launch: Launch) -> bool:
@@ -132,6 +142,8 @@ def estimate(launch: Launch, inputs: ReviewInputs, models: dict) -> Estimate:
         if value is not None:
             return value, f"{path.name if path else 'YAML'} {key}"
         flagged = a.number(launch, flag, kind)
+        if flagged is not None and kind is int and flagged < 1:
+            raise ReviewError(f"{launch.site.file}:{a.line(flag)}: {a.flags[flag].name} {flagged} is not a positive integer")
         return (flagged, a.flags[flag].name) if flagged is not None else (None, None)
 
     assumptions: list[str] = []
@@ -145,7 +157,7 @@ def estimate(launch: Launch, inputs: ReviewInputs, models: dict) -> Estimate:
         raise ReviewError(f"{where}: free_gpu_memory_fraction {fraction} must be between 0 and 1")
     max_tokens = _number(kv_config, "max_tokens", where)
     block = _number(kv_config, "tokens_per_block", where) or TOKENS_PER_BLOCK
-    kv_b, kv_note = kv_dtype_bytes(kv_config.get("dtype") or a.value("kv_dtype"), model, launch, "kv_cache_config.dtype")
+    kv_b, kv_note = kv_dtype_bytes(_text(kv_config, "dtype", where) or a.value("kv_dtype"), model, launch, "kv_cache_config.dtype")
     assumptions.append(kv_note)
     bpt = model.kv_bytes_per_token(kv_b, tp, pp)
     num_tokens = int(setting("max_num_tokens", "max_num_tokens")[0] or DEFAULT_MAX_NUM_TOKENS)
