@@ -202,3 +202,21 @@ def test_counters_without_realtime_tokens_fall_back_to_prompt_less_cached():
     with static_server({**routes(), "GET /metrics": (200, "text/plain; version=0.0.4", text)}) as url:
         counters = open_adapter(url, HttpClient()).counters()
     assert (counters.prefilled_tokens, counters.cached_prompt_tokens) == (12_004 - 6_999, 6_999)
+
+
+def test_a_handoff_timeout_warning_becomes_a_danger_line_naming_the_setting_to_raise(tmp_path):
+    from kvpreflight.engines.sglang import SglangAdapter
+    from kvpreflight.model import Hazard
+    from kvpreflight.probes.logs import LogWatch
+
+    log = tmp_path / "decode.log"
+    log.write_text("")
+    watch = LogWatch({"http://d:2": (log, SglangAdapter.log_signals)})
+    log.write_text((FIX / "handoff_timeout.log").read_text())
+    assert [(d.hazard, d.request_id, d.detail) for d in watch.take()] == [
+        (Hazard.HANDOFF_TIMEOUT, None, "setting=SGLANG_DISAGGREGATION_WAITING_TIMEOUT"),
+        (Hazard.HANDOFF_TIMEOUT, "kvpreflight-0a5f117d71c2bef0", "setting=SGLANG_DISAGGREGATION_WAITING_TIMEOUT"),
+        (Hazard.TRANSFER, "kvpreflight-1b6e228e82d3cf01", None),  # failed for another reason: no timeout to raise
+        (Hazard.HANDOFF_TIMEOUT, None, "setting=SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"),
+        (Hazard.HANDOFF_TIMEOUT, "kvpreflight-2c7f339f93e4d012", "setting=SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"),
+    ]
