@@ -8,7 +8,8 @@ JSON of `/metrics` (`kvCacheStats`).
 
 Capacity: the allocator's start-up line "[MemUsageChange] Allocated X GiB for max tokens in paged
 KV cache (N)." (the last one counts: the PyTorch backend sizes a trial cache first, measures, and
-rebuilds it) and `/metrics` `kvCacheStats.maxNumBlocks * tokensPerBlock`. Neither is served at
+rebuilds it) and, beside it, `/metrics` `kvCacheStats.maxNumBlocks * tokensPerBlock` (a count of
+every block, host-offload ones too, so never the GPU pool on its own). Neither is served at
 start-up over HTTP: `/metrics` holds iteration stats only after a request (and, on the PyTorch
 backend, only with `enable_iter_perf_stats: true`); reading it drains them.
 
@@ -57,6 +58,9 @@ ALLOCATOR_LINE = re.compile(r"Allocated \d{1,9}(?:\.\d{1,6})? GiB for max tokens
 LIMITS_LINE = re.compile(r"\bmax_seq_len=(?P<seq>\d{1,12}), max_num_requests=\d{1,12}, max_num_tokens=(?P<tokens>\d{1,12})")
 # "AttentionRuntimeFeatures(chunked_prefill=False, ...)": whether a prompt may exceed max_num_tokens.
 CHUNKED_LINE = re.compile(r"AttentionRuntimeFeatures\(chunked_prefill=(?P<on>True|False)\b")
+# kvCacheManager.cpp (TensorRT backend): "Number of blocks in KV cache secondary pool: N, onboard blocks
+# to primary memory before reuse: ...": the host-offload blocks /metrics' maxNumBlocks counts too.
+SECONDARY_LINE = re.compile(r"Number of blocks in KV cache secondary pool: (?P<blocks>\d{1,12})")
 # "max_seq_len is not specified, using inferred value N": the model config's length was taken.
 INFERRED_LINE = re.compile(r"max_seq_len is not specified, using inferred value (?P<seq>\d{1,12})")
 # The PyTorch backend sizes its KV cache twice (tensorrt_llm/_torch/pyexecutor/_util.py
@@ -114,6 +118,7 @@ class TrtllmAdapter(OpenAICompletionsMixin):
         notes: list[str] = []
         settings: dict[str, Any] = {}
         page_size = None
+        log = parse_trtllm_log(log_text) if log_text is not None else None
         stats = self.iteration_stats()
         if stats is None:
             notes.append("/metrics not served")
@@ -125,12 +130,23 @@ class TrtllmAdapter(OpenAICompletionsMixin):
                 blocks = positive_int(kv.get("maxNumBlocks"), "/metrics kvCacheStats.maxNumBlocks", self.url)
                 page_size = positive_int(kv.get("tokensPerBlock"), "/metrics kvCacheStats.tokensPerBlock", self.url)
                 if blocks and page_size:
-                    readings.append(PoolReading("metrics kvCacheStats maxNumBlocks*tokensPerBlock", Origin.SCHEDULER,
-                                                blocks * page_size))
+                    # maxNumBlocks is every block the BlockManager holds (kvCacheManager.h getMaxNumBlocks:
+                    # mAllBlocksById), host-offload (secondary) blocks too: the GPU pool only once the log
+                    # states the secondary pool, or beside the allocator's line (the smaller counts).
+                    secondary = log.secondary_blocks if log is not None else None
+                    if secondary is not None:
+                        readings.append(PoolReading("metrics kvCacheStats (maxNumBlocks - secondary pool blocks)*tokensPerBlock",
+                                                    Origin.SCHEDULER, max(blocks - secondary, 0) * page_size))
+                    elif log is not None and log.readings:
+                        readings.append(PoolReading("metrics kvCacheStats maxNumBlocks*tokensPerBlock", Origin.SCHEDULER,
+                                                    blocks * page_size))
+                    else:
+                        notes.append(f"/metrics kvCacheStats holds {blocks * page_size:,} tokens of blocks, host-offload "
+                                     "blocks included where kv_cache_config.host_cache_size is set, so it is not taken for "
+                                     "the GPU pool; pass --log with the start-up log for the allocator's line")
         served: int | None = None
         max_request: int | None = None
-        if log_text is not None:
-            log = parse_trtllm_log(log_text)
+        if log is not None and log_text is not None:
             readings.extend(log.readings)
             notes.extend(log.notes)
             settings.update(log.settings)
@@ -212,6 +228,7 @@ class TrtllmLog:
         self.max_seq_len: int | None = None
         self.max_num_tokens: int | None = None
         self.chunked_prefill: bool | None = None
+        self.secondary_blocks: int | None = None  # host-offload blocks, where the log states them
 
 
 def parse_trtllm_log(text: str) -> TrtllmLog:
@@ -227,6 +244,8 @@ def parse_trtllm_log(text: str) -> TrtllmLog:
             out.max_num_tokens = log_count(m["tokens"], "max_num_tokens")
         if m := CHUNKED_LINE.search(line):
             out.chunked_prefill = out.settings["enable_chunked_prefill"] = m["on"] == "True"
+        if m := SECONDARY_LINE.search(line):
+            out.secondary_blocks = log_count(m["blocks"], "blocks in KV cache secondary pool")
         if m := INFERRED_LINE.search(line):
             out.settings["max_seq_len_inferred"] = log_count(m["seq"], "inferred max_seq_len")
     if allocated is not None:

@@ -64,14 +64,31 @@ def test_a_vllm_model_list_is_not_taken_for_tensorrt_llm():
         assert not TrtllmAdapter.detect(url, HttpClient())
 
 
-def test_the_pool_is_read_from_the_iteration_stats_kv_cache_blocks():
+def stats(max_blocks: int) -> list[dict]:
+    """One iteration stat of metrics.json with another maxNumBlocks."""
+    stat = json.loads(body("metrics.json"))[-1]
+    return [{**stat, "kvCacheStats": {**stat["kvCacheStats"], "maxNumBlocks": max_blocks}}]
+
+
+def test_the_iteration_stats_blocks_alone_are_not_taken_for_the_gpu_pool():
+    # kvCacheManager.h getMaxNumBlocks counts every block, host-offload ones too: without the log
+    # (its allocator line, or the secondary pool's size) a pass on it would not hold.
     with static_server(routes()) as url:
         snap = TrtllmAdapter(url, HttpClient()).read()
     assert snap.engine == "trtllm" and snap.version == "1.2.1" and snap.model == "Llama-3.1-8B-Instruct"
-    (reading,) = snap.pool_readings
-    assert reading.tokens == 101_256 * 32 and reading.origin is Origin.SCHEDULER
-    assert snap.page_size == 32
-    assert snap.served_context is None and any("--log" in n for n in snap.notes)
+    assert snap.pool_readings == () and snap.page_size == 32
+    assert any("3,240,192 tokens" in n and "host-offload" in n and "--log" in n for n in snap.notes)
+    assert snap.served_context is None
+
+
+def test_beside_the_log_the_iteration_stats_blocks_are_a_second_source_less_the_secondary_pool():
+    with static_server({**routes(), "GET /metrics": (200, JSON, stats(1_280))}) as url:
+        snap = TrtllmAdapter(url, HttpClient()).read(log_text=body("startup_fits.log"))
+    assert sorted((r.origin, r.tokens) for r in snap.pool_readings) == [(Origin.ALLOCATOR, 40_960), (Origin.SCHEDULER, 40_960)]
+    offload = body("startup_fits.log") + "[TensorRT-LLM][INFO] Number of blocks in KV cache secondary pool: 256, onboard blocks to primary memory before reuse: true\n"
+    with static_server({**routes(), "GET /metrics": (200, JSON, stats(1_280 + 256))}) as url:
+        snap = TrtllmAdapter(url, HttpClient()).read(log_text=offload)
+    assert sorted(r.tokens for r in snap.pool_readings) == [40_960, 40_960]
 
 
 def test_no_iteration_stats_yet_is_said_and_no_pool_is_made_up():
@@ -103,7 +120,7 @@ def test_the_trial_caches_clamps_do_not_count_when_the_real_cache_holds_max_seq_
 
 @pytest.mark.parametrize("log, pool", [("startup_clamp.log", 86_720), ("startup_trt_backend_clamp.log", 5_184)])
 def test_a_clamp_in_the_log_fails_kv_capacity_even_without_probes(log: str, pool: int):
-    with static_server(routes()) as url:
+    with static_server(routes(metrics="metrics_empty.json")) as url:
         proc = invoke("check", "--endpoint", url, "--capacity-only", "--log", f"{url}={FIX / log}", "--format", "json")
     assert proc.returncode == 1, proc.stderr
     report = json.loads(proc.stdout)
