@@ -204,17 +204,27 @@ class SglangAdapter(EngineAdapter):
             computed = sum(v for mode, v in modes if mode == "prefill_compute")
             cached = sum(v for mode, v in modes if mode == "prefill_cache")
         latency_ms = metric_sum(metrics, "sglang:kv_transfer_latency_ms_sum")  # observability/metrics_collector.py (0.5.23)
+
+        def counted_from_first(name: str) -> float | None:
+            # srt/observability/metrics_collector.py (0.5.23): these counters carry labels, and a
+            # labelled prometheus_client counter is on the page only from its first increment (seen
+            # live: no sample, no HELP line until then). On a page SGLang serves (its pool gauge on
+            # it), an absent one has counted nothing: read as 0, so a first failure during a check
+            # is a delta, not an unknown.
+            value = metric_sum(metrics, name)
+            return 0.0 if value is None and metrics and metrics.get("sglang:max_total_num_tokens") else value
+
         return Counters(
             requests=metric_sum(metrics, "sglang:num_requests_total"),
             # srt/observability/metrics_collector.py (0.5.23), counted by the tokenizer manager on abort.
-            aborted_requests=metric_sum(metrics, "sglang:num_aborted_requests_total"),
+            aborted_requests=counted_from_first("sglang:num_aborted_requests_total"),
             prompt_tokens=prompt,
             prefilled_tokens=computed,
             cached_prompt_tokens=cached,
             generation_tokens=metric_sum(metrics, "sglang:generation_tokens_total"),
-            transfer_failures=metric_sum(metrics, "sglang:num_transfer_failed_reqs_total"),
-            bootstrap_failures=metric_sum(metrics, "sglang:num_bootstrap_failed_reqs_total"),
-            deferred_releases=metric_sum(metrics, "sglang:decode_deferred_kv_release_total"),
+            transfer_failures=counted_from_first("sglang:num_transfer_failed_reqs_total"),
+            bootstrap_failures=counted_from_first("sglang:num_bootstrap_failed_reqs_total"),
+            deferred_releases=counted_from_first("sglang:decode_deferred_kv_release_total"),
             kv_transfers=metric_sum(metrics, "sglang:kv_transfers_total"),
             kv_transfer_tokens=metric_sum(metrics, "sglang:kv_transfer_tokens_total"),
             prefix_cache_hits=metric_sum(metrics, "sglang:prefix_cache_hits_total", "sglang:cached_tokens_total"),

@@ -220,3 +220,24 @@ def test_a_handoff_timeout_warning_becomes_a_danger_line_naming_the_setting_to_r
         (Hazard.HANDOFF_TIMEOUT, None, "setting=SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"),
         (Hazard.HANDOFF_TIMEOUT, "kvpreflight-2c7f339f93e4d012", "setting=SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"),
     ]
+
+
+def test_a_failure_counter_sglang_has_not_sent_yet_counts_from_zero_so_its_first_failure_is_a_delta():
+    """Live 0.5.23 sends num_transfer_failed_reqs_total (and the bootstrap, abort and deferred-release
+    counters) only from its first increment (tests/fixtures/sglang/live/ has none of them): read as
+    unknown, a failure during the check moved nothing kvpreflight could see."""
+    info = json.loads((FIX / "server_info_prefill.json").read_text())
+    before_text = (LIVE / "metrics_decode.txt").read_text()
+    after_text = before_text + ('sglang:num_transfer_failed_reqs_total{engine_type="decode",model_name="tiny-llama",'
+                                'moe_ep_rank="0",pp_rank="0",tp_rank="0"} 1.0\n')
+    counters = []
+    for text in (before_text, after_text):
+        r = {**routes({**info, "disaggregation_mode": "decode"}), "GET /metrics": (200, "text/plain; version=0.0.4", text)}
+        with static_server(r) as url:
+            counters.append(open_adapter(url, HttpClient()).counters())
+    before, after = counters
+    assert (before.transfer_failures, before.bootstrap_failures, before.deferred_releases) == (0.0, 0.0, 0.0)
+    assert after.deltas_since(before)["transfer_failures"] == 1.0
+    # a page that is not SGLang's (no pool gauge on it) says nothing of them
+    with static_server({**routes(), "GET /metrics": (200, "text/plain; version=0.0.4", "other_total 1\n")}) as url:
+        assert open_adapter(url, HttpClient(), "sglang").counters().transfer_failures is None
