@@ -26,5 +26,5 @@ module, and every name not listed, is internal and may change in any release.
 __version__ = "0.1.0"
 
 # The modules whose `__all__` is kvpreflight's public API (tests/unit/test_layering.py checks it).
-PUBLIC_MODULES = ("preflight", "check_options", "check_plan", "targets", "model", "errors", "boot", "record", "formats",
-                  "fleet")
+PUBLIC_MODULES = ("preflight", "check_options", "check_plan", "targets", "model", "schema", "errors", "boot", "record",
+                  "formats", "fleet")

@@ -360,20 +360,6 @@ class Report:
         """The context this run held `engine` to (kv-capacity's): see `checked_context`."""
         return checked_context(engine.served_context, self.context_length_promised)
 
-    # The schema lives in kvpreflight.schema, which imports this module: imported when called.
-    def to_dict(self) -> dict[str, Any]:
-        """The JSON report's dict (what `--format json` writes and a record embeds)."""
-        from kvpreflight.schema import report_to_dict
-
-        return report_to_dict(self)
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> Report:
-        """The Report a `to_dict` dict describes; a malformed one raises SchemaError (exit 2)."""
-        from kvpreflight.schema import report_from_dict
-
-        return report_from_dict(data)
-
 
 def checked_context(served: int | None, promised: int | None) -> int | None:
     """The context an engine is checked against: the larger of what it serves and what the

@@ -27,6 +27,8 @@ from kvpreflight.model import (
     Waiver,
 )
 
+__all__ = ["SCHEMA_VERSION", "SchemaError", "report_from_dict", "report_to_dict"]
+
 SCHEMA_VERSION = REPORT_SCHEMA_VERSION  # the JSON report's schema (and the fleet JSON's, which follows it)
 TOOL_NAME = "kvpreflight"
 
@@ -78,6 +80,7 @@ def waiver_to_dict(w: Waiver) -> dict[str, str]:
 
 
 def report_to_dict(report: Report) -> dict[str, Any]:
+    """The JSON report's dict: what `--format json` writes and a release record embeds."""
     return {
         "schema_version": report.schema_version,
         "tool": tool(report.tool_version),

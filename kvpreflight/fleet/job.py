@@ -28,6 +28,7 @@ from kvpreflight.files import FileKind, read_tail, read_text, writing
 from kvpreflight.fleet.inventory import AttachTarget, Deployment
 from kvpreflight.model import Report, Status, Waiver, exit_code_of
 from kvpreflight.redact import cut
+from kvpreflight.schema import report_from_dict
 
 STOP_GRACE_S = 30.0  # after a deadline: time a worker gets to stop its engines before SIGKILL
 PARENT_ENV = "KVPREFLIGHT_FLEET_PARENT"
@@ -180,7 +181,7 @@ def _boot_in(base: Path, deployment: Deployment, settings: JobSettings) -> Outco
             raise
     if record.is_file() and report_path.is_file():
         envelope = read_record(record)
-        return _outcome(deployment.name, Report.from_dict(json.loads(read_text(report_path, FileKind.WORKER_OUTPUT))),
+        return _outcome(deployment.name, report_from_dict(json.loads(read_text(report_path, FileKind.WORKER_OUTPUT))),
                         json.loads(envelope.payload))
     return not_measured(deployment.name, f"{_last_line(log_path)} (worker exit status {proc.returncode}; {log_named})")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from kvpreflight import schema
 from kvpreflight.formats.interface import ReportFormat
 from kvpreflight.model import Report
 
@@ -12,4 +13,4 @@ class JsonFormat(ReportFormat):
     name = "json"
 
     def render(self, report: Report) -> str:
-        return json.dumps(report.to_dict(), indent=2, sort_keys=False, default=str) + "\n"
+        return json.dumps(schema.report_to_dict(report), indent=2, sort_keys=False, default=str) + "\n"

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar
 
+from kvpreflight import schema
 from kvpreflight.clock import utc_now
 from kvpreflight.model import Report, Status, exit_code_of
 from kvpreflight.record.errors import RecordError
@@ -104,7 +105,7 @@ class ReleasePredicate:
         return self.report.verdict
 
     def to_dict(self) -> dict[str, Any]:
-        report = self.report.to_dict()
+        report = schema.report_to_dict(self.report)
         return {
             **report,
             "schema_version": RELEASE_SCHEMA_VERSION,

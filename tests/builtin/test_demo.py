@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from proctags import processes_tagged
 
+from kvpreflight.schema import report_from_dict
+
 
 def demo(*args: str, tmp_path) -> tuple[int, dict, str]:
     tmp_path.mkdir(parents=True, exist_ok=True)
@@ -162,9 +164,8 @@ def test_incident_leaks_another_tenants_marker_and_fails(demo_run):
     assert "placeholder" in over["message"]
     # The Markdown report (and the GitHub step summary) charts every engine's pool against its context.
     from kvpreflight.formats.markdown import MarkdownFormat
-    from kvpreflight.model import Report
 
-    markdown = MarkdownFormat().render(Report.from_dict(report))
+    markdown = MarkdownFormat().render(report_from_dict(report))
     chart = markdown.split("```mermaid\n", 1)[1].split("```", 1)[0]
     pools = [str(e["kv_pool_tokens"]) for e in report["engines"]]
     assert f"    bar [{', '.join(pools)}]" in chart and "    line [8192, 8192]" in chart, chart
@@ -243,13 +244,12 @@ def test_record_round_trip_keygen_demo_verify(demo_run, demo_keys):
 
 def test_a_passing_demo_report_fits_one_screen_and_a_failing_one_reads_failures_first(demo_run):
     from kvpreflight.formats.table import TableFormat
-    from kvpreflight.model import Report
 
     _, passing, _, _ = demo_run()
-    screen = TableFormat(color=False, width=120).render(Report.from_dict(passing))
+    screen = TableFormat(color=False, width=120).render(report_from_dict(passing))
     assert len(screen.splitlines()) <= 50, screen
     _, failing, _, _ = demo_run("--incident")
-    table = TableFormat(color=False, width=120).render(Report.from_dict(failing))
+    table = TableFormat(color=False, width=120).render(report_from_dict(failing))
     checks_block = table.split("\nChecks (", 1)[1].split("\n\n", 1)[0]
     statuses_in_order = [line.split()[0] for line in checks_block.splitlines()
                          if line.split()[:1] and line.split()[0] in ("FAIL", "INCONCLUSIVE", "WARN", "SKIP", "PASS")]

@@ -38,7 +38,7 @@ from support.rewriting_proxy import Rewrites, rewriting_proxy
 
 from kvpreflight.builtin_engine.config import CELL_BYTES, PARALLEL_SIZE_ENV
 from kvpreflight.formats import FORMATS, get_format
-from kvpreflight.model import Report
+from kvpreflight.schema import report_from_dict
 
 pytestmark = pytest.mark.alone  # the checks judge answer speeds; the faults' answers are timed here too
 
@@ -259,7 +259,7 @@ def test_a_customer_marker_in_the_stale_pages_reaches_no_output(tmp_path: Path) 
     assert not uncaught, uncaught[:3]
     assert proc.returncode in (0, 1, 3), proc.stderr[-2000:]
     outputs = {"stdout (json)": proc.stdout, "stderr": proc.stderr}
-    report = Report.from_dict(json.loads(proc.stdout))
+    report = report_from_dict(json.loads(proc.stdout))
     for fmt in FORMATS:  # every format renders this report
         outputs[f"--format {fmt}"] = get_format(fmt).render(report)
     for path in out.iterdir():

@@ -6,6 +6,7 @@ does not describe, or a value of the wrong type, fails the test that produced it
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 from collections.abc import Iterator
 from functools import cache
@@ -43,11 +44,13 @@ def validating() -> Iterator[None]:
 
     report_to_dict, fleet_to_dict = report_schema.report_to_dict, fleet_render.fleet_to_dict
 
+    @functools.wraps(report_to_dict)
     def checked_report(*args: Any, **kwargs: Any) -> dict[str, Any]:
         out = report_to_dict(*args, **kwargs)
         assert_valid("report", json.loads(json.dumps(out, default=str)))
         return out
 
+    @functools.wraps(fleet_to_dict)
     def checked_fleet(*args: Any, **kwargs: Any) -> dict[str, Any]:
         out = fleet_to_dict(*args, **kwargs)
         assert_valid("fleet-report", json.loads(json.dumps(out, default=str)))

@@ -18,6 +18,7 @@ from kvpreflight.formats import get_format
 from kvpreflight.model import EngineSnapshot, KvDeadline, Report, Role, RoleSource
 from kvpreflight.routers import open_router
 from kvpreflight.routers.interface import RouterListing, RouterWorker, workers_listed
+from kvpreflight.schema import report_from_dict, report_to_dict
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"
 JSON = "application/json"
@@ -117,10 +118,10 @@ def test_the_router_fills_an_assumed_role_and_never_overrides_a_stated_one() -> 
 
 def test_role_source_travels_through_json_and_the_table() -> None:
     report = Report(tool_version="t", engines=(snap("http://p:1", Role.PREFILL, RoleSource.ROUTER),), checks=())
-    data = report.to_dict()
+    data = report_to_dict(report)
     assert data["engines"][0]["role_source"] == "router"
-    assert Report.from_dict(json.loads(json.dumps(data))).engines[0].role_source is RoleSource.ROUTER
+    assert report_from_dict(json.loads(json.dumps(data))).engines[0].role_source is RoleSource.ROUTER
     del data["engines"][0]["role_source"]  # a report written before roles were inferred
-    assert Report.from_dict(data).engines[0].role_source is RoleSource.ASSUMED
+    assert report_from_dict(data).engines[0].role_source is RoleSource.ASSUMED
     assert "prefill (router: the router lists it)" in get_format("table").render(report)
     assert "prefill (router: the router lists it)" in get_format("markdown").render(report)
