@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from kvpreflight.model import Report
 
 SCENARIO_HELP = (f"Run only this isolation scenario ({', '.join(s.value for s in ScenarioName)}); repeatable. The others "
-                 "are reported as not selected. [default: all]")
+                 "are reported as not selected. \\[default: all]")
 
 
 CHECK_EXAMPLES = (
@@ -85,13 +85,13 @@ def register(app: typer.Typer) -> None:
         max_context_equivalents: float | None = typer.Option(None, "--max-context-equivalents", metavar="N", rich_help_panel="Budgets",
             help="Refuse (exit 2, before any request) a plan that submits more prompt tokens than N times the context."),
         deadline: float | None = typer.Option(None, "--deadline", metavar="S", rich_help_panel="Budgets",
-            help="Seconds the whole check may take; past it, exit 3 naming the stage. [default: 3x the estimate printed after "
+            help="Seconds the whole check may take; past it, exit 3 naming the stage. \\[default: 3x the estimate printed after "
                  "calibration, plus room for waits]"),
         concurrency: int | None = typer.Option(None, "--concurrency", metavar="N", rich_help_panel="Probes",
-            help="Near-limit requests sent at once by concurrent-capacity. [default: from checks/thresholds.yaml]"),
+            help="Near-limit requests sent at once by concurrent-capacity. \\[default: from checks/thresholds.yaml]"),
         timing_samples: int | None = typer.Option(None, "--timing-samples", metavar="N", rich_help_panel="Isolation",
             help="Requests per kind (cold, same-tenant warm, cross-tenant) of the prefix-cache timing audit, sent only where the "
-                 "engine reports no cache hits. [default: 30]"),
+                 "engine reports no cache hits. \\[default: 30]"),
         accepted_tokens_per_second: float | None = typer.Option(None, "--accepted-tokens-per-second", metavar="N",
             rich_help_panel="Budgets",
             help="Assumed prompt speed for budgets only when the engine's speed could not be measured."),
@@ -110,7 +110,7 @@ def register(app: typer.Typer) -> None:
         keep: bool = typer.Option(False, "--keep", rich_help_panel="Boot",
             help="With --boot and no --log-dir: keep the engines' logs (the folder is printed) instead of removing them."),
         log_dir: Path | None = typer.Option(None, "--log-dir", metavar="DIR", rich_help_panel="Boot",
-            help="With --boot: where engine logs go. [default: a temporary folder, removed afterwards unless --keep]"),
+            help="With --boot: where engine logs go. \\[default: a temporary folder, removed afterwards unless --keep]"),
     ) -> None:
         """Check running engines (or boot them from a spec with --boot). Exit 0 pass, 1 a check failed, 2 usage error, 3 inconclusive."""
         from kvpreflight.check_options import options_from

@@ -29,11 +29,11 @@ def register(app: typer.Typer) -> None:
         output: Path | None = options.in_panel(options.OUTPUT, None),
         quiet: bool = options.in_panel(options.QUIET, None),
         # --record and --sign-key have defaults of their own here (a record in DIR, a fresh key).
-        record: Path | None = typer.Option(None, "--record", help="Where to write the signed record. [default: DIR/record.dsse.json]"),
+        record: Path | None = typer.Option(None, "--record", help="Where to write the signed record. \\[default: DIR/record.dsse.json]"),
         sign_key: str | None = typer.Option(None, "--sign-key", help="Sign with this key instead of a fresh one."),
         allow_insecure_key: bool = options.in_panel(options.ALLOW_INSECURE_KEY, None),
         log_dir: Path | None = typer.Option(None, "--log-dir",
-            help="Where the engines' logs go. [default: a temporary folder, removed afterwards]"),
+            help="Where the engines' logs go. \\[default: a temporary folder, removed afterwards]"),
         out_dir: Path = typer.Option(Path("kvpreflight-demo"), "--out", metavar="DIR",
             help="Where the record and the demo's signing key go (the printed verify command names them); the key is made once and "
                  "reused."),

@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
     def fleet(
         inventory: Path = typer.Argument(..., help="Fleet inventory (YAML): deployments to attach to or boot, with node selectors."),
         parallel: int | None = typer.Option(None, "--parallel",
-            help="Deployments checked at once; deployments that share an engine always run one after another. [default: 4; with --ray "
+            help="Deployments checked at once; deployments that share an engine always run one after another. \\[default: 4; with --ray "
                  "all]"),
         ray: str | None = typer.Option(None, "--ray",
             help="Run on Ray: 'auto' (the cluster this machine belongs to) or the head's ADDRESS. One task per deployment, on its "
@@ -32,7 +32,7 @@ def register(app: typer.Typer) -> None:
         subject: list[str] | None = options.in_panel(options.SUBJECTS, None),
         unsigned: bool = options.in_panel(options.UNSIGNED, None),
         work_dir: Path | None = typer.Option(None, "--work-dir",
-            help="Where booted deployments' logs go (on each node), kept afterwards. [default: a temporary folder, removed afterwards "
+            help="Where booted deployments' logs go (on each node), kept afterwards. \\[default: a temporary folder, removed afterwards "
                  "unless --keep]"),
         keep: bool = typer.Option(False, "--keep",
             help="Keep the booted deployments' engine and worker logs (the folder is printed) instead of removing them."),

@@ -21,13 +21,13 @@ ENDPOINTS = typer.Option(None, "--endpoint", metavar="URL|ROLE=URL", rich_help_p
     help="Engine URL, or ROLE=URL (prefill, decode, unified) to override the role it reports. Repeatable.")
 ENTRY = typer.Option(None, "--entry", metavar="URL", rich_help_panel="Target",
     help="Client-facing URL (router, load balancer, gateway) where probes are sent. A router that lists its workers (builtin, smg, "
-         "vllm-router) names the engines and their roles when no --endpoint is given. [default: each unified endpoint itself]")
+         "vllm-router) names the engines and their roles when no --endpoint is given. \\[default: each unified endpoint itself]")
 ENTRY_API = typer.Option("native", "--entry-api", metavar="native|openai", rich_help_panel="Target",
     help="The routes the --entry serves: the engines' own, or only the OpenAI API (a gateway such as the LiteLLM proxy; probes go to "
          "its /v1/completions naming the model the engines serve).")
 ENTRY_MODEL = typer.Option(None, "--entry-model", metavar="NAME", rich_help_panel="Target",
     help="The model name clients send to the --entry, where it differs from the one the engines serve (a gateway's model group or "
-         "alias). [default: the engines' model]")
+         "alias). \\[default: the engines' model]")
 ENGINE = typer.Option("auto", "--engine", metavar="NAME", rich_help_panel="Target",
     help=f"The engine kind: {ENGINE_HELP}; auto detects it from what the server answers.")
 MODEL = typer.Option(None, "--model", metavar="NAME", rich_help_panel="Target",
@@ -56,7 +56,7 @@ TENANT_HEADER = typer.Option(None, "--tenant-header", metavar="NAME", rich_help_
     help="Header NAME the deployment reads the tenant from; tenants send NAME: a and NAME: b.")
 NAME = typer.Option(None, "--name", metavar="NAME", rich_help_panel="Output",
                     help="The deployment's name: the `deployment` label of every Prometheus series (and SARIF's per-deployment "
-                         "path). [default: the entry URL, else the first endpoint]")
+                         "path). \\[default: the entry URL, else the first endpoint]")
 
 # The report and record options of the commands that write them (check, demo, review, fleet, verify).
 FORMAT = typer.Option("table", "--format", metavar="FORMAT", rich_help_panel="Output", help=f"One of: {FORMAT_HELP}.")
@@ -69,7 +69,7 @@ ADVISORIES = typer.Option(None, "--advisories", metavar="DIR", rich_help_panel="
 # length instead and is declared there.
 CONTEXT_LENGTH = typer.Option(None, "--context-length", metavar="N", rich_help_panel="Target",
                               help="Context length promised to users; the larger of it and what each engine serves is checked. "
-                                   "[default: what the engine serves]")
+                                   "\\[default: what the engine serves]")
 SIGN_KEY = typer.Option(None, "--sign-key", metavar="PATH", rich_help_panel="Record",
                         help="Private key file that signs what this command writes (or set KVPREFLIGHT_SIGN_KEY to its path).")
 ALLOW_INSECURE_KEY = typer.Option(False, "--allow-insecure-key", rich_help_panel="Record",

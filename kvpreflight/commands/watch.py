@@ -70,7 +70,7 @@ def register(app: typer.Typer) -> None:
         timeout: float = typer.Option(10.0, "--timeout", metavar="S", rich_help_panel="Rounds",
             help="Seconds to wait for one read or one canary answer."),
         listen: str | None = typer.Option(None, "--listen", metavar="HOST:PORT", rich_help_panel="Output",
-            help="Serve Prometheus metrics here, or off. [default: 127.0.0.1:9478; off with --once]"),
+            help="Serve Prometheus metrics here, or off. \\[default: 127.0.0.1:9478; off with --once]"),
         textfile: Path | None = typer.Option(None, "--textfile", metavar="DIR", rich_help_panel="Output",
             help="Also write the metrics to DIR/kvpreflight-watch-NAME.prom after each round (node_exporter's textfile collector)."),
         name: str | None = options.NAME,

@@ -86,3 +86,11 @@ def test_review_refuses_a_context_length_below_one_in_one_line(tmp_path):
     result = invoke("review", "--context-length", "0", str(tmp_path))
     assert result.returncode == 2
     assert result.stderr.strip() == "kvpreflight: error: --context-length: must be a positive number (got 0)"
+
+
+def test_a_written_default_is_shown_not_taken_for_markup():
+    """typer reads help as rich markup, where an unescaped `[default: ...]` is a style tag that vanishes."""
+    check = " ".join(invoke("check", "--help", env={"COLUMNS": "300"}).stdout.split())
+    assert "[default: what the engine serves]" in check and "[default: 3x the estimate printed after calibration" in check
+    watch = " ".join(invoke("watch", "--help", env={"COLUMNS": "300"}).stdout.split())
+    assert "[default: 127.0.0.1:9478; off with --once]" in watch
