@@ -6,6 +6,7 @@ mistakes are refused before anything is read or sent."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -94,3 +95,7 @@ def test_a_written_default_is_shown_not_taken_for_markup():
     assert "[default: what the engine serves]" in check and "[default: 3x the estimate printed after calibration" in check
     watch = " ".join(invoke("watch", "--help", env={"COLUMNS": "300"}).stdout.split())
     assert "[default: 127.0.0.1:9478; off with --once]" in watch
+    unescaped = [f"{path.name}:{node.lineno}" for path in sorted(COMMANDS.glob("*.py"))
+                 for node in ast.walk(ast.parse(path.read_text())) if isinstance(node, ast.Constant)
+                 and isinstance(node.value, str) and re.search(r"(?<!\\)\[default:", node.value)]
+    assert unescaped == [], "write \\\\[default: ...] in help text"
