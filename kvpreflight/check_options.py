@@ -282,3 +282,32 @@ def _entry_api(text: str, entry: str | None, label: Label) -> EntryApi:
     if api is EntryApi.OPENAI and entry is None:
         raise ConfigError(f"{label('entry_api')} openai names the API of the {label('entry')} URL; add {label('entry')} URL (the gateway)")
     return api
+
+
+def check_targets_mode(options: CheckOptions, *, boot: Path | None, log_dir: Path | None, keep: bool) -> None:
+    """Where `check` finds its engines: --boot SPEC, or --endpoint/--entry (attach), never both;
+    checked before the spec or any file is read."""
+    if boot is not None:
+        if options.endpoints or options.entry or options.logs:
+            raise ConfigError("--boot takes its engines, entry and logs from the spec; drop --endpoint, --entry and --log")
+    elif log_dir is not None or keep:
+        raise ConfigError(f"{'--log-dir' if log_dir is not None else '--keep'} only makes sense with --boot SPEC.yaml")
+    elif not options.endpoints and not options.entry:
+        raise ConfigError("no --endpoint given; pass the URL of every prefill, decode or unified engine, "
+                          "--entry ROUTER (a router that lists its workers), or --boot SPEC.yaml")
+
+
+def check_plan_mode(*, boot: Path | None, plan_only: bool, no_calibrate: bool, fmt: str | None, writes_record: bool) -> None:
+    """What `check --plan` (print the probes, send at most a calibration request) takes; checked once the
+    plan is built, before any engine is contacted. `writes_record`: --record, --subject, --unsigned or
+    --test-result given."""
+    if no_calibrate and not plan_only:
+        raise ConfigError("--no-calibrate only makes sense with --plan")
+    if not plan_only:
+        return
+    if boot is not None:
+        raise ConfigError("--plan reads running engines; drop --boot (boot the deployment, then --plan its endpoints)")
+    if writes_record:
+        raise ConfigError("--plan writes no record; drop --record, --subject, --unsigned and --test-result")
+    if fmt not in (None, "table", "json"):  # the plan is a table or JSON, not a report
+        raise ConfigError(f"--plan prints a table or JSON, not --format {fmt}")

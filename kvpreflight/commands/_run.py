@@ -15,6 +15,14 @@ def error(message: str) -> None:
     sys.stderr.write(f"kvpreflight: error: {first}\n")
 
 
+def progress(message: str) -> None:
+    """A progress line on stderr, out at once (check and watch)."""
+    from kvpreflight.terminal import write_line
+
+    write_line("kvpreflight", message)
+    sys.stderr.flush()
+
+
 def run_app(app: typer.Typer, args: list[str] | None = None) -> int:
     # typer (standalone mode) handles its own usage errors (exit 2) and typer.Exit; anything of
     # ours that escapes a command becomes one line and its exit code. `args` None: sys.argv[1:].

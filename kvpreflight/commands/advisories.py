@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from kvpreflight.commands import options
+
 if TYPE_CHECKING:
     from kvpreflight.checks.advisory_data import Advisory
 
@@ -24,9 +26,10 @@ def register(app: typer.Typer) -> None:
 
     @group.command("list")
     def list_command(
+        # The engines advisories name, not the engine kinds check talks to; --format: a list, not a report.
         engine: str | None = typer.Option(None, "--engine", help="Only this engine: sglang, vllm, llamacpp, tgi, trtllm, builtin."),
         format: AdvisoriesFormat = typer.Option(AdvisoriesFormat.table, "--format", help="table or json."),
-        advisories: list[Path] | None = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files (validated). Repeatable."),
+        advisories: list[Path] | None = options.in_panel(options.ADVISORIES, None),
     ) -> None:
         """One line per advisory: id, engine, affected and fixed versions, severity, title."""
         import json
@@ -48,7 +51,7 @@ def register(app: typer.Typer) -> None:
     @group.command("show")
     def show_command(
         advisory_id: str = typer.Argument(..., metavar="ID", help="An advisory id, e.g. KVPF-SGLANG-2026-001."),
-        advisories: list[Path] | None = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files. Repeatable."),
+        advisories: list[Path] | None = options.in_panel(options.ADVISORIES, None),
     ) -> None:
         """Everything about one advisory: conditions, sources, how check and review see it, how it was verified."""
         import sys

@@ -6,26 +6,37 @@ from pathlib import Path
 
 import typer
 
-from kvpreflight.commands.check import FORMAT_HELP
+from kvpreflight.commands import options
 
 
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
-        pool_ratio: float = typer.Option(2.0, "--pool-ratio", help="Prefill KV pool = R x served context (0.65 reproduces the incident's 681,280 / 1,048,576)."),
+        pool_ratio: float = typer.Option(2.0, "--pool-ratio",
+            help="Prefill KV pool = R x served context (0.65 reproduces the incident's 681,280 / 1,048,576)."),
         decode_pool_ratio: float = typer.Option(2.0, "--decode-pool-ratio", help="Decode KV pool = R x served context."),
+        # The demo engines' served length, not a promise checked against what an engine serves.
         context_length: int = typer.Option(8192, "--context-length", help="Served context length of the demo engines."),
-        fault: list[str] | None = typer.Option(None, "--fault", help="Run the engines with this fault (repeatable); see `kvpreflight engine serve --help`."),
-        router: str = typer.Option("builtin", "--router", help="The PD router in front of the pair: builtin (no dependency), smg (SGLang's Shepherd Model Gateway) or sglang-router (both: scripts/setup_engines.sh --only smg)."),
-        incident: bool = typer.Option(False, "--incident", help="The incident as it happened: pool ratio 0.65, reject-continues and no-transfer-check, another tenant's data in the pool."),
-        fmt: str | None = typer.Option(None, "--format", metavar="FORMAT", help=f"One of: {FORMAT_HELP}. [default: table]"),
-        output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
-        quiet: bool = typer.Option(False, "--quiet", "-q", help="Leave the passing checks out of the table (the verdict line still counts them)."),
-        record: Path | None = typer.Option(None, "--record", help="Where to write the signed record. [default: DIR/record.dsse.json]"),
+        fault: list[str] | None = typer.Option(None, "--fault",
+            help="Run the engines with this fault (repeatable); see `kvpreflight engine serve --help`."),
+        router: str = typer.Option("builtin", "--router",
+            help="The PD router in front of the pair: builtin (no dependency), smg (SGLang's Shepherd Model Gateway) or sglang-router "
+                 "(both: scripts/setup_engines.sh --only smg)."),
+        incident: bool = typer.Option(False, "--incident",
+            help="The incident as it happened: pool ratio 0.65, reject-continues and no-transfer-check, another tenant's data in the "
+                 "pool."),
+        fmt: str | None = options.in_panel(options.FORMAT, None),
+        output: Path | None = options.in_panel(options.OUTPUT, None),
+        quiet: bool = options.in_panel(options.QUIET, None),
+        # --record and --sign-key have defaults of their own here (a record in DIR, a fresh key).
+        record: Path | None = typer.Option(None, "--record", help="Where to write the signed record. \\[default: DIR/record.dsse.json]"),
         sign_key: str | None = typer.Option(None, "--sign-key", help="Sign with this key instead of a fresh one."),
-        allow_insecure_key: bool = typer.Option(False, "--allow-insecure-key", help="Sign with a private key that others can read (by default refused, as ssh refuses one: chmod 600 it)."),
-        log_dir: Path | None = typer.Option(None, "--log-dir", help="Where the engines' logs go. [default: a temporary folder, removed afterwards]"),
-        out_dir: Path = typer.Option(Path("kvpreflight-demo"), "--out", metavar="DIR", help="Where the record and the demo's signing key go (the printed verify command names them); the key is made once and reused."),
+        allow_insecure_key: bool = options.in_panel(options.ALLOW_INSECURE_KEY, None),
+        log_dir: Path | None = typer.Option(None, "--log-dir",
+            help="Where the engines' logs go. \\[default: a temporary folder, removed afterwards]"),
+        out_dir: Path = typer.Option(Path("kvpreflight-demo"), "--out", metavar="DIR",
+            help="Where the record and the demo's signing key go (the printed verify command names them); the key is made once and "
+                 "reused."),
         keep: bool = typer.Option(False, "--keep", help="Keep the engines' logs (in DIR/logs) instead of removing them."),
     ) -> None:
         """Boot a builtin prefill/decode deployment, run the full check through its router, write a signed record.

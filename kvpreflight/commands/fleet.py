@@ -7,22 +7,35 @@ from pathlib import Path
 
 import typer
 
+from kvpreflight.commands import options
+
 
 def register(app: typer.Typer) -> None:
     @app.command("fleet")
     def fleet(
         inventory: Path = typer.Argument(..., help="Fleet inventory (YAML): deployments to attach to or boot, with node selectors."),
-        parallel: int | None = typer.Option(None, "--parallel", help="Deployments checked at once; deployments that share an engine always run one after another. [default: 4; with --ray all]"),
-        ray: str | None = typer.Option(None, "--ray", help="Run on Ray: 'auto' (the cluster this machine belongs to) or the head's ADDRESS. One task per deployment, on its node."),
-        fmt: str | None = typer.Option(None, "--format", help="table|json (fleet rows) or junit|sarif|github|markdown (every deployment's checks)."),
-        output: Path | None = typer.Option(None, "--output", help="Write the report here instead of stdout."),
-        record: Path | None = typer.Option(None, "--record", help="Write the fleet record here, and each deployment's record (NAME.dsse.json) beside it."),
-        sign_key: str | None = typer.Option(None, "--sign-key", help="Private key file for --record (or set KVPREFLIGHT_SIGN_KEY to its path)."),
-        allow_insecure_key: bool = typer.Option(False, "--allow-insecure-key", help="Sign with a private key that others can read (by default refused, as ssh refuses one: chmod 600 it)."),
-        subject: list[str] | None = typer.Option(None, "--subject", help="NAME=sha256:HEX every record is about. Repeatable."),
-        unsigned: bool = typer.Option(False, "--unsigned", help="Write the records unsigned (verify will refuse them)."),
-        work_dir: Path | None = typer.Option(None, "--work-dir", help="Where booted deployments' logs go (on each node), kept afterwards. [default: a temporary folder, removed afterwards unless --keep]"),
-        keep: bool = typer.Option(False, "--keep", help="Keep the booted deployments' engine and worker logs (the folder is printed) instead of removing them."),
+        parallel: int | None = typer.Option(None, "--parallel",
+            help="Deployments checked at once; deployments that share an engine always run one after another. \\[default: 4; with --ray "
+                 "all]"),
+        ray: str | None = typer.Option(None, "--ray",
+            help="Run on Ray: 'auto' (the cluster this machine belongs to) or the head's ADDRESS. One task per deployment, on its "
+                 "node."),
+        # Two kinds of output (fleet rows, or every deployment's checks), not check's report formats.
+        fmt: str | None = typer.Option(None, "--format",
+            help="table|json (fleet rows) or junit|sarif|github|markdown (every deployment's checks)."),
+        output: Path | None = options.in_panel(options.OUTPUT, None),
+        # One record per deployment beside the fleet's: not check's single record.
+        record: Path | None = typer.Option(None, "--record",
+            help="Write the fleet record here, and each deployment's record (NAME.dsse.json) beside it."),
+        sign_key: str | None = options.in_panel(options.SIGN_KEY, None),
+        allow_insecure_key: bool = options.in_panel(options.ALLOW_INSECURE_KEY, None),
+        subject: list[str] | None = options.in_panel(options.SUBJECTS, None),
+        unsigned: bool = options.in_panel(options.UNSIGNED, None),
+        work_dir: Path | None = typer.Option(None, "--work-dir",
+            help="Where booted deployments' logs go (on each node), kept afterwards. \\[default: a temporary folder, removed afterwards "
+                 "unless --keep]"),
+        keep: bool = typer.Option(False, "--keep",
+            help="Keep the booted deployments' engine and worker logs (the folder is printed) instead of removing them."),
     ) -> None:
         """Check many deployments at once. Exit 0 all pass, 1 one failed, 2 usage error, 3 one inconclusive (none failed)."""
         import sys

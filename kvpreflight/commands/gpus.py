@@ -19,6 +19,7 @@ class GpusFormat(str, enum.Enum):
 def register(app: typer.Typer) -> None:
     @app.command("gpus")
     def gpus_command(
+        # A list of GPUs, not a report: not check's --format.
         format: GpusFormat = typer.Option(GpusFormat.table, "--format", help="table or json."),
     ) -> None:
         """List the NVIDIA GPUs (name, UUID, memory, driver) and the PIDs on each.

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from kvpreflight.commands import options
+
 if TYPE_CHECKING:
     from kvpreflight.record import Envelope, Policy, PublicKey, SigningKey
 
@@ -16,26 +18,44 @@ if TYPE_CHECKING:
 def register(app: typer.Typer) -> None:
     @app.command("verify")
     def verify(
-        records: list[Path] = typer.Argument(..., metavar="RECORD", help="Files to verify: records written by `check --record` (or `fleet --record`), Test Results (`check --test-result`), Verification Summaries (`verify --vsa`)."),
+        records: list[Path] = typer.Argument(..., metavar="RECORD",
+            help="Files to verify: records written by `check --record` (or `fleet --record`), Test Results (`check --test-result`), "
+                 "Verification Summaries (`verify --vsa`)."),
         key: Path = typer.Option(..., "--key", help="The signer's public key (kvpreflight.pub)."),
-        subject: list[str] | None = typer.Option(None, "--subject", help="NAME=sha256:HEX that must be in the record with exactly this digest. Repeatable."),
-        max_age: str = typer.Option("24h", "--max-age", help="Refuse a record or Verification Summary older than this (s, m, h, d); a Test Result carries no time: verify it with its record."),
+        # A subject the record must name, not one written into it as check's --subject is.
+        subject: list[str] | None = typer.Option(None, "--subject",
+            help="NAME=sha256:HEX that must be in the record with exactly this digest. Repeatable."),
+        max_age: str = typer.Option("24h", "--max-age",
+            help="Refuse a record or Verification Summary older than this (s, m, h, d); a Test Result carries no time: verify it with "
+                 "its record."),
         allow_fail: bool = typer.Option(False, "--allow-fail", help="Check authenticity, subjects and age only; accept any verdict."),
         require_pass: bool = typer.Option(False, "--require-pass", help="Require the verdict pass (the default; for explicit pipelines)."),
         any_subject: bool = typer.Option(False, "--any-subject", help="Accept a record without naming a --subject."),
-        require: list[str] | None = typer.Option(None, "--require", help="A check id that must have run and decided (not skip, waived or inconclusive). Repeatable; default kv-capacity, overcapacity-rejected, tenant-isolation; 'none' requires nothing."),
-        expect_model: str | None = typer.Option(None, "--expect-model", help="Refuse the record unless every engine in it reported serving this model."),
-        expect_engine_version: str | None = typer.Option(None, "--expect-engine-version", help="Refuse the record unless every engine in it reported this version."),
-        deep: Path | None = typer.Option(None, "--deep", help="RECORD is a fleet record: also verify every deployment record it names, found in this folder, by digest, key and the same policy."),
-        allow_warned: bool = typer.Option(False, "--allow-warned", help="Accept a Test Result that says WARNED (a warning, skip or waiver), not only PASSED; --require still applies."),
-        vsa: Path | None = typer.Option(None, "--vsa", help="Also write a SLSA Verification Summary of RECORD here (PASSED only if it is accepted), signed with --sign-key; needs --resource-uri."),
-        resource_uri: str | None = typer.Option(None, "--resource-uri", help="With --vsa: the resource the summary is about (image or deployment URI). Verifying a summary: the resource it must be about."),
-        sign_key: str | None = typer.Option(None, "--sign-key", help="With --vsa: the private key that signs the summary (or set KVPREFLIGHT_SIGN_KEY)."),
-        allow_insecure_key: bool = typer.Option(False, "--allow-insecure-key", help="Sign with a private key that others can read (by default refused, as ssh refuses one: chmod 600 it)."),
+        require: list[str] | None = typer.Option(None, "--require",
+            help="A check id that must have run and decided (not skip, waived or inconclusive). Repeatable; default kv-capacity, "
+                 "overcapacity-rejected, tenant-isolation; 'none' requires nothing."),
+        expect_model: str | None = typer.Option(None, "--expect-model",
+            help="Refuse the record unless every engine in it reported serving this model."),
+        expect_engine_version: str | None = typer.Option(None, "--expect-engine-version",
+            help="Refuse the record unless every engine in it reported this version."),
+        deep: Path | None = typer.Option(None, "--deep",
+            help="RECORD is a fleet record: also verify every deployment record it names, found in this folder, by digest, key and "
+                 "the same policy."),
+        allow_warned: bool = typer.Option(False, "--allow-warned",
+            help="Accept a Test Result that says WARNED (a warning, skip or waiver), not only PASSED; --require still applies."),
+        vsa: Path | None = typer.Option(None, "--vsa",
+            help="Also write a SLSA Verification Summary of RECORD here (PASSED only if it is accepted), signed with --sign-key; "
+                 "needs --resource-uri."),
+        resource_uri: str | None = typer.Option(None, "--resource-uri",
+            help="With --vsa: the resource the summary is about (image or deployment URI). Verifying a summary: the resource it must "
+                 "be about."),
+        sign_key: str | None = options.in_panel(options.SIGN_KEY, None),
+        allow_insecure_key: bool = options.in_panel(options.ALLOW_INSECURE_KEY, None),
     ) -> None:
         """Exit 0 only if every file is signed by --key, names every --subject with its digest, is recent enough and passed.
 
-        Prints OK: FILE or FAIL: FILE: reason for each. Exit 1: refused (the reason names the condition). Exit 2: bad input (missing or malformed file or key, bad option).
+        Prints OK: FILE or FAIL: FILE: reason for each. Exit 1: refused (the reason names the condition). \
+Exit 2: bad input (missing or malformed file or key, bad option).
         """
         from kvpreflight.record import (
             Policy,
@@ -112,7 +132,8 @@ def register(app: typer.Typer) -> None:
                                    f"{len(one.predicate.get('engines') or [])} engine(s)")
                 saw_record = True
             elif deep is not None or vsa is not None:
-                raise RecordError(f"--{'deep' if deep is not None else 'vsa'} needs a kvpreflight record; {record} is a {verified.predicate_type}")
+                flag = "--deep" if deep is not None else "--vsa"
+                raise RecordError(f"{flag} needs a kvpreflight record; {record} is a {verified.predicate_type}")
             else:
                 saw_summary = saw_summary or verified.predicate_type == VSA_PREDICATE_TYPE
             sys.stderr.write(f"OK: {record}\n")

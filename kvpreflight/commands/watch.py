@@ -1,5 +1,5 @@
 """`kvpreflight watch`: keep proving a deployment after its release. Parses arguments, wires
-`kvpreflight.watch`, returns the exit code. No logic here."""
+`kvpreflight.watch` (whose `schedule` holds the rules between the options), returns the exit code."""
 
 from __future__ import annotations
 
@@ -10,6 +10,9 @@ import typer
 
 from kvpreflight.commands import options
 
+WATCH_HELP = ("Watch running engines: every --interval, drift against a signed record, the engines' hazard counters and "
+              "danger log lines, and two synthetic tenants' canaries. One JSON line per round on stdout; Prometheus "
+              "metrics on --listen.")
 WATCH_EXAMPLES = (
     "Examples:\n\n"
     "kvpreflight watch --entry http://router:8000 --record release.dsse.json --key kvpreflight.pub\n\n"
@@ -21,14 +24,16 @@ WATCH_EXAMPLES = (
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("watch", epilog=WATCH_EXAMPLES)
+    @app.command("watch", epilog=WATCH_EXAMPLES, help=WATCH_HELP)
     def watch(
         endpoints: list[str] | None = options.ENDPOINTS,
         entry: str | None = options.ENTRY,
         entry_api: str = options.ENTRY_API,
         entry_model: str | None = options.ENTRY_MODEL,
-        spec: Path | None = typer.Option(None, "--spec", metavar="SPEC.yaml", rich_help_panel="Target", help="Watch the running engines this boot spec describes, at the URLs its port numbers fix (nothing is booted)."),
-        inventory: Path | None = typer.Option(None, "--inventory", metavar="FLEET.yaml", rich_help_panel="Target", help="Watch every attach deployment of this fleet inventory, one after another each round, each under its own name."),
+        spec: Path | None = typer.Option(None, "--spec", metavar="SPEC.yaml", rich_help_panel="Target",
+            help="Watch the running engines this boot spec describes, at the URLs its port numbers fix (nothing is booted)."),
+        inventory: Path | None = typer.Option(None, "--inventory", metavar="FLEET.yaml", rich_help_panel="Target",
+            help="Watch every attach deployment of this fleet inventory, one after another each round, each under its own name."),
         engine: str = options.ENGINE,
         model: str | None = options.MODEL,
         logs: list[str] | None = options.LOGS,
@@ -39,64 +44,51 @@ def register(app: typer.Typer) -> None:
         ca_bundle: Path | None = options.CA_BUNDLE,
         client_cert: Path | None = options.CLIENT_CERT,
         client_key: Path | None = options.CLIENT_KEY,
-        allow_insecure_key: bool = typer.Option(False, "--allow-insecure-key", rich_help_panel="Target", help="Use a --client-key that others can read."),
+        allow_insecure_key: bool = options.in_panel(options.ALLOW_INSECURE_KEY, "Target"),
         tenant_a_key_env: str | None = options.TENANT_A_KEY_ENV,
         tenant_b_key_env: str | None = options.TENANT_B_KEY_ENV,
         tenant_header: str | None = options.TENANT_HEADER,
-        no_canaries: bool = typer.Option(False, "--no-canaries", rich_help_panel="Canaries", help="Send no request: drift and hazards only (read-only)."),
-        record: Path | None = typer.Option(None, "--record", metavar="FILE", rich_help_panel="Drift", help="The signed release record the deployment must still match (needs --key)."),
-        key: Path | None = typer.Option(None, "--key", metavar="PUB", rich_help_panel="Drift", help="The public key the --record is signed with."),
+        no_canaries: bool = typer.Option(False, "--no-canaries", rich_help_panel="Canaries",
+            help="Send no request: drift and hazards only (read-only)."),
+        # An input here (the record to match), where check, demo and fleet write one: declared here.
+        record: Path | None = typer.Option(None, "--record", metavar="FILE", rich_help_panel="Drift",
+            help="The signed release record the deployment must still match (needs --key)."),
+        key: Path | None = typer.Option(None, "--key", metavar="PUB", rich_help_panel="Drift",
+            help="The public key the --record is signed with."),
         interval: float = typer.Option(60.0, "--interval", metavar="S", rich_help_panel="Rounds", help="Seconds between rounds."),
-        once: bool = typer.Option(False, "--once", rich_help_panel="Rounds", help="One round, then exit as check does: 0 clean, 1 a finding, 3 not measured (cron, CronJobs)."),
-        rounds: int | None = typer.Option(None, "--rounds", metavar="N", rich_help_panel="Rounds", help="Stop after N rounds; exit with the last round's code."),
-        max_tokens_per_hour: int | None = typer.Option(None, "--max-tokens-per-hour", metavar="N", rich_help_panel="Rounds", help="Cap the prompt tokens sent per hour (canaries and full rounds); a round that would go over it sends nothing and says so."),
-        full_every: str | None = typer.Option(None, "--full-every", metavar="DURATION", rich_help_panel="Rounds", help="Seconds, or 30m, 6h, 1d: the first round and then one round this often also sends one near-context request and one over-capacity request that must be refused, judged as check judges them."),
-        timeout: float = typer.Option(10.0, "--timeout", metavar="S", rich_help_panel="Rounds", help="Seconds to wait for one read or one canary answer."),
-        listen: str | None = typer.Option(None, "--listen", metavar="HOST:PORT", rich_help_panel="Output", help="Serve Prometheus metrics here, or off. [default: 127.0.0.1:9478; off with --once]"),
-        textfile: Path | None = typer.Option(None, "--textfile", metavar="DIR", rich_help_panel="Output", help="Also write the metrics to DIR/kvpreflight-watch-NAME.prom after each round (node_exporter's textfile collector)."),
-        name: str | None = typer.Option(None, "--name", metavar="NAME", rich_help_panel="Output", help="The deployment's name: the `deployment` label of every series. [default: the entry URL, else the first endpoint]"),
+        once: bool = typer.Option(False, "--once", rich_help_panel="Rounds",
+            help="One round, then exit as check does: 0 clean, 1 a finding, 3 not measured (cron, CronJobs)."),
+        rounds: int | None = typer.Option(None, "--rounds", metavar="N", rich_help_panel="Rounds",
+            help="Stop after N rounds; exit with the last round's code."),
+        max_tokens_per_hour: int | None = typer.Option(None, "--max-tokens-per-hour", metavar="N", rich_help_panel="Rounds",
+            help="Cap the prompt tokens sent per hour (canaries and full rounds); a round that would go over it sends nothing and "
+                 "says so."),
+        full_every: str | None = typer.Option(None, "--full-every", metavar="DURATION", rich_help_panel="Rounds",
+            help="Seconds, or 30m, 6h, 1d: the first round and then one round this often also sends one near-context request and one "
+                 "over-capacity request that must be refused, judged as check judges them."),
+        # One read or canary answer, not check's wait for a rejection: its own default (10 s, not 30 s).
+        timeout: float = typer.Option(10.0, "--timeout", metavar="S", rich_help_panel="Rounds",
+            help="Seconds to wait for one read or one canary answer."),
+        listen: str | None = typer.Option(None, "--listen", metavar="HOST:PORT", rich_help_panel="Output",
+            help="Serve Prometheus metrics here, or off. \\[default: 127.0.0.1:9478; off with --once]"),
+        textfile: Path | None = typer.Option(None, "--textfile", metavar="DIR", rich_help_panel="Output",
+            help="Also write the metrics to DIR/kvpreflight-watch-NAME.prom after each round (node_exporter's textfile collector)."),
+        name: str | None = options.NAME,
     ) -> None:
-        """Watch running engines: every --interval, drift against a signed record, the engines' hazard counters and danger log lines, and two synthetic tenants' canaries. One JSON line per round on stdout; Prometheus metrics on --listen."""
         from kvpreflight.check_options import options_from
 
         args = options_from(locals(), capacity_only=True)  # the parameters are CheckOptions' fields
-        from kvpreflight.commands.check import progress
-        from kvpreflight.errors import ConfigError, naming
+        from kvpreflight.commands._run import progress
         from kvpreflight.redact import Redactor
-        from kvpreflight.targets import positive
-        from kvpreflight.watch.budget import BudgetPlan, parse_every
+        from kvpreflight.watch.budget import BudgetPlan
         from kvpreflight.watch.loop import exit_code, stated_budget, watchers_for
         from kvpreflight.watch.metrics import WatchMetrics
-        from kvpreflight.watch.service import DEFAULT_LISTEN, ServiceOutputs, parse_listen, run_service
+        from kvpreflight.watch.schedule import watch_schedule
+        from kvpreflight.watch.service import ServiceOutputs, run_service
 
-        given = [flag for flag, on in (("--endpoint/--entry", bool(endpoints or entry)), ("--spec", spec is not None),
-                                       ("--inventory", inventory is not None)) if on]
-        if not given:
-            raise ConfigError("no --endpoint given; pass the URL of every engine, --entry ROUTER (a router that lists its "
-                              "workers), --spec SPEC.yaml or --inventory FLEET.yaml")
-        if len(given) > 1:
-            raise ConfigError(f"{' and '.join(given)} both name what to watch; give one of --endpoint/--entry, --spec, --inventory")
-        for flag, value in (("--interval", interval), ("--rounds", rounds), ("--max-tokens-per-hour", max_tokens_per_hour)):
-            try:
-                positive(value)
-            except ConfigError as exc:
-                raise exc.under(flag) from None
-        full_every_s = None
-        if full_every is not None:
-            with naming("--full-every"):
-                full_every_s = parse_every(full_every)
-            if no_canaries:
-                raise ConfigError("--full-every sends requests and --no-canaries sends none; drop one of them")
-        if once and rounds is not None:
-            raise ConfigError("--once is --rounds 1; pass one of them")
-        if (record is None) != (key is None):
-            raise ConfigError("--record FILE and --key PUB go together: the record is only believed once its signature is verified")
-        if textfile is not None and not textfile.is_dir():
-            raise ConfigError(f"--textfile {textfile}: not a folder")
-        try:
-            where = parse_listen(listen if listen is not None else ("off" if once else DEFAULT_LISTEN))
-        except ConfigError as exc:
-            raise exc.under("--listen") from None
+        schedule = watch_schedule(targets=bool(endpoints or entry), spec=spec, inventory=inventory, interval=interval,
+                                  once=once, rounds=rounds, max_tokens_per_hour=max_tokens_per_hour, full_every=full_every,
+                                  canaries=not no_canaries, record=record, key=key, textfile=textfile, listen=listen)
         from kvpreflight.watch.targets import watched_deployments
 
         plans, fleet_name = watched_deployments(args, spec=spec, inventory=inventory, name=name, with_record=record is not None)
@@ -110,10 +102,11 @@ def register(app: typer.Typer) -> None:
         def say(message: str) -> None:
             progress(scrub(message))
 
-        budget = BudgetPlan(interval_s=interval, max_tokens_per_hour=max_tokens_per_hour, full_every_s=full_every_s)
+        budget = BudgetPlan(interval_s=schedule.interval_s, max_tokens_per_hour=schedule.max_tokens_per_hour,
+                            full_every_s=schedule.full_every_s)
         watchers = watchers_for(plans, budget=budget, baseline=baseline, canaries=not no_canaries, progress=say)
         sending = [w for w in watchers if w.settings.canaries]
-        if full_every_s is not None and sending:
+        if schedule.full_every_s is not None and sending:
             say("reading the engines once to size the full rounds")
         if sending:
             say(stated_budget(budget, sending).statement())
@@ -132,9 +125,9 @@ def register(app: typer.Typer) -> None:
 
         names = [w.name for w in plans]
         metrics = WatchMetrics(names[0], deployments=names, name=fleet_name)
-        outputs = ServiceOutputs(write_line=write_line, progress=say, scrub=scrub, metrics=metrics, listen=where,
+        outputs = ServiceOutputs(write_line=write_line, progress=say, scrub=scrub, metrics=metrics, listen=schedule.listen,
                                  textfile=textfile)
-        last = run_service(watchers, outputs, interval_s=interval, max_rounds=1 if once else rounds)
-        if once or rounds is not None:
+        last = run_service(watchers, outputs, interval_s=schedule.interval_s, max_rounds=schedule.max_rounds)
+        if schedule.bounded:
             raise typer.Exit(exit_code(last))
         say("stopped")

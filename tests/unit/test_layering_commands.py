@@ -57,13 +57,12 @@ def test_the_scan_sees_imports_inside_functions():
 def test_cli_choices_come_from_the_registries():
     """--engine and --format help list exactly what the registries hold (no copy to drift)."""
     from kvpreflight.boot.spec import router_only_kinds, spec_engine_kinds
-    from kvpreflight.commands.check import FORMAT_HELP
-    from kvpreflight.commands.options import ENGINE_HELP
+    from kvpreflight.commands.options import ENGINE_HELP, FORMAT_HELP
     from kvpreflight.engines import ENGINES
     from kvpreflight.formats import FORMATS
 
     shipped = [name for name in ENGINES if name != "fake"]  # `fake`: the unit tier's own (tests/unit/conftest.py)
     assert set(shipped) == set(spec_engine_kinds()) - {"auto", "fake", *router_only_kinds()}
-    # the unit tier's `fake` is registered before commands.check is first imported here
+    # the unit tier's `fake` is registered before commands.options is first imported here
     assert [k for k in ENGINE_HELP.split(", ") if k != "fake"] == ["auto", *shipped]
     assert FORMAT_HELP.split(", ") == list(FORMATS)
