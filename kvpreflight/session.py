@@ -237,7 +237,7 @@ def _targets(plan: CheckPlan, entry: str | None, client: HttpClient, progress: P
                           "add --endpoint URL (or ROLE=URL) for every engine behind it")
     if not listing.workers:
         raise ConfigError(f"--entry {entry}: the {listing.router} router lists no workers ({listing.source}); "
-                          "add --endpoint prefill=URL and --endpoint decode=URL for the engines behind it")
+                          + (listing.unlisted or "add --endpoint prefill=URL and --endpoint decode=URL for the engines behind it"))
     return tuple(Target(w.url.rstrip("/")) for w in listing.workers), listing
 
 

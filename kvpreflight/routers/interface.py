@@ -38,17 +38,27 @@ class RouterListing:
     url: str
     source: str  # the endpoint read, e.g. "GET /workers"
     workers: tuple[RouterWorker, ...]
+    # The context the router itself serves (Dynamo's frontend states it; its workers do not),
+    # given to an engine that states none.
+    served_context: int | None = None
+    # Why a router lists no worker URLs, and what to give instead (a router that names its workers
+    # otherwise, by instance id).
+    unlisted: str | None = None
 
     def role_of(self, url: str) -> Role | None:
         return next((w.role for w in self.workers if w.url == url.rstrip("/")), None)
 
     def applied_to(self, snapshot: EngineSnapshot) -> EngineSnapshot:
         """The snapshot with the role the router uses it in, where neither the user nor the engine
-        stated one; where they did and the router disagrees, a note says so."""
+        stated one (where they did and the router disagrees, a note says so), and the router's
+        served context where the engine stated none."""
+        where = f"the {self.router} router at {self.url} ({self.source})"
+        if snapshot.served_context is None and self.served_context is not None:
+            snapshot = replace(snapshot, served_context=self.served_context,
+                               notes=(*snapshot.notes, f"served context {self.served_context:,} as stated by {where}"))
         routed = self.role_of(snapshot.url)
         if routed is None:
             return snapshot
-        where = f"the {self.router} router at {self.url} ({self.source})"
         if snapshot.role_source is RoleSource.ASSUMED:
             return replace(snapshot, role=routed, role_source=RoleSource.ROUTER,
                            notes=(*snapshot.notes, f"role {routed.value} as listed by {where}"))

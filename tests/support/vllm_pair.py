@@ -64,21 +64,26 @@ class BootedPair:
         return self.deployment.engine("router")
 
 
-def run_check(*args: str) -> CheckRun:
+def run_check(*args: str, on_line: Callable[[str], None] | None = None, timeout_s: float | None = None) -> CheckRun:
     """`kvpreflight check --format json ARGS`; its stderr lines carry the second they arrived at, so
-    a slow run shows where its time went."""
+    a slow run shows where its time went. `on_line` sees each stderr line as it arrives (a test that
+    acts on the deployment at a given point of the check)."""
     started, started_at = time.monotonic(), time.time()
     timed: list[str] = []
+
+    def follow(stream: Any) -> None:
+        for line in stream:
+            timed.append(f"{time.monotonic() - started:7.1f}s {line}")
+            if on_line is not None:
+                on_line(line)
+
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen([sys.executable, "-m", "kvpreflight", "check", "--format", "json", *args],
                                 stdout=out, stderr=subprocess.PIPE, text=True)
-        stream = proc.stderr
-        assert stream is not None
-        reader = threading.Thread(target=lambda: timed.extend(
-            f"{time.monotonic() - started:7.1f}s {line}" for line in stream), daemon=True)
+        reader = threading.Thread(target=follow, args=(proc.stderr,), daemon=True)
         reader.start()
         try:
-            proc.wait(timeout=CHECK_TIMEOUT_S)
+            proc.wait(timeout=timeout_s or CHECK_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
