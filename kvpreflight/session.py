@@ -198,6 +198,12 @@ def _read_engines(plan: CheckPlan, entry: str | None, client: HttpClient, progre
             unreadable.append(CheckResult(id=CheckId.KV_CAPACITY, status=Status.INCONCLUSIVE,
                                           message=f"could not read the engine: {exc}{_wrong_kind_hint(url, client, plan.engine)}",
                                           endpoint=url))
+    if listing is not None:  # a worker the router routes to and nobody named is a pool not read: never a pass
+        unreadable.extend(CheckResult(
+            id=CheckId.KV_CAPACITY, status=Status.INCONCLUSIVE, endpoint=listing.url,
+            message=f"the {listing.router} router routes to the worker {instance}, which no --endpoint names: "
+                    f"its pool was not read; {listing.unlisted or 'add --endpoint ROLE=URL for it'}")
+            for instance in listing.unread_instances(snapshots))
     return adapters, snapshots, unreadable, listing
 
 

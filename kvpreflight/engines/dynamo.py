@@ -46,6 +46,9 @@ from kvpreflight.model import Completion, EngineSnapshot, Role
 # The metric every Dynamo vLLM worker labels with its component (dynamo/vllm publisher).
 POOL_METRIC = "vllm:cache_config_info"
 PREFILL_COMPONENT = "prefill"
+# The worker's instance id as its metrics label it (`worker_id`, 16 hex digits), kept as a setting so
+# the frontend's list of instances can be matched to the workers read (kvpreflight.routers.dynamo).
+WORKER_ID_SETTING = "dynamo_worker_id"
 NIXL_METRICS = "vllm:nixl_"  # registered by vLLM's NixlConnector (distributed/kv_transfer/.../nixl/stats.py)
 # What `nvext.extra_fields` asks the frontend to add to its answer: `engine_data.prompt_token_ids`.
 TOKENIZE_FIELDS = {"extra_fields": ["engine_data"]}
@@ -108,6 +111,8 @@ class DynamoAdapter(OpenAICompletionsMixin, EngineAdapter):
         settings = dict(snapshot.settings)
         if component:
             settings["dynamo_component"] = component
+        if labels.get("worker_id"):
+            settings[WORKER_ID_SETTING] = labels["worker_id"][:32]
         if log.version:
             settings["vllm_version"] = log.version
         return replace(snapshot, settings=settings)

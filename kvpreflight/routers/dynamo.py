@@ -7,7 +7,9 @@ serves: `/v1/models` states it as `context_window`, which the workers' own endpo
 
 from __future__ import annotations
 
-from kvpreflight.engines.dynamo import is_frontend_health
+from typing import Any
+
+from kvpreflight.engines.dynamo import WORKER_ID_SETTING, is_frontend_health
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, HttpClient
 from kvpreflight.engines.untrusted import json_list, json_object, positive_int
@@ -37,5 +39,20 @@ class DynamoFrontend(RouterAdapter):
                               "a worker serving it is registered)")
         first = json_object(listed[0], "/v1/models data[0]", self.url)
         context = positive_int(first.get("context_window"), "/v1/models data[0].context_window", self.url)
+        health = json_object(self.client.get_json(f"{self.url}/health", max_bytes=BodyLimit.JSON_INFO), "/health answer", self.url)
         return RouterListing(self.kind, self.url, "GET /v1/models context_window", (), served_context=context,
-                             unlisted=UNLISTED)
+                             unlisted=UNLISTED, instances=routed_instances(health, self.url), instance_setting=WORKER_ID_SETTING)
+
+
+def routed_instances(health: dict[str, Any], url: str) -> dict[str, str]:
+    """"component instance-id" -> the id as its worker's metrics label it (16 hex digits) for each
+    instance the frontend's /health lists serving `generate`."""
+    out: dict[str, str] = {}
+    for i, item in enumerate(json_list(health.get("instances") or [], "/health instances", url)):
+        entry = json_object(item, f"/health instances[{i}]", url)
+        instance = entry.get("instance_id")
+        if entry.get("endpoint") != "generate" or not isinstance(instance, int) or isinstance(instance, bool) \
+                or not 0 <= instance < 2**64:
+            continue
+        out[f"{str(entry.get('component'))[:40]} {instance}"] = f"{instance:016x}"
+    return out

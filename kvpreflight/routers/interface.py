@@ -9,7 +9,8 @@ GET /workers as {"workers": [{"url": ..., "worker_type": "prefill" | "decode" | 
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from kvpreflight.engines.errors import EngineError
@@ -44,6 +45,17 @@ class RouterListing:
     # Why a router lists no worker URLs, and what to give instead (a router that names its workers
     # otherwise, by instance id).
     unlisted: str | None = None
+    # A router that names its workers by instance id: each one it routes to ("component instance-id"
+    # -> the id as its engine's snapshot states it in the setting `instance_setting`).
+    instances: Mapping[str, str] = field(default_factory=dict)
+    instance_setting: str | None = None
+
+    def unread_instances(self, snapshots: Sequence[EngineSnapshot]) -> tuple[str, ...]:
+        """The workers the router routes to that no snapshot is of (their pools were not read)."""
+        if self.instance_setting is None:
+            return ()
+        read = {str(s.settings.get(self.instance_setting)) for s in snapshots}
+        return tuple(name for name, instance in self.instances.items() if instance not in read)
 
     def role_of(self, url: str) -> Role | None:
         return next((w.role for w in self.workers if w.url == url.rstrip("/")), None)
