@@ -63,8 +63,9 @@ class DynamoAdapter(OpenAICompletionsMixin, EngineAdapter):
     # would make it step after the check's last request (a late read on that one request shows
     # only at the prefill's next request, after the check).
     notices_late_reads_when_stepping = False
-    # lib/llm/src/http/service/openai.rs (1.6.1): the frontend refuses prompt + max_tokens over the
-    # model's context before any worker sees the request; `_refused` below adds its details.
+    # Seen live on 1.6.1 (tests/fixtures/dynamo/*_overlength_400.json): the frontend refuses prompt +
+    # max_tokens over the model's context before any worker sees the request; `_refused` below adds
+    # its details to the message, which says only "Invalid request".
     length_error_patterns = (r"\(context_length: limit \d+, actual \d+\)", *VllmAdapter.length_error_patterns)
 
     @classmethod
@@ -90,7 +91,7 @@ class DynamoAdapter(OpenAICompletionsMixin, EngineAdapter):
             raise EngineError(f"{self.url}/metrics: no {POOL_METRIC} (a Dynamo vLLM worker's system port serves it; "
                               "is this the worker's DYN_SYSTEM_PORT?)")
         labels = metrics[POOL_METRIC][0][0]
-        component = labels.get("dynamo_component")
+        component = (labels.get("dynamo_component") or "")[:64]  # a label: any text, bounded
         log = read_start_log(log_text)
         if any(name.startswith(NIXL_METRICS) for name in metrics):
             # vLLM's start-up line names no connector under Dynamo; its NIXL series say which it is.
@@ -104,7 +105,7 @@ class DynamoAdapter(OpenAICompletionsMixin, EngineAdapter):
         else:
             reported = None
         snapshot = engine_snapshot(
-            self.url, self.kind, version=None, model=labels.get("model_name") or labels.get("model"),
+            self.url, self.kind, version=None, model=(labels.get("model_name") or labels.get("model") or "")[:256] or None,
             served=log.max_seq_len, pool=read_cache_config(metrics, self.url), reported_role=reported,
             log=replace(log, kv_role=None), role=role,
             notes=(f"Dynamo component {component or 'not labelled'}",))
