@@ -128,15 +128,24 @@ def _warned(run: CheckRun) -> dict[str, str]:
     return {c["id"]: c["message"] for c in run.report["checks"] if c["status"] == "warn"}
 
 
-# A disconnect during prefill cannot be shown to land on a prefill this fast (the echo model prefills
-# a context in milliseconds), so the check says cancel-transfer is unconfirmed: the one warning the
-# stack deserves, as on every vLLM deployment here (test_vllm_pd_real.py).
-def _only_the_unconfirmed_cancel(run: CheckRun) -> None:
+# The warnings the stack deserves. A disconnect during prefill cannot be shown to land on a prefill
+# this fast (the echo model prefills a context in milliseconds), so the check says cancel-transfer is
+# unconfirmed, as on every vLLM deployment here (test_vllm_pd_real.py); and a P/D deployment carries
+# Dynamo's open cancel hazard (checks/advisories/dynamo.yaml), an aggregated one does not.
+CANCEL_ADVISORY = "KVPF-DYNAMO-2026-001"
+
+
+def _only_the_deserved_warnings(run: CheckRun, *, pd: bool) -> None:
     warned = _warned(run)
-    assert set(warned) <= {"tenant-isolation"}, warned
-    if warned:
+    assert set(warned) <= {"tenant-isolation", "engine-advisories"}, warned
+    if "tenant-isolation" in warned:
         assert "cancel-transfer: unconfirmed" in warned["tenant-isolation"], warned
         assert "FAIL" not in warned["tenant-isolation"] and "crossed" not in warned["tenant-isolation"], warned
+    advisories = [c for c in run.report["checks"] if c["id"] == "engine-advisories"]
+    if pd:
+        assert advisories and all(c["status"] == "warn" and CANCEL_ADVISORY in c["message"] for c in advisories), advisories
+    else:
+        assert all(c["status"] == "pass" for c in advisories), advisories
 
 
 def _echoed_exactly(answers: list[Answer]) -> None:
@@ -167,7 +176,7 @@ def test_aggregated_dynamo_passes_every_check_it_can_decide(aggregated: Run) -> 
     run = aggregated.check
     assert not _undecided_or_failed(run), _undecided_or_failed(run)
     assert run.exit_code == 0, (run.exit_code, run.summary())
-    _only_the_unconfirmed_cancel(run)
+    _only_the_deserved_warnings(run, pd=False)
     engine, = run.report["engines"]
     assert (engine["engine"], engine["role"], engine["role_source"]) == ("dynamo", "unified", "engine"), engine
     assert engine["kv_pool_tokens"] == 2304 and engine["context_length"] == 1024, engine
@@ -235,7 +244,7 @@ def test_the_dynamo_pair_passes_every_check_it_can_decide_with_tenants_bound_by_
     run = disaggregated.check
     assert not _undecided_or_failed(run), _undecided_or_failed(run)
     assert run.exit_code == 0, (run.exit_code, run.summary())
-    _only_the_unconfirmed_cancel(run)
+    _only_the_deserved_warnings(run, pd=True)
     engines = {e["role"]: e for e in run.report["engines"]}
     assert set(engines) == {"prefill", "decode"}, run.report["engines"]
     assert {e["role_source"] for e in engines.values()} == {"engine"}, engines  # Dynamo's component and vLLM's metric

@@ -138,6 +138,9 @@ def test_capacity_only_through_the_frontend_reads_both_workers_and_sends_nothing
     assert set(engines) == {"prefill", "decode"} and {e["context_length"] for e in engines.values()} == {1024}, engines
     capacity = [c for c in report["checks"] if c["id"] == "kv-capacity"]
     assert [c["status"] for c in capacity] == ["pass", "pass"], capacity
+    # Dynamo's open cancel hazard (checks/advisories/dynamo.yaml) holds for every P/D deployment: a warning
+    advisories = [c for c in report["checks"] if c["id"] == "engine-advisories"]
+    assert [c["status"] for c in advisories] == ["warn", "warn"] and "KVPF-DYNAMO-2026-001" in advisories[0]["message"]
     probes = {c["id"]: c["status"] for c in report["checks"] if c["id"] in ("overcapacity-rejected", "tenant-isolation")}
     assert probes == {"overcapacity-rejected": "skip", "tenant-isolation": "skip"} and proc.returncode == 0, report["checks"]
 
@@ -149,3 +152,11 @@ def test_a_worker_the_frontend_routes_to_and_nobody_named_is_inconclusive() -> N
     unread = [c for c in report["checks"] if c["id"] == "kv-capacity" and c["status"] == "inconclusive"]
     assert len(unread) == 1 and "routes to the worker prefill " in unread[0]["message"], report["checks"]
     assert "DYN_SYSTEM_PORT" in unread[0]["message"] and proc.returncode == 3
+
+
+def test_an_aggregated_deployment_carries_no_prefill_cancel_advisory() -> None:
+    with static_server(frontend_routes("agg")) as entry, static_server(worker_routes("agg", "worker")) as worker:
+        proc = invoke("check", "--entry", entry, "--endpoint", worker, "--capacity-only", "--format", "json")
+    report = json.loads(proc.stdout)
+    advisories = [c for c in report["checks"] if c["id"] == "engine-advisories"]
+    assert [c["status"] for c in advisories] == ["pass"] and proc.returncode == 0, report["checks"]
