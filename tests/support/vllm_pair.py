@@ -147,6 +147,18 @@ def warm_each_engine(pair: BootedPair) -> None:
 LATE_READ = "a decode read KV its prefill had already released"
 
 
+def late_read_fail(check: dict[str, Any]) -> bool:
+    """A check failed on a vLLM NIXL decode's read of KV its prefill had released (the lease ran out
+    first): the engine's own hazard, which a vLLM pair on 2 shared cores earns about one run in two
+    (test_vllm_pd_real.py, docs/FINDINGS.md)."""
+    return check["status"] == "fail" and LATE_READ in check["message"] and "kv_lease_duration" in check["message"]
+
+
+def crossing_fail(check: dict[str, Any]) -> bool:
+    """tenant-isolation failed on a canary that crossed tenants."""
+    return check["id"] == "tenant-isolation" and check["status"] == "fail" and "canary crossed tenants" in check["message"]
+
+
 def vllm_counter(url: str, name: str) -> float:
     text = requests.get(f"{url}/metrics", timeout=10).text
     return sum(float(line.split()[-1]) for line in text.splitlines() if line.startswith(name))
