@@ -32,11 +32,14 @@ def _register(*registrations: EngineRegistration) -> dict[str, EngineRegistratio
     return {r.kind: r for r in registrations}
 
 
-# In auto-detection order: the builtin engine before SGLang, whose wire format it speaks.
+# In auto-detection order: the builtin engine before SGLang, whose wire format it speaks; Dynamo
+# before vLLM and SGLang, whose names its launch commands carry (`python -m dynamo.vllm`).
 ENGINES: dict[str, EngineRegistration] = _register(
     EngineRegistration("builtin", "kvpreflight.engines.builtin:BuiltinAdapter", "",
                        (("kvpreflight", "engine"),), "kvpreflight.review.engines.builtin",
                        (("-m", "kvpreflight", "engine", "serve"), ("kvpreflight", "engine", "serve"))),
+    EngineRegistration("dynamo", "kvpreflight.engines.dynamo:DynamoAdapter", "Dynamo /health",
+                       (("dynamo.vllm",), ("dynamo.frontend",))),
     EngineRegistration("sglang", "kvpreflight.engines.sglang:SglangAdapter", "SGLang /server_info", (("sglang",),),
                        "kvpreflight.review.engines.sglang", (("-m", "sglang.launch_server"), ("sglang", "serve")), ("sglang",)),
     EngineRegistration("vllm", "kvpreflight.engines.vllm:VllmAdapter", "vLLM /version", (("vllm",),),

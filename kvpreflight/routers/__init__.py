@@ -10,6 +10,7 @@ from kvpreflight.routers.interface import RouterAdapter, RouterListing, RouterWo
 
 # Asked in this order: smg is recognised only by its worker list, which the others serve too.
 ROUTERS: dict[str, str] = {
+    "dynamo": "kvpreflight.routers.dynamo:DynamoFrontend",
     "builtin": "kvpreflight.routers.builtin:BuiltinRouter",
     "vllm-router": "kvpreflight.routers.vllm_router:VllmRouter",
     "smg": "kvpreflight.routers.smg:SmgRouter",

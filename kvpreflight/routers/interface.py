@@ -9,7 +9,8 @@ GET /workers as {"workers": [{"url": ..., "worker_type": "prefill" | "decode" | 
 from __future__ import annotations
 
 import abc
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 from kvpreflight.engines.errors import EngineError
@@ -38,17 +39,38 @@ class RouterListing:
     url: str
     source: str  # the endpoint read, e.g. "GET /workers"
     workers: tuple[RouterWorker, ...]
+    # The context the router itself serves (Dynamo's frontend states it; its workers do not),
+    # given to an engine that states none.
+    served_context: int | None = None
+    # Why a router lists no worker URLs, and what to give instead (a router that names its workers
+    # otherwise, by instance id).
+    unlisted: str | None = None
+    # A router that names its workers by instance id: each one it routes to ("component instance-id"
+    # -> the id as its engine's snapshot states it in the setting `instance_setting`).
+    instances: Mapping[str, str] = field(default_factory=dict)
+    instance_setting: str | None = None
+
+    def unread_instances(self, snapshots: Sequence[EngineSnapshot]) -> tuple[str, ...]:
+        """The workers the router routes to that no snapshot is of (their pools were not read)."""
+        if self.instance_setting is None:
+            return ()
+        read = {str(s.settings.get(self.instance_setting)) for s in snapshots}
+        return tuple(name for name, instance in self.instances.items() if instance not in read)
 
     def role_of(self, url: str) -> Role | None:
         return next((w.role for w in self.workers if w.url == url.rstrip("/")), None)
 
     def applied_to(self, snapshot: EngineSnapshot) -> EngineSnapshot:
         """The snapshot with the role the router uses it in, where neither the user nor the engine
-        stated one; where they did and the router disagrees, a note says so."""
+        stated one (where they did and the router disagrees, a note says so), and the router's
+        served context where the engine stated none."""
+        where = f"the {self.router} router at {self.url} ({self.source})"
+        if snapshot.served_context is None and self.served_context is not None:
+            snapshot = replace(snapshot, served_context=self.served_context,
+                               notes=(*snapshot.notes, f"served context {self.served_context:,} as stated by {where}"))
         routed = self.role_of(snapshot.url)
         if routed is None:
             return snapshot
-        where = f"the {self.router} router at {self.url} ({self.source})"
         if snapshot.role_source is RoleSource.ASSUMED:
             return replace(snapshot, role=routed, role_source=RoleSource.ROUTER,
                            notes=(*snapshot.notes, f"role {routed.value} as listed by {where}"))

@@ -65,7 +65,7 @@ def _no_amx(module: ModuleType) -> None:
     applied.append("cpu_has_amx_support")
 
 
-def _torchvision_schemas(module: ModuleType) -> None:
+def torchvision_schemas(module: ModuleType) -> None:
     if module._has_ops():
         return
     import torch
@@ -112,18 +112,24 @@ def _nixl_dram(module: ModuleType) -> None:
 # module imported -> the patch run right after its own code
 PATCHES: dict[str, Callable[[ModuleType], None]] = {
     "sglang.srt.utils.common": _no_amx,
-    "torchvision.extension": _torchvision_schemas,
+    "torchvision.extension": torchvision_schemas,
     "sglang.srt.disaggregation.mooncake.conn": _mooncake_host_indices,
     "nixl": _nixl_dram,
 }
 
 
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """Finds a patched module with the other finders, then runs its patch after the module's code."""
+class AfterImport(importlib.abc.MetaPathFinder):
+    """Finds a patched module with the other finders, then runs its patch after the module's code.
+
+    scripts/dynamo_cpu/hook.py installs one with its own patches (the Dynamo venv carries this
+    package too)."""
+
+    def __init__(self, patches: dict[str, Callable[[ModuleType], None]]) -> None:
+        self.patches = patches
 
     def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None,
                   ) -> importlib.machinery.ModuleSpec | None:
-        patch = PATCHES.get(fullname)
+        patch = self.patches.get(fullname)
         if patch is None:
             return None
         for finder in sys.meta_path:
@@ -147,14 +153,18 @@ class _AfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
+def install_patches(patches: dict[str, Callable[[ModuleType], None]]) -> None:
+    if not any(isinstance(f, AfterImport) and f.patches is patches for f in sys.meta_path):
+        sys.meta_path.insert(0, AfterImport(patches))
+    for name, patch in patches.items():  # already imported (by whatever ran before the .pth): patch now
+        if name in sys.modules:
+            patch(sys.modules[name])
+
+
 def install() -> None:
     if STANDINS not in sys.path:
         sys.path.insert(0, STANDINS)
-    if not any(isinstance(f, _AfterImport) for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport())
-    for name, patch in PATCHES.items():  # already imported (by whatever ran before the .pth): patch now
-        if name in sys.modules:
-            patch(sys.modules[name])
+    install_patches(PATCHES)
 
 
 if ENABLED:

@@ -33,13 +33,14 @@ import requests
 from boot_support.procs import live_pids
 from support.echo_canaries import echoed_canaries
 from support.vllm_pair import (
-    LATE_READ,
     ROUTER_READY_TIMEOUT_S,
     SPEC,
     BootedPair,
     CheckRun,
     boot_pair,
+    crossing_fail,
     finished_requests,
+    late_read_fail,
     run_check,
     wait_until_idle,
 )
@@ -108,10 +109,6 @@ def pd_check(pd_pair: BootedPair) -> CheckRun:
 # the lease and the fix (issue 27); seen in about one clean-clone run in two. Where the released
 # pages had meanwhile taken the other tenant's concurrent prompt, the answer carries that tenant's
 # canary: tenant-isolation fails on the crossing (once in five clean-clone runs, 2026-12-03).
-def late_read_fail(check: dict[str, Any]) -> bool:
-    return check["status"] == "fail" and LATE_READ in check["message"] and "kv_lease_duration" in check["message"]
-
-
 # The prefill's own line for a decode's read of KV it had released (vLLM 0.32 pull_worker.py); its
 # lines carry "MM-DD HH:MM:SS" in the engine's local time.
 PREFILL_LATE_READ = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) \[[^]]+\] Potentially invalid KV blocks for unrecognized request")
@@ -126,10 +123,6 @@ def late_reads_the_prefill_logged(pair: BootedPair, run: CheckRun) -> list[str]:
     text = Path(pair.prefill.log_path).read_text(errors="replace")
     return [m.group(0) for m in PREFILL_LATE_READ.finditer(text)
             if datetime.datetime.strptime(f"{year}-{m.group(1)}", "%Y-%m-%d %H:%M:%S") >= since]
-
-
-def crossing_fail(check: dict[str, Any]) -> bool:
-    return check["id"] == "tenant-isolation" and check["status"] == "fail" and "canary crossed tenants" in check["message"]
 
 
 # vllm-router once answered 27 of the normal scenario's 28 requests (and the over-capacity

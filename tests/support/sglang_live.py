@@ -77,10 +77,12 @@ def rss_mib(engine: BootedEngine) -> float:
 @contextlib.contextmanager
 def booted(spec_name: str, workdir: Path, echo_hf_model: Path, bins: list[str],
            extra_env: dict[str, str] | None = None, engine_args: dict[str, list[str]] | None = None,
-           ) -> Iterator[Live]:
+           router_workers: int | None = 2) -> Iterator[Live]:
     """Boot examples/specs/`spec_name` from `workdir` (./models/echo/hf there links the echo model),
     with `bins` first on PATH, and stop every engine on leaving (by PID, as the boot library does).
-    `engine_args`: arguments added to an engine's command, by engine name."""
+    `engine_args`: arguments added to an engine's command, by engine name. `router_workers`: how
+    many workers the router's /workers must list before the deployment counts as up (None: a
+    router without that list, whose spec's ready_url says when it serves)."""
     (workdir / "models" / "echo").mkdir(parents=True, exist_ok=True)
     link = workdir / "models" / "echo" / "hf"
     if not link.exists():
@@ -104,8 +106,8 @@ def booted(spec_name: str, workdir: Path, echo_hf_model: Path, bins: list[str],
     with boot_deployment(spec, workdir / "logs", stderr=progress) as deployment:
         live = Live(deployment, time.monotonic() - started)
         router = next((e for e in deployment.engines if e.role == "router"), None)
-        if router is not None:
-            wait_for_workers(router.url, 2)
+        if router is not None and router_workers is not None:
+            wait_for_workers(router.url, router_workers)
         live.rss_mib = {e.name: rss_mib(e) for e in deployment.engines}
         print(f"{spec.deployment}: booted in {live.boot_s:.0f} s, RSS "
               + ", ".join(f"{k} {v:.0f} MiB" for k, v in live.rss_mib.items()), file=sys.stderr)

@@ -64,21 +64,26 @@ class BootedPair:
         return self.deployment.engine("router")
 
 
-def run_check(*args: str) -> CheckRun:
+def run_check(*args: str, on_line: Callable[[str], None] | None = None, timeout_s: float | None = None) -> CheckRun:
     """`kvpreflight check --format json ARGS`; its stderr lines carry the second they arrived at, so
-    a slow run shows where its time went."""
+    a slow run shows where its time went. `on_line` sees each stderr line as it arrives (a test that
+    acts on the deployment at a given point of the check)."""
     started, started_at = time.monotonic(), time.time()
     timed: list[str] = []
+
+    def follow(stream: Any) -> None:
+        for line in stream:
+            timed.append(f"{time.monotonic() - started:7.1f}s {line}")
+            if on_line is not None:
+                on_line(line)
+
     with tempfile.TemporaryFile("w+") as out:
         proc = subprocess.Popen([sys.executable, "-m", "kvpreflight", "check", "--format", "json", *args],
                                 stdout=out, stderr=subprocess.PIPE, text=True)
-        stream = proc.stderr
-        assert stream is not None
-        reader = threading.Thread(target=lambda: timed.extend(
-            f"{time.monotonic() - started:7.1f}s {line}" for line in stream), daemon=True)
+        reader = threading.Thread(target=follow, args=(proc.stderr,), daemon=True)
         reader.start()
         try:
-            proc.wait(timeout=CHECK_TIMEOUT_S)
+            proc.wait(timeout=timeout_s or CHECK_TIMEOUT_S)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
@@ -140,6 +145,18 @@ def warm_each_engine(pair: BootedPair) -> None:
 
 
 LATE_READ = "a decode read KV its prefill had already released"
+
+
+def late_read_fail(check: dict[str, Any]) -> bool:
+    """A check failed on a vLLM NIXL decode's read of KV its prefill had released (the lease ran out
+    first): the engine's own hazard, which a vLLM pair on 2 shared cores earns about one run in two
+    (test_vllm_pd_real.py, docs/FINDINGS.md)."""
+    return check["status"] == "fail" and LATE_READ in check["message"] and "kv_lease_duration" in check["message"]
+
+
+def crossing_fail(check: dict[str, Any]) -> bool:
+    """tenant-isolation failed on a canary that crossed tenants."""
+    return check["id"] == "tenant-isolation" and check["status"] == "fail" and "canary crossed tenants" in check["message"]
 
 
 def vllm_counter(url: str, name: str) -> float:
