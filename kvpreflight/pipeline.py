@@ -20,10 +20,11 @@ from kvpreflight.checks.probe_common import outlived_deadlines
 from kvpreflight.clock import utc_now
 from kvpreflight.engines import EngineConfigError, EngineError, HttpClient, adapter_class, open_adapter
 from kvpreflight.engines.interface import Counters, EngineAdapter
+from kvpreflight.engines.listeners import from_log
 from kvpreflight.engines.openai_completions import openai_entry
 from kvpreflight.errors import ConfigError
 from kvpreflight.files import FileKind, read_tail
-from kvpreflight.model import CheckResult, Cost, EngineCost, EngineSnapshot, EntryApi, Report, Role, Status
+from kvpreflight.model import CheckResult, Cost, EngineCost, EngineSnapshot, EntryApi, ProcessListeners, Report, Role, Status
 from kvpreflight.probes.budget import Budget, calibrate, calibrate_once
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, capacity_plan, deployment_limits, near_context_s
 from kvpreflight.probes.cost import CostMeter
@@ -67,7 +68,7 @@ def run_check(check_plan: CheckPlan, progress: Callable[[str], None] = lambda _:
             cost = engine_cost(snapshots, counters_before, state.counters(), budget.cost, time.monotonic() - probes_started)
         if snapshots:
             ctx = CheckContext(tuple(snapshots), thresholds, check_plan.context_length, None, check_plan.entry, advisories,
-                               expected_model=check_plan.model)
+                               expected_model=check_plan.model, listeners=listeners_of(check_plan, snapshots))
             results.extend(run_checks(ctx, ids_of(Scope.DEPLOYMENT), check_plan.waivers))
         return Report(
             tool_version=__version__, engines=tuple(snapshots), checks=tuple(results), waivers=check_plan.waivers,
@@ -76,6 +77,23 @@ def run_check(check_plan: CheckPlan, progress: Callable[[str], None] = lambda _:
         )
     finally:
         client.close()
+
+
+def listeners_of(check_plan: CheckPlan, snapshots: Sequence[EngineSnapshot]) -> tuple[ProcessListeners, ...]:
+    """Every read engine's listening sockets: as /proc showed them to boot mode, else as its
+    start-up log (--log) names them."""
+    booted = {p.url: p for p in check_plan.listeners}
+    out = list(check_plan.listeners)
+    for snapshot in snapshots:
+        if snapshot.url in booted:
+            continue
+        try:
+            log_text = _read_log(check_plan.logs.get(snapshot.url))
+        except EngineError as exc:
+            out.append(ProcessListeners(snapshot.url, snapshot.url, None, unread=f"its start-up log cannot be read: {exc}"))
+            continue
+        out.append(from_log(snapshot.url, snapshot.url, log_text))
+    return tuple(out)
 
 
 def engine_cost(snapshots: Sequence[EngineSnapshot], before: Mapping[str, Counters | None],

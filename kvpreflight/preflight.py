@@ -123,6 +123,7 @@ def booted_plan(plan: CheckPlan, spec: DeploymentSpec, deployment: BootedDeploym
         logs={e.url.rstrip("/"): Path(e.log_path) for e in deployment.engines
               if e in workers or e.url.rstrip("/") == deployment.entry_url.rstrip("/")},
         gpus=deployment.gpu_records(),
+        listeners=deployment.listeners(),
         booted=True,
         auth=plan.auth if spec.client_cert is None else replace(plan.auth, client_cert=spec.client_cert,
                                                                  client_key=spec.client_key),
