@@ -126,7 +126,7 @@ def _findings(findings: list[tuple[ProcessListeners, Listener, Status]]) -> str:
         if listener.kind is ListenerKind.UNIDENTIFIED:
             said = f"{_endpoint(listener)}, not identified (what it carries is unknown)"
         elif listener.address is None:
-            said = f"port {listener.port}: {listener.what}, address not logged (it may listen beyond loopback)"
+            said = f"port {listener.port}: {listener.what}, no address stated (it may listen beyond loopback)"
         else:
             said = f"{_endpoint(listener)}: {listener.what}"
         by_process.setdefault(who, []).append(said)

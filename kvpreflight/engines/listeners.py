@@ -11,6 +11,7 @@ what it bound, and wins (Mooncake's handshake logs 127.0.0.1 and binds every add
 from __future__ import annotations
 
 import ast
+import ipaddress
 import json
 import re
 from collections.abc import Iterable
@@ -123,15 +124,24 @@ def _endpoints(whose: str, endpoint: str, replay: str | None) -> list[Listener]:
         if not port.isdigit():
             continue
         out.append(Listener(port=int(port), address=_address(host), kind=ListenerKind.TOKEN_IDS, what=f"{whose} {what}",
-                            setting=f"--kv-events-config endpoint ({url}"
-                                    + (", the default" if url == DEFAULT_KV_EVENTS_ENDPOINT else "") + ")"))
+                            setting="--kv-events-config endpoint"
+                                    + (f" ({DEFAULT_KV_EVENTS_ENDPOINT}, the default)" if url == DEFAULT_KV_EVENTS_ENDPOINT else "")))
     return out
 
 
-def _address(host: str) -> str:
-    """A host as written in a line or endpoint, as /proc would write the address it binds."""
+def _address(host: str) -> str | None:
+    """A host as written in a line or endpoint, as /proc would write the address it binds; None for
+    a host name (a check does not resolve names, and a log line's words may be a tenant's text,
+    which never travels into a report)."""
     host = host.strip("[]")
-    return EVERY_ADDRESS if host in ("*", "", "0.0.0.0") else "::" if host == "::" else host
+    if host in ("*", "", "0.0.0.0"):
+        return EVERY_ADDRESS
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        return str(ipaddress.ip_address(host))
+    except ValueError:
+        return None
 
 
 def from_log(process: str, url: str, log_text: str | None) -> ProcessListeners:

@@ -181,7 +181,7 @@ def test_attached_mooncake_logs_warn_the_handshake_on_every_address_whatever_it_
     handshake = [p for line in log(stack, "prefill.log.excerpt").splitlines() if "P2P handshake, listening on 127.0.0.1:" in line
                  for p in [line.rsplit(":", 1)[1].strip()]]
     assert handshake and f"0.0.0.0:{handshake[0]}: Mooncake transfer engine's P2P handshake listener" in message
-    assert "TCP transport (the KV itself), address not logged (it may listen beyond loopback)" in message
+    assert "TCP transport (the KV itself), no address stated (it may listen beyond loopback)" in message
     assert "MC_TCP_BIND_ADDRESS" in message
     if stack == "vllm-pd-mooncake":
         assert "0.0.0.0:8998: Mooncake bootstrap server (vLLM's MooncakeConnector)" in message
@@ -219,7 +219,11 @@ def test_a_publisher_on_the_stated_cluster_address_passes_and_on_another_fails()
 def test_a_token_stream_bound_to_a_host_name_is_inconclusive_and_a_kv_socket_so_bound_warns():
     line = log("vllm-kv-events", "startup.log.excerpt").replace("tcp://*:5557", "tcp://events.internal:5557")
     status, message, _ = judged(from_log("e", "http://127.0.0.1:1", line))
-    assert status is Status.INCONCLUSIVE and "events.internal" in message
+    assert status is Status.INCONCLUSIVE and "port 5557: vLLM's KV-events publisher" in message
+    assert "events.internal" not in message  # a log's words are never quoted: an address or nothing
+    named = "Mooncake Bootstrap Server started at node-b.internal:8998"
+    status, message, _ = judged(from_log("e", "http://127.0.0.1:1", "non-default args: {}\n" + named))
+    assert status is Status.WARN and "port 8998: Mooncake bootstrap server" in message and "node-b" not in message
 
 
 def test_sglang_kv_events_config_json_is_read_and_the_null_publisher_is_not_a_listener():
