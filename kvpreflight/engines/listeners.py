@@ -24,6 +24,7 @@ from kvpreflight.model import Listener, ListenerKind, ProcessListeners
 PORT = r"(?P<port>\d{1,5})"
 HOST = r"(?P<host>[0-9A-Za-z.:\[\]*_-]{1,255})"
 EVERY_ADDRESS = "0.0.0.0"
+MAX_PORT = 65535
 
 _KV_EVENTS_WHAT = "KV-events publisher (the token ids of every cached block)"
 
@@ -82,7 +83,7 @@ def log_listeners(text: str) -> tuple[tuple[Listener, ...], bool]:
         configured = configured or any(p.search(line) for p in CONFIG_LINES)
         for said in LINES:
             m = said.pattern.search(line)
-            if m is None:
+            if m is None or int(m["port"]) > MAX_PORT:
                 continue
             host = m.groupdict().get("host")
             address = EVERY_ADDRESS if said.binds_every_address else _address(host) if host else None
@@ -121,7 +122,7 @@ def _endpoints(whose: str, endpoint: str, replay: str | None) -> list[Listener]:
         if url in (None, "None") or not url.startswith("tcp://"):
             continue  # ipc:// and inproc:// reach no network
         host, _, port = url[len("tcp://"):].rpartition(":")
-        if not port.isdigit():
+        if not port.isdigit() or len(port) > 5 or int(port) > MAX_PORT:
             continue
         out.append(Listener(port=int(port), address=_address(host), kind=ListenerKind.TOKEN_IDS, what=f"{whose} {what}",
                             setting="--kv-events-config endpoint"

@@ -10,10 +10,14 @@ examples/specs/sglang-pd-mooncake-cpu.yaml (the real tier's run the same morning
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import time
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support.fake_adapter import FakeEngine, snapshot
 
 from kvpreflight.boot.sockets import SocketsUnreadable, listening, listening_rows
@@ -241,6 +245,24 @@ def test_a_replay_endpoint_is_a_second_token_stream():
     line = log("vllm-kv-events", "startup.log.excerpt").replace("replay_endpoint=None", "replay_endpoint='tcp://*:5558'")
     listeners, _ = log_listeners(line)
     assert {(li.port, li.kind) for li in listeners} == {(5557, ListenerKind.TOKEN_IDS), (5558, ListenerKind.TOKEN_IDS)}
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.sampled_from(list("0123456789:.*[]' \n(){}=,\"") + [
+    "TcpTransport: listen on port ", "P2P handshake, listening on ", "Mooncake Bootstrap Server started at ",
+    "'kv_events_config': KVEventsConfig(", "enable_kv_cache_events=True", "endpoint='tcp://", "'kv_events_config': '",
+    '{"publisher": "zmq", "endpoint": "tcp://', "non-default args: {", "99999", "::ffff:"]), max_size=80).map("".join))
+def test_any_log_text_gives_listeners_on_real_ports_or_none(text: str) -> None:
+    listeners, _ = log_listeners(text)
+    for listener in listeners:
+        assert 0 <= listener.port <= 65535 and listener.kind is not ListenerKind.API
+        assert listener.address is None or listener.address == str(ipaddress.ip_address(listener.address))
+
+
+def test_a_twelve_megabyte_line_of_the_phrase_is_read_in_linear_time():
+    started = time.monotonic()
+    log_listeners("Transfer Engine RPC using P2P handshake, listening on 1" * 220_000)
+    assert time.monotonic() - started < 5
 
 
 def test_a_tenants_logged_text_adds_a_listener_never_hides_one():
