@@ -277,7 +277,7 @@ class ListenerKind(enum.StrEnum):
 class Listener:
     """One listening TCP socket of an engine or router (engines/listeners.py identifies it)."""
 
-    port: int
+    port: int  # 0: the log names the listener but no port (NIXL's UCX transport)
     address: str | None  # as bound (/proc) or as logged; None: its log line names no address
     kind: ListenerKind
     what: str  # "vLLM's KV-events publisher", ... ("" when not identified)

@@ -120,17 +120,21 @@ def _addresses(stated: set[str]) -> str:
 def _findings(findings: list[tuple[ProcessListeners, Listener, Status]]) -> str:
     """'PROCESS: ADDRESS:PORT WHAT, ...; ...', the worst first, then what binds each and the fixes."""
     findings = sorted(findings, key=lambda f: -SEVERITY.index(f[2]))
-    by_process: dict[str, list[str]] = {}
+    by_process: dict[str, dict[str, list[str]]] = {}  # who -> what it is -> where it listens
     for proc, listener, _ in findings:
         who = proc.process + (f" (pid {listener.pid} {listener.program})" if listener.pid is not None else "")
         if listener.kind is ListenerKind.UNIDENTIFIED:
-            said = f"{_endpoint(listener)}, not identified (what it carries is unknown)"
+            label, where = f"not identified ({listener.what or 'what it carries is unknown'})", _endpoint(listener)
+        elif listener.port == 0:
+            label, where = f"{listener.what}, no port or address stated (it may listen beyond loopback)", ""
         elif listener.address is None:
-            said = f"port {listener.port}: {listener.what}, no address stated (it may listen beyond loopback)"
+            label, where = f"{listener.what}, no address stated (it may listen beyond loopback)", f"port {listener.port}"
         else:
-            said = f"{_endpoint(listener)}: {listener.what}"
-        by_process.setdefault(who, []).append(said)
-    listening = "; ".join(f"{who} {', '.join(said)}" for who, said in by_process.items())
+            label, where = listener.what, _endpoint(listener)
+        by_process.setdefault(who, {}).setdefault(label, []).append(where)
+    listening = "; ".join(f"{who} " + ", ".join(f"{', '.join(w for w in wheres if w)}: {label}".lstrip(": ")
+                                                for label, wheres in labels.items())
+                          for who, labels in by_process.items())
     settings = {listener.what: listener.setting for _, listener, _ in findings if listener.setting}
     fixes = {FIX[listener.kind]: None for _, listener, _ in findings}
     bound = "; ".join(f"{what}: {setting}" for what, setting in settings.items())

