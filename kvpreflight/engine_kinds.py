@@ -46,6 +46,9 @@ ENGINES: dict[str, EngineRegistration] = _register(
                        (("llama-server",), ("llama_cpp",), ("llama-cpp",)), "kvpreflight.review.engines.llamacpp",
                        (("llama-server",),), ("llama.cpp", "llama-cpp", "llamacpp")),
     EngineRegistration("tgi", "kvpreflight.engines.tgi:TgiAdapter", "TGI /info", (("text-generation-launcher",),)),
+    EngineRegistration("trtllm", "kvpreflight.engines.trtllm:TrtllmAdapter", "TensorRT-LLM /v1/models owned_by tensorrt_llm",
+                       (("trtllm-serve",),), "kvpreflight.review.engines.trtllm", (("trtllm-serve", "serve"), ("trtllm-serve",)),
+                       ("tensorrt-llm", "tensorrt_llm", "trtllm")),
 )
 
 

@@ -92,6 +92,10 @@ class Hazard(enum.StrEnum):
     LATE_READ = "late-read"  # a decode read KV its prefill had already released (vLLM's lease ran out)
     KV_EXPIRED = "kv-expired"  # the prefill released KV no decode had read within its lease
     KV_CANARY = "kv-canary"  # the engine's own KV canary found a slot not holding what it should
+    # a side of a P/D pair gave up waiting for the other at its handoff timeout: the request failed,
+    # and KV that lands after it may be written into pages since given to another request
+    HANDOFF_TIMEOUT = "handoff-timeout"
+    KV_CORRUPT = "kv-corrupt"  # the KV a decode received is not what its prefill sent (the engine's own checksum)
 
 
 class ContextHazard(enum.StrEnum):

@@ -21,14 +21,15 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from kvpreflight.check_plan import CheckPlan, OutputPlan, RecordPlan
 from kvpreflight.errors import ConfigError
 from kvpreflight.model import ProcessRole, Report
 from kvpreflight.targets import Target
 
-__all__ = ["BootedRun", "booted_plan", "prepare_record", "preview", "publish", "run", "run_booted", "validate", "verify_command"]
+__all__ = ["BootedRun", "LaunchedEngine", "booted_plan", "launched_plan", "prepare_record", "preview", "publish", "run", "run_booted",
+           "running_plan", "validate", "verify_command"]
 
 if TYPE_CHECKING:
     from kvpreflight.boot.deployment import BootedDeployment
@@ -108,16 +109,8 @@ def booted_plan(plan: CheckPlan, spec: DeploymentSpec, deployment: BootedDeploym
     """The plan for a booted deployment: its engines, entry, logs, GPUs, the spec's waivers and
     client certificate."""
     workers = deployment.workers
-    kinds = {e.engine for e in workers}
-    engine = plan.engine
-    if engine == "auto" and len(kinds) == 1 and "auto" not in kinds:
-        engine = next(iter(kinds))
     return replace(
-        plan,
-        targets=tuple(Target(e.url.rstrip("/"), ProcessRole(e.role).engine_role) for e in workers),
-        entry=deployment.entry_url,
-        engine=engine,
-        context_length=plan.context_length or spec.context_length,
+        launched_plan(plan, spec, workers, deployment.entry_url),
         waivers=(*spec.checks.skip, *plan.waivers),
         # The router's log too: its danger lines tie to the probes (kvpreflight.probes.logs).
         logs={e.url.rstrip("/"): Path(e.log_path) for e in deployment.engines
@@ -125,8 +118,52 @@ def booted_plan(plan: CheckPlan, spec: DeploymentSpec, deployment: BootedDeploym
         gpus=deployment.gpu_records(),
         listeners=deployment.listeners(),
         booted=True,
-        auth=plan.auth if spec.client_cert is None else replace(plan.auth, client_cert=spec.client_cert,
-                                                                 client_key=spec.client_key),
+    )
+
+
+def running_plan(plan: CheckPlan, spec: DeploymentSpec) -> CheckPlan:
+    """The plan for a spec's engines running now where its port numbers and urls put them
+    (started elsewhere; nothing is booted): `watch --spec`. ConfigError naming an engine whose
+    port the spec leaves to boot time."""
+    from kvpreflight.boot.errors import BootConfigError
+    from kvpreflight.boot.launch import running_plan as launch_plan
+
+    if spec.client_cert is not None and plan.auth.client_cert is not None:
+        raise ConfigError(f"--spec {spec.source} sets client_cert, and --client-cert is given too; keep one")
+    try:
+        launch = launch_plan(spec)
+    except BootConfigError as exc:
+        raise ConfigError(f"--spec {exc}") from None
+    return launched_plan(plan, spec, [e for e in launch.engines if e.role is not ProcessRole.ROUTER], launch.entry_url)
+
+
+class LaunchedEngine(Protocol):
+    """One engine a spec launched (kvpreflight.boot's BootedEngine, or its LaunchPlan)."""
+
+    @property
+    def url(self) -> str: ...
+    @property
+    def role(self) -> ProcessRole: ...
+    @property
+    def engine(self) -> str: ...
+
+
+def launched_plan(plan: CheckPlan, spec: DeploymentSpec, workers: Sequence[LaunchedEngine], entry_url: str) -> CheckPlan:
+    """`plan` pointed at the engines a spec launched: their URLs and roles, the entry, the engines'
+    one kind (`session.one_kind`), the spec's context length (unless the plan promises one) and
+    client certificate. The one way from a spec's launch to a plan (boot mode and `watch --spec`)."""
+    from kvpreflight.redact import secrets_of
+    from kvpreflight.session import one_kind
+
+    targets = tuple(Target(e.url.rstrip("/"), ProcessRole(e.role).engine_role) for e in workers)
+    auth = plan.auth if spec.client_cert is None else replace(plan.auth, client_cert=spec.client_cert, client_key=spec.client_key)
+    return replace(
+        plan,
+        targets=targets,
+        entry=entry_url.rstrip("/"),
+        engine=one_kind(plan.engine, [e.engine for e in workers]),
+        context_length=plan.context_length or spec.context_length,
+        auth=replace(auth, secrets=auth.secrets | secrets_of(urls=[*(t.url for t in targets), entry_url])),
     )
 
 

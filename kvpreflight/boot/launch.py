@@ -19,12 +19,13 @@ from urllib.parse import urlsplit
 from kvpreflight.boot.errors import BootConfigError, BootError
 from kvpreflight.boot.spec import DEFAULT_HEALTH_PATH, PLACEHOLDER, SMG_READY_PATH, DeploymentSpec, EngineSpec
 from kvpreflight.files import read_system
-from kvpreflight.model import RouterKind
+from kvpreflight.model import ProcessRole, RouterKind
 
 EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"
 PRIVATE_PORTS_FROM = 20000  # chosen ports lie in [this, the ephemeral range's start)
 
 LOOPBACK = "127.0.0.1"
+DEFAULT_URL = "http://127.0.0.1:{port}"  # an engine's URL when its spec gives only a port
 _LOCAL_HOSTS = {"127.0.0.1", "localhost", "0.0.0.0", "::1", "::"}
 
 
@@ -42,6 +43,15 @@ class LaunchPlan:
     @property
     def name(self) -> str:
         return self.spec.name
+
+    @property
+    def role(self) -> ProcessRole:
+        return self.spec.role
+
+    @property
+    def engine(self) -> str:
+        """The engine's kind as its spec says it (auto: not known from the command)."""
+        return self.spec.kind
 
 
 @dataclass(frozen=True)
@@ -92,12 +102,28 @@ def port_in_use(port: int, host: str = LOOPBACK) -> bool:
 
 
 def plan_deployment(spec: DeploymentSpec, *, python: str | None = None) -> DeploymentPlan:
-    python = python or sys.executable
-    ports = _choose_ports(spec)
+    return _plan(spec, _choose_ports(spec), python or sys.executable)
+
+
+def running_plan(spec: DeploymentSpec) -> DeploymentPlan:
+    """The plans of a spec's engines started from it elsewhere, at the URLs its port numbers and
+    urls fix: no port is chosen or checked, nothing is started. An engine whose port is left to
+    boot time has no fixed URL: BootConfigError naming it."""
+    ports: dict[str, int | None] = {}
+    for i, engine in enumerate(spec.engines):
+        template = engine.url or DEFAULT_URL
+        if "{port}" in template and not isinstance(engine.port, int):
+            raise BootConfigError(f"{spec.source}: engines[{i}] ({engine.name}) has port: {engine.port or 'none'}, so the "
+                                  "spec does not fix where it runs; give it a port number (or a url)")
+        ports[engine.name] = engine.port if isinstance(engine.port, int) else urlsplit(template).port
+    return _plan(spec, ports, sys.executable)
+
+
+def _plan(spec: DeploymentSpec, ports: Mapping[str, int | None], python: str) -> DeploymentPlan:
     urls: dict[str, str] = {}
     for engine in spec.engines:
         port = ports[engine.name]
-        template = engine.url or "http://127.0.0.1:{port}"
+        template = engine.url or DEFAULT_URL
         urls[engine.name] = template.replace("{port}", str(port)).rstrip("/")
     hosts = {name: urlsplit(url).hostname or LOOPBACK for name, url in urls.items()}
 

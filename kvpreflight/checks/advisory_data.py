@@ -101,7 +101,8 @@ class Advisory:
                 return Assessment(self, Match.NO)
         parsed = parse_version(facts.version)
         if parsed is None:
-            unknown.append("version")
+            if not every_version(self.versions):  # ">=0" holds whatever the version
+                unknown.append("version")
         elif not version_in(parsed, self.versions):
             return Assessment(self, Match.NO)
         return Assessment(self, Match.UNKNOWN if unknown else Match.APPLIES, tuple(unknown))
@@ -155,6 +156,11 @@ def parse_version(text: str | None) -> tuple[int, ...] | None:
         return None
     m = re.search(r"(\d+(?:\.\d+)*)", str(text))
     return tuple(int(p) for p in m.group(1).split(".")) if m else None
+
+
+def every_version(constraints: str) -> bool:
+    """Whether the constraints hold for every version (">=0"): then the version need not be known."""
+    return all(re.fullmatch(r"\s*>=\s*0(?:\.0)*\s*", c) for c in constraints.split(","))
 
 
 def version_in(version: tuple[int, ...], constraints: str) -> bool:

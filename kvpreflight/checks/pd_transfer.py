@@ -106,6 +106,10 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     # whose answer reached the client. So was late-decode's decode leg, held past the lease on purpose.
     late = late_read_finding([*of_hazard(dangers, Hazard.LATE_READ), *held_lines], stale + held_counted, ctx.snapshots)
     canary = canary_finding(of_hazard(dangers, Hazard.KV_CANARY))
+    handoff = _handoff_finding(_of_served_or_untied(run.probes, of_hazard(dangers, Hazard.HANDOFF_TIMEOUT)))
+    corrupt = of_hazard(dangers, Hazard.KV_CORRUPT)
+    corruption = (f"a decode received KV other than what its prefill sent (the engine's own KV checksum): a transport or "
+                  f"hardware fault, which without the checksum is served as an answer{logged_lines(corrupt)}") if corrupt else None
     expiry = expiry_finding(of_hazard(dangers, Hazard.KV_EXPIRED), expired)
     if late is not None:
         evidence["kv_lease"] = lease_in_force(ctx.snapshots)
@@ -122,11 +126,12 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         evidence["outlived_deadlines"] = outlived + assumed
         evidence["near_context_time"] = near.how
     failed = [f for f in findings if f["verdict"] not in (Transfer.MOVED, Transfer.UNMEASURED)]
-    if failed or late is not None or canary is not None or outlived:
-        parts = [f["finding"] for f in failed] + [said for said in (late, canary) if said is not None] + outlived
-        own = {Hazard.LATE_READ.value, Hazard.KV_CANARY.value}  # quoted in their findings
+    said_of_lines = [said for said in (late, canary, handoff, corruption) if said is not None]
+    if failed or said_of_lines or outlived:
+        parts = [f["finding"] for f in failed] + said_of_lines + outlived
+        own = {Hazard.LATE_READ.value, Hazard.KV_CANARY.value, Hazard.HANDOFF_TIMEOUT.value, Hazard.KV_CORRUPT.value}  # quoted in their findings
         rest = [d for d in dangers if d["hazard"] not in own]
-        quoted = logged if late is None and canary is None else logged_lines(rest)
+        quoted = logged_lines(rest) if said_of_lines else logged
         return [CheckResult(id=ID, status=Status.FAIL, message="; ".join(parts) + quoted, endpoint=ctx.entry, evidence=evidence)]
     if not findings:
         why = run.missing("a served probe") if not windows else "no served probe moved a decode engine's counters"
@@ -143,6 +148,26 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         said += f"; {expiry}"
     said += "".join(f"; {a}" for a in assumed)
     return [CheckResult(id=ID, status=Status.WARN if dangers or stale or expiry or assumed else Status.PASS, message=said + logged, endpoint=ctx.entry, evidence=evidence)]
+
+
+def _of_served_or_untied(probes: Sequence[ProbeResult], lines: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """The handoff timeouts that count: not one naming a probe that was meant to be refused (its
+    decode leg waited out KV its prefill never computed: nothing can land late)."""
+    refused = {p.completion.request_id for p in probes if p.expect is not Expect.ACCEPT and p.completion.request_id}
+    return [d for d in lines if d.get("request_id") not in refused]
+
+
+def _handoff_finding(lines: Sequence[Mapping[str, Any]]) -> str | None:
+    """An engine's own handoff timeout ran out while kvpreflight's requests were in flight: the
+    setting each line names is the one to raise."""
+    if not lines:
+        return None
+    settings = sorted({part.removeprefix("setting=") for d in lines for part in str(d.get("detail") or "").split()
+                       if part.startswith("setting=")})
+    raise_ = f"raise {' and '.join(settings)} above" if settings else "raise the handoff timeouts above"
+    return ("a prefill/decode handoff timed out during the check: a request failed waiting for the other side, and KV that "
+            "lands after the timeout may be written into pages since given to another request; "
+            f"{raise_} the longest prefill the engines serve{logged_lines(lines)}")
 
 
 LATE_DECODE_WHEN = "during the late-decode scenario: its decode leg, sent after the prefill's KV lease, was answered"

@@ -24,7 +24,7 @@ def register(app: typer.Typer) -> None:
 
     @group.command("list")
     def list_command(
-        engine: str | None = typer.Option(None, "--engine", help="Only this engine: sglang, vllm, llamacpp, tgi, builtin."),
+        engine: str | None = typer.Option(None, "--engine", help="Only this engine: sglang, vllm, llamacpp, tgi, trtllm, builtin."),
         format: AdvisoriesFormat = typer.Option(AdvisoriesFormat.table, "--format", help="table or json."),
         advisories: list[Path] | None = typer.Option(None, "--advisories", help="Extra folder of advisory YAML files (validated). Repeatable."),
     ) -> None:

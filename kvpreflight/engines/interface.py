@@ -144,6 +144,10 @@ class EngineAdapter(abc.ABC):
     # probes add them.
     prefix_cache_fields: ClassVar[Mapping[str, Any]] = MappingProxyType({})
     log_signals: ClassVar[tuple[LogSignal, ...]] = ()  # danger lines in the engine's log
+    metrics_path: ClassVar[str] = "/metrics"  # where its Prometheus text is served
+    # Whether the requests this adapter sends take a `cache_salt` field (the isolation probes bind
+    # tenants A and B with one where the deployment does not bind them itself).
+    takes_cache_salt: ClassVar[bool] = True
     # A prefill that reads its decodes' transfer notifications only when it steps (vLLM's NIXL
     # prefill): a late read on the last request it served is logged and counted only at its
     # next request, so the check sends it one before its last read of logs and counters.
@@ -175,7 +179,12 @@ class EngineAdapter(abc.ABC):
         snap = self.snapshot(role=role, log_text=log_text)
         if not log_text:
             return snap
-        return replace(snap, context_warnings=snap.context_warnings + context_warnings(log_text))
+        return replace(snap, context_warnings=snap.context_warnings + context_warnings(self.serving_log(log_text)))
+
+    def serving_log(self, log_text: str) -> str:
+        """The part of a start-up log about the engine that serves (all of it, unless the engine
+        logs a trial start of its own first)."""
+        return log_text
 
     def counters(self) -> Counters:
         return Counters()
@@ -359,15 +368,15 @@ class EngineAdapter(abc.ABC):
         )
 
     def metrics(self) -> dict[str, list[tuple[dict[str, str], float]]] | None:
-        """/metrics parsed with prometheus_client's parser: name -> [(labels, value)].
+        """`metrics_path` (/metrics) parsed with prometheus_client's parser: name -> [(labels, value)].
 
         None when the engine serves no metrics (404); malformed text is an EngineError.
         """
-        reply = self.client.get(f"{self.url}/metrics", max_bytes=BodyLimit.METRICS)
+        reply = self.client.get(f"{self.url}{self.metrics_path}", max_bytes=BodyLimit.METRICS)
         if reply.status == 404:
             return None
         if reply.status != 200:
-            raise EngineError(f"{self.url}/metrics: HTTP {reply.status}")
+            raise EngineError(f"{self.url}{self.metrics_path}: HTTP {reply.status}")
         return parse_metrics(reply.url, reply.text())
 
 

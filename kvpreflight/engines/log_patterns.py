@@ -42,6 +42,7 @@ class LogSignal:
     # Groups of `pattern` quoted beside the wording (slot, position, reason): the pattern admits
     # only numbers and fixed labels in them, so nothing else of the line travels on.
     detail_groups: tuple[str, ...] = ()
+    setting: str | None = None  # the engine setting the line is about (a timeout to raise), quoted as setting=NAME
 
     def request_in(self, line: str) -> tuple[bool, str | None]:
         """Whether the line is this signal, and the request id it names."""
@@ -51,7 +52,8 @@ class LogSignal:
         return True, m.groupdict().get("rid")
 
     def detail_in(self, line: str) -> str | None:
+        said = [f"setting={self.setting}"] if self.setting else []
         m = self.pattern.search(line) if self.detail_groups else None
-        if m is None:
-            return None
-        return " ".join(f"{g}={m[g]}" for g in self.detail_groups if m[g] is not None) or None
+        if m is not None:
+            said += [f"{g}={m[g]}" for g in self.detail_groups if m[g] is not None]
+        return " ".join(said) or None

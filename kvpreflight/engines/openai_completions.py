@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from kvpreflight.engines.http import HttpReply
+from kvpreflight.engines.errors import EngineError
+from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient, HttpReply
 from kvpreflight.engines.interface import EngineAdapter, EngineRequest, ReplyFacts
 from kvpreflight.engines.untrusted import json_list, json_object, optional_object, optional_text, token_count
 
@@ -81,6 +82,25 @@ def _choices(data: Mapping[str, Any], url: str, what: str) -> list[dict[str, Any
 
 def _choice_text(data: Mapping[str, Any], url: str, what: str) -> str:
     return "".join(str(c.get("text") or "") for c in _choices(data, url, what))
+
+
+def owned_with_version(url: str, client: HttpClient, owner: str) -> bool:
+    """Whether the server lists its first model as `owned_by` this owner and answers /version
+    with a version (vLLM: "vllm"; TensorRT-LLM: "tensorrt_llm"). A hang goes through (detection)."""
+    base = url.rstrip("/")
+    try:
+        version = client.get(f"{base}/version", max_bytes=BodyLimit.JSON_INFO)
+        models = client.get(f"{base}/v1/models", max_bytes=BodyLimit.JSON_INFO)
+    except EngineTimeout:
+        raise
+    except EngineError:
+        return False
+    if version.status != 200 or models.status != 200:
+        return False
+    try:
+        return "version" in version.json() and models.json()["data"][0].get("owned_by") == owner
+    except (EngineError, KeyError, IndexError, TypeError, AttributeError):
+        return False
 
 
 def openai_entry(engine: type[EngineAdapter]) -> type[EngineAdapter]:

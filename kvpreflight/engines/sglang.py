@@ -45,13 +45,35 @@ RANK_PREFIX = re.compile(r"\b((?:DP|TP|PP|EP)\d+(?:\s+(?:DP|TP|PP|EP)\d+)*)\]?")
 class SglangAdapter(EngineAdapter):
     kind = "sglang"
     request_id_field = "rid"  # GenerateReqInput.rid (0.5.23): the id its log lines name
-    # srt/disaggregation/decode.py and prefill.py (0.5.23): each aborts the request it names.
-    log_signals = tuple(LogSignal(what, re.compile(pattern)) for what, pattern in (
+    log_signals = (
+        # srt/disaggregation/common/conn.py (0.5.23): _check_waiting_timeout (decode: the KV did not
+        # arrive within SGLANG_DISAGGREGATION_WAITING_TIMEOUT, KVPoll.WaitingForInput) and
+        # _check_bootstrap_timeout (prefill or decode: the other side did not answer within
+        # SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, KVPoll.Bootstrapping) fail the request, whose
+        # "... transfer failed for request" line quotes the record_failure reason; each also logs a
+        # warning once a process. Before the generic transfer lines: the first signal a line matches counts.
+        *(LogSignal(f"{side} transfer failed for request: timed out in KVPoll.{poll}", re.compile(
+            rf"{side} transfer failed for request {gap(side + ' transfer failed for request ')}rid='?(?P<rid>[^'\s]{REQUEST_ID})"
+            rf".{{0,400}}?timed out after [\d.]+s in KVPoll\.{poll}"), Hazard.HANDOFF_TIMEOUT, setting=setting)
+          for side in ("Decode", "Prefill")
+          for poll, setting in (("WaitingForInput", "SGLANG_DISAGGREGATION_WAITING_TIMEOUT"),
+                                ("Bootstrapping", "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"))),
+        LogSignal("Some requests fail to receive KV Cache transfer done signal after bootstrapping",
+                  re.compile(r"Some requests fail to receive KV Cache transfer done signal after bootstrapping"),
+                  Hazard.HANDOFF_TIMEOUT, setting="SGLANG_DISAGGREGATION_WAITING_TIMEOUT"),
+        LogSignal("Some requests timed out when bootstrapping", re.compile(r"Some requests timed out when bootstrapping"),
+                  Hazard.HANDOFF_TIMEOUT, setting="SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"),
+    ) + tuple(LogSignal(what, re.compile(pattern)) for what, pattern in (
+        # srt/disaggregation/decode.py and prefill.py (0.5.23): each aborts the request it names.
         ("Decode handshake failed for request", rf"Decode handshake failed for request {gap('Decode handshake failed for request ')}rid='?(?P<rid>[^'\s]{REQUEST_ID})"),
         ("Decode transfer failed for request", rf"Decode transfer failed for request {gap('Decode transfer failed for request ')}rid='?(?P<rid>[^'\s]{REQUEST_ID})"),
         ("Prefill transfer failed for request", rf"Prefill transfer failed for request {gap('Prefill transfer failed for request ')}rid='?(?P<rid>[^'\s]{REQUEST_ID})"),
         ("Context corruption detected", rf"Context corruption detected: Request (?P<rid>\S{REQUEST_ID})"),
     )) + (
+        # srt/disaggregation/decode.py (0.5.23) _verify_kv_checksums, with
+        # --disaggregation-enable-kv-checksum: logger.error, then the request is aborted (HTTP 500).
+        LogSignal("KV checksum mismatch", re.compile(
+            rf"KV checksum mismatch (?:on a peer rank )?req=(?P<rid>\S{REQUEST_ID}) bootstrap_room="), Hazard.KV_CORRUPT),
         # srt/kv_canary/runner/violation_reporter.py (0.5.23) _format_violation, "Format frozen":
         # one line per violation, logged (--kv-canary log) or raised (raise); reasons are FailReason
         # names, lower case, "_mismatch" dropped, joined by "+".
@@ -182,17 +204,27 @@ class SglangAdapter(EngineAdapter):
             computed = sum(v for mode, v in modes if mode == "prefill_compute")
             cached = sum(v for mode, v in modes if mode == "prefill_cache")
         latency_ms = metric_sum(metrics, "sglang:kv_transfer_latency_ms_sum")  # observability/metrics_collector.py (0.5.23)
+
+        def counted_from_first(name: str) -> float | None:
+            # srt/observability/metrics_collector.py (0.5.23): these counters carry labels, and a
+            # labelled prometheus_client counter is on the page only from its first increment (seen
+            # live: no sample, no HELP line until then). On a page SGLang serves (its pool gauge on
+            # it), an absent one has counted nothing: read as 0, so a first failure during a check
+            # is a delta, not an unknown.
+            value = metric_sum(metrics, name)
+            return 0.0 if value is None and metrics and metrics.get("sglang:max_total_num_tokens") else value
+
         return Counters(
             requests=metric_sum(metrics, "sglang:num_requests_total"),
             # srt/observability/metrics_collector.py (0.5.23), counted by the tokenizer manager on abort.
-            aborted_requests=metric_sum(metrics, "sglang:num_aborted_requests_total"),
+            aborted_requests=counted_from_first("sglang:num_aborted_requests_total"),
             prompt_tokens=prompt,
             prefilled_tokens=computed,
             cached_prompt_tokens=cached,
             generation_tokens=metric_sum(metrics, "sglang:generation_tokens_total"),
-            transfer_failures=metric_sum(metrics, "sglang:num_transfer_failed_reqs_total"),
-            bootstrap_failures=metric_sum(metrics, "sglang:num_bootstrap_failed_reqs_total"),
-            deferred_releases=metric_sum(metrics, "sglang:decode_deferred_kv_release_total"),
+            transfer_failures=counted_from_first("sglang:num_transfer_failed_reqs_total"),
+            bootstrap_failures=counted_from_first("sglang:num_bootstrap_failed_reqs_total"),
+            deferred_releases=counted_from_first("sglang:decode_deferred_kv_release_total"),
             kv_transfers=metric_sum(metrics, "sglang:kv_transfers_total"),
             kv_transfer_tokens=metric_sum(metrics, "sglang:kv_transfer_tokens_total"),
             prefix_cache_hits=metric_sum(metrics, "sglang:prefix_cache_hits_total", "sglang:cached_tokens_total"),

@@ -15,7 +15,7 @@ from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
 from kvpreflight.engines.interface import Counters, PrefillLeg, SplitLegs, _unanswered, role_of, transfer_time
 from kvpreflight.engines.log_patterns import REQUEST_ID, LogSignal, log_lines
-from kvpreflight.engines.openai_completions import OpenAICompletionsMixin
+from kvpreflight.engines.openai_completions import OpenAICompletionsMixin, owned_with_version
 from kvpreflight.engines.tokenize import tokenized
 from kvpreflight.engines.untrusted import (
     error_reply_message,
@@ -105,20 +105,7 @@ class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
 
     @classmethod
     def detect(cls, url: str, client: HttpClient) -> bool:
-        try:
-            version = client.get(f"{url.rstrip('/')}/version", max_bytes=BodyLimit.JSON_INFO)
-            models = client.get(f"{url.rstrip('/')}/v1/models", max_bytes=BodyLimit.JSON_INFO)
-        except EngineTimeout:
-            raise
-        except EngineError:
-            return False
-        if version.status != 200 or models.status != 200:
-            return False
-        try:
-            owned = models.json()["data"][0].get("owned_by")
-            return "version" in version.json() and owned == "vllm"
-        except (EngineError, KeyError, IndexError, TypeError, AttributeError):
-            return False
+        return owned_with_version(url, client, "vllm")
 
     def snapshot(self, *, role: Role | None = None, log_text: str | None = None) -> EngineSnapshot:
         models = self.client.get_json(f"{self.url}/v1/models", max_bytes=BodyLimit.JSON_INFO)

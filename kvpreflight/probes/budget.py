@@ -40,7 +40,11 @@ from kvpreflight.probes.tokens import valid_token_ids
 SLACK = 3.0  # an honest engine slower than 3x its own measured speed is stalled, not slow
 TINY_TOKENS = 8
 SHORT_MAX_TOKENS = 8  # streamed: the tokens after the first measure decode
-SHORT_MAX_PROMPT = 1024
+# The short calibration prompt's largest size. Its prefill must stand clear of the fixed cost of a
+# request for the measured speed to mean anything (plausibility trusts no speed that does not): at
+# a 1M context on a GPU, 1,024 tokens prefill in a few milliseconds, within a P/D pair's per-request
+# spread, and no answer could be judged. 16,384 is 1/64 of a 1M-token prompt's prefill.
+SHORT_MAX_PROMPT = 16_384
 WARM_UP_TIMEOUTS = 3  # the warm-up request may take this many times --timeout
 UPLOAD_TOKENS_PER_S = 1_000_000.0  # token ids travel as JSON text: about 8 MB/s for a body of ids
 DEADLINE_WAITS_S = 120.0  # room in the default deadline for idle waits and counter reads
@@ -89,7 +93,7 @@ class Calibration:
 
 
 def _short_prompt_tokens(max_accepted: int) -> int:
-    """The short calibration prompt: about 1/16 of the longest accepted prompt, 16 to 1,024 tokens."""
+    """The short calibration prompt: about 1/16 of the longest accepted prompt, 16 to 16,384 tokens."""
     return max(TINY_TOKENS * 2, min(SHORT_MAX_PROMPT, max_accepted // 16))
 
 

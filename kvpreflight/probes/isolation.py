@@ -459,6 +459,10 @@ def open_tenants(session: ProbeSession, tenant_headers: Sequence[Mapping[str, st
     """Tenants A and B: each its own connection and credentials, the entry's request shape, a
     fresh cache_salt unless the deployment binds tenants itself, a fresh canary, and its prompt.
     Raises EngineError when a prompt cannot be tokenized."""
+    if salted and not session.entry.takes_cache_salt:
+        raise EngineError(f"{session.entry.url}: {session.entry.kind}'s requests take no cache_salt, so kvpreflight "
+                          "cannot tell its tenants apart; give each tenant its own key (--tenant-a-key-env, "
+                          "--tenant-b-key-env) or --tenant-header where the deployment binds tenants")
     clients: list[HttpClient] = []
     limits = session.limits
     try:

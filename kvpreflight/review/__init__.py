@@ -9,6 +9,7 @@ engine, torch, or kvpreflight's builtin engine: it is arithmetic on the files.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,17 +20,25 @@ from kvpreflight.model import CheckResult, Report
 from kvpreflight.review.advisories import review_advisories
 from kvpreflight.review.check import judge, judge_context_limit, skipped, unreadable
 from kvpreflight.review.commandline import find_launches
-from kvpreflight.review.engines import estimator
+from kvpreflight.review.engines import estimator, estimators
 from kvpreflight.review.estimate import Estimate, ReviewInputs
 from kvpreflight.review.interface import Launch, ReviewError
 from kvpreflight.review.sources import read_sites
 
-ENGINE_WORDS = "python -m sglang.launch_server, sglang serve, vllm serve, python -m vllm.entrypoints.openai.api_server, llama-server"
+ENGINE_WORDS = ("python -m sglang.launch_server, sglang serve, vllm serve, python -m vllm.entrypoints.openai.api_server, llama-server, "
+                "trtllm-serve")
 
 
 def find_all_launches(files: Sequence[Path]) -> list[list[Launch]]:
-    """The launches of each file, in order."""
-    return [[l for site in read_sites(path) for l in find_launches(site)] for path in files]
+    """The engine launches of each file, in order (a launch word that starts a router of the
+    engine's own, e.g. `trtllm-serve disaggregated`, is not one: its module's `serves_model` says so)."""
+    return [[l for site in read_sites(path) for l in find_launches(site) if serves_model(l)] for path in files]
+
+
+def serves_model(launch: Launch) -> bool:
+    module = estimators().get(launch.engine)
+    check = getattr(importlib.import_module(module), "serves_model", None) if module else None
+    return check is None or bool(check(launch))
 
 
 def estimate_files(files: Sequence[Path], inputs: ReviewInputs,

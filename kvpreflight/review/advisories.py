@@ -8,6 +8,7 @@ matter, and their defaults, are in the advisory data.
 
 from __future__ import annotations
 
+import importlib
 import posixpath
 import re
 from collections.abc import Mapping, Sequence
@@ -20,7 +21,8 @@ from kvpreflight.review.interface import Launch
 
 CHECK_ID = "engine-advisories"
 # How a launch says it is one side of a prefill/decode pair (each engine's own flag).
-PD_SETTINGS = {"disaggregation_mode": ("prefill", "decode"), "role": ("prefill", "decode")}
+PD_SETTINGS = {"disaggregation_mode": ("prefill", "decode"), "role": ("prefill", "decode"),
+               "server_role": ("context", "generation")}
 PD_CONNECTOR_ROLES = ("kv_producer", "kv_consumer", "kv_both")
 _BOOLEAN_WORDS = frozenset({"true", "false", "none"})
 
@@ -72,6 +74,20 @@ def launch_settings(launch: Launch, switches: frozenset[str]) -> LaunchSettings:
     return LaunchSettings(values, lines)
 
 
+def with_config_file(launch: Launch, settings: LaunchSettings) -> LaunchSettings:
+    """The launch's settings, with those of the options file it names where its engine's review
+    module reads one (`config_settings`; TensorRT-LLM's --config YAML), which override the flags.
+    Their line is the line of the flag that names the file."""
+    registration = ENGINES.get(launch.engine)
+    if registration is None or registration.review is None:
+        return settings
+    read = getattr(importlib.import_module(registration.review), "config_settings", None)
+    extra, line = read(launch) if read is not None else ({}, launch.line)
+    if not extra:
+        return settings
+    return LaunchSettings({**settings.values, **extra}, {**settings.lines, **{k: line for k in extra}})
+
+
 def is_pd(launch: Launch, settings: LaunchSettings) -> bool:
     if (launch.site.role or "") in ("prefill", "decode"):
         return True
@@ -86,7 +102,7 @@ def review_advisories(launches: Sequence[Launch], advisories: Sequence[Advisory]
     seen = [a for a in advisories if a.detect_review]
     switches = frozenset(
         c.name for a in seen for c in a.settings if c.values and set(c.values) <= _BOOLEAN_WORDS)
-    parsed = [(launch, launch_settings(launch, switches)) for launch in launches]
+    parsed = [(launch, with_config_file(launch, launch_settings(launch, switches))) for launch in launches]
     # like `check`: one prefill or decode engine makes the whole deployment a PD deployment
     pd = any(is_pd(launch, settings) for launch, settings in parsed)
     results = []

@@ -9,16 +9,17 @@ from __future__ import annotations
 import secrets
 import threading
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from contextlib import ExitStack
+from dataclasses import dataclass
 
 from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.http import HttpClient
 from kvpreflight.engines.interface import EngineAdapter
 from kvpreflight.model import Completion
 from kvpreflight.probes.markers import contains_marker, foreign_markers, new_marker
 from kvpreflight.probes.results import Limits, Tenant
 from kvpreflight.probes.tenants import TenantClient
 from kvpreflight.probes.tokens import valid_token_ids
+from kvpreflight.session import Connection
 from kvpreflight.watch.findings import Finding, FindingKind
 
 SYNTHETIC_HEADER = "X-Kvpreflight-Synthetic"  # value: watch; gateways and billing can exclude these requests
@@ -49,13 +50,13 @@ def prompt_tokens(limits: Limits) -> int | None:
 
 @dataclass(frozen=True, kw_only=True)
 class CanarySettings:
-    timeout_s: float = 10.0
-    base_headers: Mapping[str, str] = field(default_factory=dict)
+    connection: Connection  # the session's: headers, TLS, timeout (each tenant adds its own credentials)
     tenant_headers: tuple[Mapping[str, str], Mapping[str, str]] = ({}, {})  # the tenants' own credentials
     salted: bool = True  # send a fresh cache_salt per tenant (the deployment does not bind tenants itself)
-    ca_bundle: str | None = None
-    client_cert: str | None = None
-    client_key: str | None = None
+
+    @property
+    def timeout_s(self) -> float:
+        return self.connection.timeout_s
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -78,18 +79,16 @@ def canary_round(entry: EngineAdapter, engines: Sequence[EngineAdapter], limits:
         return CanaryResult(not_measured=(f"canaries: the served context ({limits.served_context:,} tokens) leaves no room "
                                           f"for a {MIN_PROMPT_TOKENS}-token canary prompt",))
     canaries = {t: new_marker(f"TENANT{t.label}") for t in Tenant}  # fresh every round
-    clients: list[HttpClient] = []
     findings: list[Finding] = []
     served: set[Tenant] = set()
     echoed: set[Tenant] = set()  # tenants whose own canary came back in a served answer
     sent = submitted = 0
-    try:
+    with ExitStack() as opened:
         tenants = {}
         for tenant, own in zip(Tenant, settings.tenant_headers, strict=True):
-            headers = {**settings.base_headers, **own, SYNTHETIC_HEADER: SYNTHETIC_VALUE}
-            http = HttpClient(headers=headers, ca_bundle=settings.ca_bundle, timeout_s=settings.timeout_s,
-                              client_cert=settings.client_cert, client_key=settings.client_key)
-            clients.append(http)
+            headers = {**settings.connection.headers, **own, SYNTHETIC_HEADER: SYNTHETIC_VALUE}
+            http = settings.connection.client({**own, SYNTHETIC_HEADER: SYNTHETIC_VALUE})
+            opened.callback(http.close)
             salt = f"kvpreflight-watch-{tenant.value}-{secrets.token_hex(8)}" if settings.salted else None
             tenants[tenant] = TenantClient(tenant=tenant, adapter=entry.with_client(http), headers=headers, salt=salt)
         try:
@@ -113,9 +112,6 @@ def canary_round(entry: EngineAdapter, engines: Sequence[EngineAdapter], limits:
                 served.add(tenant)
                 if own_canary_seen(completion, canaries[tenant]):
                     echoed.add(tenant)
-    finally:
-        for http in clients:
-            http.close()
     # Fail closed, as tenant-isolation does: a model that does not repeat a tenant's own canary back
     # could not have shown the other tenant's either, so those answers measured nothing (a request
     # not served is a finding already).

@@ -7,18 +7,16 @@ inconclusive verdict is not measured. Nothing here judges a request itself."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from kvpreflight.check_ids import CheckId
-from kvpreflight.check_plan import CheckPlan
 from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.http import HttpClient
 from kvpreflight.engines.interface import EngineAdapter
-from kvpreflight.model import EngineSnapshot, Status
+from kvpreflight.model import Status
 from kvpreflight.probes.budget import PlannedRequest
-from kvpreflight.probes.capacity import capacity_plan, deployment_limits
+from kvpreflight.probes.capacity import capacity_plan
 from kvpreflight.probes.results import Limits, ProbeName
+from kvpreflight.session import DeploymentSession, ProbeGroup
 from kvpreflight.watch.canaries import SYNTHETIC_HEADER, SYNTHETIC_VALUE, synthetic_user
 from kvpreflight.watch.findings import Finding, FindingKind
 
@@ -41,8 +39,8 @@ def full_requests(limits: Limits) -> tuple[PlannedRequest, PlannedRequest]:
 class FullTarget:
     """One probe run's entry, the engines behind it, and what a full round sends through it."""
 
-    entry: EngineAdapter
-    group: tuple[EngineSnapshot, ...]
+    group: ProbeGroup
+    entry: EngineAdapter  # the group's entry
     limits: Limits
     requests: tuple[PlannedRequest, ...]
 
@@ -62,65 +60,46 @@ class FullResult:
     skipped: bool = False  # over the hourly cap: nothing was sent
 
 
-def full_targets(plan: CheckPlan, client: HttpClient, snapshots: Sequence[EngineSnapshot]
-                 ) -> tuple[list[FullTarget], list[str]]:
+def full_targets(session: DeploymentSession) -> tuple[list[FullTarget], list[str]]:
     """What a full round would send through each entry, and why a group can send nothing."""
-    from kvpreflight.pipeline import entry_adapter, probe_groups
-
     targets: list[FullTarget] = []
     missing: list[str] = []
-    for entry_url, group in probe_groups(plan, snapshots):
-        entry = entry_adapter(plan, entry_url, group, client)
-        if entry is None:
+    for group in session.groups:
+        if group.entry is None:
             missing.append("full round: a prefill/decode deployment is probed through its router; pass --entry URL")
             continue
         try:
-            limits = deployment_limits(entry, group)
+            limits = session.limits(group)
         except EngineError as exc:
-            missing.append(f"full round: {entry_url}: the limits could not be read: {exc}")
+            missing.append(f"full round: {group.entry_url}: the limits could not be read: {exc}")
             continue
         if limits is None:
-            missing.append(f"full round: {entry_url} states no served context or request limit")
+            missing.append(f"full round: {group.entry_url} states no served context or request limit")
             continue
-        targets.append(FullTarget(entry=entry, group=tuple(group), limits=limits, requests=full_requests(limits)))
+        targets.append(FullTarget(group=group, entry=group.entry, limits=limits, requests=full_requests(limits)))
     return targets, missing
 
 
-def full_round(plan: CheckPlan, target: FullTarget, engines: Mapping[str, EngineAdapter], stop: threading.Event
-               ) -> FullResult:
+def full_round(session: DeploymentSession, target: FullTarget, stop: threading.Event) -> FullResult:
     """Send the target's two requests through its entry (marked synthetic) and judge them with
-    `check`'s checks."""
-    from kvpreflight.checkdata import load_thresholds
-    from kvpreflight.checks import CheckContext, run_checks
-    from kvpreflight.probes.budget import Budget
+    `check`'s checks, through the session's `judge` as `check` does."""
     from kvpreflight.probes.capacity import CapacityProber, ProbeSettings
-    from kvpreflight.probes.session import Connection, ProbeSession
 
     if stop.is_set():
         return FullResult(cut_short=True)
-    thresholds = load_thresholds()
-    budget = Budget(timeout_s=plan.timeout_s, fallback_tokens_per_second=plan.accepted_tokens_per_second
-                    or thresholds.accepted_tokens_per_second)
-    connection = Connection(headers={**plan.auth.headers, SYNTHETIC_HEADER: SYNTHETIC_VALUE}, timeout_s=plan.timeout_s,
-                            ca_bundle=plan.auth.ca_bundle, client_cert=plan.auth.client_cert, client_key=plan.auth.client_key)
-    http = connection.client()
+    budget = session.budget()
+    probes = session.probe_session(target.group, entry=target.entry, limits=target.limits, budget=budget,
+                                   headers={SYNTHETIC_HEADER: SYNTHETIC_VALUE})
     try:
-        group = {s.url: engines[s.url] for s in target.group if s.url in engines}
-        session = ProbeSession(entry=target.entry.with_client(http), engines=group, snapshots=target.group,
-                               limits=target.limits, budget=budget, connection=connection)
-        try:
-            settings = ProbeSettings(concurrency=1, request_fields={"user": synthetic_user(None)})
-            run = CapacityProber(session, settings).send_only(target.requests)
-        except EngineError as exc:
-            return FullResult(not_measured=(f"full round: {target.entry.url}: the prompts could not be built: {exc}",),
-                              requests=budget.cost.requests, prompt_tokens=budget.cost.prompt_tokens)
-    finally:
-        http.close()
-    ctx = CheckContext(target.group, thresholds, plan.context_length, run, target.entry.url, entry_model=plan.entry_model)
+        settings = ProbeSettings(concurrency=1, request_fields={"user": synthetic_user(None)})
+        run = CapacityProber(probes, settings).send_only(target.requests)
+    except EngineError as exc:
+        return FullResult(not_measured=(f"full round: {target.entry.url}: the prompts could not be built: {exc}",),
+                          requests=budget.cost.requests, prompt_tokens=budget.cost.prompt_tokens)
     findings: list[Finding] = []
     missing: list[str] = []
     notes: list[str] = []
-    for result in run_checks(ctx, FULL_CHECKS):
+    for result in session.judge(target.group, run, FULL_CHECKS):
         where = result.endpoint or target.entry.url
         said = f"{where}: {result.id} (full round): {result.message}"
         if result.status is Status.FAIL:

@@ -7,18 +7,17 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 
 from kvpreflight.check_plan import CheckPlan
 from kvpreflight.clock import utc_now
-from kvpreflight.engines import EngineError, HttpClient
+from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.interface import EngineAdapter
-from kvpreflight.engines.log_patterns import LogSignal
 from kvpreflight.errors import ConfigError
 from kvpreflight.model import EngineSnapshot, Status
-from kvpreflight.probes.capacity import deployment_limits
 from kvpreflight.probes.engine_state import EngineState
-from kvpreflight.routers import RouterListing, router_class
+from kvpreflight.session import DeploymentSession, open_session
 from kvpreflight.watch.budget import BudgetPlan, HourlySpend
 from kvpreflight.watch.canaries import MAX_PROMPT_TOKENS, REQUESTS_PER_ROUND, CanarySettings, canary_round
 from kvpreflight.watch.drift import Baseline, drift_findings
@@ -62,91 +61,53 @@ class Watcher:
     def full_round_tokens(self) -> tuple[int | None, int]:
         """What one full round submits (prompt tokens, None when the engines cannot be read now)
         and through how many entries: read-only, for the budget stated at start."""
-        from kvpreflight.pipeline import client_of
-
-        client = client_of(self.settings.plan)
-        try:
-            read = self._read(client)
-            if isinstance(read, Finding):
+        with ExitStack() as opened:
+            session = self._open(opened)
+            if isinstance(session, Finding):
                 return None, 1
-            targets, missing = full_targets(self.settings.plan, client, read[1])
-        finally:
-            client.close()
+            targets, _ = full_targets(session)
         if not targets:
             return None, 1
         return sum(t.prompt_tokens for t in targets), len(targets)
 
     # -- one round -----------------------------------------------------------------------------
     def round(self, stop: threading.Event | None = None) -> Round:
-        from kvpreflight.pipeline import client_of
-
         stop = stop or threading.Event()
         self.rounds += 1
         started = utc_now()
-        plan = self.settings.plan
         findings: list[Finding] = []
         not_measured: list[str] = []
         notes: list[str] = []
-        client = client_of(plan)
         sent = {"requests": 0, "tokens": 0}
         retry_after: float | None = None
         outcome: RoundOutcome | None = None
         is_full = False
+        snapshots: Sequence[EngineSnapshot] = ()
         try:
-            read = self._read(client)
-            adapters: Mapping[str, EngineAdapter] = {}
-            snapshots: list[EngineSnapshot] = []
-            if isinstance(read, Finding):
-                findings.append(read)
-            else:
-                adapters, snapshots, unreadable, listing = read
-                findings.extend(unreadable)
-                if self.settings.baseline is not None:
-                    findings.extend(drift_findings(self.settings.baseline, snapshots,
-                                                   unreadable=[f.endpoint for f in unreadable]))
-                self.hazards.follow_logs(_log_signals(adapters, listing))
-            canary_tokens = REQUESTS_PER_ROUND * self._last_prompt_tokens * len(_groups(plan, snapshots))
-            if self.full_due and snapshots and not stop.is_set():
-                full = self._full(plan, client, adapters, snapshots, canary_tokens if self.settings.canaries else 0, stop, sent)
-                findings.extend(full.findings)
-                not_measured.extend(full.not_measured)
-                notes.extend(full.notes)
-                is_full = full.requests > 0
-                if full.cut_short:
-                    outcome = RoundOutcome.CUT_SHORT
-                elif full.skipped:
-                    outcome = RoundOutcome.SKIPPED
-            elif self.full_due and not snapshots:
-                not_measured.append("full round: no engine could be read; the next round tries again")
-            if self.settings.canaries and snapshots and outcome is not RoundOutcome.CUT_SHORT:
-                planned = canary_tokens
-                if not self.spend.allows(planned + sent["tokens"], self.settings.budget.max_tokens_per_hour):
-                    used = self.spend.last_hour()[1]
-                    notes.append(f"canaries skipped: {planned:,} more prompt tokens would pass --max-tokens-per-hour "
-                                 f"{self.settings.budget.max_tokens_per_hour:,} ({used:,} sent in the last hour)")
-                    outcome = RoundOutcome.SKIPPED
+            with ExitStack() as opened:
+                session = self._open(opened)
+                adapters: Mapping[str, EngineAdapter] = {}
+                groups = 0
+                if isinstance(session, Finding):
+                    findings.append(session)
                 else:
-                    result = self._canaries(plan, client, adapters, snapshots, stop, sent)
-                    findings.extend(result[0])
-                    not_measured.extend(result[1])
-                    if result[2]:
-                        outcome = RoundOutcome.CUT_SHORT
-                    elif result[3]:
-                        retry_after = result[4]
-                        wait = f"; the next round waits {retry_after:g} s (Retry-After)" if retry_after else ""
-                        notes.append(f"throttled: the entry answered HTTP 429, canaries stopped for this round{wait}")
-                        if outcome is None:  # a skipped full round stays the round's outcome
-                            outcome = RoundOutcome.THROTTLED
-            elif self.settings.canaries and not snapshots and not findings:
-                not_measured.append("canaries: no engine could be read")
-            if adapters:  # after the canaries: what this round's own requests met counts in this round
-                counters = EngineState(adapters).counters()
-                hazards, hazard_notes, _ = self.hazards.take(counters)
-                not_measured.extend(f"hazards: {url}'s counters could not be read" for url, c in counters.items() if c is None)
-                findings.extend(hazards)
-                notes.extend(hazard_notes)
+                    adapters, snapshots, groups = session.adapters, session.snapshots, len(session.groups)
+                    where = self._where()
+                    unreadable = [Finding(kind=FindingKind.UNREACHABLE, what="engine", endpoint=r.endpoint or where,
+                                          message=r.message) for r in session.unreadable if r.status is Status.INCONCLUSIVE]
+                    findings.extend(unreadable)
+                    if self.settings.baseline is not None:
+                        findings.extend(drift_findings(self.settings.baseline, snapshots,
+                                                       unreadable=[f.endpoint for f in unreadable]))
+                    self.hazards.follow_logs(session.log_signals())
+                outcome, is_full, retry_after = self._send(None if isinstance(session, Finding) else session, groups, stop, sent, findings, not_measured, notes)
+                if adapters:  # after the canaries: what this round's own requests met counts in this round
+                    counters = EngineState(adapters).counters()
+                    hazards, hazard_notes, _ = self.hazards.take(counters)
+                    not_measured.extend(f"hazards: {url}'s counters could not be read" for url, c in counters.items() if c is None)
+                    findings.extend(hazards)
+                    notes.extend(hazard_notes)
         finally:
-            client.close()
             self.spend.add(sent["requests"], sent["tokens"])
         if stop.is_set():
             outcome = RoundOutcome.CUT_SHORT
@@ -157,12 +118,56 @@ class Watcher:
                      requests=sent["requests"], prompt_tokens=sent["tokens"], retry_after_s=retry_after,
                      engines=tuple(s.url for s in snapshots), deployment=self.settings.deployment, full=is_full)
 
-    def _full(self, plan: CheckPlan, client: HttpClient, adapters: Mapping[str, EngineAdapter],
-              snapshots: Sequence[EngineSnapshot], canary_tokens: int, stop: threading.Event, sent: dict[str, int]
+    def _send(self, session: DeploymentSession | None, groups: int, stop: threading.Event, sent: dict[str, int],
+              findings: list[Finding], not_measured: list[str], notes: list[str]
+              ) -> tuple[RoundOutcome | None, bool, float | None]:
+        """This round's full round (when due) and canaries: (the outcome they decide, whether the
+        round was full, the Retry-After a throttled entry asked for)."""
+        outcome: RoundOutcome | None = None
+        retry_after: float | None = None
+        is_full = False
+        live = session if session is not None and session.snapshots else None  # some engine was read
+        canary_tokens = REQUESTS_PER_ROUND * self._last_prompt_tokens * groups
+        if self.full_due and live is not None and not stop.is_set():
+            full = self._full(live, canary_tokens if self.settings.canaries else 0, stop, sent)
+            findings.extend(full.findings)
+            not_measured.extend(full.not_measured)
+            notes.extend(full.notes)
+            is_full = full.requests > 0
+            if full.cut_short:
+                outcome = RoundOutcome.CUT_SHORT
+            elif full.skipped:
+                outcome = RoundOutcome.SKIPPED
+        elif self.full_due:
+            not_measured.append("full round: no engine could be read; the next round tries again")
+        if self.settings.canaries and live is not None and outcome is not RoundOutcome.CUT_SHORT:
+            planned = canary_tokens
+            if not self.spend.allows(planned + sent["tokens"], self.settings.budget.max_tokens_per_hour):
+                used = self.spend.last_hour()[1]
+                notes.append(f"canaries skipped: {planned:,} more prompt tokens would pass --max-tokens-per-hour "
+                             f"{self.settings.budget.max_tokens_per_hour:,} ({used:,} sent in the last hour)")
+                outcome = RoundOutcome.SKIPPED
+            else:
+                result = self._canaries(live, stop, sent)
+                findings.extend(result[0])
+                not_measured.extend(result[1])
+                if result[2]:
+                    outcome = RoundOutcome.CUT_SHORT
+                elif result[3]:
+                    retry_after = result[4]
+                    wait = f"; the next round waits {retry_after:g} s (Retry-After)" if retry_after else ""
+                    notes.append(f"throttled: the entry answered HTTP 429, canaries stopped for this round{wait}")
+                    if outcome is None:  # a skipped full round stays the round's outcome
+                        outcome = RoundOutcome.THROTTLED
+        elif self.settings.canaries and live is None and not findings:
+            not_measured.append("canaries: no engine could be read")
+        return outcome, is_full, retry_after
+
+    def _full(self, session: DeploymentSession, canary_tokens: int, stop: threading.Event, sent: dict[str, int]
               ) -> FullResult:
         """The full round's two requests per entry, when they fit the hourly cap with this round's
         canaries; otherwise nothing is sent, it is said, and the next round tries again."""
-        targets, missing = full_targets(plan, client, snapshots)
+        targets, missing = full_targets(session)
         planned = sum(t.prompt_tokens for t in targets)
         cap = self.settings.budget.max_tokens_per_hour
         if targets and not self.spend.allows(planned + canary_tokens, cap):
@@ -176,7 +181,7 @@ class Watcher:
             if stop.is_set():
                 return FullResult(findings=tuple(findings), not_measured=tuple(missing), notes=tuple(notes),
                                  requests=sent["requests"], cut_short=True)
-            done = full_round(plan, target, adapters, stop)
+            done = full_round(session, target, stop)
             sent["requests"] += done.requests
             sent["tokens"] += done.prompt_tokens
             findings.extend(done.findings)
@@ -189,39 +194,39 @@ class Watcher:
             self._last_full = self._clock()
         return FullResult(findings=tuple(findings), not_measured=tuple(missing), notes=tuple(notes), requests=sent["requests"])
 
-    def _read(self, client: HttpClient) -> Finding | tuple[dict[str, EngineAdapter], list[EngineSnapshot], list[Finding],
-                                                       RouterListing | None]:
-        from kvpreflight.pipeline import read_engines
-
+    def _where(self) -> str:
         plan = self.settings.plan
-        where = plan.entry or ", ".join(t.url for t in plan.targets)
+        return plan.entry or ", ".join(t.url for t in plan.targets)
+
+    def _open(self, opened: ExitStack) -> DeploymentSession | Finding:
+        """This round's opening of the deployment (closed with `opened`), or why it could not be read."""
+        where = self._where()
         try:
-            adapters, snapshots, unreadable, listing = read_engines(plan, client, lambda _: None)
+            return opened.enter_context(open_session(self.settings.plan))
         except (EngineError, ConfigError) as exc:  # the router's worker list is unreadable this round
             return Finding(kind=FindingKind.UNREACHABLE, what="entry", endpoint=where,
                            message=f"{where}: the engines behind it could not be read this round (down, or not a router): {exc}")
-        lost = [Finding(kind=FindingKind.UNREACHABLE, what="engine", endpoint=r.endpoint or where, message=r.message)
-                for r in unreadable if r.status is Status.INCONCLUSIVE]
-        return adapters, snapshots, lost, listing
 
-    def _canaries(self, plan: CheckPlan, client: HttpClient, adapters: Mapping[str, EngineAdapter],
-                  snapshots: Sequence[EngineSnapshot], stop: threading.Event, sent: dict[str, int]
+    def _canaries(self, session: DeploymentSession, stop: threading.Event, sent: dict[str, int]
                   ) -> tuple[list[Finding], list[str], bool, bool, float | None]:
-        from kvpreflight.pipeline import entry_adapter
-
+        plan = session.plan
         findings: list[Finding] = []
         missing: list[str] = []
-        settings = CanarySettings(timeout_s=plan.timeout_s, base_headers=plan.auth.headers, tenant_headers=plan.auth.tenant_headers,
-                                  salted=plan.auth.tenant_binding is None, ca_bundle=plan.auth.ca_bundle,
-                                  client_cert=plan.auth.client_cert, client_key=plan.auth.client_key)
-        for entry_url, group in _groups(plan, snapshots):
-            entry = entry_adapter(plan, entry_url, group, client)
+        settings = CanarySettings(connection=session.connection, tenant_headers=plan.auth.tenant_headers,
+                                  salted=plan.auth.tenant_binding is None)
+        for group in session.groups:
+            entry = group.entry
             if entry is None:
                 missing.append("canaries: a prefill/decode deployment is probed through its router; pass --entry URL")
                 continue
-            limits = deployment_limits(entry, group)
+            try:
+                limits = session.limits(group)
+            except EngineError as exc:  # the round goes on: the entry is unreachable this round
+                findings.append(Finding(kind=FindingKind.UNREACHABLE, what="entry", endpoint=entry.url,
+                                        message=f"{entry.url}: its limits could not be read, so no canary was sent: {exc}"))
+                continue
             if limits is None:
-                missing.append(f"canaries: {entry_url} states no served context or request limit")
+                missing.append(f"canaries: {group.entry_url} states no served context or request limit")
                 continue
 
             def count(tokens: int) -> None:
@@ -229,7 +234,7 @@ class Watcher:
                 sent["tokens"] += tokens
                 self._last_prompt_tokens = tokens
 
-            engines = [adapters[s.url] for s in group if s.url in adapters]
+            engines = list(session.engines_of(group).values())
             try:
                 result = canary_round(entry, engines, limits, settings, stop, on_sent=count)
             except EngineError as exc:
@@ -329,17 +334,3 @@ def exit_code(rounds: Sequence[Round]) -> int:
     if not codes:
         return EXIT_INCONCLUSIVE
     return EXIT_FAIL if EXIT_FAIL in codes else (EXIT_INCONCLUSIVE if EXIT_INCONCLUSIVE in codes else EXIT_OK)
-
-
-def _groups(plan: CheckPlan, snapshots: Sequence[EngineSnapshot]) -> list[tuple[str | None, list[EngineSnapshot]]]:
-    from kvpreflight.pipeline import probe_groups
-
-    return probe_groups(plan, snapshots)
-
-
-def _log_signals(adapters: Mapping[str, EngineAdapter], listing: RouterListing | None) -> dict[str, Sequence[LogSignal]]:
-    signals: dict[str, Sequence[LogSignal]] = {url: a.log_signals for url, a in adapters.items()}
-    if listing is not None:
-        signals[listing.url] = router_class(listing.router).log_signals
-    return signals
-

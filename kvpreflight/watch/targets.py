@@ -4,63 +4,14 @@ inventory (each its own plan, watched under its own name). Problems are one-line
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from urllib.parse import urlsplit
 
-from kvpreflight.boot.spec import PLACEHOLDER, DeploymentSpec
 from kvpreflight.check_options import CheckOptions
 from kvpreflight.check_plan import CheckPlan
 from kvpreflight.errors import ConfigError, KvpreflightError
 from kvpreflight.fleet.inventory import AttachTarget, Inventory
-from kvpreflight.model import EntryApi, ProcessRole
-
-DEFAULT_URL = "http://127.0.0.1:{port}"  # a spec engine's URL when it gives only a port (as boot mode)
-
-
-@dataclass(frozen=True, kw_only=True)
-class SpecTargets:
-    """A boot spec's engines as `check --endpoint ROLE=URL --entry URL` would name them."""
-
-    deployment: str
-    endpoints: tuple[str, ...]  # ROLE=URL of every engine but the router
-    entry: str
-    engine: str  # the engines' one kind where the spec says it, else auto
-    context_length: int | None
-    client_cert: str | None
-    client_key: str | None
-
-
-def spec_targets(spec: DeploymentSpec) -> SpecTargets:
-    """The URLs a spec fixes for its engines. A port the spec leaves to boot time (`auto`) fixes no
-    URL, so watch cannot know where that engine runs: a ConfigError naming the engine."""
-    urls: dict[str, str] = {}
-    for i, engine in enumerate(spec.engines):
-        template = engine.url or DEFAULT_URL
-        if "{port}" in template and not isinstance(engine.port, int):
-            raise ConfigError(f"--spec {spec.source}: engines[{i}] ({engine.name}) has port: {engine.port or 'none'}, so the "
-                              "spec does not fix where it runs; give it a port number (or a url) to watch it")
-        urls[engine.name] = template.replace("{port}", str(engine.port)).rstrip("/")
-
-    def fill(match: re.Match[str]) -> str:
-        target, _, attr = match.group(1).rpartition(".")
-        if target not in urls or attr not in ("url", "host", "port"):
-            raise ConfigError(f"--spec {spec.source}: entry: {{{match.group(1)}}} names no engine's url, host or "
-                              "port; set entry to an engine name or a URL")
-        url = urls[target]
-        return {"url": url, "host": urlsplit(url).hostname or "", "port": str(urlsplit(url).port or "")}[attr]
-
-    entry = urls[spec.entry] if spec.entry in urls else PLACEHOLDER.sub(fill, spec.entry).rstrip("/")
-    workers = [e for e in spec.engines if e.role is not ProcessRole.ROUTER]
-    kinds = {e.kind for e in workers}
-    return SpecTargets(
-        deployment=spec.deployment,
-        endpoints=tuple(f"{e.role.value}={urls[e.name]}" for e in workers),
-        entry=entry,
-        engine=next(iter(kinds)) if len(kinds) == 1 and "auto" not in kinds else "auto",
-        context_length=spec.context_length, client_cert=spec.client_cert, client_key=spec.client_key,
-    )
+from kvpreflight.model import EntryApi
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,25 +68,19 @@ def watched_deployments(options: CheckOptions, *, spec: Path | None = None, inve
     from kvpreflight.check_options import build_plan, parse_entry_api
     from kvpreflight.formats._common import label_url
 
-    default_name = None
     if spec is not None:
         from kvpreflight.boot import load_spec
+        from kvpreflight.preflight import running_plan
 
         described = load_spec(spec)
         described.check_client_certificate()
         described.check_client_key_private(allow_insecure=options.allow_insecure_key)
-        found = spec_targets(described)
-        if found.client_cert is not None and options.client_cert is not None:
-            raise ConfigError(f"--spec {spec} sets client_cert, and --client-cert is given too; keep one")
-        options = replace(options, endpoints=found.endpoints, entry=found.entry,
-                          engine=options.engine if options.engine != "auto" else found.engine,
-                          context_length=found.context_length,
-                          client_cert=Path(found.client_cert) if found.client_cert else options.client_cert,
-                          client_key=Path(found.client_key) if found.client_key else options.client_key)
-        default_name = found.deployment
+        # The spec's engines as boot mode would launch them, at the URLs its port numbers fix.
+        plan = running_plan(build_plan(options), described)
+        return [Watched(name=name or described.deployment, plan=plan)], None
     if inventory is None:
         plan = build_plan(options)
-        deployment = name or default_name or label_url(plan.entry) or label_url(plan.targets[0].url) or "kvpreflight"
+        deployment = name or label_url(plan.entry) or label_url(plan.targets[0].url) or "kvpreflight"
         return [Watched(name=deployment, plan=plan)], None
     from kvpreflight.fleet.inventory import load_inventory
 

@@ -40,13 +40,17 @@ from typing import Any
 import pytest
 import realengines
 import requests
-from support.sglang_live import ECHO_PROMPTS, Answer, Live, booted, echo_probes, generate
+from support.fixture_drift import json_drift, lines_drift, metrics_drift
+from support.sglang_live import ECHO_PROMPTS, SPECS, Answer, Live, booted, echo_probes, generate
 from support.vllm_pair import CheckRun, run_check
 
 from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks.interface import CheckContext
 from kvpreflight.checks.network_exposure import evaluate
-from kvpreflight.model import Status
+from kvpreflight.engines import HttpClient, sglang
+from kvpreflight.model import ErrorKind, Status
+from kvpreflight.review import review
+from kvpreflight.review.estimate import ReviewInputs
 
 pytestmark = pytest.mark.alone  # a live SGLang engine or pair, one core each
 
@@ -119,10 +123,14 @@ def unified(tmp_path_factory: pytest.TempPathFactory, sglang_python: str, echo_h
     workdir = tmp_path_factory.mktemp("sglang-single")
     with booted("sglang-single-cpu.yaml", workdir, echo_hf_model, _bins(str(Path(sglang_python).parent))) as live:
         answers = echo_probes(live.entry)
+        # what the unit tier's recorded fixtures stand for (test_the_recorded_fixtures_...)
+        models = requests.get(f"{live.entry}/v1/models", timeout=10).json()
+        over = requests.post(f"{live.entry}/v1/completions", timeout=60, json={
+            "model": "tiny-llama", "prompt": "ab" * 2100, "max_tokens": 1, "temperature": 0})
         check = _check(live, "--allow-disruptive")
         logs = {e.name: live.log(e.name) for e in live.deployment.engines}
     _stopped(live)
-    return Run(live, answers, check, logs, {})
+    return Run(live, answers, check, logs, {"models": models, "over_context": (over.status_code, over.json())})
 
 
 def test_unified_sglang_echoes_exactly(unified: Run) -> None:
@@ -158,11 +166,13 @@ def mooncake(tmp_path_factory: pytest.TempPathFactory, sglang_python: str, echo_
     with booted("sglang-pd-mooncake-cpu.yaml", workdir, echo_hf_model, bins) as live:
         answers = echo_probes(live.entry)
         prefill_metrics = requests.get(f"{live.engine('prefill').url}/metrics", timeout=10).text
+        prefill_info = requests.get(f"{live.engine('prefill').url}/get_server_info", timeout=10).json()
         check = _check(live, "--allow-disruptive")
         logs = {e.name: live.log(e.name) for e in live.deployment.engines}
         listeners = live.deployment.listeners()  # as `check --boot` reads them, from /proc
     _stopped(live)
-    return Run(live, answers, check, logs, {"prefill_metrics": prefill_metrics, "listeners": listeners})
+    return Run(live, answers, check, logs, {"prefill_metrics": prefill_metrics, "prefill_info": prefill_info,
+                                            "listeners": listeners})
 
 
 def test_the_mooncake_pair_echoes_exactly_through_sglang_router(mooncake: Run) -> None:
@@ -315,3 +325,101 @@ def test_the_incident_configuration_fails_the_check_naming_the_pool_and_the_hang
     assert over and "over-pool" in over[0] and "a hang, not a rejection" in over[0], failed
     engines = {e["role"]: e for e in run.report["engines"]}
     assert engines["prefill"]["kv_pool_tokens"] == 2560 and engines["decode"]["kv_pool_tokens"] == 9216, engines
+
+
+# ---------------------------------------------------------------- a handoff timeout shorter than the prefill
+
+
+# The decode gives up on a request's KV after this many seconds (SGLANG_DISAGGREGATION_WAITING_TIMEOUT,
+# whole seconds; 0 fails every request at once, smg then opens its circuit and nothing more is
+# probed); the prefill computes in chunks this small, so a 4,000-token prompt takes several times
+# as long (6.2 s where the default chunk takes 1.0 s on this project's 2-core machines).
+SHORT_WAIT_S = "1"
+SLOW_CHUNK = "32"
+
+
+@pytest.fixture(scope="module")
+def short_wait(tmp_path_factory: pytest.TempPathFactory, sglang_python: str, echo_hf_model: Path) -> Run:
+    workdir = tmp_path_factory.mktemp("sglang-pd-short-wait")
+    bins = _bins(str(Path(sglang_python).parent), realengines.smg_bin())
+    with booted("sglang-pd-nixl-cpu.yaml", workdir, echo_hf_model, bins,
+                extra_env={"SGLANG_DISAGGREGATION_WAITING_TIMEOUT": SHORT_WAIT_S},
+                engine_args={"prefill": ["--chunked-prefill-size", SLOW_CHUNK]}) as live:
+        check = _check(live, "--scenario", "normal")
+        logs = {e.name: live.log(e.name) for e in live.deployment.engines}
+    _stopped(live)
+    return Run(live, [], check, logs, {})
+
+
+def test_a_decode_waiting_timeout_below_the_prefill_time_fails_pd_transfer_naming_the_setting(short_wait: Run) -> None:
+    """SGLang's decode gives up on the KV of a near-context prompt after 1 s (and the client gets
+    HTTP 500 or an error inside its 200 stream); kvpreflight reads the engine's own line and fails
+    pd-transfer, naming the setting to raise."""
+    run = short_wait.check
+    assert run.exit_code == 1, (run.exit_code, run.summary())
+    transfer = run.check("pd-transfer")
+    assert transfer["status"] == "fail", transfer["message"]
+    assert "a prefill/decode handoff timed out during the check" in transfer["message"]
+    assert "raise SGLANG_DISAGGREGATION_WAITING_TIMEOUT above" in transfer["message"]
+    assert "timed out after 1.0s in KVPoll.WaitingForInput" in short_wait.logs["decode"]
+    # what the unit tier's handoff_timeout.log stands for, as this engine logged it
+    drift = lines_drift({s.what: s.pattern for s in sglang.SglangAdapter.log_signals
+                         if s.setting == "SGLANG_DISAGGREGATION_WAITING_TIMEOUT"},
+                        (FIXTURES / "handoff_timeout.log").read_text(), short_wait.logs["decode"])
+    assert not drift, drift
+
+
+# ---------------------------------------------------------------- the unit tier's fixtures and review, against live
+
+
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "sglang"
+SPEC_OF = {"unified": "sglang-single-cpu.yaml", "mooncake": "sglang-pd-mooncake-cpu.yaml",
+           "nixl": "sglang-pd-nixl-cpu.yaml", "incident": "sglang-pd-incident-cpu.yaml"}
+
+
+def test_the_recorded_sglang_fixtures_match_what_the_live_engines_send(unified: Run, mooncake: Run, incident: Run) -> None:
+    """Every field, series and log line of tests/fixtures/sglang/ that the unit tier reads SGLang by,
+    as the live 0.5.23 engines send it (the fixtures were written from SGLang's source before SGLang
+    ran here): a drift names the file and the field, series or line."""
+    recorded = {name: (FIXTURES / name).read_text() for name in (
+        "server_info_prefill.json", "v1_models.json", "error_over_context.json", "error_over_pool.json",
+        "metrics_prefill.txt", "prefill.log")}
+    status, over_context = unified.extra["over_context"]
+    drift = {
+        "server_info_prefill.json": json_drift(json.loads(recorded["server_info_prefill.json"]), mooncake.extra["prefill_info"]),
+        "v1_models.json": json_drift(json.loads(recorded["v1_models.json"]), unified.extra["models"]),
+        "error_over_context.json": json_drift(json.loads(recorded["error_over_context.json"]), over_context),
+        "error_over_pool.json": json_drift(json.loads(recorded["error_over_pool.json"]), incident.extra["direct"][1]),
+        # SGLang sends a transfer-failure counter only once it first counts (none failed here)
+        "metrics_prefill.txt": metrics_drift(recorded["metrics_prefill.txt"], mooncake.extra["prefill_metrics"],
+                                             absent_until_counted=["sglang:num_transfer_failed_reqs_total"]),
+        "prefill.log": lines_drift({"allocator line": sglang.ALLOCATOR_LINE, "scheduler line": sglang.SCHEDULER_LINE},
+                                   recorded["prefill.log"], mooncake.logs["prefill"])
+                       + lines_drift({"small-pool warning": sglang.SMALL_POOL_WARNING}, recorded["prefill.log"], incident.logs["prefill"]),
+    }
+    drifted = {k: v for k, v in drift.items() if v}
+    print(json.dumps(drifted, indent=1), file=sys.stderr)  # whole: an assertion message is cut
+    assert not drifted, drifted
+    # the messages the adapter classifies a refusal by, as the live engine words them
+    adapter = sglang.SglangAdapter("http://127.0.0.1:1", HttpClient())  # classifies only: sends nothing
+    assert status == 400 and adapter.classify_error(over_context["message"]) is ErrorKind.LENGTH, over_context
+    assert adapter.classify_error(incident.extra["direct"][1]["error"]["message"]) is ErrorKind.LENGTH
+
+
+@pytest.mark.parametrize("name", list(SPEC_OF))
+def test_review_of_the_live_spec_states_the_pool_each_engine_logged(name: str, request: pytest.FixtureRequest,
+                                                                   echo_hf_model: Path) -> None:
+    """`kvpreflight review` of the shipped spec (no GPU asked for: --device cpu) estimates the pool
+    each live engine logged ("KV Cache is allocated ... #tokens: N"), and fails where check fails."""
+    run: Run = request.getfixturevalue(name)
+    report = review([SPECS / SPEC_OF[name]], ReviewInputs(model_dir=echo_hf_model))
+    estimated = {c.evidence["role"]: c.evidence["estimated_pool_tokens"] for c in report.checks if c.id == "kv-capacity-estimate"}
+    logged = {}
+    for engine in run.live.deployment.engines:
+        if engine.role != "router":
+            m = sglang.ALLOCATOR_LINE.search(run.logs[engine.name])
+            assert m, f"{engine.name}: no allocator line in its log"
+            logged[str(engine.role)] = int(m["tokens"])
+    assert estimated == logged, (estimated, logged)
+    capacity = {c["status"] for c in run.check.report["checks"] if c["id"] == "kv-capacity"}
+    assert (report.exit_code == 1) == ("fail" in capacity), (report.exit_code, capacity)

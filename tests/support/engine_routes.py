@@ -21,6 +21,9 @@ _INFO: dict[str, dict[str, str]] = {
     "llamacpp": {"GET /props": "llamacpp/props.json", "GET /slots": "llamacpp/slots.json",
                  "GET /v1/models": "llamacpp/models.json", "GET /metrics": "llamacpp/metrics.txt"},
     "tgi": {"GET /info": "tgi/info.json", "GET /metrics": "tgi/metrics.txt"},
+    # trtllm-serve's /metrics is the iteration stats' JSON (its Prometheus text is /prometheus/metrics)
+    "trtllm": {"GET /v1/models": "trtllm/models.json", "GET /version": "trtllm/version.json",
+               "GET /metrics": "trtllm/metrics.json"},
 }
 KINDS = tuple(_INFO)
 

@@ -42,7 +42,10 @@ def test_each_kind_reads_its_honest_fixtures(kind: str) -> None:
     with static_server(info_routes(kind)) as url:
         assert open_adapter(url, HttpClient(timeout_s=5)).kind == kind
         snap = snapshot(kind, url)
-    assert snap.served_context and snap.pool_readings
+    if kind == "trtllm":  # it states its max_seq_len and its GPU pool only in its start-up log
+        assert snap.served_context is None and not snap.pool_readings and any("--log" in n for n in snap.notes)
+    else:
+        assert snap.served_context and snap.pool_readings
 
 
 # -- size: the cap of each kind of body ------------------------------------------------------------
@@ -67,7 +70,8 @@ def test_llamacpp_model_list_over_its_cap_only_costs_the_model_name() -> None:
 @pytest.mark.parametrize("kind", KINDS)
 def test_metrics_over_16_mib_are_refused_naming_the_metrics_cap(kind: str) -> None:
     huge = b"# HELP padding\n" * (17 * MiB // 15)
-    with static_server(info_routes(kind, **{"GET /metrics": (200, METRICS, huge)})) as url:
+    route = f"GET {adapter_class(kind).metrics_path}"  # trtllm-serve: /prometheus/metrics
+    with static_server(info_routes(kind, **{route: (200, METRICS, huge)})) as url:
         with pytest.raises(BodyTooLarge) as caught:
             adapter_class(kind)(url, HttpClient(timeout_s=5)).counters()  # what every probe reads, before and after
     assert "16.0 MiB limit for metrics text" in str(caught.value), caught.value

@@ -24,7 +24,8 @@ ROOT = Path(__file__).parents[2]
 MODELS = ROOT / "tests" / "fixtures" / "review" / "models"
 ADVISORIES = load_advisories()
 FIXED = [a for a in ADVISORIES if parse_version(a.fixed) and a.fixed[0].isdigit()]
-IMAGES = {"sglang": "lmsysorg/sglang:v{}", "vllm": "vllm/vllm-openai:v{}", "llamacpp": "ghcr.io/ggml-org/llama.cpp:server-b{}"}
+IMAGES = {"sglang": "lmsysorg/sglang:v{}", "vllm": "vllm/vllm-openai:v{}", "llamacpp": "ghcr.io/ggml-org/llama.cpp:server-b{}",
+          "trtllm": "nvcr.io/nvidia/tensorrt-llm/release:{}"}
 
 
 def affected_version(a: Advisory) -> str:
@@ -134,21 +135,28 @@ def compose(tmp_path: Path, a: Advisory, version: str) -> tuple[Path, dict[str, 
         "sglang": ["python3", "-m", "sglang.launch_server", "--model-path", "Llama-3.1-8B-Instruct", "--context-length", "8192"],
         "vllm": ["vllm", "serve", "Llama-3.1-8B-Instruct", "--max-model-len", "8192"],
         "llamacpp": ["llama-server", "-m", "/models/Llama-3.1-8B-Instruct/m.gguf", "-c", "8192"],
+        "trtllm": ["trtllm-serve", "Llama-3.1-8B-Instruct", "--max_seq_len", "8192"],
     }[a.engine]
     if a.pd and a.engine == "sglang":
         words += ["--disaggregation-mode", "prefill"]
+    if a.pd and a.engine == "trtllm":
+        words += ["--server_role", "context"]
     settings = matching_settings(a)
+    # trtllm-serve's flags keep their underscores; a switch left at its default is not written
+    spell = (lambda name: "--" + name) if a.engine == "trtllm" else (lambda name: "--" + name.replace("_", "-"))
+    if a.engine == "trtllm":
+        settings = {c.name: v for c, v in zip(a.settings, settings.values(), strict=True) if v != c.default}
     if a.pd and a.engine == "vllm" and "kv_transfer_config" not in settings:
         settings["kv_transfer_config"] = '{"kv_connector":"NixlConnector","kv_role":"kv_both"}'
     for name, value in settings.items():
-        words.append("--" + name.replace("_", "-"))
+        words.append(spell(name))
         if value != "true":
             words.append(value)
     lines = ["services:", "  engine:", f"    image: {IMAGES[a.engine].format(version)}", "    command:"]
     lines += [f"      - {json.dumps(w)}" for w in words]
     path = tmp_path / f"{a.id}-{version}.yml"
     path.write_text("\n".join(lines) + "\n")
-    flag_lines = {name: lines.index(f'      - "--{name.replace("_", "-")}"') + 1 for name in settings}
+    flag_lines = {name: lines.index(f'      - "{spell(name)}"') + 1 for name in settings}
     return path, flag_lines
 
 

@@ -172,7 +172,7 @@ def test_entry_may_be_a_url():
     (with_engine(ready_url="health"), "d.yaml: engines[0].ready_url: expected an http(s):// URL, a path such as /health, or {url}/PATH, got 'health'"),
     (with_engine(ready_timeout_s=-1), "d.yaml: engines[0].ready_timeout_s: expected a positive number of seconds, got a number (-1)"),
     # `fake`: the unit tier registers its own engine kind (tests/unit/conftest.py)
-    (with_engine(engine="trt"), "d.yaml: engines[0].engine: expected one of builtin, sglang, vllm, llamacpp, tgi, fake, auto, smg, sglang-router, got 'trt'"),
+    (with_engine(engine="trt"), "d.yaml: engines[0].engine: expected one of builtin, sglang, vllm, llamacpp, tgi, trtllm, fake, auto, smg, sglang-router, got 'trt'"),
     (with_engine(engine="smg"), "d.yaml: engines[0].engine: smg is a router, not an engine: give it role: router"),
     (with_engine(gpu=[0]), "d.yaml: engines[0].gpu: unknown key (expected one of: name, role, command, env, gpus, port, url, ready_url, ready_timeout_s, engine, cwd)"),
     (with_engine(port=None, url=None), "d.yaml: engines[0]: needs a port (a number or auto) or a url to reach the engine at"),

@@ -158,7 +158,7 @@ def test_a_counter_deficit_still_fails_prompt_integrity_when_another_model_answe
 def test_entry_model_is_the_name_the_requests_carry_to_the_gateway():
     from kvpreflight.check_options import CheckOptions, build_plan
     from kvpreflight.engines.http import HttpClient
-    from kvpreflight.pipeline import entry_adapter
+    from kvpreflight.session import entry_adapter
 
     plan = build_plan(CheckOptions(endpoints=(PREFILL,), entry=GATEWAY, entry_api="openai", entry_model="chat-prod"))
     client = HttpClient()

@@ -188,3 +188,135 @@ def test_the_public_api_is_stated_and_documented():
             if (inspect.isfunction(value) or inspect.isclass(value)) and not (value.__doc__ or "").strip():
                 problems.append(f"kvpreflight.{short}.{name} has no docstring")
     assert not problems, "\n".join(problems)
+
+
+# One deployment session (kvpreflight/session.py) opens a deployment for check, --plan, every watch
+# round and each fleet deployment: what it assembles is not for watch/ or fleet/ to rebuild.
+RUN_INTERNALS = ("kvpreflight.pipeline", "kvpreflight.probes.session", "kvpreflight.routers", "kvpreflight.checks",
+                 "kvpreflight.engines.http", "kvpreflight.engines.HttpClient", "kvpreflight.engines.open_adapter",
+                 "kvpreflight.engines.adapter_class", "kvpreflight.engines.openai_completions")
+
+
+def test_watch_and_fleet_open_a_deployment_only_through_the_session():
+    wrong = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
+             for package in ("watch", "fleet") for path in modules(PACKAGE / package)
+             for line, name in imported(path) if _allowed(name, RUN_INTERNALS)]
+    assert not wrong, ("watch/ and fleet/ open a deployment through kvpreflight.session (or kvpreflight.preflight), "
+                       "never through the run's parts:\n" + "\n".join(wrong))
+
+
+def test_the_run_stage_is_private_to_the_library_entry():
+    importers = sorted(str(path.relative_to(PACKAGE.parent)) for path in modules()
+                       if any(_allowed(name, ("kvpreflight.pipeline",)) for _, name in imported(path)))
+    assert importers == ["kvpreflight/preflight.py"], importers
+
+
+def http_clients_configured(path: Path) -> list[int]:
+    """The lines where `path` builds an HttpClient from headers or TLS settings (not a bare one)."""
+    configured = {"headers", "ca_bundle", "client_cert", "client_key"}
+    return [node.lineno for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", None)) == "HttpClient"
+            and configured & {k.arg for k in node.keywords if k.arg}]
+
+
+def test_one_place_configures_an_http_client_from_the_auth_and_tls_options(tmp_path):
+    sites = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in modules()
+             if not path.relative_to(PACKAGE).as_posix().startswith("builtin_engine/")
+             for line in http_clients_configured(path)]
+    assert [site.split(":")[0] for site in sites] == ["kvpreflight/probes/session.py"], sites
+    # the scan sees a client built with TLS settings anywhere
+    sample = tmp_path / "sample.py"
+    sample.write_text("c = HttpClient(ca_bundle=x)\nd = engines.HttpClient(headers=h)\ne = HttpClient(timeout_s=3)\n")
+    assert http_clients_configured(sample) == [1, 2]
+
+
+def _runtime_imports(path: Path, root: Path = PACKAGE.parent) -> list[str]:
+    """The modules `path` imports when it runs (not those under `if TYPE_CHECKING:`, which only
+    the type checker reads)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    typing_only = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test)
+                   for child in node.body for n in ast.walk(child)}
+    package = ".".join(path.relative_to(root).with_suffix("").parts[:-1])
+    out = []
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
+        if isinstance(node, ast.Import):
+            out.extend(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            out.extend(f"{base}.{alias.name}" for alias in node.names)
+    return out
+
+
+def module_circles(under: Path = PACKAGE) -> list[list[str]]:
+    """Every group of kvpreflight modules that import each other around a circle when they run."""
+    names = {".".join(p.relative_to(under.parent).with_suffix("").parts[:-1] if p.name == "__init__.py"
+                      else p.relative_to(under.parent).with_suffix("").parts): p for p in modules(under)}
+
+    def module_of(name: str) -> str | None:
+        while name and name not in names:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph = {m: {t for n in _runtime_imports(p, under.parent) if (t := module_of(n)) and t != m and not m.startswith(t + ".")}
+             for m, p in names.items()}
+    circles, index, low, stack, on_stack = [], {}, {}, [], set()
+
+    def visit(start: str) -> None:  # Tarjan's strongly connected components, iteratively
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                group = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    group.append(member)
+                    if member == node:
+                        break
+                if len(group) > 1:
+                    circles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return circles
+
+
+def test_no_import_circle_between_modules_outside_the_builtin_engine():
+    # The builtin engine's server and its routes import each other by design; model and schema
+    # are the one allowed circle above (Report.to_dict defers to the schema when called).
+    circles = [c for c in module_circles() if not all(m.startswith("kvpreflight.builtin_engine.") for m in c)
+               and {m.rpartition(".")[2] for m in c} not in ALLOWED_CIRCLES]
+    assert not circles, "import circles between modules:\n" + "\n".join(" <-> ".join(c) for c in circles)
+
+
+def test_the_circle_finder_sees_a_lazy_circle_and_not_a_type_only_one(tmp_path):
+    package = tmp_path / "kvpreflight"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "a.py").write_text("def f():\n    from kvpreflight import b\n")
+    (package / "b.py").write_text("from kvpreflight.a import f\n")
+    (package / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kvpreflight.d import x\n")
+    (package / "d.py").write_text("from kvpreflight.c import y\n")
+    assert module_circles(package) == [["kvpreflight.a", "kvpreflight.b"]]

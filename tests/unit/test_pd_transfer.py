@@ -370,3 +370,34 @@ def test_sglang_pd_roles_carry_their_pd_timeout_stated_or_at_sglangs_default() -
     assert pd_timeouts({"disaggregation_bootstrap_timeout_s": 5}, Role.PREFILL, "http://p:1") == (
         KvDeadline(seconds=5, setting="SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", stated=True),)
     assert pd_timeouts({}, Role.UNIFIED, "http://u:1") == ()
+
+
+def test_a_handoff_timeout_logged_during_the_check_fails_pd_transfer_naming_the_setting() -> None:
+    """SGLang's decode gave up on a request's KV at SGLANG_DISAGGREGATION_WAITING_TIMEOUT: even
+    where every counted probe moved its KV, the timeout ran out on a request of the check."""
+    timeout = DangerLine(source=DECODE, what="Some requests fail to receive KV Cache transfer done signal after bootstrapping",
+                         hazard=Hazard.HANDOFF_TIMEOUT, detail="setting=SGLANG_DISAGGREGATION_WAITING_TIMEOUT")
+    moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
+                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}})
+    result = judge(moved, run=ProbeRun(limits=Limits(1024, 4096, 1023), probes=(moved,), untied_danger_lines=(timeout,)))
+    assert result.status is Status.FAIL, result.message
+    assert "a prefill/decode handoff timed out during the check" in result.message
+    assert "raise SGLANG_DISAGGREGATION_WAITING_TIMEOUT above the longest prefill" in result.message
+    assert result.message.count("Some requests fail to receive KV Cache") == 1, result.message
+
+
+def test_a_kv_checksum_mismatch_fails_pd_transfer_whatever_the_counters_say(tmp_path: Path) -> None:
+    """SGLang's --disaggregation-enable-kv-checksum: the decode's KV did not hash as the prefill's
+    (tests/fixtures/sglang/kv_checksum.log): the transfer moved, and moved wrong KV."""
+    log = tmp_path / "decode.log"
+    log.write_text("")
+    watch = LogWatch({DECODE: (log, SglangAdapter.log_signals)})
+    log.write_text((Path(__file__).parents[1] / "fixtures" / "sglang" / "kv_checksum.log").read_text())
+    lines = watch.take()
+    assert [(d.hazard, d.request_id) for d in lines] == [(Hazard.KV_CORRUPT, "kvpreflight-3d8e44a0a4f5e123")] * 2
+    moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
+                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}}, danger_lines=lines)
+    result = judge(moved)
+    assert result.status is Status.FAIL, result.message
+    assert "a decode received KV other than what its prefill sent" in result.message
+    assert f'{DECODE} log: "KV checksum mismatch" x2 (logged during probe boundary-accept)' in result.message

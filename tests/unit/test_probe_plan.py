@@ -33,3 +33,17 @@ def test_max_context_equivalents_judges_what_will_be_sent_and_names_the_conditio
         PLAN.refuse_above(2.0)
     assert "2,072 prompt tokens = 2.1 context-equivalents; up to 6 more requests" in str(info.value)
     assert "above --max-context-equivalents 2; nothing was sent" in str(info.value)
+
+
+def test_at_a_1m_context_the_calibration_prefill_is_long_enough_to_be_measured_and_costs_under_2_percent():
+    """The short calibration prompt is 1/16 of the longest accepted prompt up to 16,384 tokens. At a
+    1M context 1,024 tokens (the old cap) prefill in milliseconds on a GPU, within a P/D pair's
+    per-request spread, so no speed was trusted and no answer's speed judged; 16,384 are 1.6% of
+    one near-context prompt."""
+    limits = Limits(served_context=1_048_576, pool_tokens=2_000_000, max_accepted=1_048_569)
+    plan = GroupPlan(entry="http://e", engines=("http://e",), limits=limits,
+                     requests=(PlannedRequest("boundary-accept", 1_048_569, 1, Expect.ACCEPT),))
+    assert plan.submitted_tokens == 8 + 8 + 16_384 + 1_048_569
+    assert 16_384 / 1_048_569 < 0.016
+    small = GroupPlan(entry="http://e", engines=("http://e",), limits=LIMITS, requests=ALWAYS)
+    assert small.submitted_tokens == 8 + 8 + 62 + 993 + 1001  # 1/16 of a small context, as before

@@ -146,6 +146,9 @@ LOG_TEMPLATES = [
     "estimated maximum model length is {n}",
     "llama_kv_cache: size = 1 MiB ( {n} cells, 2 layers, 1/{n} seqs)",
     "n_slots = {n}, n_ctx_slot = {n}, kv_unified = 'true'",
+    "[TensorRT-LLM][INFO] [MemUsageChange] Allocated 1.00 GiB for max tokens in paged KV cache ({n}).",
+    "[TRT-LLM] [I] max_seq_len={n}, max_num_requests=64, max_num_tokens={n}, max_batch_size=64",
+    "[TRT-LLM] [I] Estimated max memory in KV cache : 1.00 GiB",
     "Setting max batch total tokens to {n}",
     "Not enough memory to handle max_total_tokens={n}",
 ]
@@ -216,6 +219,8 @@ HONEST_REPLY: dict[str, Any] = {
     "llamacpp": {"content": " the", "tokens_predicted": 4, "tokens_evaluated": 100, "stop": True, "stop_type": "limit",
                  "truncated": False},
     "tgi": json.loads((FIXTURES / "tgi" / "generate.json").read_text()),
+    "trtllm": json.loads((FIXTURES / "trtllm" / "completion.json").read_text().replace("PROMPT_TOKENS", "100")
+                         .replace("TOTAL_TOKENS", "101")),
 }
 HONEST_FRAMES: dict[str, list[Any]] = {
     "sglang": [{"text": " the", "meta_info": {"finish_reason": None, "prompt_tokens": 100, "completion_tokens": 1}},
@@ -225,6 +230,10 @@ HONEST_FRAMES: dict[str, list[Any]] = {
     "llamacpp": [{"content": " the", "stop": False}, {**HONEST_REPLY["llamacpp"], "content": ""}],
     "tgi": [json.loads(line[5:].replace("INPUT_LENGTH", "100"))
             for line in (FIXTURES / "tgi" / "generate_stream.txt").read_text().splitlines() if line.startswith("data:")],
+    # serve/openai_protocol.py CompletionStreamResponse: the usage in a last frame of its own
+    "trtllm": [{"model": "m", "choices": [{"index": 0, "text": " the", "finish_reason": None}]},
+               {"model": "m", "choices": [{"index": 0, "text": "", "finish_reason": "length"}]},
+               {"model": "m", "choices": [], "usage": {"prompt_tokens": 100, "completion_tokens": 4, "total_tokens": 104}}],
 }
 ERROR_FRAMES = [{"error": {"message": "Input length exceeds the maximum allowed length", "code": 400}},
                 {"object": "error", "message": "This model's maximum context length is 4096 tokens"}, {"error": None}]
@@ -327,7 +336,8 @@ MANIFEST_FIXTURES = {name: list(yaml.safe_load_all((FIXTURES / "review" / name).
 WORDS = ["python3 -m sglang.launch_server", "vllm serve", "llama-server", "sglang serve", "--model-path", "--model",
          "meta-llama/Llama-3.1-8B-Instruct", "--tp-size", "--tp", "--context-length", "--max-model-len", "-c", "-np",
          "--max-total-tokens", "--mem-fraction-static", "$TP", "${TP:-2}", "TP=8", "exec", "\\\n", "'", '"', "#", ";",
-         "&&", "0", "-1", "131072", "1e9", "0.85", "nan", "=", "$(", "`"]
+         "&&", "0", "-1", "131072", "1e9", "0.85", "nan", "=", "$(", "`", "trtllm-serve", "--max_seq_len", "--config",
+         "llm_api.yaml", "--kv_cache_free_gpu_memory_fraction", "--server_role", "disaggregated"]
 shell_scripts = st.lists(st.one_of(st.sampled_from(WORDS), st.text(max_size=8)), max_size=25).map(" ".join)
 
 
@@ -357,6 +367,25 @@ def test_manifests_read_by_review_estimate_or_are_one_review_error(case: tuple[s
     manifest = SCRATCH / f"manifest{suffix}"
     manifest.write_text(text)
     _review(manifest, MODELS)
+
+
+TRTLLM_OPTIONS = {"kv_cache_config": {"free_gpu_memory_fraction": 0.9, "max_tokens": 65536, "dtype": "auto"},
+                  "max_seq_len": 131072, "max_num_tokens": 8192, "max_batch_size": 64, "tensor_parallel_size": 1,
+                  "fail_fast_on_attention_window_too_large": True}
+
+
+@given(st.one_of(mutations(TRTLLM_OPTIONS, yaml_values), yaml_values, st.text(max_size=200)))
+@example({"kv_cache_config": {"free_gpu_memory_fraction": float("nan")}})
+@example({"kv_cache_config": {"max_tokens": True}, "max_seq_len": 1.5})
+@example({"tensor_parallel_size": 0})
+def test_trtllm_options_yaml_read_by_review_estimate_or_are_one_review_error(options: Any) -> None:
+    """Whatever the --config YAML beside a trtllm-serve launch holds."""
+    folder = SCRATCH / "trtllm"
+    folder.mkdir(exist_ok=True)
+    (folder / "llm_api.yaml").write_text(options if isinstance(options, str) else yaml.safe_dump(options))
+    script = folder / "serve.sh"
+    script.write_text("trtllm-serve Llama-3.1-8B-Instruct --max_seq_len 32768 --config llm_api.yaml\n")
+    _review(script, MODELS)
 
 
 # -- DSSE envelopes read by verify -----------------------------------------------------------------------

@@ -22,6 +22,7 @@ from kvpreflight.review import review
 from kvpreflight.review.engines.sglang import default_mem_fraction_static
 from kvpreflight.review.estimate import ReviewInputs
 from kvpreflight.review.hfconfig import load_model
+from kvpreflight.review.interface import ReviewError
 
 FIX = Path(__file__).parents[1] / "fixtures" / "review"
 MODELS = FIX / "models"
@@ -272,3 +273,31 @@ def test_a_kubernetes_container_merged_from_another_is_estimated_with_its_own_ar
     report, (plain, long) = checks(manifest)
     assert plain.status is Status.PASS and long.status is Status.FAIL
     assert report.exit_code == 1
+
+
+# --- SGLang on --device cpu (the live specs in examples/specs/) -----------------------------
+
+SPECS = Path(__file__).parents[2] / "examples" / "specs"
+
+
+@pytest.mark.parametrize(("spec", "pools", "status"), [
+    ("sglang-single-cpu.yaml", {"unified": 9216}, Status.PASS),
+    ("sglang-pd-nixl-cpu.yaml", {"prefill": 9216, "decode": 9216}, Status.PASS),
+    ("sglang-pd-incident-cpu.yaml", {"prefill": 2560, "decode": 9216}, Status.FAIL),
+])
+def test_sglang_on_cpu_takes_max_total_tokens_as_the_pool_without_asking_for_a_gpu(spec, pools, status):
+    # SGLang sizes a CPU pool from the host's available RAM, capped by --max-total-tokens: the pools
+    # the live engines log (tests/real/test_sglang_live.py compares them with these)
+    report, found = checks(SPECS / spec, model_dir=MODELS / "echo")
+    assert {c.evidence["role"]: c.evidence["estimated_pool_tokens"] for c in found} == pools
+    assert all(c.evidence["kv_bytes_per_token"] == 512 and c.evidence["gpu"] == "cpu (host RAM)" for c in found)
+    assert {c.status for c in found} == ({Status.PASS} if status is Status.PASS else {Status.PASS, status})
+    assert "mem_fraction_static" not in found[0].message and "GiB/GPU" not in found[0].message, found[0].message
+
+
+def test_sglang_on_cpu_without_max_total_tokens_names_the_flag_to_pass(tmp_path):
+    # as a launch without a GPU: a usage error (exit 2) naming what to pass, not a guess
+    launch = tmp_path / "run.sh"
+    launch.write_text("python3 -m sglang.launch_server --model-path echo --device cpu --context-length 4096\n")
+    with pytest.raises(ReviewError, match=r"run\.sh:1: --device cpu without --max-total-tokens: .* pass --max-total-tokens N$"):
+        checks(launch, model_dir=MODELS)

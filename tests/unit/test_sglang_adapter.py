@@ -202,3 +202,42 @@ def test_counters_without_realtime_tokens_fall_back_to_prompt_less_cached():
     with static_server({**routes(), "GET /metrics": (200, "text/plain; version=0.0.4", text)}) as url:
         counters = open_adapter(url, HttpClient()).counters()
     assert (counters.prefilled_tokens, counters.cached_prompt_tokens) == (12_004 - 6_999, 6_999)
+
+
+def test_a_handoff_timeout_warning_becomes_a_danger_line_naming_the_setting_to_raise(tmp_path):
+    from kvpreflight.engines.sglang import SglangAdapter
+    from kvpreflight.model import Hazard
+    from kvpreflight.probes.logs import LogWatch
+
+    log = tmp_path / "decode.log"
+    log.write_text("")
+    watch = LogWatch({"http://d:2": (log, SglangAdapter.log_signals)})
+    log.write_text((FIX / "handoff_timeout.log").read_text())
+    assert [(d.hazard, d.request_id, d.detail) for d in watch.take()] == [
+        (Hazard.HANDOFF_TIMEOUT, None, "setting=SGLANG_DISAGGREGATION_WAITING_TIMEOUT"),
+        (Hazard.HANDOFF_TIMEOUT, "kvpreflight-0a5f117d71c2bef0", "setting=SGLANG_DISAGGREGATION_WAITING_TIMEOUT"),
+        (Hazard.TRANSFER, "kvpreflight-1b6e228e82d3cf01", None),  # failed for another reason: no timeout to raise
+        (Hazard.HANDOFF_TIMEOUT, None, "setting=SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"),
+        (Hazard.HANDOFF_TIMEOUT, "kvpreflight-2c7f339f93e4d012", "setting=SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"),
+    ]
+
+
+def test_a_failure_counter_sglang_has_not_sent_yet_counts_from_zero_so_its_first_failure_is_a_delta():
+    """Live 0.5.23 sends num_transfer_failed_reqs_total (and the bootstrap, abort and deferred-release
+    counters) only from its first increment (tests/fixtures/sglang/live/ has none of them): read as
+    unknown, a failure during the check moved nothing kvpreflight could see."""
+    info = json.loads((FIX / "server_info_prefill.json").read_text())
+    before_text = (LIVE / "metrics_decode.txt").read_text()
+    after_text = before_text + ('sglang:num_transfer_failed_reqs_total{engine_type="decode",model_name="tiny-llama",'
+                                'moe_ep_rank="0",pp_rank="0",tp_rank="0"} 1.0\n')
+    counters = []
+    for text in (before_text, after_text):
+        r = {**routes({**info, "disaggregation_mode": "decode"}), "GET /metrics": (200, "text/plain; version=0.0.4", text)}
+        with static_server(r) as url:
+            counters.append(open_adapter(url, HttpClient()).counters())
+    before, after = counters
+    assert (before.transfer_failures, before.bootstrap_failures, before.deferred_releases) == (0.0, 0.0, 0.0)
+    assert after.deltas_since(before)["transfer_failures"] == 1.0
+    # a page that is not SGLang's (no pool gauge on it) says nothing of them
+    with static_server({**routes(), "GET /metrics": (200, "text/plain; version=0.0.4", "other_total 1\n")}) as url:
+        assert open_adapter(url, HttpClient(), "sglang").counters().transfer_failures is None

@@ -433,3 +433,20 @@ def test_an_engines_429_over_http_carries_its_retry_after():
         finally:
             client.close()
     assert (done.status, done.retry_after_s) == (429, 12.0)
+
+
+def test_an_entry_that_cannot_be_asked_for_its_limits_is_a_finding_not_a_lost_round(fake_engines, monkeypatch):
+    """The canaries are sized from the entry's limits; an entry that cannot be asked is unreachable
+    this round (a finding naming why), never a round that looks stopped by a signal."""
+    from kvpreflight.engines.errors import EngineError
+
+    FakeEngine(snapshot(URL))
+
+    def gone(self, snapshot):
+        raise EngineError("GET /tokenize: connection refused")
+
+    monkeypatch.setattr(FakeAdapter, "max_accepted_prompt", gone)
+    line = watcher().timed_round(threading.Event())
+    assert line.outcome is RoundOutcome.FINDINGS and kinds(line) == {("unreachable", "entry")}, line
+    (finding,) = line.findings
+    assert "connection refused" in finding.message and URL in finding.message and not line.notes

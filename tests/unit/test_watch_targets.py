@@ -7,6 +7,7 @@ without --full-every no prompt comes near the context."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,60 @@ def test_a_full_round_over_the_hourly_cap_is_skipped_and_said(fake_engines):
     assert max(s.tokens for s in engine.sent) <= CANARY_MAX
 
 
+def test_a_watch_round_and_a_check_judge_one_engine_alike(fake_engines, monkeypatch):
+    """One engine that serves what it must refuse: `check` and a watch full round send it the same
+    over-capacity and near-context requests and judge them through one code path (the deployment
+    session's `judge`), to the same verdict and message."""
+    from kvpreflight import preflight
+    from kvpreflight.check_ids import CheckId
+    from kvpreflight.check_options import CheckOptions, build_plan
+    from kvpreflight.model import Status
+    from kvpreflight.probes.results import ProbeName
+    from kvpreflight.session import DeploymentSession
+    from kvpreflight.watch.budget import BudgetPlan
+    from kvpreflight.watch.loop import Watcher, WatchSettings
+
+    def serves_anything(engine, sent):
+        return Completion(sent_tokens=sent.tokens, max_tokens=sent.max_tokens, streamed=sent.stream, status=200,
+                          elapsed_s=0.001, completion_tokens=sent.max_tokens, prompt_tokens=sent.tokens,
+                          finish_reason="length", text=sent.seed * 3)
+
+    FakeEngine(snapshot(URL, pool=POOL, context=CONTEXT), script=serves_anything)
+    judged: list[tuple[tuple[str, ...], object]] = []
+    judge = DeploymentSession.judge
+
+    def recording(self, group, run, ids, **kwargs):
+        results = judge(self, group, run, ids, **kwargs)
+        judged.append((tuple(ids), run))
+        return results
+
+    monkeypatch.setattr(DeploymentSession, "judge", recording)
+    plan = build_plan(CheckOptions(endpoints=(URL,), engine="fake"))
+    report = preflight.run(plan)
+    ((check_ids, check_run),) = judged
+    judged.clear()
+    watcher = Watcher(WatchSettings(plan=replace(plan, capacity_only=True), canaries=False, full_every_s=3600,
+                                    budget=BudgetPlan(interval_s=1, max_tokens_per_hour=10**9, full_every_s=3600)))
+    line = watcher.round()
+    ((watch_ids, watch_run),) = judged
+    assert {CheckId.OVERCAPACITY_REJECTED, CheckId.PROMPT_INTEGRITY} <= set(check_ids) and set(watch_ids) < set(check_ids)
+
+    def sent(run, name):
+        (probe,) = run.of(name)
+        return probe.completion.sent_tokens, probe.completion.max_tokens
+
+    for name in (ProbeName.OVER_POOL, ProbeName.BOUNDARY_ACCEPT):  # the same requests
+        assert sent(watch_run, name) == sent(check_run, name), name
+    (failed,) = [r for r in report.checks if r.id == CheckId.OVERCAPACITY_REJECTED]
+    (finding,) = line.findings
+    assert failed.status is Status.FAIL and finding.what == str(CheckId.OVERCAPACITY_REJECTED)
+    said = finding.message.removeprefix(f"{URL}: overcapacity-rejected (full round): ")
+    # word for word what check says of the same request (check goes on about the requests it adds)
+    first = said.split("; ")[0]
+    assert first.startswith("over-pool (6,144 tokens): HTTP 200") and "served, not rejected" in first
+    assert failed.message.split("; ")[0] == first, (said, failed.message)
+
+
 @pytest.mark.parametrize(("args", "says"), [
     (("--full-every", "soon"), "--full-every: 'soon' is not a duration"),
     (("--full-every", "0"), "--full-every"),
@@ -157,6 +212,27 @@ def test_a_spec_whose_ports_are_chosen_at_boot_is_refused_in_one_line(fake_engin
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     (said,) = proc.stderr.strip().splitlines()
     assert "--spec" in said and "engines[0] (engine) has port: auto" in said and "give it a port number" in said
+
+
+def test_a_spec_is_read_as_boot_mode_launches_it_one_kind_or_auto(tmp_path):
+    """`watch --spec` takes its plan from the spec's launch as boot mode does (preflight.launched_plan):
+    the workers' URLs and roles, the router as the entry, and the engines' kind only where all say one."""
+    from kvpreflight.boot import load_spec
+    from kvpreflight.check_options import CheckOptions, build_plan
+    from kvpreflight.preflight import running_plan
+    from kvpreflight.targets import Target
+
+    sglang = ["python", "-m", "sglang.launch_server", "--port", "{port}"]
+    engines = [{"name": "prefill", "role": "prefill", "command": sglang, "port": 31001},
+               {"name": "decode", "role": "decode", "command": sglang, "port": 31002},
+               {"name": "router", "role": "router", "command": ["python", "-m", "server"], "port": 31000}]
+    plan = running_plan(build_plan(CheckOptions()), load_spec(spec_file(tmp_path, engines, context_length=4096)))
+    assert plan.targets == (Target("http://127.0.0.1:31001", Role.PREFILL), Target("http://127.0.0.1:31002", Role.DECODE))
+    assert (plan.entry, plan.engine, plan.context_length, plan.booted) == ("http://127.0.0.1:31000", "sglang", 4096, False)
+    engines[1]["command"] = ["python", "-m", "server"]  # a kind the command does not say: each engine is detected
+    assert running_plan(build_plan(CheckOptions()), load_spec(spec_file(tmp_path, engines))).engine == "auto"
+    named = running_plan(build_plan(CheckOptions(engine="vllm")), load_spec(spec_file(tmp_path, engines)))
+    assert named.engine == "vllm"  # --engine wins
 
 
 # -- a fleet inventory ---------------------------------------------------------------------------------

@@ -42,6 +42,7 @@ ALIASES = {
     "--page-size": "page",
     "--max-total-tokens": "max_total_tokens",
     "--disaggregation-mode": "role",
+    "--device": "device",
     "--chunked-prefill-size": "chunked",
     "--max-running-requests": "max_running",
     "--enable-dp-attention": "dp_attention",
@@ -108,8 +109,8 @@ def estimate(launch: Launch, inputs: ReviewInputs, models: dict) -> Estimate:
     a = parse_args(launch, ALIASES, SWITCHES)
     model_arg = a.value("model") or (a.positional[0].text if a.positional else None)
     model = resolve_model(launch, model_arg, inputs, models)
-    gpu = resolve_gpu(launch, inputs)
-    assert gpu is not None
+    on_cpu = (a.value("device") or "").lower() == "cpu"
+    gpu = None if on_cpu else resolve_gpu(launch, inputs)
     tp = int(a.number(launch, "tp") or 1)
     dp = int(a.number(launch, "dp") or 1)
     pp = int(a.number(launch, "pp") or 1)
@@ -129,33 +130,45 @@ def estimate(launch: Launch, inputs: ReviewInputs, models: dict) -> Estimate:
     page = int(a.number(launch, "page") or 1)
     if not a.has("page"):
         assumptions.append("page size 1 (SGLang's default; some attention backends force a larger page)")
-    mfs_flag = a.number(launch, "mfs", float)
-    if mfs_flag is not None:
-        mfs = float(mfs_flag)
-        if not 0 < mfs <= 1:
-            raise ReviewError(f"{launch.site.file}:{a.line('mfs')}: --mem-fraction-static {mfs} must be between 0 and 1")
-    else:
-        mfs, how = default_mem_fraction_static(
-            gpu.memory_mib, tp, pp, role, model.is_mla,
-            chunked=a.number(launch, "chunked"), max_running=a.number(launch, "max_running"),
-            cuda_graph=not a.has("no_graph"),
-        )
-        assumptions.append(how)
-    weights = model.weight_bytes // (tp * pp)
-    assumptions.append(f"weights {model.weight_bytes:,} B ({model.weight_source}) split evenly over TP {tp} x PP {pp}")
-    pre_load = gpu.memory_bytes - CUDA_CONTEXT_BYTES
-    assumptions.append(
-        f"GPU {gpu.name}: {gpu.memory_mib:,} MiB as NVML reports it; 1 GiB taken by CUDA context and NCCL before SGLang measures"
-    )
-    rest = int(pre_load * mfs) - weights
-    computed = max(rest, 0) // bpt // page * page
-    pool = computed
     mtt = a.number(launch, "max_total_tokens")
-    if mtt is not None and int(mtt) < computed:
+    weights = model.weight_bytes // (tp * pp)
+    if gpu is None:
+        # srt/utils/common.py get_available_gpu_memory: on --device cpu the "free memory" SGLang
+        # sizes the pool from is psutil's available host RAM at start-up, which no file states.
+        if mtt is None:
+            raise ReviewError(f"{launch.site.file}:{launch.line}: --device cpu without --max-total-tokens: SGLang sizes the "
+                              "pool from the host's free RAM at start-up, which no file states; pass --max-total-tokens N")
         pool = int(mtt) // page * page
-        assumptions.append(f"--max-total-tokens {int(mtt):,} caps the pool (memory would allow {computed:,})")
-    elif mtt is not None:
-        assumptions.append(f"--max-total-tokens {int(mtt):,} is above what memory allows; SGLang ignores it with a warning")
+        rest = pool * bpt
+        assumptions.append(f"--device cpu: --max-total-tokens {int(mtt):,} caps the pool; SGLang takes it whole when the "
+                           f"host's available RAM holds {pool * bpt:,} B of KV beyond the weights (else it logs a warning "
+                           "and takes less)")
+    else:
+        mfs_flag = a.number(launch, "mfs", float)
+        if mfs_flag is not None:
+            mfs = float(mfs_flag)
+            if not 0 < mfs <= 1:
+                raise ReviewError(f"{launch.site.file}:{a.line('mfs')}: --mem-fraction-static {mfs} must be between 0 and 1")
+        else:
+            mfs, how = default_mem_fraction_static(
+                gpu.memory_mib, tp, pp, role, model.is_mla,
+                chunked=a.number(launch, "chunked"), max_running=a.number(launch, "max_running"),
+                cuda_graph=not a.has("no_graph"),
+            )
+            assumptions.append(how)
+        assumptions.append(f"weights {model.weight_bytes:,} B ({model.weight_source}) split evenly over TP {tp} x PP {pp}")
+        pre_load = gpu.memory_bytes - CUDA_CONTEXT_BYTES
+        assumptions.append(
+            f"GPU {gpu.name}: {gpu.memory_mib:,} MiB as NVML reports it; 1 GiB taken by CUDA context and NCCL before SGLang measures"
+        )
+        rest = int(pre_load * mfs) - weights
+        computed = max(rest, 0) // bpt // page * page
+        pool = computed
+        if mtt is not None and int(mtt) < computed:
+            pool = int(mtt) // page * page
+            assumptions.append(f"--max-total-tokens {int(mtt):,} caps the pool (memory would allow {computed:,})")
+        elif mtt is not None:
+            assumptions.append(f"--max-total-tokens {int(mtt):,} is above what memory allows; SGLang ignores it with a warning")
     if rest <= 0:
         assumptions.append("weights do not fit in mem_fraction_static of the GPU: SGLang will not start")
     if model.sliding_note:
@@ -169,12 +182,12 @@ def estimate(launch: Launch, inputs: ReviewInputs, models: dict) -> Estimate:
     return Estimate(
         engine="sglang", role=role, file=launch.site.file,
         line=line or a.line("mfs") or launch.line, where=launch.site.where,
-        model=model.name, gpu=gpu.name, pool_tokens=pool, kv_bytes_per_token=bpt,
-        kv_bytes_formula=model.formula(kv_b, attn_tp, pp), weights_bytes_per_gpu=weights,
+        model=model.name, gpu=gpu.name if gpu else "cpu (host RAM)", pool_tokens=pool, kv_bytes_per_token=bpt,
+        kv_bytes_formula=model.formula(kv_b, attn_tp, pp), weights_bytes_per_gpu=None if gpu is None else weights,
         context_checked=context, context_source=source, assumptions=tuple(assumptions),
         numbers={
-            "tp": tp, "dp": dp, "pp": pp, "mem_fraction_static": mfs, "page_size": page,
-            "gpu_memory_bytes": gpu.memory_bytes, "kv_pool_bytes": max(rest, 0),
+            "tp": tp, "dp": dp, "pp": pp, "page_size": page, "kv_pool_bytes": max(rest, 0),
+            **({"device": "cpu"} if gpu is None else {"mem_fraction_static": mfs, "gpu_memory_bytes": gpu.memory_bytes}),
         },
         flag_lines={f.name: f.line for f in a.flags.values()},
         context_limit=limit,
