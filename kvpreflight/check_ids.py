@@ -20,6 +20,7 @@ class CheckId(enum.StrEnum):
     PD_TRANSFER = "pd-transfer"
     PD_CONSISTENCY = "pd-consistency"
     ENGINE_ADVISORIES = "engine-advisories"
+    NETWORK_EXPOSURE = "network-exposure"
 
 
 class Scope(enum.Enum):

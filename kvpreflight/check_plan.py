@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvpreflight.model import EntryApi, Waiver
+from kvpreflight.model import EntryApi, ProcessListeners, Waiver
 from kvpreflight.targets import REQUEST_TIMEOUT_S, Auth, Target
 
 __all__ = ["CheckPlan", "OutputPlan", "RecordPlan"]
@@ -43,6 +43,7 @@ class CheckPlan:
     known_markers: frozenset[str] = frozenset()  # another tenant's markers planted on purpose (demo)
     gpus: tuple[Mapping[str, Any], ...] = ()
     booted: bool = False  # kvpreflight started the engines itself (boot mode, demo)
+    listeners: tuple[ProcessListeners, ...] = ()  # boot mode: each booted process's sockets, read from /proc when ready
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -46,6 +46,7 @@ class FileKind(enum.Enum):
     WORKER_OUTPUT = ("worker output", 16 * MiB)
     LOG = ("log", 16 * MiB)  # a log's newest end, like the live log watch reads it
     SYSTEM = ("system file", 64 * KiB)  # /proc files kvpreflight reads about itself
+    SOCKET_TABLE = ("socket table", 64 * MiB)  # /proc/net/tcp and tcp6: a row per connection of the host
 
     def __init__(self, label: str, cap: int) -> None:
         self.label = label

@@ -267,6 +267,40 @@ class Completion:
         return out
 
 
+class ListenerKind(enum.StrEnum):
+    """What a listening socket of the deployment carries, as far as kvpreflight can tell."""
+
+    TOKEN_IDS = "token ids"  # KV-cache events: the token ids of every cached block
+    KV_DATA = "KV data"  # a transfer engine's data path
+    TRANSFER_CONTROL = "KV transfer control"  # bootstrap, handshake, side channel
+    API = "the engine's API"  # the port its URL names: not a finding
+    UNIDENTIFIED = "not identified"
+
+
+@dataclass(frozen=True)
+class Listener:
+    """One listening TCP socket of an engine or router (engines/listeners.py identifies it)."""
+
+    port: int  # 0: the log names the listener but no port (NIXL's UCX transport)
+    address: str | None  # as bound (/proc) or as logged; None: its log line names no address
+    kind: ListenerKind
+    what: str  # "vLLM's KV-events publisher", ... ("" when not identified)
+    setting: str  # what binds it: the setting to change ("" when not identified)
+    pid: int | None = None  # /proc only
+    program: str | None = None  # the process's name (/proc/PID/comm)
+
+
+@dataclass(frozen=True)
+class ProcessListeners:
+    """The listening sockets of one engine or router, or why they could not be read."""
+
+    process: str  # the engine's name in the boot spec, or its URL
+    url: str
+    source: str | None  # "/proc" or "start-up log"; None: not read (`unread` says why)
+    listeners: tuple[Listener, ...] = ()
+    unread: str = ""
+
+
 @dataclass(frozen=True)
 class Waiver:
     check_id: str

@@ -116,6 +116,7 @@ def booted_plan(plan: CheckPlan, spec: DeploymentSpec, deployment: BootedDeploym
         logs={e.url.rstrip("/"): Path(e.log_path) for e in deployment.engines
               if e in workers or e.url.rstrip("/") == deployment.entry_url.rstrip("/")},
         gpus=deployment.gpu_records(),
+        listeners=deployment.listeners(),
         booted=True,
     )
 

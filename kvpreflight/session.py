@@ -23,11 +23,12 @@ from kvpreflight.checks import CheckContext, CheckId, run_checks
 from kvpreflight.checks.advisory_data import Advisory
 from kvpreflight.engines import EngineConfigError, EngineError, HttpClient, adapter_class, open_adapter
 from kvpreflight.engines.interface import EngineAdapter
+from kvpreflight.engines.listeners import from_log
 from kvpreflight.engines.log_patterns import LogSignal
 from kvpreflight.engines.openai_completions import openai_entry
 from kvpreflight.errors import ConfigError
 from kvpreflight.files import FileKind, read_tail
-from kvpreflight.model import CheckResult, EngineSnapshot, EntryApi, Role, Status, Waiver
+from kvpreflight.model import CheckResult, EngineSnapshot, EntryApi, ProcessListeners, Role, Status, Waiver
 from kvpreflight.probes.budget import Budget
 from kvpreflight.probes.capacity import deployment_limits
 from kvpreflight.probes.logs import LogWatch
@@ -132,7 +133,7 @@ class DeploymentSession:
                          waivers: Sequence[Waiver] = ()) -> tuple[CheckResult, ...]:
         """The checks over every engine read (those of the whole deployment)."""
         ctx = CheckContext(self.snapshots, self.thresholds, self.plan.context_length, None, self.plan.entry, advisories,
-                           expected_model=self.plan.model)
+                           expected_model=self.plan.model, listeners=listeners_of(self.plan, self.snapshots))
         return run_checks(ctx, ids, waivers)
 
     def close(self) -> None:
@@ -265,6 +266,23 @@ def entry_adapter(plan: CheckPlan, entry_url: str | None, group: Sequence[Engine
     if plan.entry_api is EntryApi.OPENAI:
         cls = openai_entry(cls)
     return cls(entry_url, client, model=plan.entry_model or group[0].model)
+
+
+def listeners_of(plan: CheckPlan, snapshots: Sequence[EngineSnapshot]) -> tuple[ProcessListeners, ...]:
+    """Every read engine's listening sockets: as /proc showed them to boot mode, else as its
+    start-up log (--log) names them."""
+    booted = {p.url for p in plan.listeners}
+    out = list(plan.listeners)
+    for snapshot in snapshots:
+        if snapshot.url in booted:
+            continue
+        try:
+            log_text = read_log(plan.logs.get(snapshot.url))
+        except EngineError as exc:
+            out.append(ProcessListeners(snapshot.url, snapshot.url, None, unread=f"its start-up log cannot be read: {exc}"))
+            continue
+        out.append(from_log(snapshot.url, snapshot.url, log_text))
+    return tuple(out)
 
 
 def read_log(path: Path | None) -> str | None:

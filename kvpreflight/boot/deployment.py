@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 from kvpreflight.boot import proctree
 from kvpreflight.boot.spec import DeploymentSpec
-from kvpreflight.model import ProcessRole
+from kvpreflight.model import ProcessListeners, ProcessRole
 
 if TYPE_CHECKING:
     from kvpreflight.gpus import GpuInventory
@@ -54,6 +54,30 @@ class BootedDeployment:
     def workers(self) -> tuple[BootedEngine, ...]:
         """The engines that hold KV pools (everything but routers)."""
         return tuple(e for e in self.engines if e.role is not ProcessRole.ROUTER)
+
+    def listeners(self) -> tuple[ProcessListeners, ...]:
+        """Each engine's (and router's) listening TCP sockets now, from /proc, each named by its
+        engine's URL and start-up log (kvpreflight.engines.listeners), or why they were not read."""
+        from kvpreflight.boot.sockets import SocketsUnreadable, listening
+        from kvpreflight.engines.errors import EngineConfigError
+        from kvpreflight.engines.listeners import identify
+        from kvpreflight.files import FileKind, read_tail
+
+        out = []
+        for engine in self.engines:
+            url = engine.url.rstrip("/")
+            try:
+                sockets = listening(engine.process_ids())
+            except SocketsUnreadable as exc:
+                out.append(ProcessListeners(engine.name, url, None, unread=str(exc)))
+                continue
+            try:
+                log_text: str | None = read_tail(engine.log_path, FileKind.LOG, EngineConfigError)
+            except EngineConfigError:
+                log_text = None  # the sockets stay, each unidentified beyond its URL's port
+            found = [(s.pid, s.program, s.address, s.port) for s in sockets]
+            out.append(identify(engine.name, url, found, log_text))
+        return tuple(out)
 
     def gpu_records(self, found: GpuInventory | None = None) -> tuple[Mapping[str, Any], ...]:
         """The GPU inventory (kvpreflight.gpus.inventory() unless `found` is given), one mapping

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from kvpreflight.checkdata import Thresholds
 from kvpreflight.checks.advisory_data import Advisory
-from kvpreflight.model import CheckResult, EngineSnapshot, Status, Waiver, checked_context
+from kvpreflight.model import CheckResult, EngineSnapshot, ProcessListeners, Status, Waiver, checked_context
 from kvpreflight.probes.results import IsolationRun, ProbeRun
 
 
@@ -22,6 +22,7 @@ class CheckContext:
     expected_model: str | None = None  # --model
     isolation: IsolationRun | None = None  # the two-tenant probes (None: not run, see probes)
     entry_model: str | None = None  # --entry-model: the name the entry knows the engines' model by
+    listeners: tuple[ProcessListeners, ...] = ()  # each engine's (and booted router's) listening sockets, or why not read
 
     def checked_context(self, snapshot: EngineSnapshot) -> int | None:
         """The context `snapshot` is checked against (kvpreflight.model.checked_context)."""

@@ -107,6 +107,18 @@ RULES: dict[str, RuleHelp] = {
         "with P/D: the intake-reject leak).",
         "Upgrade the engine past the advisory's fixed version, or change the setting it names; the finding names the "
         "advisory."),
+    "network-exposure": RuleHelp(
+        "No socket of the deployment that carries KV, token ids or KV transfer control listens beyond loopback or "
+        "the stated address.",
+        "Reads the listening TCP sockets of every process kvpreflight booted (/proc), named by the engine's URL and "
+        "the listeners its start-up log names (Mooncake's bootstrap, handshake and TCP transport, SGLang's bootstrap "
+        "server, vLLM's and SGLang's KV-events publisher, NIXL's UCX transport); attached, what the --log start-up "
+        "logs name. A KV-events "
+        "publisher (the token ids of every cached block) beyond loopback or the engines' stated addresses fails; a KV "
+        "or transfer-control socket, or one kvpreflight cannot identify, warns; nothing read skips.",
+        "Bind the KV-events publisher to loopback or the subscribers' cluster address (--kv-events-config endpoint); "
+        "keep UCX on the cluster network (UCX_NET_DEVICES); firewall the KV and transfer ports that the engine binds "
+        "to every address whatever it is told (Mooncake) to the peer engines."),
     "kv-capacity-estimate": RuleHelp(
         "The deployment files give each engine a KV pool that holds its context.",
         "Estimates each SGLang, vLLM or llama.cpp engine's KV pool from its flags, the model's config.json and the "

@@ -19,6 +19,11 @@ def test_builtin_pd_example_spec_boots_checks_and_stops(tmp_path):
         assert "allocator" in engine["kv_pool_origins"]  # read from the log boot mode captured
     capacity = [c for c in report["checks"] if c["id"] == "kv-capacity"]
     assert {c["status"] for c in capacity} == {"pass"}
+    # every booted process's sockets read from /proc, each engine's API and the bootstrap on loopback
+    (exposure,) = [c for c in report["checks"] if c["id"] == "network-exposure"]
+    assert exposure["status"] == "pass" and exposure["evidence"]["read_from"] == ["/proc"], exposure["message"]
+    assert {e["process"] for e in exposure["evidence"]["listeners"]} == {"prefill", "decode", "router"}
+    assert all(e["address"] == "127.0.0.1" for e in exposure["evidence"]["listeners"])
     assert "stopping 3 engine(s)" in proc.stderr
 
 

@@ -29,7 +29,7 @@ def test_readme_sample_output_is_what_the_quickstart_command_prints(tmp_path):
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     sample = sample_output(text)
     assert check_rows(proc.stdout) == check_rows(sample)
-    assert len(check_rows(sample)) == 12
+    assert len(check_rows(sample)) == 13
     # what a newcomer reads first: every warning's and skip's words, not only its status
     assert row_messages(proc.stdout, engine.url) == row_messages(sample, README_URL)
     assert verdict_line(proc.stdout, engine.url) == verdict_line(sample, README_URL)

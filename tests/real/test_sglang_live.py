@@ -9,7 +9,8 @@
   sglang-router): exact echoes through the router, the KV seen to move (the prefill's
   kv_transfer_total_mb is 512 bytes a prompt token), and `check` passes everything but
   prefix-cache-isolation: sglang-router 0.3.2 drops the per-tenant cache_salt (test_sglang_router.py,
-  docs/FINDINGS.md), and the same engines behind smg pass it (below);
+  docs/FINDINGS.md), and the same engines behind smg pass it (below); network-exposure warns, naming
+  Mooncake's handshake listener on 0.0.0.0 of each engine, from the logs and from /proc;
 - examples/specs/sglang-pd-nixl-cpu.yaml (prefill/decode over NIXL behind smg): exact echoes, and
   `check` passes every check it can decide;
 - examples/specs/sglang-pd-incident-cpu.yaml (the incident's configuration: the prefill's pool, 2,560
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -42,8 +44,11 @@ from support.fixture_drift import json_drift, lines_drift, metrics_drift
 from support.sglang_live import ECHO_PROMPTS, SPECS, Answer, Live, booted, echo_probes, generate
 from support.vllm_pair import CheckRun, run_check
 
+from kvpreflight.checkdata import load_thresholds
+from kvpreflight.checks.interface import CheckContext
+from kvpreflight.checks.network_exposure import evaluate
 from kvpreflight.engines import HttpClient, sglang
-from kvpreflight.model import ErrorKind
+from kvpreflight.model import ErrorKind, Status
 from kvpreflight.review import review
 from kvpreflight.review.estimate import ReviewInputs
 
@@ -164,8 +169,10 @@ def mooncake(tmp_path_factory: pytest.TempPathFactory, sglang_python: str, echo_
         prefill_info = requests.get(f"{live.engine('prefill').url}/get_server_info", timeout=10).json()
         check = _check(live, "--allow-disruptive")
         logs = {e.name: live.log(e.name) for e in live.deployment.engines}
+        listeners = live.deployment.listeners()  # as `check --boot` reads them, from /proc
     _stopped(live)
-    return Run(live, answers, check, logs, {"prefill_metrics": prefill_metrics, "prefill_info": prefill_info})
+    return Run(live, answers, check, logs, {"prefill_metrics": prefill_metrics, "prefill_info": prefill_info,
+                                            "listeners": listeners})
 
 
 def test_the_mooncake_pair_echoes_exactly_through_sglang_router(mooncake: Run) -> None:
@@ -199,6 +206,35 @@ def test_the_mooncake_pair_passes_the_check_but_for_sglang_routers_shared_prefix
     assert set(unsettled) == {"prefix-cache-isolation"}, unsettled
     assert "tenant B reused tenant A's cached prefix" in unsettled["prefix-cache-isolation"][1]
     assert run.exit_code == 1, (run.exit_code, run.summary())
+
+
+def test_mooncakes_handshake_on_every_address_is_named_from_proc_and_from_the_logs(mooncake: Run) -> None:
+    """SGLang's bootstrap server binds --host (127.0.0.1 here: not a finding); Mooncake's P2P
+    handshake listener logs 127.0.0.1 and binds every address, on both engines."""
+    ports = {}
+    for name in ("prefill", "decode"):
+        m = re.search(r"P2P handshake, listening on 127\.0\.0\.1:(\d+)", mooncake.logs[name])
+        assert m, f"{name}: no handshake line"
+        ports[name] = int(m[1])
+    attached = mooncake.check.check("network-exposure")
+    assert attached["status"] == "warn", attached["message"]
+    found = mooncake.extra["listeners"]
+    (booted,) = evaluate(CheckContext((), load_thresholds(), listeners=found))
+    print(f"sglang-pd-mooncake network-exposure from /proc: {booted.status.value}: {booted.message}", file=sys.stderr)
+    assert booted.status is Status.WARN and {p.source for p in found} == {"/proc"}
+    for name, port in ports.items():
+        assert f"0.0.0.0:{port}: Mooncake transfer engine's P2P handshake listener" in attached["message"]
+        assert re.search(rf"{name} \(pid \d+ [^)]+\) [^;]*0\.0\.0\.0:{port}: Mooncake transfer engine's P2P handshake",
+                         booted.message), booted.message
+    bootstrap = [e for e in booted.evidence["listeners"] if e["port"] == 28998]
+    assert bootstrap and all(e["address"] == "127.0.0.1" and e["verdict"] == "pass" for e in bootstrap), bootstrap
+    assert "28998" not in attached["message"]
+    # Each scheduler also holds a socket on [::] that nothing names: torch's TCPStore, which binds
+    # every address when it is the master whatever host it is given (docs/FINDINGS.md); said, not hidden.
+    unnamed = [e for e in booted.evidence["listeners"] if e["carries"] == "not identified" and e["verdict"] != "pass"]
+    for e in unnamed:
+        where = f"[{e['address']}]" if ":" in e["address"] else e["address"]
+        assert f"{where}:{e['port']}" in booted.message and "not identified" in booted.message, booted.message
 
 
 # ---------------------------------------------------------------- P/D over NIXL behind smg

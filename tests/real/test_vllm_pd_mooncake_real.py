@@ -12,7 +12,11 @@ ONE pair and router for the module, booted from the shipped spec by kvpreflight'
   used-token gauge (each request is served in about a second) and then waits its whole budget per
   tenant (10-20 s of check became 80 s in two of three runs); the disruptive check is the benchmark;
 - the prefill's abort timeout (VLLM_MOONCAKE_ABORT_REQUEST_TIMEOUT; no metric, no start-up line) is
-  read once the prefill has logged freeing a request no decode asked for, made to happen by hand.
+  read once the prefill has logged freeing a request no decode asked for, made to happen by hand;
+- network-exposure names Mooncake's listeners on every address (the prefill's bootstrap server on
+  0.0.0.0:8998, each engine's P2P handshake listener, logged as 127.0.0.1 and bound to 0.0.0.0), from
+  /proc as boot mode reads the pair and from the logs as the attached check reads them: a warning,
+  so the check still exits 0.
 
 The full (disruptive) check's figures are benchmarks/bench_vllm_pd.py --connector mooncake. Needs
 ``scripts/setup_engines.sh`` (the vLLM venv with vllm-router, then the Mooncake venv)."""
@@ -22,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -33,6 +38,11 @@ import pytest
 import requests
 from support.echo_canaries import echoed_canaries
 from support.vllm_pair import BootedPair, CheckRun, boot_pair, run_check
+
+from kvpreflight.checkdata import load_thresholds
+from kvpreflight.checks.interface import CheckContext
+from kvpreflight.checks.network_exposure import evaluate
+from kvpreflight.model import Status
 
 pytestmark = pytest.mark.alone  # a real vLLM pair, one core each
 
@@ -109,6 +119,37 @@ def test_the_check_passes_the_pair_reading_both_pools_and_seeing_the_kv_move(moo
     served = [r for s in iso["evidence"]["scenarios"] for r in s.get("requests", [])]
     assert not [r for r in served if "foreign_markers" in r], iso["message"]
     assert iso["status"] in ("pass", "warn"), iso["message"]
+    exposure = run.check("network-exposure")  # attached: what the --log start-up logs name
+    assert exposure["status"] == "warn", exposure["message"]
+    for port in _handshake_ports(mooncake_pair).values():
+        assert f"0.0.0.0:{port}: Mooncake transfer engine's P2P handshake listener" in exposure["message"]
+    assert "0.0.0.0:8998: Mooncake bootstrap server (vLLM's MooncakeConnector)" in exposure["message"]
+
+
+def _handshake_ports(pair: BootedPair) -> dict[str, int]:
+    """Each engine's Mooncake handshake port, as its log states it ("listening on 127.0.0.1:N")."""
+    ports = {}
+    for engine in (pair.prefill, pair.decode):
+        m = re.search(r"P2P handshake, listening on 127\.0\.0\.1:(\d+)", Path(engine.log_path).read_text(errors="replace"))
+        assert m, f"{engine.name}: no handshake line"
+        ports[engine.name] = int(m[1])
+    return ports
+
+
+def test_boot_mode_reads_mooncakes_listeners_on_every_address_from_proc(mooncake_pair: BootedPair) -> None:
+    """The pair's sockets as `check --boot` reads them: each named by its engine's log, bound
+    where /proc says (the handshake is logged as 127.0.0.1 and bound to every address)."""
+    found = mooncake_pair.deployment.listeners()
+    (result,) = evaluate(CheckContext((), load_thresholds(), listeners=found))
+    print(f"vllm-pd-mooncake network-exposure from /proc: {result.status.value}: {result.message}", file=sys.stderr)
+    assert result.status is Status.WARN, result.message
+    assert {p.source for p in found} == {"/proc"} and {p.process for p in found} == {"prefill", "decode", "router"}
+    assert re.search(r"prefill \(pid \d+ [^)]+\) 0\.0\.0\.0:8998: Mooncake bootstrap server", result.message), result.message
+    for name, port in _handshake_ports(mooncake_pair).items():
+        assert re.search(rf"{name} \(pid \d+ [^)]+\) [^;]*0\.0\.0\.0:{port}: Mooncake transfer engine's P2P handshake", result.message)
+    router = [e for e in result.evidence["listeners"] if e["process"] == "router"]
+    assert router and all(e["verdict"] == "pass" for e in router), router  # vllm-router on 127.0.0.1 only
+    assert "not identified" not in result.message
 
 
 def test_the_prefills_abort_timeout_is_read_from_the_line_it_logs_on_freeing_unsent_kv(

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import ipaddress
 import json
 import os
 import re
@@ -45,7 +46,11 @@ from support.vllm_pair import (
     wait_until_idle,
 )
 
+from kvpreflight.checkdata import load_thresholds
+from kvpreflight.checks.interface import CheckContext
+from kvpreflight.checks.network_exposure import evaluate
 from kvpreflight.demo import find_smg
+from kvpreflight.model import Status
 
 pytestmark = pytest.mark.alone  # a real vLLM pair, one core each
 
@@ -256,6 +261,25 @@ def test_smg_in_front_of_the_vllm_pair_serves_degraded_and_refuses_token_id_prom
     assert run.exit_code == 3, (run.summary(), run.stderr[-2000:])
     integrity = run.check("prompt-integrity")
     assert integrity["status"] == "inconclusive" and "Failed to deserialize the JSON body" in integrity["message"]
+
+
+def test_network_exposure_names_every_socket_of_the_pair_beyond_loopback(pd_pair: BootedPair, pd_check: CheckRun) -> None:
+    """As `check --boot` reads the pair (/proc) and as the attached check reads its logs. UCX, under
+    NIXL, listens on every network device UCX_NET_DEVICES allows (all, unset in the spec): on a host
+    with an interface besides lo those sockets are named, never passed; the side channels
+    (VLLM_NIXL_SIDE_CHANNEL_HOST=127.0.0.1) and the APIs are not findings."""
+    found = pd_pair.deployment.listeners()
+    (result,) = evaluate(CheckContext((), load_thresholds(), listeners=found))
+    print(f"vllm-pd-nixl network-exposure from /proc: {result.status.value}: {result.message}", file=sys.stderr)
+    beyond = [e for e in result.evidence["listeners"] if e["verdict"] != "pass"]
+    assert result.status is (Status.WARN if beyond else Status.PASS), result.message
+    for e in beyond:
+        where = f"[{e['address']}]" if ":" in e["address"] else e["address"]
+        assert f"{where}:{e['port']}" in result.message and not ipaddress.ip_address(e["address"]).is_loopback
+    side = [e for e in result.evidence["listeners"] if e["port"] in (5611, 5612)]
+    assert len(side) == 2 and all(e["verdict"] == "pass" for e in side), side
+    attached = pd_check.check("network-exposure")
+    assert attached["status"] == "warn" and "NIXL's UCX transport" in attached["message"], attached["message"]
 
 
 def test_every_engine_is_stopped_with_the_pair(pd_pair: BootedPair) -> None:
