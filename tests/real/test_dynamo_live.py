@@ -34,6 +34,11 @@ import requests
 from support.sglang_live import ECHO_PROMPTS, Answer, Live, booted, completion
 from support.vllm_pair import CheckRun, crossing_fail, late_read_fail, run_check
 
+from kvpreflight.checkdata import load_thresholds
+from kvpreflight.checks.interface import CheckContext
+from kvpreflight.checks.network_exposure import evaluate
+from kvpreflight.model import Status
+
 pytestmark = pytest.mark.alone  # vLLM workers, one core each
 
 CHECK_TIMEOUT_S = "60"
@@ -223,6 +228,7 @@ def disaggregated(tmp_path_factory: pytest.TempPathFactory, dynamo_python: str, 
     with _boot("dynamo-pd-cpu.yaml", tmp_path_factory, dynamo_python, echo_hf_model) as live:
         answers = _echoes(live.entry)
         decode_metrics = requests.get(f"{live.engine('decode').url}/metrics", timeout=10).text
+        listeners = live.deployment.listeners()  # as `check --boot` reads them, once every process is up
         check = _check(live, "--allow-disruptive", "--tenant-header", "x-tenant-id")
         killed, killed_at = _check_killing_the_decode(live)
         # Dynamo drops the model once its decode's registration lapses (an empty list in two runs of
@@ -232,7 +238,7 @@ def disaggregated(tmp_path_factory: pytest.TempPathFactory, dynamo_python: str, 
     _stopped(live)
     print(f"dynamo P/D: {time.monotonic() - started:.0f} s in all (boot {live.boot_s:.0f} s)", file=sys.stderr)
     return Run(live, answers, check, extra={"decode_metrics": decode_metrics, "killed": killed, "killed_at": killed_at,
-                                            "models_after": models_after})
+                                            "models_after": models_after, "listeners": listeners})
 
 
 def test_the_dynamo_pair_echoes_exactly_and_moves_the_kv(disaggregated: Run) -> None:
@@ -281,3 +287,16 @@ def test_a_decode_killed_during_the_check_never_passes(disaggregated: Run) -> No
     assert run.exit_code in (1, 3) and run.report["verdict"] in ("fail", "inconclusive"), (run.exit_code, run.summary())
     not_passed = {k: s for k, (s, _) in run.summary().items() if s in ("fail", "inconclusive")}
     assert not_passed, run.summary()
+
+
+def test_boot_mode_finds_the_workers_sockets_on_every_address_despite_dyn_event_plane_host(disaggregated: Run) -> None:
+    """Dynamo 1.6.1's workers hold listeners on every address although the spec sets
+    DYN_EVENT_PLANE_HOST=127.0.0.1 (and every URL kvpreflight talks to is on loopback): read from
+    /proc as `check --boot` reads them, network-exposure warns, naming each one's process and port."""
+    found = disaggregated.extra["listeners"]
+    (result,) = evaluate(CheckContext((), load_thresholds(), listeners=found))
+    print(f"dynamo-pd network-exposure from /proc: {result.status.value}: {result.message}", file=sys.stderr)
+    wide = [e for e in result.evidence["listeners"] if e["verdict"] != "pass"]
+    assert result.status is Status.WARN, result.message
+    assert {e["process"] for e in wide} >= {"prefill", "decode"}, wide
+    assert all(e["address"] not in ("127.0.0.1", "::1") for e in wide), wide
