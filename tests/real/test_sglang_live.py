@@ -246,10 +246,11 @@ def nixl(tmp_path_factory: pytest.TempPathFactory, sglang_python: str, echo_hf_m
     bins = _bins(str(Path(sglang_python).parent), realengines.smg_bin())
     with booted("sglang-pd-nixl-cpu.yaml", workdir, echo_hf_model, bins) as live:
         answers = echo_probes(live.entry)
+        listeners = live.deployment.listeners()  # as `check --boot` reads them
         check = _check(live, "--allow-disruptive")
         logs = {e.name: live.log(e.name) for e in live.deployment.engines}
     _stopped(live)
-    return Run(live, answers, check, logs, {})
+    return Run(live, answers, check, logs, {"listeners": listeners})
 
 
 def test_the_nixl_pair_behind_smg_echoes_exactly_and_passes_every_check_it_can_decide(nixl: Run) -> None:
@@ -259,6 +260,13 @@ def test_the_nixl_pair_behind_smg_echoes_exactly_and_passes_every_check_it_can_d
     run = nixl.check
     _pd_engines_read(run)
     assert not _undecided_or_failed(run), _undecided_or_failed(run)
+    # UCX_NET_DEVICES=lo in the spec: nothing of the pair listens beyond loopback but torch's store
+    # (SGLang's scheduler; [::], no log line names it)
+    found = nixl.extra["listeners"]
+    assert {p.source for p in found} == {"/proc"}, found
+    wide = [(p.process, s.address, s.port) for p in found for s in p.listeners if s.address not in ("127.0.0.1", "::1")]
+    print(f"sglang-pd-nixl sockets beyond loopback: {wide}", file=sys.stderr)
+    assert len(wide) <= 2 and all(address == "::" for _, address, _ in wide), wide
     assert run.exit_code == 0, (run.exit_code, run.summary())
 
 
