@@ -12,11 +12,11 @@ said, never assumed to be zero."""
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kvpreflight.model import EngineSnapshot, Role
+from kvpreflight.model import CounterDelta, CounterDeltas, CounterField, EngineSnapshot, Role
 
 DEFAULT_PAGE = 16  # tokens per page where an engine does not say
 
@@ -29,9 +29,8 @@ class Tally(enum.StrEnum):
     UNMEASURED = "unmeasured"  # short on what is counted, but a counter that could make up the rest is missing
 
 
-# Counters fields (kvpreflight.engines.interface.Counters) by what they say about a prompt token.
-COMPUTED, CACHED, RECEIVED = "prefilled_tokens", "cached_prompt_tokens", "kv_transfer_tokens"
-PROMPT, REQUESTS = "prompt_tokens", "requests"
+# The counters by what they say about a prompt token (the keys of a count's sums and gaps).
+COMPUTED, CACHED, RECEIVED = CounterField.PREFILLED_TOKENS, CounterField.CACHED_PROMPT_TOKENS, CounterField.KV_TRANSFER_TOKENS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -81,13 +80,13 @@ def computing_tier(snapshots: Sequence[EngineSnapshot]) -> tuple[EngineSnapshot,
     return tuple(s for s in snapshots if s.role is not Role.DECODE)
 
 
-def prompt_count(sent: int, requests: int, deltas: Mapping[str, Mapping[str, float]], tier: Sequence[EngineSnapshot],
+def prompt_count(sent: int, requests: int, deltas: CounterDeltas, tier: Sequence[EngineSnapshot],
                  *, allowance: int | None = None) -> PromptCount:
     """How the `tier`'s counters over one window account for `sent` prompt tokens in `requests`
     requests. `allowance` overrides the page a request a tier may fall short by."""
     page = max((s.page_size or DEFAULT_PAGE for s in tier), default=DEFAULT_PAGE)
     allowed = page * max(1, requests) if allowance is None else allowance
-    sums: dict[str, float | None] = {COMPUTED: None, CACHED: None, RECEIVED: None}
+    sums: dict[CounterField, float | None] = {COMPUTED: None, CACHED: None, RECEIVED: None}
     missing: list[str] = []
     other: list[str] = []
     for snap in tier:
@@ -95,7 +94,7 @@ def prompt_count(sent: int, requests: int, deltas: Mapping[str, Mapping[str, flo
         if d is None:
             missing.append(f"{snap.url}: no counters")
             continue
-        values = {COMPUTED: d.get(COMPUTED), CACHED: d.get(CACHED), RECEIVED: d.get(RECEIVED)}
+        values = {COMPUTED: d.prefilled_tokens, CACHED: d.cached_prompt_tokens, RECEIVED: d.kv_transfer_tokens}
         if values[CACHED] is None and snap.prefix_caching is False:
             values[CACHED] = 0.0  # it states its prefix cache is off: nothing can be found there
         if snap.role is Role.PREFILL:
@@ -122,13 +121,13 @@ def prompt_count(sent: int, requests: int, deltas: Mapping[str, Mapping[str, flo
                        received=sums[RECEIVED], allowance=allowed, missing=tuple(missing), other_traffic=tuple(other))
 
 
-def other_traffic(url: str, delta: Mapping[str, float], most_tokens: float, requests: int) -> list[str]:
+def other_traffic(url: str, delta: CounterDelta, most_tokens: float, requests: int) -> list[str]:
     """What one engine's counters over a window moved beyond what kvpreflight's own `requests`
     requests (at most `most_tokens` prompt tokens) explain: other traffic was in the window."""
     out = []
-    if (asked := delta.get(PROMPT)) is not None and asked > most_tokens:
+    if (asked := delta.prompt_tokens) is not None and asked > most_tokens:
         out.append(f"{url} counted {asked:,.0f} prompt tokens")
-    if (served := delta.get(REQUESTS)) is not None and served > requests:
+    if (served := delta.requests) is not None and served > requests:
         out.append(f"{url} finished {served:,.0f} requests")
     return out
 

@@ -3,8 +3,6 @@ rejection with zero generated tokens, before any KV transfer; a shorter twin is 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
 from kvpreflight.check_ids import CheckId, Scope
 from kvpreflight.checks.counts import DEFAULT_PAGE, other_traffic
 from kvpreflight.checks.interface import CheckContext, probe_run
@@ -17,7 +15,7 @@ from kvpreflight.checks.probe_common import (
     unreached,
     worst_status,
 )
-from kvpreflight.model import CheckResult, Status
+from kvpreflight.model import CheckResult, CounterDeltas, Status
 from kvpreflight.probes.results import OVER_CAPACITY_PROBES, ProbeName, ProbeResult, ProbeRun, transfer_moved
 
 ID = CheckId.OVERCAPACITY_REJECTED
@@ -26,12 +24,11 @@ SCOPE = Scope.GROUP
 FIX = ("fix: the engine must refuse a prompt over its pool or context before prefill: turn off auto-truncation "
        "(SGLang --allow-auto-truncate), serve a --context-length the smallest pool holds, or upgrade the engine "
        "(`kvpreflight advisories list` names the known bugs)")
-# Counters (kvpreflight.engines.interface.Counters fields) that move when KV is handed to a decode engine.
 def traffic_beside_ours(run: ProbeRun, ctx: CheckContext) -> list[str]:
     """What any probe window's counters moved beyond that window's own requests (a concurrent
     window holds all of its requests): other clients were on the deployment during the check."""
     pages = {s.url: s.page_size or DEFAULT_PAGE for s in ctx.snapshots}
-    windows: dict[str, tuple[int, int, Mapping[str, Mapping[str, float]]]] = {}  # one window per group of probes sent together (the concurrent ones share theirs)
+    windows: dict[str, tuple[int, int, CounterDeltas]] = {}  # one window per group of probes sent together (the concurrent ones share theirs)
     for p in run.probes:
         key = "concurrent" if p.name.startswith(ProbeName.CONCURRENT.value) else p.name
         sent, count, deltas = windows.get(key, (0, 0, p.counter_deltas))
@@ -80,7 +77,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         if elsewhere is not None:  # the gateway's 200 hides the checked engine's refusal: still a fail (clients got an answer)
             status, message = Status.FAIL, f"{message}; {elsewhere}"
         elif status is Status.FAIL and not p.completion.rejected:
-            processed = {u: d["prompt_tokens"] for u, d in p.counter_deltas.items() if d.get("prompt_tokens")}
+            processed = {u: d.prompt_tokens for u, d in p.counter_deltas.items() if d.prompt_tokens}
             short = {u: int(v) for u, v in processed.items() if v < p.completion.sent_tokens}
             if short:
                 message += ("; the engines' prompt-token counters show only "

@@ -33,7 +33,7 @@ from kvpreflight.checks.probe_common import (
     of_hazard,
     outlived_deadlines,
 )
-from kvpreflight.model import TRANSFER_SECONDS, TRANSFERS_TIMED, CheckResult, EngineSnapshot, Hazard, Role, Status
+from kvpreflight.model import CheckResult, CounterDelta, CounterDeltas, CounterField, EngineSnapshot, Hazard, Role, Status
 from kvpreflight.probes.results import (
     DangerLine,
     Expect,
@@ -70,7 +70,7 @@ class Window:
         return sum(p.completion.sent_tokens for p in self.probes)
 
     @property
-    def deltas(self) -> Mapping[str, Mapping[str, float]]:
+    def deltas(self) -> CounterDeltas:
         return self.probes[0].counter_deltas
 
 
@@ -94,7 +94,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
                                 "danger_lines_count": len(dangers)}
     if stale:
         evidence["stale_kv_reads"] = [{"engine": url, "reads": n, "when": when} for url, n, when in stale]
-    expired = [(url, n, f"during {w.name}") for w in windows for url, n in counter_moved(w.deltas, "expired_kv").items()]
+    expired = [(url, n, f"during {w.name}") for w in windows for url, n in counter_moved(w.deltas, CounterField.EXPIRED_KV).items()]
     if expired:
         evidence["expired_kv_leases"] = [{"engine": url, "requests": n, "when": when} for url, n, when in expired]
     logged = logged_lines(dangers) + counted_stale_reads(stale)
@@ -245,9 +245,9 @@ def _windows(probes: Sequence[ProbeResult]) -> list[Window]:
 
 
 def _judge(window: Window, decode: EngineSnapshot, allowance_pages: int) -> dict[str, Any]:
-    deltas = window.deltas.get(decode.url, {})
-    received, computed = deltas.get("kv_transfer_tokens"), deltas.get("prefilled_tokens")
-    cached = deltas.get("cached_prompt_tokens") or 0.0  # the decode's own prefix cache held them: nothing to move
+    deltas = window.deltas.get(decode.url, CounterDelta())  # none: nothing known of the decode's counters
+    received, computed = deltas.kv_transfer_tokens, deltas.prefilled_tokens
+    cached = deltas.cached_prompt_tokens or 0.0  # the decode's own prefix cache held them: nothing to move
     prompt, requests = window.prompt_tokens, len(window.probes)
     allowance = allowance_pages * (decode.page_size or DEFAULT_PAGE) * requests
     counted = {"decode": decode.url, "probe": window.name, "prompt_tokens_sent": prompt,
@@ -255,7 +255,7 @@ def _judge(window: Window, decode: EngineSnapshot, allowance_pages: int) -> dict
                "decode_cached_tokens": cached, "allowed_decode_compute_tokens": allowance}
     said = (f"{window.name}: {prompt:,} prompt tokens sent, decode received KV for {_n(received)}"
             + (f", found {cached:,.0f} in its own prefix cache" if cached else "") + f" and computed {_n(computed)} itself")
-    seconds, timed = deltas.get(TRANSFER_SECONDS), deltas.get(TRANSFERS_TIMED)
+    seconds, timed = deltas.transfer_seconds, deltas.transfers_timed
     if seconds is not None and timed:
         counted["kv_transfer_seconds_mean"] = round(seconds / timed, 4)
         said += f" (KV transfer {seconds / timed:.3f} s each, {timed:.0f} timed)"

@@ -10,11 +10,11 @@ MIN_JUDGED_S (or than 20 requests' fixed cost) is within noise and not judged.""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from kvpreflight.model import Completion
+from kvpreflight.model import Completion, CounterDeltas
 from kvpreflight.probes.results import IsolationRun, ProbeName, ProbeResult, ProbeRun
 
 MARGIN = 10.0  # an answer this many times faster than the fastest prefill allows is impossible
@@ -62,11 +62,11 @@ class Judged:
                 "margin": MARGIN, "impossible": self.impossible}
 
 
-def computed_tokens(c: Completion, deltas: Mapping[str, Mapping[str, float]] = {}) -> int:
+def computed_tokens(c: Completion, deltas: CounterDeltas | None = None) -> int:
     """The prompt tokens the engine must have computed: sent, less the larger of the cached tokens
     the answer reports and those its engines' counters show over its window (the benign reading:
     this rule must never fail a cache hit)."""
-    cached = max([c.cached_tokens or 0, *(d.get("cached_prompt_tokens", 0) for d in deltas.values())])
+    cached = max([c.cached_tokens or 0, *(d.cached_prompt_tokens or 0 for d in (deltas or {}).values())])
     return max(0, c.sent_tokens - int(cached))
 
 

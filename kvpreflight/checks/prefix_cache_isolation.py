@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from kvpreflight.check_ids import CheckId, Scope
-from kvpreflight.checks.counts import CACHED, DEFAULT_PAGE, other_traffic
+from kvpreflight.checks.counts import DEFAULT_PAGE, other_traffic
 from kvpreflight.checks.interface import CheckContext, isolation_run
 from kvpreflight.checks.kstest import KsResult, ks_2samp
-from kvpreflight.model import CheckResult, EngineSnapshot, Role, Status
+from kvpreflight.model import CheckResult, CounterField, EngineSnapshot, Role, Status
 from kvpreflight.probes.results import CacheProbe, CacheProbeKind, PrefixCacheRun, ttft_summary
 
 ID = CheckId.PREFIX_CACHE_ISOLATION
@@ -39,7 +39,6 @@ FIXES = {
 GENERIC_FIX = "the cache key is not bound to the tenant"
 DECODE_FIX = ("the decode's own prefix cache is not bound to the tenant (SGLang: --disaggregation-decode-enable-radix-cache "
               "keys it without the cache salt): turn the decode's prefix cache off, or bind its key to the tenant")
-HITS = "prefix_cache_hits"  # a Counters field: lookups or tokens, as the engine counts
 
 
 def _hit(p: CacheProbe, prompt_tokens: int) -> bool | None:
@@ -72,10 +71,10 @@ def _counter_hits(p: CacheProbe, prompt_tokens: int, roles: dict[str, Role]) -> 
     out = []
     for url, d in p.counter_deltas.items():
         role = roles[url].value if url in roles else "engine"
-        if (tokens := d.get(CACHED)) is not None:
+        if (tokens := d.cached_prompt_tokens) is not None:
             if tokens * 4 > prompt_tokens:
                 out.append((url, f"{role} {url} found {tokens:,.0f} of its prompt tokens in its own prefix cache"))
-        elif (hits := d.get(HITS)) is not None and hits > 0:
+        elif (hits := d.prefix_cache_hits) is not None and hits > 0:
             out.append((url, f"{role} {url}'s prefix-cache hit counter moved by {hits:,.0f}"))
     return out
 
@@ -108,7 +107,8 @@ def _probe_ev(p: CacheProbe) -> dict[str, Any]:
           "cached_tokens": p.completion.cached_tokens}  # 0 is a finding here; None: not reported
     if p.hit_metric_delta is not None:
         ev["hit_metric_delta"] = p.hit_metric_delta
-    hits = {url: {k: d[k] for k in (CACHED, HITS) if k in d} for url, d in p.counter_deltas.items()}
+    hits = {url: {f.value: v for f in (CounterField.CACHED_PROMPT_TOKENS, CounterField.PREFIX_CACHE_HITS) if (v := d.get(f)) is not None}
+            for url, d in p.counter_deltas.items()}
     if any(hits.values()):
         ev["engine_cache_hits"] = {url: h for url, h in hits.items() if h}
     return ev

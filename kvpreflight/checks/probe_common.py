@@ -8,7 +8,7 @@ from typing import Any
 
 from kvpreflight.checks.interface import CheckContext
 from kvpreflight.model import CheckResult, Completion, EngineSnapshot, ErrorKind, Hazard, Role, Status
-from kvpreflight.probes.results import DangerLine, Echo, ProbeResult
+from kvpreflight.probes.results import DangerLine, Echo, ProbeResult, deltas_evidence
 
 
 def unreached(ctx: CheckContext, check_id: str) -> list[CheckResult]:
@@ -84,7 +84,7 @@ def answered_elsewhere(p: ProbeResult, snapshots: Sequence[EngineSnapshot], entr
     if c.answer_model is not None and served and c.answer_model not in served | {entry_model}:
         said.append(f"the answer names model {c.answer_model!r}, which the checked engine(s) do not serve "
                     f"({', '.join(sorted(served))})")
-    counted = [p.counter_deltas[s.url].get("prompt_tokens") for s in snapshots if s.url in p.counter_deltas]
+    counted = [p.counter_deltas[s.url].prompt_tokens for s in snapshots if s.url in p.counter_deltas]
     # None moved at all (a shortened prompt moves them by less: that is truncation, said elsewhere).
     if snapshots and len(counted) == len(snapshots) and all(v == 0 for v in counted):  # None: not read
         said.append(f"no checked engine's prompt-token counter moved for the {c.sent_tokens:,} tokens sent")
@@ -129,9 +129,9 @@ def probe_evidence(p: ProbeResult) -> dict[str, Any]:
     if p.reached:
         ev["reached"] = list(p.reached)
     if p.counter_deltas:
-        ev["counter_deltas"] = {u: dict(d) for u, d in p.counter_deltas.items()}
+        ev["counter_deltas"] = deltas_evidence(p.counter_deltas)
     if p.earlier_windows:  # the tries it was sent again after (a decode's counters moved in their windows)
-        ev["earlier_windows"] = [{u: dict(d) for u, d in w.items()} for w in p.earlier_windows]
+        ev["earlier_windows"] = [deltas_evidence(w) for w in p.earlier_windows]
     if p.foreign_markers:
         ev["foreign_markers"] = list(p.foreign_markers)
     if p.echo.own is not None:

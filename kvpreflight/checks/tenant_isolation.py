@@ -29,8 +29,8 @@ from kvpreflight.checks.probe_common import (
     logged_lines,
     worst_status,
 )
-from kvpreflight.model import CheckResult, EngineSnapshot, Hazard, Status
-from kvpreflight.probes.results import DangerLine, Expect, Scenario, Tenant, TenantRequest, counter_moved, stale_reads
+from kvpreflight.model import CheckResult, CounterField, EngineSnapshot, Hazard, Status
+from kvpreflight.probes.results import DangerLine, Expect, Scenario, Tenant, TenantRequest, counter_moved, deltas_evidence, stale_reads
 
 ID = CheckId.TENANT_ISOLATION
 SCOPE = Scope.GROUP
@@ -150,7 +150,7 @@ def scenario_verdict(s: Scenario, snapshots: Sequence[EngineSnapshot] = (),
                                      + "), so the scenario ran only in part")
     if late is not None:
         return Status.WARN, late[1] if s.occurred is True else f"{late[1]}; {s.occurrence or 'unconfirmed'}"
-    expired = [(url, n, f"during the {s.name} scenario") for url, n in counter_moved(s.counter_deltas, "expired_kv").items()]
+    expired = [(url, n, f"during the {s.name} scenario") for url, n in counter_moved(s.counter_deltas, CounterField.EXPIRED_KV).items()]
     expiry = expiry_finding([], expired)  # the expiry lines are quoted with the scenario's other lines
     if s.danger_lines or expiry:
         said = f"{s.name}: {len(s.requests)} requests, no crossing{logged_lines(danger_entries(s))}"
@@ -158,7 +158,7 @@ def scenario_verdict(s: Scenario, snapshots: Sequence[EngineSnapshot] = (),
             said += f"; {expiry}"
         return Status.WARN, said if s.occurred is True else f"{said}; {s.occurrence or 'unconfirmed'}"
     if not s.churn:
-        moved = {u: {k: v for k, v in d.items() if k in ("transfer_failures", "bootstrap_failures") and v}
+        moved = {u: {f.value: v for f in (CounterField.TRANSFER_FAILURES, CounterField.BOOTSTRAP_FAILURES) if (v := d.get(f))}
                  for u, d in s.counter_deltas.items()}
         moved = {u: d for u, d in moved.items() if d}
         if moved:
@@ -198,7 +198,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         "scenarios": [
             {"scenario": s.name, "purpose": s.purpose, **({"skipped": s.skipped} if s.skipped else {
                 "occurrence": s.occurrence, "idle_after": dict(s.idle_after),
-                "counter_deltas": {u: dict(d) for u, d in s.counter_deltas.items()},
+                "counter_deltas": deltas_evidence(s.counter_deltas),
                 "requests": [request_evidence(r) for r in s.requests]}), **({"stopped": s.stopped} if s.stopped else {}),
              **({"danger_lines": danger_entries(s)} if s.danger_lines else {}),
              **({"not_applicable": s.not_applicable} if s.not_applicable else {}),

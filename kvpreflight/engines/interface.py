@@ -28,6 +28,9 @@ from kvpreflight.model import (
     TRANSFER_SECONDS,
     TRANSFERS_TIMED,
     Completion,
+    CounterDelta,
+    CounterField,
+    CounterValues,
     EngineSnapshot,
     ErrorKind,
     KvDeadline,
@@ -65,65 +68,35 @@ class ReplyFacts:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Counters:
+class Counters(CounterValues):
     """Monotonic counters and gauges read from /metrics; None where the engine has none.
 
     The adapter maps each engine's metric names onto these fields, so probes and checks never
     name an engine's metric."""
 
-    requests: float | None = None
-    prompt_tokens: float | None = None
-    generation_tokens: float | None = None
-    transfer_failures: float | None = None  # KV transfers that failed
-    bootstrap_failures: float | None = None  # prefill/decode handshakes that failed
-    deferred_releases: float | None = None  # decode KV releases held back until a transfer drained
-    # A decode finished reading KV its prefill no longer held (the lease expired or the request
-    # was gone): those pages may have been reused before the read, another request's KV in them.
-    stale_kv_reads: float | None = None
-    # The prefill released a request's KV no decode had read within its lease (the decode, if it
-    # still wants it, recomputes the prompt: a prefill's work lost, and its pages pinned until then).
-    expired_kv: float | None = None
-    aborted_requests: float | None = None  # requests the engine ended as aborted (a client left)
-    # Prompt tokens of the requests the engine's scheduler took up (began to prefill), whether or
-    # not a token followed: with prompt and generated tokens, it shows a request cut off mid-prefill.
-    scheduled_prompt_tokens: float | None = None
-    kv_transfers: float | None = None  # KV transfers completed
-    kv_transfer_tokens: float | None = None  # tokens moved by KV transfers
-    prefix_cache_hits: float | None = None  # prefix-cache hits (lookups or tokens, as the engine counts)
-    prefilled_tokens: float | None = None  # prompt tokens really computed (cache hits excluded); None: cannot tell
-    cached_prompt_tokens: float | None = None  # prompt tokens served from this engine's own prefix cache
     used_tokens: float | None = None  # gauge: tokens held in the pool right now
     extra: Mapping[str, float] = field(default_factory=dict)  # other engine counters, for evidence only
 
     def moved_since(self, before: Counters) -> bool | None:
         """Did any request/token counter move? None when there is nothing to compare."""
-        pairs = [(getattr(self, k), getattr(before, k)) for k in ("requests", "prompt_tokens", "generation_tokens")]
+        pairs = [(self.get(k), before.get(k)) for k in (CounterField.REQUESTS, CounterField.PROMPT_TOKENS,
+                                                         CounterField.GENERATION_TOKENS)]
         known = [(a, b) for a, b in pairs if a is not None and b is not None]
         if not known:
             return None
         return any(a != b for a, b in known)
 
-    def deltas_since(self, before: Counters) -> dict[str, float]:
-        """How much each counter known at both moments moved (the used-token gauge is not a counter)."""
-        out: dict[str, float] = {}
-        for name in COUNTER_FIELDS:
-            a, b = getattr(self, name), getattr(before, name)
-            if a is not None and b is not None:
-                out[name] = round(a - b, 3)
-        for key, value in self.extra.items():
-            if key in before.extra:
-                out[key] = round(value - before.extra[key], 3)
-        return out
+    def deltas_since(self, before: Counters) -> CounterDelta:
+        """How much each counter moved; None for one not known at both moments (the used-token
+        gauge is not a counter)."""
+        moved = {f: round(a - b, 3) for f in CounterField if (a := self.get(f)) is not None and (b := before.get(f)) is not None}
+        extra = {key: round(value - before.extra[key], 3) for key, value in self.extra.items() if key in before.extra}
+        return CounterDelta.of(moved, extra)
 
 
 def transfer_time(seconds: float | None, count: float | None) -> dict[str, float]:
     """The extra counters for an engine's KV-transfer time histogram (sum in seconds, count)."""
     return {TRANSFER_SECONDS: seconds, TRANSFERS_TIMED: count} if seconds is not None and count is not None else {}
-
-
-COUNTER_FIELDS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "bootstrap_failures",
-                  "deferred_releases", "stale_kv_reads", "expired_kv", "aborted_requests", "scheduled_prompt_tokens", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens",
-                  "cached_prompt_tokens")
 
 
 class EngineAdapter(abc.ABC):

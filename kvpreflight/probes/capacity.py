@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 
 from kvpreflight.engines.interface import Counters, EngineAdapter
-from kvpreflight.model import Completion, EngineSnapshot, Role
+from kvpreflight.model import Completion, CounterDeltas, EngineSnapshot, Role
 from kvpreflight.probes.budget import PlannedRequest, Speed
 from kvpreflight.probes.engine_state import EngineState, counter_deltas
 from kvpreflight.probes.logs import named_by_request_id
@@ -238,7 +238,7 @@ class CapacityProber:
         """A refused over-capacity probe whose window saw a decode's KV move, sent again (at most
         `tries` times, each window opened by a fresh read of the counters) until a window shows
         nothing moving; the result carries the earlier windows."""
-        earlier: list[Mapping[str, Mapping[str, float]]] = []
+        earlier: list[CounterDeltas] = []
         while (tries > len(earlier) and planned.name in OVER_CAPACITY_PROBES and result.completion.rejected
                and (moved := transfer_moved(result.counter_deltas, self.decoders))):
             self.progress(f"probe {planned.name}: refused, but the decode's counters moved in its window "

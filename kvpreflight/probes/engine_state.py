@@ -8,16 +8,18 @@ from collections.abc import Callable, Mapping
 
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.interface import Counters, EngineAdapter
+from kvpreflight.model import CounterDelta
 
 IDLE_POLL_S = 0.1
 
 
-def counter_deltas(before: Mapping[str, Counters | None], after: Mapping[str, Counters | None]) -> dict[str, dict[str, float]]:
-    """Per engine URL, how far each counter known at both moments moved."""
-    out: dict[str, dict[str, float]] = {}
+def counter_deltas(before: Mapping[str, Counters | None], after: Mapping[str, Counters | None]) -> dict[str, CounterDelta]:
+    """Per engine URL, how far each counter known at both moments moved. An engine left out was
+    not read at both moments (or has no counter): nothing is known of it, not that it was idle."""
+    out: dict[str, CounterDelta] = {}
     for url, a in after.items():
         b = before.get(url)
-        if a is not None and b is not None and (moved := a.deltas_since(b)):
+        if a is not None and b is not None and (moved := a.deltas_since(b)).known():
             out[url] = moved
     return out
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from kvpreflight.engines.errors import EngineError
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.engines.interface import EngineAdapter, PrefillLeg, SplitLegs
-from kvpreflight.model import Completion, Role
+from kvpreflight.model import Completion, CounterDelta, CounterDeltas, CounterField, Role
 from kvpreflight.probes import occurrence
 from kvpreflight.probes import scenarios as declaration
 from kvpreflight.probes.budget import TINY_TOKENS
@@ -74,6 +74,22 @@ def in_part(shown: str, requests: Sequence[TenantRequest]) -> str:
     """A scenario's occurrence, said as "in part" where some of its requests got no answer."""
     missed = sum(1 for r in requests if r.unanswered)
     return f"{shown}, in part: {missed} of {len(requests)} requests got no answer" if missed else shown
+
+
+def over_windows(windows: Iterable[CounterDeltas]) -> dict[str, CounterDelta]:
+    """Each engine's counters over several windows: each counter summed over the windows that
+    read it at both ends (one no window read stays unknown)."""
+    moved: dict[str, dict[CounterField, float]] = {}
+    extra: dict[str, dict[str, float]] = {}
+    for deltas in windows:
+        for url, d in deltas.items():
+            into, more = moved.setdefault(url, {}), extra.setdefault(url, {})
+            for f in CounterField:
+                if (v := d.get(f)) is not None:
+                    into[f] = into.get(f, 0) + v
+            for key, value in d.extra.items():
+                more[key] = more.get(key, 0) + value
+    return {url: CounterDelta.of(into, extra[url]) for url, into in moved.items()}
 
 
 @dataclass(frozen=True)
@@ -335,17 +351,12 @@ class IsolationProber:
                                             headed=True),
                                  scanned=p.completion.max_tokens >= MIN_SCAN_TOKENS, carried=True)
                          for p in probes if p.tenant is not None)
-        deltas: dict[str, dict[str, float]] = {}
-        for p in {p.probe: p for p in probes}.values():  # one window per probe (the concurrent ones share one)
-            for url, moved in p.counter_deltas.items():
-                into = deltas.setdefault(url, {})
-                for key, value in moved.items():
-                    into[key] = into.get(key, 0) + value
-        windows = {id(p.danger_lines): p.danger_lines for p in probes}  # the concurrent probes share one
+        windows = [p.counter_deltas for p in {p.probe: p for p in probes}.values()]  # the concurrent probes share one
+        logged = {id(p.danger_lines): p.danger_lines for p in probes}  # the concurrent probes share one
         return Scenario(name=spec.name, purpose=spec.purpose, requests=requests, occurred=True if requests else None,
                         occurrence=in_part(shown, requests) if requests else "unconfirmed: no request was answered",
-                        idle_after=self.shared_idle, counter_deltas=deltas, churn=spec.churn,
-                        danger_lines=tuple(d for lines in windows.values() for d in lines))
+                        idle_after=self.shared_idle, counter_deltas=over_windows(windows), churn=spec.churn,
+                        danger_lines=tuple(d for lines in logged.values() for d in lines))
 
     # -- one request ---------------------------------------------------------------------------
     def _send(self, tenant: Tenant, name: str, tokens: int, *, expect: Expect = Expect.ACCEPT,

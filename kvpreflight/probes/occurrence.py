@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from kvpreflight.model import Hazard
+from kvpreflight.model import CounterField, Hazard
 from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN
 from kvpreflight.probes.results import Scenario
 from kvpreflight.probes.scenarios import ScenarioSpec
@@ -66,7 +66,7 @@ def read_after_lease(scenario: Scenario, decode_leg: str, *, after_s: float, lea
     """late-decode: the decode leg (`decode_leg`, tenant A's) answered after the prefill's lease,
     with what the prefill counted and logged, and whether the echo still held A's canary."""
     decode = [r for r in scenario.requests if r.name == decode_leg]
-    stale = sum(d.get("stale_kv_reads", 0) for d in scenario.counter_deltas.values())
+    stale = sum(d.stale_kv_reads or 0 for d in scenario.counter_deltas.values())
     logged = sum(1 for d in scenario.danger_lines if d.hazard is Hazard.LATE_READ)
     occurred: bool | None
     if decode and decode[0].served:
@@ -95,13 +95,14 @@ def prefill_cancel_shown(scenario: Scenario) -> tuple[str, bool | None]:
     only where every engine read reports it: an abandoned request may have gone to any of them."""
     deltas = list(scenario.counter_deltas.values())
 
-    def total(name: str) -> float | None:
-        return sum(d[name] for d in deltas) if deltas and all(name in d for d in deltas) else None
+    def total(name: CounterField) -> float | None:
+        known = [v for d in deltas if (v := d.get(name)) is not None]
+        return sum(known) if deltas and len(known) == len(deltas) else None
 
     left = [r for r in scenario.requests if r.abandoned]
     if not left:
         return "unconfirmed: no client left", None
-    generated, aborted = total("generation_tokens"), total("aborted_requests")
+    generated, aborted = total(CounterField.GENERATION_TOKENS), total(CounterField.ABORTED_REQUESTS)
     if generated is None:
         counts = "no aborted requests" if aborted is None else "no generated tokens"
         return f"unconfirmed: the engine counts {counts}, so a disconnect during prefill cannot be shown", None
@@ -113,7 +114,7 @@ def prefill_cancel_shown(scenario: Scenario) -> tuple[str, bool | None]:
         return (f"confirmed: the engine counted {aborted:.0f} aborted request(s) for the {len(left)} that left, with no "
                 "token generated for them (generated tokens moved by exactly the answers the others got), so each "
                 "disconnect landed during prefill"), True
-    scheduled, finished = total("scheduled_prompt_tokens"), total("requests")
+    scheduled, finished = total(CounterField.SCHEDULED_PROMPT_TOKENS), total(CounterField.REQUESTS)
     if scheduled is not None and finished is not None:
         served = [r.completion for r in scenario.requests if r.completion is not None and r.completion.served]
         abandoned = sum(r.abandoned_tokens for r in left)

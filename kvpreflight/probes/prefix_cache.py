@@ -122,6 +122,6 @@ def _send(client: TenantClient, ids: list[int], kind: CacheProbeKind, prefix: in
     if sent is None:
         return None
     deltas = counter_deltas(before, state.counters()) if count_hits else {}
-    hits = [d["prefix_cache_hits"] for d in deltas.values() if "prefix_cache_hits" in d]
+    hits = [h for d in deltas.values() if (h := d.prefix_cache_hits) is not None]
     return CacheProbe(kind=kind, tenant=client.tenant, prefix=prefix, completion=sent[0],
                       hit_metric_delta=round(sum(hits), 3) if hits else None, counter_deltas=deltas)

@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
-from kvpreflight.model import Completion, ErrorKind, Hazard
+from kvpreflight.model import Completion, CounterDeltas, CounterField, ErrorKind, Hazard
 from kvpreflight.redact import cut
 
 
@@ -78,15 +78,15 @@ UNANSWERED_QUOTE_CHARS = 120  # of what the deployment said, per distinct refusa
 
 OVER_CAPACITY_PROBES = (ProbeName.OVER_POOL, ProbeName.OVER_POOL_STREAM, ProbeName.OVER_CONTEXT,
                         ProbeName.OVER_CONTEXT_STREAM)
-# The Counters fields that move on a decode when KV reaches it: a refused prompt must move none.
-TRANSFER_COUNTERS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "kv_transfers",
-                     "kv_transfer_tokens")
+# The counters that move on a decode when KV reaches it: a refused prompt must move none.
+TRANSFER_COUNTERS = (CounterField.REQUESTS, CounterField.PROMPT_TOKENS, CounterField.GENERATION_TOKENS,
+                     CounterField.TRANSFER_FAILURES, CounterField.KV_TRANSFERS, CounterField.KV_TRANSFER_TOKENS)
 
 
-def transfer_moved(deltas: Mapping[str, Mapping[str, float]], decoders: Iterable[str]) -> dict[str, dict[str, float]]:
-    """The decodes' transfer counters that moved over one window: url -> counter -> delta."""
+def transfer_moved(deltas: CounterDeltas, decoders: Iterable[str]) -> dict[str, dict[str, float]]:
+    """The decodes' transfer counters that moved over one window: url -> counter name -> delta."""
     wanted = set(decoders)
-    moved = {url: {k: v for k, v in d.items() if k in TRANSFER_COUNTERS and v} for url, d in deltas.items() if url in wanted}
+    moved = {url: {f.value: v for f in TRANSFER_COUNTERS if (v := d.get(f))} for url, d in deltas.items() if url in wanted}
     return {url: d for url, d in moved.items() if d}
 
 
@@ -148,15 +148,22 @@ class DangerLine:
     detail: str | None = None  # the signal's numbers and labels (slot_idx=3 position=17 ...), where it has them
 
 
-def stale_reads(deltas: Mapping[str, Mapping[str, float]]) -> dict[str, int]:
+def deltas_evidence(deltas: CounterDeltas) -> dict[str, dict[str, float]]:
+    """A window's counter deltas as evidence quotes them: url -> counter name -> delta, only the
+    counters known at both ends (an unknown one is absent, never 0)."""
+    return {url: d.known() for url, d in deltas.items()}
+
+
+def stale_reads(deltas: CounterDeltas) -> dict[str, int]:
     """Engines whose stale-KV-read counter moved over one window: url -> how many reads. The
     counter form of a danger line, so it is seen without access to the engine's log."""
-    return counter_moved(deltas, "stale_kv_reads")
+    return counter_moved(deltas, CounterField.STALE_KV_READS)
 
 
-def counter_moved(deltas: Mapping[str, Mapping[str, float]], name: str) -> dict[str, int]:
-    """Engines whose counter `name` (a Counters field) moved over one window: url -> by how much."""
-    return {url: int(d[name]) for url, d in deltas.items() if d.get(name, 0) > 0}
+def counter_moved(deltas: CounterDeltas, name: CounterField) -> dict[str, int]:
+    """Engines whose counter `name` moved up over one window: url -> by how much (one that could
+    not be read at both ends is unknown, and left out)."""
+    return {url: int(v) for url, d in deltas.items() if (v := d.get(name)) is not None and v > 0}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -166,7 +173,7 @@ class ProbeResult:
     completion: Completion
     purpose: str
     reached: tuple[str, ...] = ()  # URLs of engines whose request/token counters moved
-    counter_deltas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # url -> Counters field -> delta
+    counter_deltas: CounterDeltas = field(default_factory=dict)  # url -> how far its counters moved
     foreign_markers: tuple[str, ...] = ()  # synthetic markers in the response that this request never sent
     danger_lines: tuple[DangerLine, ...] = ()  # logged while this probe was in flight
     tenant: Tenant | None = None  # sent as this synthetic tenant, its canary in the prompt (isolation reuses it)
@@ -174,7 +181,7 @@ class ProbeResult:
     # The counter deltas of the earlier tries this result replaces: a refused over-capacity probe
     # whose window saw a decode's KV move is sent again for a window no other client's transfer
     # lands in (CapacityProber); the check reads every window.
-    earlier_windows: tuple[Mapping[str, Mapping[str, float]], ...] = ()
+    earlier_windows: tuple[CounterDeltas, ...] = ()
 
     @property
     def probe(self) -> ProbeName | None:
@@ -288,7 +295,7 @@ class Scenario:
     occurred: bool | None = None  # True: shown to have happened; None: unconfirmed
     occurrence: str = ""  # how it was shown, or why it could not be
     idle_after: Mapping[str, bool | None] = field(default_factory=dict)
-    counter_deltas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)  # url -> Counters field -> delta
+    counter_deltas: CounterDeltas = field(default_factory=dict)  # url -> how far its counters moved
     churn: bool = False
     danger_lines: tuple[DangerLine, ...] = ()  # logged while it ran, or naming one of its requests
     # What of the scenario cannot apply to this deployment (neither shown nor a warning), and why.
@@ -305,9 +312,9 @@ class CacheProbe:
     prefix: int  # which fresh prefix
     completion: Completion
     hit_metric_delta: float | None = None  # the engines' prefix-cache hit counters over this request, summed
-    # Each engine's counters over this request (url -> Counters field -> delta): which engine found
-    # the prompt in its cache, a decode's own cache included, and whether other traffic was there too.
-    counter_deltas: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    # Each engine's counters over this request: which engine found the prompt in its cache, a
+    # decode's own cache included, and whether other traffic was there too.
+    counter_deltas: CounterDeltas = field(default_factory=dict)
 
     @property
     def ttft_s(self) -> float:

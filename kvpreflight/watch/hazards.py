@@ -10,20 +10,21 @@ from pathlib import Path
 
 from kvpreflight.engines.interface import Counters
 from kvpreflight.engines.log_patterns import LogSignal
+from kvpreflight.model import CounterDelta, CounterField
 from kvpreflight.probes.engine_state import counter_deltas
 from kvpreflight.probes.logs import LogWatch
 from kvpreflight.probes.results import counter_moved
 from kvpreflight.watch.findings import Finding, FindingKind
 
-# Counters field -> what its moving means. Each is a finding when it moves between two rounds.
-DANGER_COUNTERS: Mapping[str, str] = {
-    "stale_kv_reads": "late KV reads (a decode read KV its prefill had already released)",
-    "expired_kv": "KV leases that expired before any decode read them",
-    "transfer_failures": "failed KV transfers",
-    "bootstrap_failures": "failed prefill/decode handshakes",
+# Counter -> what its moving means. Each is a finding when it moves between two rounds.
+DANGER_COUNTERS: Mapping[CounterField, str] = {
+    CounterField.STALE_KV_READS: "late KV reads (a decode read KV its prefill had already released)",
+    CounterField.EXPIRED_KV: "KV leases that expired before any decode read them",
+    CounterField.TRANSFER_FAILURES: "failed KV transfers",
+    CounterField.BOOTSTRAP_FAILURES: "failed prefill/decode handshakes",
 }
 # Counted and exported, not a finding: clients leave live deployments all the time.
-NOTED_COUNTERS: Mapping[str, str] = {"aborted_requests": "aborted requests (clients that left)"}
+NOTED_COUNTERS: Mapping[CounterField, str] = {CounterField.ABORTED_REQUESTS: "aborted requests (clients that left)"}
 
 
 class HazardWatch:
@@ -41,12 +42,12 @@ class HazardWatch:
             if url not in self._watches and url in signals:
                 self._watches[url] = LogWatch({url: (path, signals[url])})
 
-    def take(self, counters: Mapping[str, Counters | None]) -> tuple[list[Finding], list[str], dict[str, dict[str, float]]]:
-        """This round's hazard findings, notes, and every counter's delta (url -> field -> delta).
+    def take(self, counters: Mapping[str, Counters | None]) -> tuple[list[Finding], list[str], dict[str, CounterDelta]]:
+        """This round's hazard findings, notes, and each engine's counters' deltas (url -> delta).
         An engine's first round (or one after it could not be read, or was restarted: a counter
         went down) sets its baseline and finds nothing."""
         before = {url: self._last.get(url) for url in counters}
-        deltas = {url: d for url, d in counter_deltas(before, counters).items() if all(v >= 0 for v in d.values())}
+        deltas = {url: d for url, d in counter_deltas(before, counters).items() if not d.fell}
         # Kept: each engine read this round (one unreadable now keeps its last counters, so what
         # moved meanwhile is counted when it answers again); dropped: engines no longer listed.
         self._last = {url: now if now is not None else self._last[url]
@@ -54,7 +55,7 @@ class HazardWatch:
         findings: list[Finding] = []
         for name, meaning in DANGER_COUNTERS.items():
             for url, moved in counter_moved(deltas, name).items():
-                findings.append(Finding(kind=FindingKind.HAZARD, what=name.replace("_", "-"), endpoint=url,
+                findings.append(Finding(kind=FindingKind.HAZARD, what=name.value.replace("_", "-"), endpoint=url,
                                         message=f"{url}: {moved} {meaning} since the last round", found=moved))
         notes = [f"{url}: {moved} {meaning} since the last round"
                  for name, meaning in NOTED_COUNTERS.items() for url, moved in counter_moved(deltas, name).items()]

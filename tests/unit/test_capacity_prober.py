@@ -68,7 +68,7 @@ def test_answers_are_attributed_to_the_engine_whose_counters_moved():
     run = probe(engine)
     accepted, refused = run.get(ProbeName.BOUNDARY_ACCEPT), run.get(ProbeName.BOUNDARY_REJECT)
     assert accepted is not None and refused is not None
-    assert accepted.reached == (URL,) and accepted.counter_deltas[URL]["prompt_tokens"] == 4089
+    assert accepted.reached == (URL,) and accepted.counter_deltas[URL].prompt_tokens == 4089
     assert refused.reached == () and refused.completion.rejected
     assert run.healthy_after == {URL: True} and run.idle_after == {URL: True}
     assert run.small_request_after is not None and run.small_request_after.served
@@ -142,7 +142,7 @@ def test_a_decode_that_moves_on_every_refusal_is_sent_again_twice_then_judged_on
     prefill, run = probe_pd(moves_on=10)
     assert [s.tokens for s in prefill.sent if not s.stream].count(6144) == 3
     (over_pool,) = run.of(ProbeName.OVER_POOL)
-    assert len(over_pool.earlier_windows) == 2 and over_pool.counter_deltas["http://decode:2"]["kv_transfers"] == 1.0
+    assert len(over_pool.earlier_windows) == 2 and over_pool.counter_deltas["http://decode:2"].kv_transfers == 1.0
     ctx = CheckContext(tuple(s for s in (prefill.snap, FakeAdapter("http://decode:2", HttpClient()).snapshot())),
                        load_thresholds(), probes=run, entry=prefill.snap.url)
     (result,) = [r for r in run_checks(ctx, ["overcapacity-rejected"]) if r.endpoint == prefill.snap.url]

@@ -8,6 +8,7 @@ from support.check_cases import DECODE, ENTRY, PREFILL, T, check, good_probes, o
 from kvpreflight.checks import CheckContext, run_checks
 from kvpreflight.model import (
     Completion,
+    CounterDelta,
     ErrorKind,
     Origin,
     PoolReading,
@@ -103,7 +104,7 @@ def test_refusal_without_an_accepted_twin_is_inconclusive():
 
 def test_refusal_after_kv_reached_decode_fails():
     pd = (snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE))
-    moved = {DECODE: {"prompt_tokens": 10001.0}}
+    moved = {DECODE: CounterDelta(prompt_tokens=10001.0)}
     probes = run(("boundary-accept", ok(9992)), ("over-context", refused(10001), moved), reached=(PREFILL, DECODE))
     (r,) = check("overcapacity-rejected", CheckContext(pd, T, probes=probes, entry=ENTRY))
     assert r.status is Status.FAIL and "decode" in r.message
@@ -190,14 +191,14 @@ def test_a_refusal_whose_window_saw_a_transfer_while_others_used_the_deployment_
     whose KV moved cannot be told, so neither a pass nor a fail (the honest P/D trio with a third
     customer's traffic once failed here)."""
     pd = (snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE))
-    moved = {DECODE: {"kv_transfers": 1.0, "kv_transfer_tokens": 384.0}}
-    busy = {PREFILL: {"requests": 2.0, "prompt_tokens": 9992.0 + 384.0}}
+    moved = {DECODE: CounterDelta(kv_transfers=1.0, kv_transfer_tokens=384.0)}
+    busy = {PREFILL: CounterDelta(requests=2.0, prompt_tokens=9992.0 + 384.0)}
     probes = run(("boundary-accept", ok(9992), busy), ("over-context", refused(10001), moved), reached=(PREFILL, DECODE))
     (r,) = check("overcapacity-rejected", CheckContext(pd, T, probes=probes, entry=ENTRY))
     assert r.status is Status.INCONCLUSIVE, r.message
     assert "other traffic was on the deployment (http://p:1 counted 10,376 prompt tokens)" in r.message
     # the same window alone, nothing else on the deployment: the transfer was the refused probe's
-    quiet = run(("boundary-accept", ok(9992), {PREFILL: {"requests": 1.0, "prompt_tokens": 9992.0}}),
+    quiet = run(("boundary-accept", ok(9992), {PREFILL: CounterDelta(requests=1.0, prompt_tokens=9992.0)}),
                 ("over-context", refused(10001), moved), reached=(PREFILL, DECODE))
     (r,) = check("overcapacity-rejected", CheckContext(pd, T, probes=quiet, entry=ENTRY))
     assert r.status is Status.FAIL and "KV reached the decode engine first" in r.message
@@ -210,7 +211,7 @@ def test_a_refusal_sent_again_is_cleared_only_by_a_quiet_window_beside_other_tra
     from dataclasses import replace
 
     pd = (snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE))
-    moved = {DECODE: {"kv_transfers": 1.0, "kv_transfer_tokens": 384.0}}
+    moved = {DECODE: CounterDelta(kv_transfers=1.0, kv_transfer_tokens=384.0)}
 
     def judged(boundary_window):
         probes = run(("boundary-accept", ok(9992), boundary_window), ("over-context", refused(10001), {}),
@@ -220,9 +221,9 @@ def test_a_refusal_sent_again_is_cleared_only_by_a_quiet_window_beside_other_tra
                                                           entry=ENTRY))
         return r
 
-    busy = judged({PREFILL: {"requests": 2.0, "prompt_tokens": 9992.0 + 384.0}})
+    busy = judged({PREFILL: CounterDelta(requests=2.0, prompt_tokens=9992.0 + 384.0)})
     assert busy.status is Status.PASS, busy.message
     assert "sent 3 times" in busy.message and "other traffic was on the deployment" in busy.message
-    assert busy.evidence["probes"][0]["earlier_windows"] == [{DECODE: moved[DECODE]}] * 2
-    quiet = judged({PREFILL: {"requests": 1.0, "prompt_tokens": 9992.0}})
+    assert busy.evidence["probes"][0]["earlier_windows"] == [{DECODE: {"kv_transfers": 1.0, "kv_transfer_tokens": 384.0}}] * 2
+    quiet = judged({PREFILL: CounterDelta(requests=1.0, prompt_tokens=9992.0)})
     assert quiet.status is Status.FAIL and "in its first window" in quiet.message, quiet.message

@@ -4,10 +4,12 @@ hand-built snapshots and recorded counter deltas (no server)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from support.check_cases import DECODE, ENTRY, PREFILL, T, check, ok, snap
 
 from kvpreflight.checks import CheckContext
-from kvpreflight.model import Role, Status
+from kvpreflight.model import CounterDelta, Role, Status
 from kvpreflight.probes.results import Expect, Limits, ProbeResult, ProbeRun
 
 SENT = 9992
@@ -30,7 +32,7 @@ def integrity(deltas, engines=None, **kw):
 
 
 def test_a_prompt_computed_only_in_part_fails_whatever_the_usage_says():
-    r = integrity({PREFILL: {"prompt_tokens": 4096, "prefilled_tokens": 4096, "cached_prompt_tokens": 0, "requests": 1}})
+    r = integrity({PREFILL: CounterDelta(prompt_tokens=4096, prefilled_tokens=4096, cached_prompt_tokens=0, requests=1)})
     assert r.status is Status.FAIL
     assert "the answer reports all 9,992 prompt tokens processed" in r.message
     assert "computed 4,096 tokens" in r.message and "5,896 prompt tokens never computed, cached or received" in r.message
@@ -38,28 +40,28 @@ def test_a_prompt_computed_only_in_part_fails_whatever_the_usage_says():
 
 def test_cache_hits_count_but_do_not_make_up_a_shortened_prompt():
     # Another shape: part of it found in the prefix cache, still short of what was sent.
-    r = integrity({PREFILL: {"prompt_tokens": 6000, "prefilled_tokens": 2000, "cached_prompt_tokens": 4000}})
+    r = integrity({PREFILL: CounterDelta(prompt_tokens=6000, prefilled_tokens=2000, cached_prompt_tokens=4000)})
     assert r.status is Status.FAIL and "found 4,000 tokens in the prefix cache" in r.message
     # Computed plus cached covers it: pass.
-    r = integrity({PREFILL: {"prompt_tokens": SENT, "prefilled_tokens": 1992, "cached_prompt_tokens": 8000}})
+    r = integrity({PREFILL: CounterDelta(prompt_tokens=SENT, prefilled_tokens=1992, cached_prompt_tokens=8000)})
     assert r.status is Status.PASS and "not cross-checked" not in r.message
 
 
 def test_the_concurrent_window_is_cross_checked_too():
-    whole = {PREFILL: {"prefilled_tokens": SENT, "cached_prompt_tokens": 0}}
-    r = integrity(whole, concurrent={PREFILL: {"prefilled_tokens": 9900 + 512, "cached_prompt_tokens": 0}})
+    whole = {PREFILL: CounterDelta(prefilled_tokens=SENT, cached_prompt_tokens=0)}
+    r = integrity(whole, concurrent={PREFILL: CounterDelta(prefilled_tokens=9900 + 512, cached_prompt_tokens=0)})
     assert r.status is Status.FAIL and r.message.count("concurrent (x2)") == 1 and "19,800 prompt tokens sent" in r.message
 
 
 def test_within_a_page_is_not_a_shortfall():
-    r = integrity({PREFILL: {"prefilled_tokens": SENT - 16, "cached_prompt_tokens": 0}})
+    r = integrity({PREFILL: CounterDelta(prefilled_tokens=SENT - 16, cached_prompt_tokens=0)})
     assert r.status is Status.PASS
-    r = integrity({PREFILL: {"prefilled_tokens": SENT - 17, "cached_prompt_tokens": 0}})
+    r = integrity({PREFILL: CounterDelta(prefilled_tokens=SENT - 17, cached_prompt_tokens=0)})
     assert r.status is Status.FAIL
 
 
 def test_other_traffic_in_the_window_is_said_and_never_failed_on():
-    r = integrity({PREFILL: {"prompt_tokens": 60000, "prefilled_tokens": 60000, "cached_prompt_tokens": 0, "requests": 7}})
+    r = integrity({PREFILL: CounterDelta(prompt_tokens=60000, prefilled_tokens=60000, cached_prompt_tokens=0, requests=7)})
     assert r.status is Status.PASS
     assert r.evidence["engine_counts"]["boundary-accept"]["other_traffic"] == [
         f"{PREFILL} counted 60,000 prompt tokens", f"{PREFILL} finished 7 requests"]
@@ -67,10 +69,10 @@ def test_other_traffic_in_the_window_is_said_and_never_failed_on():
 
 def test_a_missing_counter_is_said_not_assumed():
     # No prefix-cache counter: a short compute count may be cache hits, so nothing is concluded.
-    r = integrity({PREFILL: {"prompt_tokens": 4096, "prefilled_tokens": 4096}})
+    r = integrity({PREFILL: CounterDelta(prompt_tokens=4096, prefilled_tokens=4096)})
     assert r.status is Status.PASS and "not cross-checked" in r.message and "prefix-cache hits" in r.message
     # The engine states its prefix cache is off: nothing can be cached, and the deficit stands.
-    r = integrity({PREFILL: {"prompt_tokens": 4096, "prefilled_tokens": 4096}}, engines=(snap(prefix_caching=False),))
+    r = integrity({PREFILL: CounterDelta(prompt_tokens=4096, prefilled_tokens=4096)}, engines=(snap(prefix_caching=False),))
     assert r.status is Status.FAIL
     # No counter moved at all: only the answer's own count vouches for it, and the message says so.
     r = integrity({})
@@ -79,13 +81,13 @@ def test_a_missing_counter_is_said_not_assumed():
 
 def test_behind_a_router_the_prefill_tier_accounts_for_the_prompt():
     pd = (snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE))
-    full = {"prefilled_tokens": 0, "cached_prompt_tokens": 0, "kv_transfer_tokens": SENT}
-    run = probes({PREFILL: {"prefilled_tokens": 3000, "cached_prompt_tokens": 0}, DECODE: full}, reached=(PREFILL, DECODE))
+    full = CounterDelta(prefilled_tokens=0, cached_prompt_tokens=0, kv_transfer_tokens=SENT)
+    run = probes({PREFILL: CounterDelta(prefilled_tokens=3000, cached_prompt_tokens=0), DECODE: full}, reached=(PREFILL, DECODE))
     (r,) = check("prompt-integrity", CheckContext(pd, T, probes=run, entry=ENTRY))
     assert r.status is Status.FAIL and "computed 3,000 tokens" in r.message
     # The decode got KV for only part of it: pd-transfer says so through the same count.
-    run = probes({PREFILL: {"prefilled_tokens": SENT, "cached_prompt_tokens": 0},
-                  DECODE: {**full, "kv_transfer_tokens": 5000}}, reached=(PREFILL, DECODE))
+    run = probes({PREFILL: CounterDelta(prefilled_tokens=SENT, cached_prompt_tokens=0),
+                  DECODE: replace(full, kv_transfer_tokens=5000)}, reached=(PREFILL, DECODE))
     results = check("pd-transfer", CheckContext(pd, T, probes=run, entry=ENTRY))
     assert results[0].status is Status.FAIL and "never reached the decode" in results[0].message
 
@@ -95,12 +97,12 @@ def test_a_prefill_that_says_it_sent_the_whole_prompt_does_not_make_up_what_it_c
     # half and its transfer counter said it sent KV for all of it; that counter is what it SENT,
     # never KV it received, so it cannot account for a token it did not compute or find cached.
     pd = (snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE))
-    half = {"prefilled_tokens": SENT // 2, "cached_prompt_tokens": 0, "kv_transfer_tokens": SENT}
-    decode = {"prefilled_tokens": 0, "cached_prompt_tokens": 0, "kv_transfer_tokens": SENT}
+    half = CounterDelta(prefilled_tokens=SENT // 2, cached_prompt_tokens=0, kv_transfer_tokens=SENT)
+    decode = CounterDelta(prefilled_tokens=0, cached_prompt_tokens=0, kv_transfer_tokens=SENT)
     run = probes({PREFILL: half, DECODE: decode}, reached=(PREFILL, DECODE))
     (r,) = check("prompt-integrity", CheckContext(pd, T, probes=run, entry=ENTRY))
     assert r.status is Status.FAIL and f"computed {SENT // 2:,} tokens" in r.message, r.message
     assert "received KV for 0 tokens" in r.message
     # A unified engine's transfer counter is KV it loaded from elsewhere (vLLM's KV connector): it counts.
-    loaded = {"prefilled_tokens": SENT // 2, "cached_prompt_tokens": 0, "kv_transfer_tokens": SENT - SENT // 2}
+    loaded = CounterDelta(prefilled_tokens=SENT // 2, cached_prompt_tokens=0, kv_transfer_tokens=SENT - SENT // 2)
     assert integrity({PREFILL: loaded}).status is Status.PASS

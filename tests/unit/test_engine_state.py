@@ -10,6 +10,7 @@ from support.fake_adapter import FakeAdapter, FakeEngine, snapshot
 
 from kvpreflight.engines.http import HttpClient
 from kvpreflight.engines.interface import Counters
+from kvpreflight.model import CounterDelta
 from kvpreflight.probes import engine_state
 from kvpreflight.probes.engine_state import EngineState, counter_deltas
 
@@ -17,7 +18,7 @@ from kvpreflight.probes.engine_state import EngineState, counter_deltas
 def test_deltas_cover_counters_known_at_both_moments_only():
     before = {"u": Counters(requests=1, prompt_tokens=100, kv_transfers=None, extra={"queue": 2}), "gone": Counters(requests=1)}
     after = {"u": Counters(requests=3, prompt_tokens=100, kv_transfers=5, used_tokens=64, extra={"queue": 1}), "gone": None}
-    assert counter_deltas(before, after) == {"u": {"requests": 2, "prompt_tokens": 0, "queue": -1}}
+    assert counter_deltas(before, after) == {"u": CounterDelta(requests=2, prompt_tokens=0, extra={"queue": -1})}
 
 
 def test_a_stuck_engine_is_waited_for_once(monkeypatch):

@@ -17,7 +17,7 @@ from kvpreflight.checks import CheckContext
 from kvpreflight.engines.builtin import BuiltinAdapter
 from kvpreflight.engines.http import HttpReply
 from kvpreflight.engines.openai_completions import openai_entry
-from kvpreflight.model import Completion, ErrorKind, Status
+from kvpreflight.model import Completion, CounterDelta, ErrorKind, Status
 
 GATEWAY = "http://gateway:4000"
 # No fallback: the upstream's own refusal, wrapped.
@@ -91,8 +91,8 @@ FALLBACK = ok(10001, answer_model="builtin-large")
 
 @pytest.mark.parametrize("answer,deltas,said", [
     (FALLBACK, {}, "names model 'builtin-large'"),  # the answer's model field
-    (ok(10001), {PREFILL: {"requests": 1.0, "prompt_tokens": 0.0}}, "no checked engine's prompt-token counter moved"),
-    (FALLBACK, {PREFILL: {"prompt_tokens": 0.0}}, "names model 'builtin-large'"),
+    (ok(10001), {PREFILL: CounterDelta(requests=1.0, prompt_tokens=0.0)}, "no checked engine's prompt-token counter moved"),
+    (FALLBACK, {PREFILL: CounterDelta(prompt_tokens=0.0)}, "names model 'builtin-large'"),
 ])
 def test_an_over_capacity_request_answered_by_another_deployment_fails(answer, deltas, said):
     probes = run(*[(n, c, deltas) if n == "over-context" else (n, c) for n, c in good_probes(**{"over-context": answer})])
@@ -102,7 +102,7 @@ def test_an_over_capacity_request_answered_by_another_deployment_fails(answer, d
 
 
 def test_a_shortened_prompt_is_truncation_not_another_deployment():
-    deltas = {PREFILL: {"prompt_tokens": 1.0}}
+    deltas = {PREFILL: CounterDelta(prompt_tokens=1.0)}
     placeholder = Completion(sent_tokens=10001, max_tokens=16, streamed=False, status=200, elapsed_s=0.1, completion_tokens=16)
     probes = run(*[(n, c, deltas) if n == "over-context" else (n, c) for n, c in good_probes(**{"over-context": placeholder})])
     (r,) = check("overcapacity-rejected", CheckContext((snap(),), T, probes=probes, entry=GATEWAY))
@@ -148,7 +148,7 @@ def test_entry_api_mistakes_are_usage_errors(args, said):
 
 
 def test_a_counter_deficit_still_fails_prompt_integrity_when_another_model_answered():
-    deltas = {PREFILL: {"prompt_tokens": 0.0, "prefilled_tokens": 0.0, "cached_prompt_tokens": 0.0, "requests": 1.0}}
+    deltas = {PREFILL: CounterDelta(prompt_tokens=0.0, prefilled_tokens=0.0, cached_prompt_tokens=0.0, requests=1.0)}
     probes = run(("boundary-accept", ok(9992, answer_model="builtin-large"), deltas))
     (r,) = check("prompt-integrity", CheckContext((snap(),), T, probes=probes, entry=GATEWAY))
     assert r.status is Status.FAIL and "shortened silently" in r.message and ELSEWHERE in r.message, r.message

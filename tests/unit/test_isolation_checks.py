@@ -14,7 +14,7 @@ from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
 from kvpreflight.checks.prefix_cache_isolation import GENERIC_FIX
 from kvpreflight.errors import ConfigError
-from kvpreflight.model import Completion, EngineSnapshot, ErrorKind, Hazard, Role, Status, Waiver
+from kvpreflight.model import Completion, CounterDelta, EngineSnapshot, ErrorKind, Hazard, Role, Status, Waiver
 from kvpreflight.probes.markers import contains_marker, new_marker
 from kvpreflight.probes.results import (
     CacheProbe,
@@ -178,7 +178,7 @@ def test_a_kv_canary_violation_in_a_scenario_fails_quoting_slot_position_and_rea
 
 
 def test_an_expired_kv_lease_counted_in_a_scenario_warns_naming_the_cost():
-    expired = {"http://prefill:1": {"expired_kv": 2.0}}
+    expired = {"http://prefill:1": CounterDelta(expired_kv=2.0)}
     r = one("tenant-isolation", iso(scenario("normal"), scenario("cancel-decode", churn=True, counter_deltas=expired)))
     assert r.status is Status.WARN, r.message
     assert "cancel-decode: 2 requests, no crossing; the prefill released KV no decode had read within its lease" in r.message
@@ -191,7 +191,7 @@ def test_pages_not_back_to_idle_after_a_scenario_fail():
 
 
 def test_failure_counters_moving_in_a_plain_scenario_warn_but_not_in_cancellations():
-    moved = {DECODE: {"transfer_failures": 1.0, "bootstrap_failures": 0.0}}
+    moved = {DECODE: CounterDelta(transfer_failures=1.0, bootstrap_failures=0.0)}
     assert one("tenant-isolation", iso(scenario("normal", counter_deltas=moved))).status is Status.WARN
     assert one("tenant-isolation", iso(scenario("cancel-transfer", counter_deltas=moved, churn=True))).status is Status.PASS
 
@@ -281,14 +281,9 @@ def pd_ctx(isolation, engine="sglang") -> CheckContext:
     return CheckContext(snaps, T, None, DEFAULT_PROBES, ENTRY, isolation=isolation)
 
 
-def window(cached=None, hits=None, requests=1, prompt=1024) -> dict[str, float]:
+def window(cached=None, hits=None, requests=1, prompt=1024) -> CounterDelta:
     """One engine's counters over one cross-tenant request (None: it has no such counter)."""
-    out = {"requests": requests, "prompt_tokens": prompt}
-    if cached is not None:
-        out["cached_prompt_tokens"] = cached
-    if hits is not None:
-        out["prefix_cache_hits"] = hits
-    return out
+    return CounterDelta(requests=requests, prompt_tokens=prompt, cached_prompt_tokens=cached, prefix_cache_hits=hits)
 
 
 def test_a_decode_whose_own_cache_hit_across_tenants_fails_though_the_answer_says_0_cached():
@@ -459,7 +454,7 @@ def test_a_fail_in_one_scenario_does_not_hide_another_scenarios_warning():
     """Seen on the real vLLM pair: a late read on a served request failed the normal scenario, and
     the message dropped cancel-transfer's own late reads; both are said, the fail first."""
     stuck = scenario("normal", idle_after={DECODE: False})
-    expired = {"http://prefill:1": {"expired_kv": 2.0}}
+    expired = {"http://prefill:1": CounterDelta(expired_kv=2.0)}
     r = one("tenant-isolation", iso(stuck, scenario("cancel-decode", churn=True, counter_deltas=expired)))
     assert r.status is Status.FAIL, r.message
     fail, _, rest = r.message.partition("; also: ")

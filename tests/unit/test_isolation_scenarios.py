@@ -13,7 +13,7 @@ from kvpreflight.checkdata import load_thresholds
 from kvpreflight.checks import CheckContext, run_checks, tenant_isolation
 from kvpreflight.checks.probe_common import danger_entry
 from kvpreflight.engines.http import HttpClient
-from kvpreflight.model import Completion, EngineSnapshot, Hazard, Role, Status
+from kvpreflight.model import Completion, CounterDelta, EngineSnapshot, Hazard, Role, Status
 from kvpreflight.probes import isolation, occurrence
 from kvpreflight.probes.budget import Budget
 from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, deployment_limits
@@ -241,7 +241,7 @@ def test_a_decode_cache_that_ignores_the_salt_fails_though_every_answer_says_0_c
     cross = run.cache.of(CacheProbeKind.CROSS)
     assert cross and all(p.completion.cached_tokens == 0 for p in cross)  # the answers never say
     # each engine's own counters over each request are kept, the decode's among them
-    assert all(p.counter_deltas["http://decode:2"]["cached_prompt_tokens"] == (0 if salted else p.completion.sent_tokens - 1)
+    assert all(p.counter_deltas["http://decode:2"].cached_prompt_tokens == (0 if salted else p.completion.sent_tokens - 1)
                for p in cross)
     result = judged(run, (router.snap, prefill.snap, decode.snap), "prefix-cache-isolation")
     if salted:
@@ -537,7 +537,7 @@ def test_a_stale_kv_read_counted_during_a_scenario_fails_even_without_logs():
     run = isolate(FakeEngine(snapshot(URL)))
     normal = scenario(run, "normal")
     assert tenant_isolation.scenario_verdict(normal)[0] is Status.PASS
-    stale = replace(normal, counter_deltas={**normal.counter_deltas, "http://prefill:1": {"stale_kv_reads": 1}})
+    stale = replace(normal, counter_deltas={**normal.counter_deltas, "http://prefill:1": CounterDelta(stale_kv_reads=1)})
     status, said = tenant_isolation.scenario_verdict(stale)
     assert status is Status.FAIL
     assert ("the counters say: a decode read 1 request(s)' KV that http://prefill:1 no longer held, so those "
@@ -658,10 +658,10 @@ def test_cancel_during_prefill_counts_only_where_every_engine_reports_the_counte
     count and generated tokens confirm nothing (fail closed)."""
     left = [TenantRequest(tenant=Tenant.A, name=f"cancel-transfer-{t}-left", completion=None, abandoned="20 ms after sending",
                           abandoned_tokens=SHORT) for t in "ab"]
-    counted = {"aborted_requests": 2.0, "generation_tokens": 0.0, "requests": 0.0}
+    counted = CounterDelta(aborted_requests=2.0, generation_tokens=0.0, requests=0.0)
     alone = Scenario(name="cancel-transfer", purpose="test", requests=tuple(left), counter_deltas={URL: counted})
     assert occurrence.prefill_cancel_shown(alone)[1] is True
-    beside_a_silent_one = replace(alone, counter_deltas={URL: counted, "http://silent:1": {}})
+    beside_a_silent_one = replace(alone, counter_deltas={URL: counted, "http://silent:1": CounterDelta()})
     how, occurred = occurrence.prefill_cancel_shown(beside_a_silent_one)
     assert occurred is None and how == "unconfirmed: the engine counts no aborted requests, so a disconnect during prefill cannot be shown"
 

@@ -22,6 +22,7 @@ from kvpreflight.model import (
     TRANSFERS_TIMED,
     CheckResult,
     Completion,
+    CounterDelta,
     EngineSnapshot,
     Hazard,
     KvDeadline,
@@ -46,10 +47,10 @@ def served(sent: int) -> Completion:
                       prompt_tokens=sent)
 
 
-def probe(name: str, sent: int, decode: dict[str, float], reached: tuple[str, ...] = PD,
+def probe(name: str, sent: int, decode: CounterDelta, reached: tuple[str, ...] = PD,
           completion: Completion | None = None) -> ProbeResult:
     return ProbeResult(name=name, expect=Expect.ACCEPT, completion=completion or served(sent), purpose="test",
-                       reached=reached, counter_deltas={DECODE: decode, PREFILL: {"prompt_tokens": sent}})
+                       reached=reached, counter_deltas={DECODE: decode, PREFILL: CounterDelta(prompt_tokens=sent)})
 
 
 def judge(*probes: ProbeResult, snapshots: tuple[EngineSnapshot, ...] = (snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE)),
@@ -60,43 +61,43 @@ def judge(*probes: ProbeResult, snapshots: tuple[EngineSnapshot, ...] = (snap(PR
 
 
 def test_kv_received_in_full_passes_and_says_how_much_and_how_fast() -> None:
-    result = judge(probe("boundary-accept", 1000, {"kv_transfer_tokens": 999, "prefilled_tokens": 1,
-                                                   TRANSFER_SECONDS: 0.5, TRANSFERS_TIMED: 1}))
+    result = judge(probe("boundary-accept", 1000, CounterDelta(kv_transfer_tokens=999, prefilled_tokens=1,
+                                                               extra={TRANSFER_SECONDS: 0.5, TRANSFERS_TIMED: 1})))
     assert result.status is Status.PASS, result.message
     assert "1,000 prompt tokens sent, decode received KV for 999 tokens and computed 1 tokens itself" in result.message
     assert "KV transfer 0.500 s each" in result.message
 
 
 def test_a_decode_that_computed_the_prompt_fails_quoting_the_deltas() -> None:
-    result = judge(probe("boundary-accept", 1000, {"kv_transfer_tokens": 0, "prefilled_tokens": 1000}))
+    result = judge(probe("boundary-accept", 1000, CounterDelta(kv_transfer_tokens=0, prefilled_tokens=1000)))
     assert result.status is Status.FAIL
     assert "decode received KV for 0 tokens and computed 1,000 tokens itself" in result.message
     assert "recomputed the prompt (computed 1,000 > 16 allowed); no KV arrived (the transfer was skipped)" in result.message
 
 
 def test_concurrent_probes_share_one_window_and_one_allowance_per_request() -> None:
-    deltas = {"kv_transfer_tokens": 1960, "prefilled_tokens": 30}  # two requests: 2 x 16 tokens allowed
+    deltas = CounterDelta(kv_transfer_tokens=1960, prefilled_tokens=30)  # two requests: 2 x 16 tokens allowed
     result = judge(probe("concurrent-1", 990, deltas), probe("concurrent-2", 990, deltas))
     assert result.status is Status.PASS, result.message
     assert "concurrent (x2): 1,980 prompt tokens sent" in result.message
 
 
 def test_kv_short_of_the_prompt_with_no_compute_counter_fails() -> None:
-    result = judge(probe("boundary-accept", 1000, {"kv_transfer_tokens": 500}))
+    result = judge(probe("boundary-accept", 1000, CounterDelta(kv_transfer_tokens=500)))
     assert result.status is Status.FAIL
     assert "the KV of 500 prompt tokens never reached the decode" in result.message
 
 
 def test_nothing_counted_is_inconclusive_never_a_pass() -> None:
-    result = judge(probe("boundary-accept", 1000, {"requests": 1}))
+    result = judge(probe("boundary-accept", 1000, CounterDelta(requests=1)))
     assert result.status is Status.INCONCLUSIVE
     assert "counts neither KV received nor prompt tokens it computed itself" in result.message
 
 
 def test_probes_that_did_not_reach_the_decode_or_were_not_served_prove_nothing() -> None:
     refused = Completion(sent_tokens=2000, max_tokens=1, streamed=False, status=400, elapsed_s=0.1, error_message="too long")
-    result = judge(probe("boundary-accept", 1000, {"prefilled_tokens": 1000}, reached=(PREFILL,)),
-                   probe("concurrent-1", 2000, {"prefilled_tokens": 2000}, completion=refused))
+    result = judge(probe("boundary-accept", 1000, CounterDelta(prefilled_tokens=1000), reached=(PREFILL,)),
+                   probe("concurrent-1", 2000, CounterDelta(prefilled_tokens=2000), completion=refused))
     assert result.status is Status.INCONCLUSIVE
     assert "no probe is known to have reached a decode engine" in result.message
 
@@ -104,7 +105,7 @@ def test_probes_that_did_not_reach_the_decode_or_were_not_served_prove_nothing()
 @pytest.mark.parametrize("roles", [(Role.UNIFIED,), (Role.UNIFIED, Role.UNIFIED), (Role.DECODE,)])
 def test_a_deployment_without_a_prefill_decode_pair_is_skipped(roles: tuple[Role, ...]) -> None:
     snapshots = tuple(snap(f"http://e:{i}", role) for i, role in enumerate(roles))
-    result = judge(probe("boundary-accept", 1000, {"prefilled_tokens": 1000}), snapshots=snapshots)
+    result = judge(probe("boundary-accept", 1000, CounterDelta(prefilled_tokens=1000)), snapshots=snapshots)
     assert result.status is Status.SKIP and "not a prefill/decode deployment" in result.message
 
 
@@ -124,7 +125,7 @@ FAILED_SEND = DangerLine(source=PREFILL, what=SglangAdapter.log_signals[2].what,
 
 def test_a_danger_line_by_itself_warns_and_is_quoted_with_its_probe() -> None:
     moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
-                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}},
+                        counter_deltas={DECODE: CounterDelta(kv_transfer_tokens=1000, prefilled_tokens=0)},
                         danger_lines=(FAILED_SEND, FAILED_SEND))
     result = judge(run=ProbeRun(limits=Limits(1024, 4096, 1023), probes=(moved,), untied_danger_lines=(FAILED_SEND,)))
     assert result.status is Status.WARN, result.message
@@ -137,7 +138,7 @@ def test_a_late_read_on_a_served_probe_fails_quoting_the_line_the_lease_and_the_
     """vLLM's prefill logs "Potentially invalid KV blocks for unrecognized request" when a decode
     finished reading KV after the lease ran out; the probe was answered (HTTP 200): a failure."""
     moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
-                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}},
+                        counter_deltas={DECODE: CounterDelta(kv_transfer_tokens=1000, prefilled_tokens=0)},
                         danger_lines=(UNRECOGNIZED,))
     prefill = replace(snap(PREFILL, Role.PREFILL), kv_lease=KvDeadline(seconds=6, setting=LEASE_SETTING, stated=True))
     result = judge(moved, snapshots=(prefill, snap(DECODE, Role.DECODE)))
@@ -154,15 +155,15 @@ def test_a_late_read_on_a_served_probe_fails_quoting_the_line_the_lease_and_the_
 
 def test_a_late_read_fails_even_where_the_transfer_itself_was_not_measured() -> None:
     unmeasured = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test",
-                             reached=(PREFILL,), counter_deltas={PREFILL: {"prompt_tokens": 1000}})
+                             reached=(PREFILL,), counter_deltas={PREFILL: CounterDelta(prompt_tokens=1000)})
     result = judge(run=ProbeRun(limits=Limits(1024, 4096, 1023), probes=(unmeasured,), untied_danger_lines=(UNRECOGNIZED,)))
     assert result.status is Status.FAIL and "(logged between probes)" in result.message, result.message
 
 
 def test_a_late_read_can_be_waived_with_a_reason_and_the_finding_stays() -> None:
     moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
-                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0},
-                                        PREFILL: {"prompt_tokens": 1000, "stale_kv_reads": 1}})
+                        counter_deltas={DECODE: CounterDelta(kv_transfer_tokens=1000, prefilled_tokens=0),
+                                        PREFILL: CounterDelta(prompt_tokens=1000, stale_kv_reads=1)})
     ctx = CheckContext((snap(PREFILL, Role.PREFILL), snap(DECODE, Role.DECODE)), load_thresholds(),
                        probes=ProbeRun(limits=Limits(1024, 4096, 1023), probes=(moved,)), entry=ENTRY)
     (result,) = run_checks(ctx, ["pd-transfer"], (Waiver("pd-transfer", "lease raised in the next release"),))
@@ -174,7 +175,7 @@ def test_a_kv_canary_violation_during_a_probe_fails_pd_transfer() -> None:
     violation = DangerLine(source=DECODE, what="kv_canary violation", hazard=Hazard.KV_CANARY,
                            detail="slot_idx=7 position=3 fail_reason=verify_chain_hash")
     moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
-                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}}, danger_lines=(violation,))
+                        counter_deltas={DECODE: CounterDelta(kv_transfer_tokens=1000, prefilled_tokens=0)}, danger_lines=(violation,))
     result = judge(moved)
     assert result.status is Status.FAIL, result.message
     assert (f'{DECODE} log: "kv_canary violation (slot_idx=7 position=3 fail_reason=verify_chain_hash)" '
@@ -183,8 +184,8 @@ def test_a_kv_canary_violation_during_a_probe_fails_pd_transfer() -> None:
 
 def test_an_expired_lease_without_a_late_read_warns_naming_the_cost() -> None:
     moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
-                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0},
-                                        PREFILL: {"prompt_tokens": 1000, "expired_kv": 1}})
+                        counter_deltas={DECODE: CounterDelta(kv_transfer_tokens=1000, prefilled_tokens=0),
+                                        PREFILL: CounterDelta(prompt_tokens=1000, expired_kv=1)})
     result = judge(moved)
     assert result.status is Status.WARN, result.message
     assert "recomputes the prompt" in result.message and f"{PREFILL} counted 1 request(s) whose KV lease ran out unread" in result.message
@@ -198,7 +199,7 @@ def test_a_line_naming_a_probes_request_id_says_which_request_whenever_it_was_lo
     rid = "kvpreflight-0123456789abcdef"
     boundary = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, purpose="test", reached=PD,
                            completion=replace(served(1000), request_id=rid),
-                           counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}})
+                           counter_deltas={DECODE: CounterDelta(kv_transfer_tokens=1000, prefilled_tokens=0)})
     late = replace(UNRECOGNIZED, request_id=f"cmpl-{rid}-0-1a2b3c4d")
     calibration = replace(UNRECOGNIZED, request_id="cmpl-kvpreflight-fedcba9876543210-0-00000000")
     stranger = replace(UNRECOGNIZED, request_id="cmpl-4f1c-0-99999999")
@@ -218,14 +219,14 @@ def test_a_stale_kv_read_counted_by_the_prefill_fails_without_any_log() -> None:
     """vLLM's prefill counts the reads its "unrecognized request" line logs: with no --log the
     counter alone turns a pass into a failure, naming the engine and the probe."""
     moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
-                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0},
-                                        PREFILL: {"prompt_tokens": 1000, "stale_kv_reads": 2}})
+                        counter_deltas={DECODE: CounterDelta(kv_transfer_tokens=1000, prefilled_tokens=0),
+                                        PREFILL: CounterDelta(prompt_tokens=1000, stale_kv_reads=2)})
     result = judge(moved)
     assert result.status is Status.FAIL, result.message
     assert (f"the counters say: a decode read 2 request(s)' KV that {PREFILL} no longer held, so those pages may have "
             "been reused (during boundary-accept)") in result.message
     assert result.evidence["stale_kv_reads"] == [{"engine": PREFILL, "reads": 2, "when": "during boundary-accept"}]
-    quiet = replace(moved, counter_deltas={**moved.counter_deltas, PREFILL: {"prompt_tokens": 1000, "stale_kv_reads": 0}})
+    quiet = replace(moved, counter_deltas={**moved.counter_deltas, PREFILL: CounterDelta(prompt_tokens=1000, stale_kv_reads=0)})
     assert judge(quiet).status is Status.PASS
 
 
@@ -260,7 +261,7 @@ def test_sglang_maps_its_aborted_requests_counter() -> None:
 def test_a_danger_line_beside_a_recompute_is_part_of_the_failure() -> None:
     skipped = DangerLine(source=ENTRY, what=VllmRouter.log_signals[0].what)
     recomputed = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test",
-                             reached=PD, counter_deltas={DECODE: {"kv_transfer_tokens": 0, "prefilled_tokens": 1000}},
+                             reached=PD, counter_deltas={DECODE: CounterDelta(kv_transfer_tokens=0, prefilled_tokens=1000)},
                              danger_lines=(skipped,))
     result = judge(recomputed)
     assert result.status is Status.FAIL
@@ -298,7 +299,7 @@ def test_each_signal_names_the_request_and_only_new_whole_lines_count(tmp_path: 
 def test_prompt_found_in_the_decodes_own_prefix_cache_needed_no_transfer() -> None:
     # Seen on vLLM 0.32 over NIXL: the concurrent probes repeat the boundary probe's prefix, so
     # the decode serves most of it from its own cache and receives only the rest.
-    deltas = {"kv_transfer_tokens": 246, "cached_prompt_tokens": 1792, "prefilled_tokens": 0}
+    deltas = CounterDelta(kv_transfer_tokens=246, cached_prompt_tokens=1792, prefilled_tokens=0)
     result = judge(probe("concurrent-1", 1019, deltas), probe("concurrent-2", 1019, deltas))
     assert result.status is Status.PASS, result.message
     assert "decode received KV for 246 tokens, found 1,792 in its own prefix cache and computed 0 tokens itself" in result.message
@@ -309,7 +310,7 @@ def test_a_stated_handoff_deadline_shorter_than_a_near_context_prompt_fails_and_
     every such prompt in production; vLLM's lease at its unstated default of 30 s would run out
     under it too, but the setting may differ from the default: a warning."""
     moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=replace(served(1000), elapsed_s=45.0),
-                        purpose="test", reached=PD, counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}})
+                        purpose="test", reached=PD, counter_deltas={DECODE: CounterDelta(kv_transfer_tokens=1000, prefilled_tokens=0)})
     run = ProbeRun(limits=Limits(1024, 4096, 1023), probes=(moved,), near_context_s=45.0)
     waiting = KvDeadline(seconds=20, setting="SGLANG_DISAGGREGATION_WAITING_TIMEOUT", stated=True)
     decode = replace(snap(DECODE, Role.DECODE), pd_timeouts=(waiting,))
@@ -353,7 +354,7 @@ def test_a_calibration_that_stalled_is_no_evidence_against_the_prompt_at_the_lim
     request waited out the prefill's 30 s lease, the speed it measured predicted 110 s for the
     1,023-token prompt at the limit, and pd-transfer failed "every prompt that long outlives" the
     stated 30 s lease, while that very prompt had been served in 0.4 s. The measurement decides."""
-    at_limit = probe("boundary-accept", 1023, {"kv_transfer_tokens": 1023, "prefilled_tokens": 0},
+    at_limit = probe("boundary-accept", 1023, CounterDelta(kv_transfer_tokens=1023, prefilled_tokens=0),
                      completion=replace(served(1023), elapsed_s=0.4, ttft_s=0.4, streamed=True))
     run = ProbeRun(limits=Limits(1024, 4096, 1023), probes=(at_limit,), near_context_s=110.4)
     prefill = replace(snap(PREFILL, Role.PREFILL), kv_lease=KvDeadline(seconds=30, setting=LEASE_SETTING, stated=True))
@@ -378,7 +379,7 @@ def test_a_handoff_timeout_logged_during_the_check_fails_pd_transfer_naming_the_
     timeout = DangerLine(source=DECODE, what="Some requests fail to receive KV Cache transfer done signal after bootstrapping",
                          hazard=Hazard.HANDOFF_TIMEOUT, detail="setting=SGLANG_DISAGGREGATION_WAITING_TIMEOUT")
     moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
-                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}})
+                        counter_deltas={DECODE: CounterDelta(kv_transfer_tokens=1000, prefilled_tokens=0)})
     result = judge(moved, run=ProbeRun(limits=Limits(1024, 4096, 1023), probes=(moved,), untied_danger_lines=(timeout,)))
     assert result.status is Status.FAIL, result.message
     assert "a prefill/decode handoff timed out during the check" in result.message
@@ -396,7 +397,7 @@ def test_a_kv_checksum_mismatch_fails_pd_transfer_whatever_the_counters_say(tmp_
     lines = watch.take()
     assert [(d.hazard, d.request_id) for d in lines] == [(Hazard.KV_CORRUPT, "kvpreflight-3d8e44a0a4f5e123")] * 2
     moved = ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=served(1000), purpose="test", reached=PD,
-                        counter_deltas={DECODE: {"kv_transfer_tokens": 1000, "prefilled_tokens": 0}}, danger_lines=lines)
+                        counter_deltas={DECODE: CounterDelta(kv_transfer_tokens=1000, prefilled_tokens=0)}, danger_lines=lines)
     result = judge(moved)
     assert result.status is Status.FAIL, result.message
     assert "a decode received KV other than what its prefill sent" in result.message

@@ -237,7 +237,7 @@ def test_a_failure_counter_sglang_has_not_sent_yet_counts_from_zero_so_its_first
             counters.append(open_adapter(url, HttpClient()).counters())
     before, after = counters
     assert (before.transfer_failures, before.bootstrap_failures, before.deferred_releases) == (0.0, 0.0, 0.0)
-    assert after.deltas_since(before)["transfer_failures"] == 1.0
+    assert after.deltas_since(before).transfer_failures == 1.0
     # a page that is not SGLang's (no pool gauge on it) says nothing of them
     with static_server({**routes(), "GET /metrics": (200, "text/plain; version=0.0.4", "other_total 1\n")}) as url:
         assert open_adapter(url, HttpClient(), "sglang").counters().transfer_failures is None
