@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -156,6 +157,23 @@ def write_keypair(directory: Path, key: SigningKey, password: bytes | None = Non
         private_path.unlink()
         raise
     return private_path, public_path
+
+
+def keygen(directory: Path, *, algorithm: str = "ecdsa-p256", encrypt: bool = False,
+           environ: Mapping[str, str] = os.environ) -> tuple[SigningKey, Path, Path]:
+    """`kvpreflight keygen`: a new key pair written to `directory` (never over an existing one). With
+    `encrypt` the private key is encrypted with the password in $KVPREFLIGHT_SIGN_KEY_PASSWORD, never
+    one from argv. RecordError (exit 2) naming the option for an unknown algorithm or a missing password."""
+    if algorithm not in ALGORITHMS:
+        raise RecordError(f"--algorithm {algorithm!r} is not supported; use one of: {', '.join(ALGORITHMS)}")
+    password = None
+    if encrypt:
+        password = environ.get(PASSWORD_ENV, "").encode() or None
+        if password is None:
+            raise RecordError(f"--encrypt needs the password in ${PASSWORD_ENV} (never on the command line)")
+    key = generate(algorithm)
+    private_path, public_path = write_keypair(directory, key, password=password)
+    return key, private_path, public_path
 
 
 def _write_new(path: Path, data: bytes, mode: int) -> None:
