@@ -12,7 +12,7 @@ from kvpreflight.commands import options
 def register(app: typer.Typer) -> None:
     @app.command("demo")
     def demo(
-        # The defaults are the library's (kvpreflight.demo.BuiltinDeployment, DEFAULT_OUT), shown in the help only.
+        # The defaults are the library's (builtin_engine.deployment.BuiltinDeployment, demo.DEFAULT_OUT), shown in the help only.
         pool_ratio: float | None = typer.Option(None, "--pool-ratio",
             help="Prefill KV pool = R x served context (0.65 reproduces the incident's 681,280 / 1,048,576). \\[default: 2.0]"),
         decode_pool_ratio: float | None = typer.Option(None, "--decode-pool-ratio",

@@ -11,8 +11,9 @@ import pytest
 import typer
 from support.cli import invoke
 
+from kvpreflight.builtin_engine.deployment import BuiltinDeployment
 from kvpreflight.cli import app
-from kvpreflight.demo import DEFAULT_OUT, BuiltinDeployment, demo_deployment, demo_output
+from kvpreflight.demo import DEFAULT_OUT, demo_deployment, demo_output
 from kvpreflight.errors import ConfigError
 from kvpreflight.model import RouterKind
 

@@ -405,3 +405,14 @@ def test_the_rule_scan_sees_nested_and_else_branch_rules_and_lets_exit_codes_pas
         "    if c:\n        raise ConfigError('one option')\n")
     assert [hit.split(":")[1].split(" ")[0] for hit in cross_option_raises(sample)] == ["4", "7", "11"]
     assert sorted(line for _, line in errors_constructed(sample)) == [4, 7, 11, 15]
+
+
+def test_the_demo_stands_beside_the_fleet_and_watch_not_under_them():
+    """A builtin trio is described in kvpreflight.builtin_engine.deployment; only the one process
+    that boots it (the fleet's worker) reaches for the demo. The inventory and watch once imported
+    the demo module for the description alone, stacking watch over fleet over demo."""
+    wrong = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
+             for package in ("watch", "fleet") for path in modules(PACKAGE / package)
+             if path.name != "worker.py"
+             for line, name in imported(path) if _allowed(name, ("kvpreflight.demo",))]
+    assert not wrong, "\n".join(wrong)
