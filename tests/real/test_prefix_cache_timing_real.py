@@ -59,11 +59,11 @@ def test_llama_cpp_without_a_prompt_cache_timing_is_inconclusive(llama_server: E
     so the audit decides nothing: inconclusive, never a pass, never a fail. llama.cpp here answers
     the repeats of a sample up to 1 ms sooner than the sample's first (cold) request with nothing
     cached; judged against cold, that once failed this honest engine (docs/FINDINGS.md), so the
-    reference is a fresh prompt sent in the repeats' places."""
+    references are fresh prompts sent in the repeats' places."""
     # llama.cpp states reuse in timings.cache_n / tokens_cached; the gateway hides them with the rest
     hidden = Rewrites(request=without_prompt_cache, reply=SILENT.reply, metrics=SILENT.metrics)
     cache = audited_check(llama_server.url, hidden, "--timing-samples", "20")
     assert cache["status"] == "inconclusive", cache["message"]
     assert cache["message"].startswith("the engine reports no cache hits, so time to first token decided nothing: "), cache["message"]
-    assert cache["evidence"]["timing_audit"]["samples"] == {"cold": 20, "warm": 20, "cross": 20, "fresh": 20}
+    assert cache["evidence"]["timing_audit"]["samples"] == {"cold": 20, "warm": 20, "cross": 20, "fresh": 20, "cross-fresh": 20}
     assert all(p["cached_tokens"] is None for p in cache["evidence"]["probes"])
