@@ -206,7 +206,8 @@ def test_attached_with_the_kv_events_log_fails_from_its_non_default_args_line():
 
 @pytest.mark.parametrize("stack", ["vllm-pd-mooncake", "sglang-pd-mooncake"])
 def test_attached_mooncake_logs_warn_the_handshake_on_every_address_whatever_it_logs(stack):
-    processes = [from_log(name, f"http://127.0.0.1:{i}", log(stack, f"{name}.log.excerpt")) for i, name in enumerate(("prefill", "decode"), 1)]
+    processes = [from_log(name, f"http://127.0.0.1:{i}", log(stack, f"{name}.log.excerpt"))
+                 for i, name in enumerate(("prefill", "decode"), 1)]
     status, message, _ = judged(*processes)
     assert status is Status.WARN
     assert "127.0.0.1:1" not in message.split("Bound by")[0].replace("http://127.0.0.1:1", "")

@@ -72,7 +72,8 @@ def test_a_warning_exits_0():
     "args,needle",
     [
         (["tests/fixtures/review/qwen-tp8.sh", "--model-dir", str(MODELS)], "no GPU for this sglang engine; pass --gpu"),
-        (["tests/fixtures/review/qwen-tp8.sh", "--model-dir", str(MODELS), "--gpu", "RTX-9999"], "unknown GPU 'RTX-9999'; pass --gpu with one of"),
+        (["tests/fixtures/review/qwen-tp8.sh", "--model-dir", str(MODELS), "--gpu", "RTX-9999"],
+         "unknown GPU 'RTX-9999'; pass --gpu with one of"),
         (["tests/fixtures/review/qwen-tp8.sh", "--gpu", "H100"], "no config.json for model 'Qwen/Qwen2.5-7B-Instruct'"),
         (["pyproject.toml"], "no engine launch command in pyproject.toml"),
         (["does-not-exist.yaml"], "does-not-exist.yaml: no such file"),
