@@ -593,8 +593,8 @@ def test_a_promise_below_the_served_context_is_shown_as_kv_capacity_judges_it():
 
 @pytest.mark.parametrize("width", [80, 100])
 def test_an_endpoint_cut_across_lines_is_marked_and_reads_back_whole(width):
-    """At 80 columns a 22-character check id leaves the endpoint 21: a local URL used to come out
-    as `http://127.0.0.1:6034` and `0` on the next line, which reads as another address."""
+    """At 80 columns a 22-character check id leaves the endpoint 21: cut with no mark, a local URL
+    comes out as `http://127.0.0.1:6034` and `0` on the next line, which reads as another address."""
     url, far = "http://127.0.0.1:60340", "http://prefill-0.a-very-long-hostname.example.internal:30000"
     out = plain_table(report(CheckResult(id="prefix-cache-isolation", status=Status.FAIL, message="one tenant's prefix served another " * 4,
                                          endpoint=url),

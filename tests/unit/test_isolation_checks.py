@@ -401,10 +401,11 @@ def test_timing_audit_without_a_warm_fresh_difference_is_inconclusive():
 
 
 def test_a_repeat_faster_only_because_it_is_not_first_is_inconclusive_never_a_fail():
-    """Clean-clone run of 71158a8: llama.cpp with its prompt cache off answered every repeat of a
-    sample 1 ms sooner than the sample's first request (cold 8.0 ms, warm 7.0, cross-tenant 7.0;
-    KS p cold/warm 1.3e-6, cross/warm 0.83), and the audit, judging against cold, failed an honest
-    engine. A fresh prompt sent in the repeats' places is as fast as they are: nothing was cached."""
+    """A request that is not a sample's first can be faster with nothing cached: llama.cpp with its
+    prompt cache off answered every repeat 1 ms sooner than the sample's first request (cold 8.0 ms,
+    warm 7.0, cross-tenant 7.0; KS p cold/warm 1.3e-6, cross/warm 0.83; docs/FINDINGS.md), so an
+    audit judging against cold would fail an honest engine. A fresh prompt sent in the repeats'
+    places is as fast as they are: nothing was cached."""
     r = one("prefix-cache-isolation", iso(cache=timing_run(8.0, 7.0, 7.0, samples=20, fresh_ms=7.0)))
     assert r.status is Status.INCONCLUSIVE and "not measurably faster than a fresh prompt" in r.message, r.message
     assert "cold 8.0 ms, fresh 7.0 ms, warm 7.0 ms" in r.message, r.message

@@ -668,11 +668,11 @@ def test_cancel_during_prefill_counts_only_where_every_engine_reports_the_counte
 
 
 def test_a_router_answering_http_503_for_most_of_a_scenario_leaves_tenant_isolation_inconclusive():
-    """Found on the real vLLM pair (clean-clone run, 2026-12-03): vllm-router answered 27 of the
-    normal scenario's 28 requests with a bare HTTP 503 in a millisecond, and the scenario's
-    evidence still said "both tenants ran and were scanned". A leak could have hidden in any of the
-    answers not given: with both tenants answered at least once the scenario would have passed.
-    It is inconclusive, naming how many requests got no answer and why."""
+    """A router can answer most of a scenario's requests with a bare HTTP 503 in a millisecond
+    (vllm-router did, 27 of the normal scenario's 28, on the real vLLM pair: docs/FINDINGS.md). A
+    leak could hide in any of the answers not given, so "both tenants ran and were scanned" on the
+    strength of one answer each would pass it unseen. It is inconclusive, naming how many requests
+    got no answer and why."""
     answered = {"a": 0, "b": 0}
 
     def mostly_503(engine: FakeEngine, sent: Sent) -> Completion | None:
