@@ -11,7 +11,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CheckResult", "Completion", "Cost", "EngineSnapshot", "EntryApi", "PoolReading", "ProcessRole", "Report", "Role", "Status", "Waiver", "combined_verdict"]
+__all__ = [
+    "CheckResult", "Completion", "Cost", "EngineSnapshot", "EntryApi", "PoolReading", "ProcessRole", "Report", "Role", "Status", "Waiver",
+    "combined_verdict",
+]
 
 
 class Status(str, enum.Enum):

@@ -108,8 +108,9 @@ def _cross_reading(p: CacheProbe, prompt_tokens: int, snapshots: Sequence[Engine
 
 
 def _probe_ev(p: CacheProbe) -> dict[str, Any]:
-    ev: dict[str, Any] = {"kind": p.kind.value, "tenant": p.tenant.value, "prefix": p.prefix, "ttft_s": round(p.ttft_s, 4), **p.completion.evidence(),
-          "cached_tokens": p.completion.cached_tokens}  # 0 is a finding here; None: not reported
+    ev: dict[str, Any] = {"kind": p.kind.value, "tenant": p.tenant.value, "prefix": p.prefix, "ttft_s": round(p.ttft_s, 4),
+                          **p.completion.evidence(),
+                          "cached_tokens": p.completion.cached_tokens}  # 0 is a finding here; None: not reported
     if p.hit_metric_delta is not None:
         ev["hit_metric_delta"] = p.hit_metric_delta
     hits = {url: {k: d[k] for k in (CACHED, HITS) if k in d} for url, d in p.counter_deltas.items()}
@@ -132,7 +133,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         return [run]
     cache = run.cache
     if cache is None or cache.not_run:
-        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message=(cache.not_run if cache else None) or "the prefix-cache probes did not run", endpoint=ctx.entry)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE,
+                            message=(cache.not_run if cache else None) or "the prefix-cache probes did not run",
+                            endpoint=ctx.entry)]
     ttft = ttft_summary(cache)
     evidence: dict[str, Any] = {"tenant_binding": cache.binding, "prompt_tokens": cache.prompt_tokens,
                       "probes": [_probe_ev(p) for p in cache.probes]}
@@ -157,9 +160,10 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
                             "so whose hit it was cannot be told and the answer's rosier figure is not believed: rerun with no "
                             "other traffic on the engines", endpoint=ctx.entry, evidence=evidence)]
     if failed:
+        first = failed[0].completion
         return [CheckResult(id=ID, status=Status.INCONCLUSIVE,
                             message=f"{len(failed)} of {len(cache.probes)} prefix-cache requests were not served "
-                            f"(first: HTTP {failed[0].completion.status} {failed[0].completion.error_message or failed[0].completion.transport_error or ''})".rstrip(),
+                            f"(first: HTTP {first.status} {first.error_message or first.transport_error or ''})".rstrip(),
                             endpoint=ctx.entry, evidence=evidence)]
     first_warm: list[CacheProbe] = []
     for p in cache.of(CacheProbeKind.WARM):  # the first repeat of each prefix is the control; the second only adds TTFT
@@ -174,8 +178,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     elif any(h is None for h in warm_hits):
         if cache.timing:
             return [_timing_audit(ctx, cache, evidence)]
-        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message="the engine reports no cached_tokens and exposes no prefix-cache hit "
-                                                     "counter, so a cache hit cannot be seen at all", endpoint=ctx.entry, evidence=evidence)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE,
+                            message="the engine reports no cached_tokens and exposes no prefix-cache hit "
+                            "counter, so a cache hit cannot be seen at all", endpoint=ctx.entry, evidence=evidence)]
     else:
         return [CheckResult(id=ID, status=Status.INCONCLUSIVE,
                             message="positive control failed: the same tenant repeating a prompt got no prefix-cache hit "
@@ -230,7 +235,8 @@ def _timing_audit(ctx: CheckContext, cache: PrefixCacheRun, evidence: dict[str, 
         more = (f"; the repeats were faster by a median of {median_ms['fresh'] - median_ms['warm']:.1f} ms but not "
                 f"significantly: more samples may decide it (--timing-samples, now {len(fresh)})"
                 if median_ms["warm"] < median_ms["fresh"] else "")
-        return CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"{head} nothing: a same-tenant repeat is not measurably faster than a "
+        return CheckResult(id=ID, status=Status.INCONCLUSIVE,
+                           message=f"{head} nothing: a same-tenant repeat is not measurably faster than a "
                            f"fresh prompt in the same place (KS p >= {ALPHA} or slower), so prefix caching is off or its "
                            f"effect is not measurable here ({figures}){more}", endpoint=ctx.entry, evidence=evidence)
     faster_than_fresh = cross_fresh_ks.p_value < ALPHA and median_ms["cross"] < median_ms["cross-fresh"]
@@ -239,7 +245,8 @@ def _timing_audit(ctx: CheckContext, cache: PrefixCacheRun, evidence: dict[str, 
                            f"same-tenant warm, p < {ALPHA}, and no faster than tenant B's fresh prompts) with {cache.binding} ({figures})",
                            endpoint=ctx.entry, evidence=evidence)
     if faster_than_fresh and cross_warm.p_value >= ALPHA:
-        return CheckResult(id=ID, status=Status.FAIL, message=f"{head}: tenant B's requests are as fast as tenant A's warm repeats (cross-tenant "
+        return CheckResult(id=ID, status=Status.FAIL,
+                           message=f"{head}: tenant B's requests are as fast as tenant A's warm repeats (cross-tenant "
                            f"is faster than tenant B's fresh prompts, p < {ALPHA}, and does not differ from warm) with {cache.binding}: "
                            f"{_fix(ctx.snapshots)} ({figures})", endpoint=ctx.entry, evidence=evidence)
     between = (" (faster than tenant B's fresh prompts, not as fast as warm: part of the prefix may have been reused, or "

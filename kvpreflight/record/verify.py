@@ -94,7 +94,8 @@ class Policy:
 
     def __post_init__(self) -> None:
         if not self.subjects and not self.any_subject:
-            raise RecordError("verify needs at least one --subject NAME=sha256:HEX (the artifact you are releasing); pass --any-subject to accept a record about any artifact")
+            raise RecordError("verify needs at least one --subject NAME=sha256:HEX (the artifact you are releasing); "
+                              "pass --any-subject to accept a record about any artifact")
 
 
 @dataclass(frozen=True)
@@ -129,7 +130,8 @@ def _check_signature(envelope: Envelope, key: PublicKey) -> str:
     named = [s for s in envelope.signatures if s.keyid]
     if named and all(s.keyid not in key.keyids for s in named) and len(named) == len(envelope.signatures):
         ids = ", ".join(sorted({s.keyid[:16] for s in named}))
-        raise refusal(f"record is signed by keyid {ids}…, not by the --key {key.source} (keyid {key.keyid[:16]}…); wrong key or a record from another signer")
+        raise refusal(f"record is signed by keyid {ids}…, not by the --key {key.source} (keyid {key.keyid[:16]}…); "
+                      "wrong key or a record from another signer")
     data = envelope.pae()
     for s in envelope.signatures:
         if (not s.keyid or s.keyid in key.keyids) and key.verify(s.sig, data):
@@ -219,7 +221,8 @@ def _age(value: Any, now: datetime, policy: Policy, what: str) -> tuple[datetime
     if age < -FUTURE_SKEW:
         return moment, [f"{what} is dated {format_duration(age)} in the future ({value}); check the signer's clock"]
     if age > policy.max_age:
-        return moment, [f"{what} is {format_duration(age)} old, older than --max-age {format_duration(policy.max_age)} ({value}); run the preflight again"]
+        return moment, [f"{what} is {format_duration(age)} old, older than --max-age {format_duration(policy.max_age)} ({value}); "
+                        "run the preflight again"]
     return moment, []
 
 

@@ -30,7 +30,7 @@ def audited_check(url: str, rewrites: Rewrites, *args: str) -> dict:
 # the rest is fixed per-request overhead), and how much varies from run to run. The audit's positive
 # control (a same-tenant repeat is faster than a cold prompt) then needs many samples: KS p was
 # 0.0025 at 30 per kind, 0.0046 at 60 (cold 12.3 ms, warm 9.6 ms) and 0.011 at 120 (cold 17.4 ms,
-# warm 15.0 ms) in three clean-clone runs, each correctly inconclusive. The smallest of those
+# warm 15.0 ms) in three runs, each correctly inconclusive. The smallest of those
 # effects (KS distance about 0.29) at 240 per kind gives p about 6e-5, 16 times under the 0.001
 # bar. Both tests need that control before the audit says anything (without a salt too: at 60 per
 # kind the unsalted case ended inconclusive once), so both take 240 (about 20 s each).

@@ -38,13 +38,15 @@ CANARIES = {Tenant(name): canary for name, canary in CANARY.items()}
 
 
 def served(tenant="a", name="normal-a1", own=True, crossings=(), cached=None, ttft=0.05, status=200, **kw) -> TenantRequest:
-    c = Completion(sent_tokens=4000, max_tokens=256, streamed=False, status=status, elapsed_s=ttft, completion_tokens=256, prompt_tokens=4000, cached_tokens=cached,
-                   body_bytes=100, body_sha256="ab", ttft_s=ttft, text="never serialized")
-    return TenantRequest(tenant=Tenant(tenant), name=name, completion=c, echo=Echo(own=own, sent_tokens=4000, chars=len(c.text), sha256=hashlib.sha256(c.text.encode()).hexdigest()), crossings=tuple(crossings), **kw)
+    c = Completion(sent_tokens=4000, max_tokens=256, streamed=False, status=status, elapsed_s=ttft, completion_tokens=256,
+                   prompt_tokens=4000, cached_tokens=cached, body_bytes=100, body_sha256="ab", ttft_s=ttft, text="never serialized")
+    echo = Echo(own=own, sent_tokens=4000, chars=len(c.text), sha256=hashlib.sha256(c.text.encode()).hexdigest())
+    return TenantRequest(tenant=Tenant(tenant), name=name, completion=c, echo=echo, crossings=tuple(crossings), **kw)
 
 
 def refused(tenant="b", name="over-capacity-b-over") -> TenantRequest:
-    c = Completion(sent_tokens=8193, max_tokens=256, streamed=False, status=400, elapsed_s=0.01, error_message="The input (8193 tokens) is longer than the model's context length (8192 tokens).",
+    c = Completion(sent_tokens=8193, max_tokens=256, streamed=False, status=400, elapsed_s=0.01,
+                   error_message="The input (8193 tokens) is longer than the model's context length (8192 tokens).",
                    error_kind=ErrorKind.LENGTH)
     return TenantRequest(tenant=Tenant(tenant), name=name, completion=c, expect=Expect.REJECT)
 
@@ -62,15 +64,16 @@ def cache_run(cross_cached=0, warm_cached=1008, off=None, ttft=(0.080, 0.020, 0.
     for k in range(3):
         for kind, tenant, cached, t in (("cold", "a", 0, ttft[0]), ("warm", "a", warm_cached, ttft[1]),
                                         ("warm", "a", warm_cached, ttft[1]), ("cross", "b", cross_cached, ttft[2])):
-            c = Completion(sent_tokens=1024, max_tokens=1, streamed=True, status=200, elapsed_s=t, completion_tokens=1, prompt_tokens=1024, cached_tokens=cached, ttft_s=t)
+            c = Completion(sent_tokens=1024, max_tokens=1, streamed=True, status=200, elapsed_s=t, completion_tokens=1, prompt_tokens=1024,
+                           cached_tokens=cached, ttft_s=t)
             probes.append(CacheProbe(kind=CacheProbeKind(kind), tenant=Tenant(tenant), prefix=k, completion=c,
                                      hit_metric_delta=hit_delta, counter_deltas=(cross_deltas or {}) if kind == "cross" else {}))
     return PrefixCacheRun(probes=tuple(probes), binding="a cache_salt per tenant", caching_off=off, prompt_tokens=1024)
 
 
 def iso(*scenarios, cache=None, **kw) -> IsolationRun:
-    return IsolationRun(scenarios=scenarios or (scenario(),), cache=cache or cache_run(), canaries=CANARIES, binding="a cache_salt per tenant",
-                        healthy_after={DECODE: True}, idle_after={DECODE: True}, **kw)
+    return IsolationRun(scenarios=scenarios or (scenario(),), cache=cache or cache_run(), canaries=CANARIES,
+                        binding="a cache_salt per tenant", healthy_after={DECODE: True}, idle_after={DECODE: True}, **kw)
 
 
 DEFAULT_PROBES = ProbeRun(limits=Limits(8192, 16384, 8185))
@@ -203,7 +206,8 @@ def test_a_tenant_with_no_served_answer_makes_the_scenario_inconclusive():
 
 
 def test_engine_unhealthy_after_the_probes_fails():
-    run = IsolationRun(scenarios=(scenario(),), cache=cache_run(), canaries=CANARIES, binding="x", healthy_after={DECODE: False}, idle_after={DECODE: True})
+    run = IsolationRun(scenarios=(scenario(),), cache=cache_run(), canaries=CANARIES, binding="x",
+                       healthy_after={DECODE: False}, idle_after={DECODE: True})
     assert one("tenant-isolation", run).status is Status.FAIL
 
 
@@ -399,10 +403,11 @@ def test_timing_audit_without_a_warm_fresh_difference_is_inconclusive():
 
 
 def test_a_repeat_faster_only_because_it_is_not_first_is_inconclusive_never_a_fail():
-    """Clean-clone run of 71158a8: llama.cpp with its prompt cache off answered every repeat of a
-    sample 1 ms sooner than the sample's first request (cold 8.0 ms, warm 7.0, cross-tenant 7.0;
-    KS p cold/warm 1.3e-6, cross/warm 0.83), and the audit, judging against cold, failed an honest
-    engine. A fresh prompt sent in the repeats' places is as fast as they are: nothing was cached."""
+    """A request that is not a sample's first can be faster with nothing cached: llama.cpp with its
+    prompt cache off answered every repeat 1 ms sooner than the sample's first request (cold 8.0 ms,
+    warm 7.0, cross-tenant 7.0; KS p cold/warm 1.3e-6, cross/warm 0.83; docs/FINDINGS.md), so an
+    audit judging against cold would fail an honest engine. A fresh prompt sent in the repeats'
+    places is as fast as they are: nothing was cached."""
     r = one("prefix-cache-isolation", iso(cache=timing_run(8.0, 7.0, 7.0, samples=20, fresh_ms=7.0)))
     assert r.status is Status.INCONCLUSIVE and "not measurably faster than a fresh prompt" in r.message, r.message
     assert "cold 8.0 ms, fresh 7.0 ms (tenant B's 7.0 ms), warm 7.0 ms" in r.message, r.message

@@ -273,7 +273,8 @@ def test_check_refuses_an_expired_waiver_at_once_instead_of_a_record_verify_refu
     (("--expect-model", "tiny-llama"), None),
     (("--expect-engine-version", "0.4.9"), None),
     (("--expect-model", "llama-70b"), "engine http://prefill-0:30000 reported model 'tiny-llama', not 'llama-70b' (--expect-model)"),
-    (("--expect-engine-version", "0.5.20"), "engine http://decode-0:30001 reported version '0.4.9', not '0.5.20' (--expect-engine-version)"),
+    (("--expect-engine-version", "0.5.20"),
+     "engine http://decode-0:30001 reported version '0.4.9', not '0.5.20' (--expect-engine-version)"),
 ])
 def test_a_record_from_another_model_or_engine_version_is_refused(record, keys, flags, refusal):
     result = verify(record, keys[1], "--subject", SUBJECT, *flags)
