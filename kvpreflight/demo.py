@@ -18,7 +18,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvpreflight.builtin_engine.config import FAULTS, FAULTS_ENV, Fault
+from kvpreflight.builtin_engine.config import FAULTS_ENV
+from kvpreflight.builtin_engine.deployment import BuiltinDeployment
 from kvpreflight.check_plan import OutputPlan
 from kvpreflight.errors import ConfigError, NotMeasured
 from kvpreflight.model import Report, RouterKind
@@ -27,8 +28,6 @@ if TYPE_CHECKING:
     from kvpreflight.boot.deployment import BootedDeployment
     from kvpreflight.boot.spec import DeploymentSpec
 
-INCIDENT_POOL_RATIO = 0.65  # 681,280 / 1,048,576
-INCIDENT_FAULTS = (Fault.REJECT_CONTINUES.value, Fault.NO_TRANSFER_CHECK.value)
 PAGE_SIZE = 16
 # The prefill->decode link is paced (ms before each 8-page batch), so a long prompt's KV takes a
 # few hundred ms to move, as over a real network; unpaced, a local copy is over before a client
@@ -39,41 +38,6 @@ SMG_SETUP = "install it with scripts/setup_engines.sh --only smg (or pip install
 SGLANG_ROUTER_ENV = "KVPREFLIGHT_SGLANG_ROUTER_PYTHON"  # a Python with sglang-router installed
 SGLANG_ROUTER_SETUP = ("install it with scripts/setup_engines.sh --only smg (or pip install sglang-router==0.3.2), "
                        f"or set {SGLANG_ROUTER_ENV}")
-
-
-@dataclass(frozen=True, kw_only=True)
-class BuiltinDeployment:
-    """A builtin prefill/decode/router trio as the demo and fleet inventories describe it."""
-
-    pool_ratio: float = 2.0  # prefill pool = ratio x context
-    decode_pool_ratio: float = 2.0
-    context_length: int = 8192
-    faults: tuple[str, ...] = ()
-    incident: bool = False  # the 2026 incident: ratio 0.65, its faults, another tenant's data planted
-    router: RouterKind = RouterKind.BUILTIN  # which PD router fronts the pair
-
-    def validate(self, name_of: Callable[[str], str] = str) -> None:
-        """Raises ConfigError naming the field as `name_of(field)` says (a CLI flag, a YAML path)."""
-        if not isinstance(self.router, RouterKind):
-            raise ConfigError(f"must be one of {', '.join(RouterKind)} (got {self.router!r})").under(name_of("router"))
-        for name, value in (("pool_ratio", self.pool_ratio), ("decode_pool_ratio", self.decode_pool_ratio)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 64:
-                raise ConfigError(f"must be a ratio between 0 and 64 (got {value})").under(name_of(name))
-        if isinstance(self.context_length, bool) or not isinstance(self.context_length, int) \
-                or not 256 <= self.context_length <= 262144:
-            raise ConfigError(f"must be an integer between 256 and 262144 for the builtin engine "
-                              f"(got {self.context_length})").under(name_of("context_length"))
-        for i, fault in enumerate(self.faults):
-            if fault not in FAULTS:
-                raise ConfigError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}").under(name_of(f"faults[{i}]"))
-
-    @property
-    def prefill_pool_ratio(self) -> float:
-        return INCIDENT_POOL_RATIO if self.incident else self.pool_ratio
-
-    @property
-    def engine_faults(self) -> tuple[str, ...]:
-        return tuple(sorted(set(self.faults) | (set(INCIDENT_FAULTS) if self.incident else set())))
 
 
 def say(message: str) -> None:

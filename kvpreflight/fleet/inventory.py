@@ -33,9 +33,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvpreflight.builtin_engine.deployment import BuiltinDeployment
 from kvpreflight.check_options import WAIVER_FIELDS, CheckOptions, build_plan, check_fields, under
 from kvpreflight.check_plan import CheckPlan
-from kvpreflight.demo import BuiltinDeployment
 from kvpreflight.errors import ConfigError, KvpreflightError
 from kvpreflight.fields import FieldParser, describe, load_yaml
 from kvpreflight.files import FileKind, read_bytes

@@ -320,3 +320,14 @@ def test_the_circle_finder_sees_a_lazy_circle_and_not_a_type_only_one(tmp_path):
     (package / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kvpreflight.d import x\n")
     (package / "d.py").write_text("from kvpreflight.c import y\n")
     assert module_circles(package) == [["kvpreflight.a", "kvpreflight.b"]]
+
+
+def test_the_demo_stands_beside_the_fleet_and_watch_not_under_them():
+    """A builtin trio is described in kvpreflight.builtin_engine.deployment; only the one process
+    that boots it (the fleet's worker) reaches for the demo. The inventory and watch once imported
+    the demo module for the description alone, stacking watch over fleet over demo."""
+    wrong = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
+             for package in ("watch", "fleet") for path in modules(PACKAGE / package)
+             if path.name != "worker.py"
+             for line, name in imported(path) if _allowed(name, ("kvpreflight.demo",))]
+    assert not wrong, "\n".join(wrong)
