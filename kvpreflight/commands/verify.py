@@ -129,7 +129,7 @@ Exit 2: bad input (missing or malformed file or key, bad option).
                 if deep is not None:
                     for name, one in deep_records:
                         typer.echo(f"  {'deep' if name == deep_records[0][0] else '':<10} {name}: verified, verdict {one.verdict.value}, "
-                                   f"{len(one.predicate.get('engines') or [])} engine(s)")
+                                   f"{len(one.engines)} engine(s)")
                 saw_record = True
             elif deep is not None or vsa is not None:
                 flag = "--deep" if deep is not None else "--vsa"
