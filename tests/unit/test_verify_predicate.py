@@ -176,3 +176,12 @@ def test_an_accepted_record_reads_as_before(tmp_path, keys):
     assert ("sglang 0.4.9 prefill at http://prefill-0:30000: model tiny-llama, pool 139264 tokens, context served 131072"
             in result.stdout)
     assert "tool       kvpreflight 0.1.0" in result.stdout
+
+
+def test_the_sample_records_readme_commands_exit_as_it_says():
+    block = (EXAMPLES / "README.md").read_text().split("```bash\n")[1].split("```")[0]
+    for line in block.splitlines():
+        command, _, said = line.partition("# exit ")
+        args = [EXAMPLES / a if (EXAMPLES / a).is_file() else a for a in command.split()[1:]]
+        result = run_cli(*args)
+        assert result.returncode == int(said.split(":")[0]), (line, result.stdout, result.stderr)
