@@ -232,7 +232,8 @@ def build_plan(options: CheckOptions, *, booted: bool = False, label: Label = fl
     all_secrets = secrets_of(values=secrets, headers=[*headers.items(), *tenant_headers[0].items(), *tenant_headers[1].items()],
                              urls=[*(e.url for e in endpoints), entry])
     return CheckPlan(
-        targets=endpoints, entry=entry, entry_api=EntryApi(options.entry_api), entry_model=options.entry_model, engine=options.engine, model=options.model,
+        targets=endpoints, entry=entry, entry_api=EntryApi(options.entry_api), entry_model=options.entry_model,
+        engine=options.engine, model=options.model,
         context_length=options.context_length, logs=logs,
         auth=Auth(headers=headers, ca_bundle=str(options.ca_bundle) if options.ca_bundle else None,
                   client_cert=str(options.client_cert) if options.client_cert else None,
@@ -241,7 +242,8 @@ def build_plan(options: CheckOptions, *, booted: bool = False, label: Label = fl
         capacity_only=options.capacity_only, timeout_s=options.timeout, deadline_s=options.deadline,
         max_context_equivalents=options.max_context_equivalents, concurrency=options.concurrency,
         timing_samples=options.timing_samples, accepted_tokens_per_second=options.accepted_tokens_per_second,
-        allow_disruptive=options.allow_disruptive, scenarios=tuple(dict.fromkeys(options.scenarios)), waivers=waivers, advisory_dirs=options.advisories, booted=booted,
+        allow_disruptive=options.allow_disruptive, scenarios=tuple(dict.fromkeys(options.scenarios)), waivers=waivers,
+        advisory_dirs=options.advisories, booted=booted,
     )
 
 

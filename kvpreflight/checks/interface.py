@@ -38,7 +38,8 @@ def probe_run(ctx: CheckContext, check_id: CheckId) -> ProbeRun | CheckResult:
             return [run]
     """
     if ctx.probes is None:
-        return CheckResult(id=check_id, status=Status.SKIP, message="--capacity-only: no request was sent (read-only mode)", endpoint=ctx.entry)
+        return CheckResult(id=check_id, status=Status.SKIP, message="--capacity-only: no request was sent (read-only mode)",
+                           endpoint=ctx.entry)
     if ctx.probes.not_run:
         return CheckResult(id=check_id, status=Status.INCONCLUSIVE, message=ctx.probes.not_run, endpoint=ctx.entry)
     return ctx.probes
@@ -69,7 +70,8 @@ def run_checks(ctx: CheckContext, check_ids: Sequence[str], waivers: Sequence[Wa
                 result = CheckResult(
                     id=result.id, status=Status.SKIP,
                     message=f"waived: {waiver.reason} (found: {result.status.value}: {result.message})",
-                    endpoint=result.endpoint, evidence={**result.evidence, "waiver": waiver.reason, "status_before_waiver": result.status.value},
+                    endpoint=result.endpoint,
+                    evidence={**result.evidence, "waiver": waiver.reason, "status_before_waiver": result.status.value},
                 )
             results.append(result)
     return tuple(results)

@@ -90,8 +90,8 @@ def register(app: typer.Typer) -> None:
         concurrency: int | None = typer.Option(None, "--concurrency", metavar="N", rich_help_panel="Probes",
             help="Near-limit requests sent at once by concurrent-capacity. \\[default: from checks/thresholds.yaml]"),
         timing_samples: int | None = typer.Option(None, "--timing-samples", metavar="N", rich_help_panel="Isolation",
-            help="Requests per kind (cold, same-tenant warm, cross-tenant, fresh) of the prefix-cache timing audit, sent only where the "
-                 "engine reports no cache hits. \\[default: 30]"),
+            help="Requests per kind (cold, same-tenant warm, cross-tenant, each tenant's fresh) of the prefix-cache timing audit, "
+                 "sent only where the engine reports no cache hits. \\[default: 30]"),
         accepted_tokens_per_second: float | None = typer.Option(None, "--accepted-tokens-per-second", metavar="N",
             rich_help_panel="Budgets",
             help="Assumed prompt speed for budgets only when the engine's speed could not be measured."),

@@ -122,8 +122,8 @@ def transfer_time(seconds: float | None, count: float | None) -> dict[str, float
 
 
 COUNTER_FIELDS = ("requests", "prompt_tokens", "generation_tokens", "transfer_failures", "bootstrap_failures",
-                  "deferred_releases", "stale_kv_reads", "expired_kv", "aborted_requests", "scheduled_prompt_tokens", "kv_transfers", "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens",
-                  "cached_prompt_tokens")
+                  "deferred_releases", "stale_kv_reads", "expired_kv", "aborted_requests", "scheduled_prompt_tokens", "kv_transfers",
+                  "kv_transfer_tokens", "prefix_cache_hits", "prefilled_tokens", "cached_prompt_tokens")
 
 
 class EngineAdapter(abc.ABC):

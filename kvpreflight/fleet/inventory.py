@@ -199,7 +199,8 @@ class _Parser(FieldParser):
         self.unknown_keys(raw, _DEPLOYMENT_KEYS, where)
         name = raw.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise self.error(f"{where}.name", f"expected a name (letters, digits, '.', '-', '_'; it names the record file), got {describe(name)}")
+            raise self.error(f"{where}.name",
+                             f"expected a name (letters, digits, '.', '-', '_'; it names the record file), got {describe(name)}")
         kinds = [k for k in ("attach", "boot", "builtin") if raw.get(k) is not None]
         if len(kinds) != 1:
             raise self.error(where, f"give exactly one of attach, boot, builtin (got {', '.join(kinds) or 'none'})")

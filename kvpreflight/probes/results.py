@@ -36,15 +36,17 @@ class Tenant(str, enum.Enum):
 
 class CacheProbeKind(str, enum.Enum):
     """The prefix-cache controls: first sight, the same tenant again, the other tenant; and, in the
-    timing audit only, a fresh prompt sent in a repeat's place (what that place alone saves)."""
+    timing audit only, a fresh prompt sent in a repeat's place by each tenant (what that place and
+    that tenant's path take with nothing cached: the references for warm and for cross-tenant)."""
 
     COLD = "cold"
     WARM = "warm"
     CROSS = "cross"
-    FRESH = "fresh"
+    FRESH = "fresh"  # tenant A's
+    CROSS_FRESH = "cross-fresh"  # tenant B's
 
 
-CONTROL_KINDS = (CacheProbeKind.COLD, CacheProbeKind.WARM, CacheProbeKind.CROSS)  # the controls (no FRESH)
+CONTROL_KINDS = (CacheProbeKind.COLD, CacheProbeKind.WARM, CacheProbeKind.CROSS)  # the controls (no fresh ones)
 
 
 class ProbeName(enum.StrEnum):

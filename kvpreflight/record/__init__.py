@@ -53,9 +53,10 @@ from kvpreflight.redact import redact_command_line
 
 __all__ = [
     "FLEET_PREDICATE_TYPE", "IN_TOTO_PAYLOAD_TYPE", "PASSWORD_ENV", "PREDICATE_TYPE", "SIGN_KEY_ENV", "STATEMENT_TYPE",
-    "Envelope", "FleetDeployment", "FleetPredicate", "Policy", "ReleasePredicate", "PublicKey", "RecordError", "SigningKey", "Subject", "VerifiedAttestation", "VerifiedRecord",
-    "VerifyOptions", "VerifyPlan", "build_verify_plan", "verify_files",
-    "build_statement", "emit_record", "parse_subjects", "prepare_signer", "file_subject", "generate", "load_public_key", "load_signing_key", "pae",
+    "Envelope", "FleetDeployment", "FleetPredicate", "Policy", "ReleasePredicate", "PublicKey", "RecordError", "SigningKey", "Subject",
+    "VerifiedAttestation", "VerifiedRecord", "VerifyOptions", "VerifyPlan", "build_verify_plan", "verify_files",
+    "build_statement", "emit_record", "parse_subjects", "prepare_signer", "file_subject", "generate", "load_public_key", "load_signing_key",
+    "pae",
     "parse_duration", "parse_required", "parse_subject", "read_record", "redact_command_line", "resolve_sign_key_path",
     "sign_statement", "statement", "summary", "unsigned_envelope", "verify_attestation", "verify_envelope", "write_keypair", "write_record",
 ]

@@ -46,7 +46,7 @@ def verify_files(plan: VerifyPlan, *, out: Write, err: Write) -> int:
             out(summary(verified, path=str(record)))
             for name, one in deep_records:
                 out(f"  {'deep' if name == deep_records[0][0] else '':<10} {name}: verified, verdict {one.verdict.value}, "
-                    f"{len(one.predicate.get('engines') or [])} engine(s)\n")
+                    f"{len(one.engines)} engine(s)\n")
             saw_record = True
         elif plan.deep is not None or plan.summary is not None:
             flag = "--deep" if plan.deep is not None else "--vsa"

@@ -141,7 +141,8 @@ def write_keypair(directory: Path, key: SigningKey, password: bytes | None = Non
     private_path, public_path = directory / PRIVATE_NAME, directory / PUBLIC_NAME
     for path in (private_path, public_path):
         if path.exists() or path.is_symlink():
-            raise RecordError(f"{path} already exists; refusing to overwrite a key. Choose another --out directory or move the old key away")
+            raise RecordError(f"{path} already exists; refusing to overwrite a key. "
+                              "Choose another --out directory or move the old key away")
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -203,7 +204,8 @@ def load_signing_key(path: str | os.PathLike[str], *, allow_insecure: bool = Fal
     path = Path(path)
     data = read_input(path, FileKind.PRIVATE_KEY, "create one with `kvpreflight keygen --out DIR`")
     if b"PRIVATE KEY" not in data:
-        raise RecordError(f"signing key {path} is not a PEM private key; pass the kvpreflight.key file from `kvpreflight keygen`, not the .pub")
+        raise RecordError(f"signing key {path} is not a PEM private key; "
+                          "pass the kvpreflight.key file from `kvpreflight keygen`, not the .pub")
     check_private(path, "signing key", allow_insecure=allow_insecure, error=RecordError)
     password = os.environ.get(PASSWORD_ENV)
     try:
