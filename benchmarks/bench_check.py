@@ -78,7 +78,9 @@ def bench_big_probe() -> dict:
                 status = 200
             else:
                 n = body.count(b",") + 1
-                out = json.dumps({"error": {"message": f"Input length ({n} tokens) exceeds the maximum allowed length (681274 tokens). Use a shorter input or enable --allow-auto-truncate."}}).encode()
+                message = (f"Input length ({n} tokens) exceeds the maximum allowed length (681274 tokens). "
+                           "Use a shorter input or enable --allow-auto-truncate.")
+                out = json.dumps({"error": {"message": message}}).encode()
                 status = 400
             self.send_response(status)
             self.send_header("Content-Type", "application/json")

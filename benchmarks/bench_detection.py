@@ -166,10 +166,12 @@ MATRIX = {
         "unified, streamed, alone (the limit prompt)": lambda r: _tally(r, "boundary-accept") == "short",
         "unified, streamed and not, concurrent (the pair)": lambda r: _tally(r, "concurrent (x2)") == "short"}),
     "tokens-then-garbage": ("overcapacity-rejected", {
-        "unified, streamed, alone (over-context-stream)": lambda r: "over-context-stream" in _check(r, "overcapacity-rejected").get("message", "")
-        and "does not read" in _check(r, "overcapacity-rejected").get("message", "")}),
+        "unified, streamed, alone (over-context-stream)":
+            lambda r: "over-context-stream" in _check(r, "overcapacity-rejected").get("message", "")
+            and "does not read" in _check(r, "overcapacity-rejected").get("message", "")}),
     "text-with-bad-count": ("overcapacity-rejected", {
-        "unified, not streamed, alone (over-context)": lambda r: "its counts not readable" in _check(r, "overcapacity-rejected").get("message", "")}),
+        "unified, not streamed, alone (over-context)":
+            lambda r: "its counts not readable" in _check(r, "overcapacity-rejected").get("message", "")}),
     # Issue 44: answers that do not come from their own prompt (defaults: positions 1,024 and a
     # window of 512 at context 2,048). The near-context probes' answers are noise or the tail's
     # text; short ones echo. The loud forms also put the engine's own warning in --log.
@@ -447,7 +449,8 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--matrix", action="store_true", help="issue 26's fault matrix (see the module docstring)")
     parser.add_argument("--racy-only", action="store_true", help="with --matrix: only the racy-leak runs")
-    parser.add_argument("--only", action="append", default=[], choices=sorted(MATRIX.keys() | PD_MATRIX.keys()), help="with --matrix: only this fault's rows (repeatable)")
+    parser.add_argument("--only", action="append", default=[], choices=sorted(MATRIX.keys() | PD_MATRIX.keys()),
+                        help="with --matrix: only this fault's rows (repeatable)")
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--probability", type=float, default=0.3)
     parser.add_argument("--context", type=int, default=4096)

@@ -100,8 +100,10 @@ def main() -> None:
                           "not_passed": sorted({f"{k}={v}" for r in rows for k, v in r["not_passed"].items()}),
                           "answers_seen": len(answers), "answers_judged": sum(a["judged"] for a in answers),
                           "impossible": sum(bool(a["impossible"]) for a in answers),
-                          "fastest_prefill_tokens_per_second": max((a["fastest_prefill_tokens_per_second"] or 0 for a in answers), default=None),
-                          "headroom_min": min(headrooms, default=None), "headroom_median": sorted(headrooms)[len(headrooms) // 2] if headrooms else None,
+                          "fastest_prefill_tokens_per_second": max((a["fastest_prefill_tokens_per_second"] or 0 for a in answers),
+                                                                   default=None),
+                          "headroom_min": min(headrooms, default=None),
+                          "headroom_median": sorted(headrooms)[len(headrooms) // 2] if headrooms else None,
                           "margin": plausibility.MARGIN, "min_judged_s": plausibility.MIN_JUDGED_S}), flush=True)
 
 

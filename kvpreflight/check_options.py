@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvpreflight.check_plan import CheckPlan, OutputPlan
 from kvpreflight.errors import ConfigError, naming
@@ -22,7 +22,11 @@ from kvpreflight.files import FileKind, check_file, check_private, check_writabl
 from kvpreflight.model import EntryApi
 from kvpreflight.targets import REQUEST_TIMEOUT_S
 
-__all__ = ["CheckOptions", "Label", "build_output", "build_plan", "check_fields", "flag", "options_from", "under"]
+if TYPE_CHECKING:
+    from kvpreflight.boot.spec import DeploymentSpec
+
+__all__ = ["CheckOptions", "Label", "build_output", "build_plan", "check_fields", "check_plan_mode", "check_targets_mode", "flag",
+           "load_boot_spec", "options_from", "under"]
 
 # Two samples of 7 can differ at best with a Kolmogorov-Smirnov p of 2/C(14,7) = 0.00058 (8: 0.00016);
 # above 1,000 the audit costs more than any deployment check should.
@@ -228,7 +232,8 @@ def build_plan(options: CheckOptions, *, booted: bool = False, label: Label = fl
     all_secrets = secrets_of(values=secrets, headers=[*headers.items(), *tenant_headers[0].items(), *tenant_headers[1].items()],
                              urls=[*(e.url for e in endpoints), entry])
     return CheckPlan(
-        targets=endpoints, entry=entry, entry_api=EntryApi(options.entry_api), entry_model=options.entry_model, engine=options.engine, model=options.model,
+        targets=endpoints, entry=entry, entry_api=EntryApi(options.entry_api), entry_model=options.entry_model,
+        engine=options.engine, model=options.model,
         context_length=options.context_length, logs=logs,
         auth=Auth(headers=headers, ca_bundle=str(options.ca_bundle) if options.ca_bundle else None,
                   client_cert=str(options.client_cert) if options.client_cert else None,
@@ -237,7 +242,8 @@ def build_plan(options: CheckOptions, *, booted: bool = False, label: Label = fl
         capacity_only=options.capacity_only, timeout_s=options.timeout, deadline_s=options.deadline,
         max_context_equivalents=options.max_context_equivalents, concurrency=options.concurrency,
         timing_samples=options.timing_samples, accepted_tokens_per_second=options.accepted_tokens_per_second,
-        allow_disruptive=options.allow_disruptive, scenarios=tuple(dict.fromkeys(options.scenarios)), waivers=waivers, advisory_dirs=options.advisories, booted=booted,
+        allow_disruptive=options.allow_disruptive, scenarios=tuple(dict.fromkeys(options.scenarios)), waivers=waivers,
+        advisory_dirs=options.advisories, booted=booted,
     )
 
 
@@ -297,10 +303,23 @@ def check_targets_mode(options: CheckOptions, *, boot: Path | None, log_dir: Pat
                           "--entry ROUTER (a router that lists its workers), or --boot SPEC.yaml")
 
 
-def check_plan_mode(*, boot: Path | None, plan_only: bool, no_calibrate: bool, fmt: str | None, writes_record: bool) -> None:
+def load_boot_spec(path: Path, *, allow_insecure_key: bool = False) -> DeploymentSpec:
+    """`check --boot SPEC`: the spec, its client certificate and key checked (readable, matching,
+    the key private unless `allow_insecure_key`) before anything boots."""
+    from kvpreflight.boot import load_spec
+
+    spec = load_spec(path)
+    spec.check_client_certificate()
+    spec.check_client_key_private(allow_insecure=allow_insecure_key)
+    return spec
+
+
+def check_plan_mode(*, boot: Path | None, plan_only: bool, no_calibrate: bool, fmt: str | None, record: Path | None = None,
+                    subjects: tuple[str, ...] = (), unsigned: bool = False, test_result: Path | None = None) -> None:
     """What `check --plan` (print the probes, send at most a calibration request) takes; checked once the
-    plan is built, before any engine is contacted. `writes_record`: --record, --subject, --unsigned or
-    --test-result given."""
+    plan is built, before any engine is contacted. A plan writes no record: none of --record,
+    --subject, --unsigned or --test-result."""
+    writes_record = any((record, subjects, unsigned, test_result))
     if no_calibrate and not plan_only:
         raise ConfigError("--no-calibrate only makes sense with --plan")
     if not plan_only:

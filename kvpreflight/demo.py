@@ -11,24 +11,21 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-import tempfile
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvpreflight.builtin_engine.config import FAULTS, FAULTS_ENV, Fault
-from kvpreflight.check_plan import OutputPlan
+from kvpreflight.builtin_engine.config import FAULTS_ENV
+from kvpreflight.builtin_engine.deployment import BuiltinDeployment
 from kvpreflight.errors import ConfigError, NotMeasured
 from kvpreflight.model import Report, RouterKind
 
 if TYPE_CHECKING:
     from kvpreflight.boot.deployment import BootedDeployment
     from kvpreflight.boot.spec import DeploymentSpec
+    from kvpreflight.check_plan import OutputPlan
 
-INCIDENT_POOL_RATIO = 0.65  # 681,280 / 1,048,576
-INCIDENT_FAULTS = (Fault.REJECT_CONTINUES.value, Fault.NO_TRANSFER_CHECK.value)
 PAGE_SIZE = 16
 # The prefill->decode link is paced (ms before each 8-page batch), so a long prompt's KV takes a
 # few hundred ms to move, as over a real network; unpaced, a local copy is over before a client
@@ -41,39 +38,43 @@ SGLANG_ROUTER_SETUP = ("install it with scripts/setup_engines.sh --only smg (or 
                        f"or set {SGLANG_ROUTER_ENV}")
 
 
-@dataclass(frozen=True, kw_only=True)
-class BuiltinDeployment:
-    """A builtin prefill/decode/router trio as the demo and fleet inventories describe it."""
+# `kvpreflight demo`'s flag of each BuiltinDeployment field (a fleet inventory names them by YAML path).
+DEMO_FLAGS = {"pool_ratio": "--pool-ratio", "decode_pool_ratio": "--decode-pool-ratio", "context_length": "--context-length",
+              "faults": "--fault", "incident": "--incident", "router": "--router"}
 
-    pool_ratio: float = 2.0  # prefill pool = ratio x context
-    decode_pool_ratio: float = 2.0
-    context_length: int = 8192
-    faults: tuple[str, ...] = ()
-    incident: bool = False  # the 2026 incident: ratio 0.65, its faults, another tenant's data planted
-    router: RouterKind = RouterKind.BUILTIN  # which PD router fronts the pair
 
-    def validate(self, name_of: Callable[[str], str] = str) -> None:
-        """Raises ConfigError naming the field as `name_of(field)` says (a CLI flag, a YAML path)."""
-        if not isinstance(self.router, RouterKind):
-            raise ConfigError(f"must be one of {', '.join(RouterKind)} (got {self.router!r})").under(name_of("router"))
-        for name, value in (("pool_ratio", self.pool_ratio), ("decode_pool_ratio", self.decode_pool_ratio)):
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 64:
-                raise ConfigError(f"must be a ratio between 0 and 64 (got {value})").under(name_of(name))
-        if isinstance(self.context_length, bool) or not isinstance(self.context_length, int) \
-                or not 256 <= self.context_length <= 262144:
-            raise ConfigError(f"must be an integer between 256 and 262144 for the builtin engine "
-                              f"(got {self.context_length})").under(name_of("context_length"))
-        for i, fault in enumerate(self.faults):
-            if fault not in FAULTS:
-                raise ConfigError(f"unknown fault {fault!r}; choose from {', '.join(FAULTS)}").under(name_of(f"faults[{i}]"))
+def demo_flag(field: str) -> str:
+    """The demo's flag of a BuiltinDeployment field (`faults[0]` is --fault)."""
+    return DEMO_FLAGS[field.split("[")[0]]
 
-    @property
-    def prefill_pool_ratio(self) -> float:
-        return INCIDENT_POOL_RATIO if self.incident else self.pool_ratio
 
-    @property
-    def engine_faults(self) -> tuple[str, ...]:
-        return tuple(sorted(set(self.faults) | (set(INCIDENT_FAULTS) if self.incident else set())))
+def demo_deployment(*, router: str | None = None, name_of: Callable[[str], str] = demo_flag,
+                    **fields: Any) -> BuiltinDeployment:
+    """The deployment `kvpreflight demo`'s options describe (`router` as the user wrote it, the other
+    fields as BuiltinDeployment's; None: its default), validated: ConfigError (exit 2) naming the option."""
+    kind = RouterKind.BUILTIN
+    if router is not None:
+        try:
+            kind = RouterKind(router)
+        except ValueError:
+            raise ConfigError(f"must be one of {', '.join(RouterKind)} (got {router!r})").under(name_of("router")) from None
+    deployment = BuiltinDeployment(router=kind, **{name: value for name, value in fields.items() if value is not None})
+    deployment.validate(name_of=name_of)
+    return deployment
+
+
+def demo_output(*, fmt: str | None, output: Path | None, quiet: bool, record: Path | None,
+                command_line: Sequence[str]) -> OutputPlan:
+    """The demo's report format and file; its record's key and subjects are the demo's own (a fresh
+    key, its logs), so only where the record goes (`record`, checked writable now) comes from the user."""
+    from kvpreflight.check_options import build_output
+    from kvpreflight.files import check_writable
+
+    out = build_output(fmt=fmt, output=output, record=None, sign_key=None, subjects=(), unsigned=False,
+                       command_line=tuple(command_line), reads_files=True, quiet=quiet)
+    if record is not None:
+        check_writable(record, "--record")
+    return out
 
 
 def say(message: str) -> None:
@@ -174,6 +175,8 @@ def demo_spec(settings: BuiltinDeployment) -> DeploymentSpec:
 
 def plant_other_tenant(entry_url: str, marker: str, tokens: int, copies: int) -> None:
     """Fill the decode pool with another tenant's requests (then freed; pages are not zeroed)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from kvpreflight.engines.http import HttpClient
 
     text = (f"{marker} " * (tokens // (len(marker) + 1) + 1))[:tokens]
@@ -202,12 +205,13 @@ DEFAULT_OUT = Path("kvpreflight-demo")  # in the working directory: what a user 
 def run_demo(deployment: BuiltinDeployment, output: OutputPlan, *, log_dir: Path | None = None,
              sign_key: str | None = None, allow_insecure_key: bool = False, record_path: Path | None = None,
              command_line: Sequence[str] = ("kvpreflight", "demo"),
-             progress: Callable[[str], None] = say, out_dir: Path = DEFAULT_OUT, keep: bool = False) -> DemoRun:
+             progress: Callable[[str], None] = say, out_dir: Path | None = None, keep: bool = False) -> DemoRun:
     """Boot the deployment, check it through its router, publish the report and a signed record
     (to `record_path`, default `out_dir`/record.dsse.json; signed with the key in `out_dir`/keys,
     made on the first run, unless `sign_key` is given), stop everything. The engines' logs go to
     `log_dir`, else to a temporary folder removed afterwards (to `out_dir`/logs with `keep`)."""
     deployment.validate()
+    out_dir = out_dir or DEFAULT_OUT
     spec = demo_spec(deployment)  # before any file is written: it may find no smg to run
     record_path = record_path or out_dir / "record.dsse.json"
     pub_path = None
@@ -221,17 +225,12 @@ def run_demo(deployment: BuiltinDeployment, output: OutputPlan, *, log_dir: Path
         else:
             key_path, pub_path = write_keypair(keys, generate())
         sign_key = str(key_path)
-    temporary = None
-    if log_dir is None:
-        log_dir = out_dir / "logs" if keep else Path(tempfile.mkdtemp(prefix="kvpreflight-demo-logs-"))
-        temporary = None if keep else log_dir
-    try:
-        return _run_demo(deployment, output, spec, log_dir=log_dir, sign_key=sign_key, record_path=record_path,
+    from kvpreflight.boot import log_folder
+
+    with log_folder(log_dir, keep=keep, prefix="kvpreflight-demo-logs-", kept_in=out_dir / "logs", say=progress) as folder:
+        return _run_demo(deployment, output, spec, log_dir=folder, sign_key=sign_key, record_path=record_path,
                          pub_path=pub_path, command_line=command_line, progress=progress,
                          allow_insecure_key=allow_insecure_key)
-    finally:
-        if temporary is not None:
-            shutil.rmtree(temporary, ignore_errors=True)
 
 
 def _run_demo(deployment: BuiltinDeployment, output: OutputPlan, spec: Any, *, log_dir: Path, sign_key: str,

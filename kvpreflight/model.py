@@ -11,7 +11,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CheckResult", "Completion", "Cost", "EngineSnapshot", "EntryApi", "PoolReading", "ProcessRole", "Report", "Role", "Status", "Waiver", "combined_verdict"]
+__all__ = [
+    "CheckResult", "Completion", "Cost", "EngineSnapshot", "EntryApi", "PoolReading", "ProcessRole", "Report", "Role", "Status", "Waiver",
+    "combined_verdict",
+]
 
 
 class Status(str, enum.Enum):
@@ -413,6 +416,13 @@ class CheckResult:
     endpoint: str | None = None
     evidence: Mapping[str, Any] = field(default_factory=dict)
 
+    @property
+    def waiver(self) -> str | None:
+        """The reason of the waiver that turned this result into a skip (None: not waived); the
+        finding it waived stays in the evidence beside it."""
+        reason = self.evidence.get("waiver")
+        return None if reason is None else str(reason)
+
 
 @dataclass(frozen=True, kw_only=True)
 class EngineCost:
@@ -479,7 +489,7 @@ class Report:
     @property
     def waived_count(self) -> int:
         """Results a waiver turned into `skip` (the check ran; its finding stays in the evidence)."""
-        return sum(1 for c in self.checks if "waiver" in c.evidence)
+        return sum(1 for c in self.checks if c.waiver is not None)
 
     def status_count(self, status: Status) -> int:
         return sum(1 for c in self.checks if c.status is status)

@@ -27,7 +27,7 @@ from kvpreflight.model import (
     Waiver,
 )
 
-__all__ = ["SCHEMA_VERSION", "SchemaError", "report_from_dict", "report_to_dict"]
+__all__ = ["SCHEMA_VERSION", "Reader", "SchemaError", "read_report", "report_from_dict", "report_to_dict"]
 
 SCHEMA_VERSION = REPORT_SCHEMA_VERSION  # the JSON report's schema (and the fleet JSON's, which follows it)
 TOOL_NAME = "kvpreflight"
@@ -125,121 +125,181 @@ def _rounded(value: float | None) -> float | None:
     return None if value is None else round(value, 2)
 
 
-def cost_from_dict(data: Any, where: str = "cost") -> Cost:
-    d = _mapping(data, where)
+def _cost(data: Any, where: str, r: Reader) -> Cost | None:
+    d = r.mapping(data, where)
+    if d is None:
+        return None
+    mark = r.mark()
     at = f"{where}."
     engines = []
-    for i, e in enumerate(_items(d, "engines", at)):
-        e = _mapping(e, f"{at}engines[{i}]")
+    for i, e in enumerate(r.items(d, "engines", at)):
         eat = f"{at}engines[{i}]."
-        engines.append(EngineCost(url=_get(e, "url", str, eat, required=True), role=_enum(Role, e.get("role"), f"{eat}role"),
-                                  context_length=_get(e, "context_length", int, eat),
-                                  prompt_tokens=_get(e, "prompt_tokens", int, eat),
-                                  prefilled_tokens=_get(e, "prefilled_tokens", int, eat),
-                                  generated_tokens=_get(e, "generated_tokens", int, eat)))
-    return Cost(requests=_get(d, "requests", int, at, required=True),
-                prompt_tokens_submitted=_get(d, "prompt_tokens_submitted", int, at, required=True),
-                generated_tokens=_get(d, "generated_tokens", int, at) or 0,
-                wall_s=float(_get(d, "wall_s", (int, float), at) or 0.0),
-                checked_context=_get(d, "checked_context", int, at),
-                prefilled_tokens=_get(d, "prefilled_tokens", int, at, required=True),
-                measured=bool(_get(d, "prefilled_measured", bool, at)),
-                basis=_get(d, "prefilled_basis", str, at) or "",
+        if (e := r.mapping(e, f"{at}engines[{i}]")) is not None:
+            engines.append(EngineCost(url=r.get(e, "url", str, eat, required=True), role=r.enum(Role, e.get("role"), f"{eat}role"),
+                                      context_length=r.get(e, "context_length", int, eat),
+                                      prompt_tokens=r.get(e, "prompt_tokens", int, eat),
+                                      prefilled_tokens=r.get(e, "prefilled_tokens", int, eat),
+                                      generated_tokens=r.get(e, "generated_tokens", int, eat)))
+    cost = Cost(requests=r.get(d, "requests", int, at, required=True),
+                prompt_tokens_submitted=r.get(d, "prompt_tokens_submitted", int, at, required=True),
+                generated_tokens=r.get(d, "generated_tokens", int, at) or 0,
+                wall_s=float(r.get(d, "wall_s", (int, float), at) or 0.0),
+                checked_context=r.get(d, "checked_context", int, at),
+                prefilled_tokens=r.get(d, "prefilled_tokens", int, at, required=True),
+                measured=bool(r.get(d, "prefilled_measured", bool, at)),
+                basis=r.get(d, "prefilled_basis", str, at) or "",
                 engines=tuple(engines))
+    return None if r.failed_since(mark) else cost
 
 
-def _get(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, *, required: bool = False) -> Any:
-    value = data.get(key)
-    if value is None and not required:
+class Reader:
+    """Reads dicts the schema describes, noting every value that does not follow it rather than
+    stopping at the first, so that a damaged file or record is named whole in one message. A value
+    that does not read comes back as None (a list as []); a reader returns what it built only when
+    nothing failed since its `mark`, so no typed object it returns holds such a stand-in."""
+
+    def __init__(self) -> None:
+        self.problems: list[str] = []
+
+    def note(self, problem: str) -> None:
+        self.problems.append(problem)
+
+    def mark(self) -> int:
+        return len(self.problems)
+
+    def failed_since(self, mark: int) -> bool:
+        return len(self.problems) > mark
+
+    def get(self, data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], where: str, *, required: bool = False) -> Any:
+        value = data.get(key)
+        if value is None and not required:
+            return None
+        if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
+            self.note(f"{where}{key} is {value!r}")
+            return None
+        return value
+
+    def items(self, data: Mapping[str, Any], key: str, where: str) -> list[Any]:
+        return list(self.get(data, key, list, where) or [])
+
+    def mapping(self, value: Any, where: str) -> Mapping[str, Any] | None:
+        if not isinstance(value, Mapping):
+            self.note(f"{where} is not an object")
+            return None
+        return value
+
+    def enum(self, kind: type[Any], value: Any, where: str) -> Any:
+        try:
+            return kind(value)
+        except ValueError:
+            self.note(f"{where} is {value!r}, not one of {', '.join(m.value for m in kind)}")
+            return None
+
+
+def _reading(data: Any, where: str, r: Reader) -> PoolReading | None:
+    if (d := r.mapping(data, where)) is None:
         return None
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is int:
-        raise SchemaError(f"malformed report: {where}{key} is {value!r}; the file is damaged or not a kvpreflight report")
-    return value
+    mark = r.mark()
+    reading = PoolReading(source=r.get(d, "source", str, f"{where}.", required=True),
+                          origin=r.enum(Origin, d.get("origin"), f"{where}.origin"),
+                          tokens=r.get(d, "tokens", int, f"{where}.", required=True),
+                          rank=r.get(d, "rank", str, f"{where}."))
+    return None if r.failed_since(mark) else reading
 
 
-def _items(data: Mapping[str, Any], key: str, where: str) -> list[Any]:
-    return list(_get(data, key, list, where) or [])
-
-
-def _mapping(value: Any, where: str) -> Mapping[str, Any]:
-    if not isinstance(value, Mapping):
-        raise SchemaError(f"malformed report: {where} is not an object; the file is damaged or not a kvpreflight report")
-    return value
-
-
-def _enum(kind: type[Any], value: Any, where: str) -> Any:
-    try:
-        return kind(value)
-    except ValueError:
-        allowed = ", ".join(m.value for m in kind)
-        raise SchemaError(f"malformed report: {where} is {value!r}, not one of {allowed}") from None
-
-
-def reading_from_dict(data: Any, where: str) -> PoolReading:
-    d = _mapping(data, where)
-    return PoolReading(source=_get(d, "source", str, f"{where}.", required=True),
-                       origin=_enum(Origin, d.get("origin"), f"{where}.origin"),
-                       tokens=_get(d, "tokens", int, f"{where}.", required=True),
-                       rank=_get(d, "rank", str, f"{where}."))
-
-
-def engine_from_dict(data: Any, where: str) -> EngineSnapshot:
-    d = _mapping(data, where)
+def _engine(data: Any, where: str, r: Reader) -> EngineSnapshot | None:
+    if (d := r.mapping(data, where)) is None:
+        return None
+    mark = r.mark()
     at = f"{where}."
     # `context_served` is what release records before predicate schema 2 called `context_length`
     context = d.get("context_length", d.get("context_served"))
-    return EngineSnapshot(
-        url=_get(d, "url", str, at, required=True),
-        engine=_get(d, "engine", str, at, required=True),
-        version=_get(d, "version", str, at),
-        role=_enum(Role, d.get("role"), f"{at}role"),
+    readings = [_reading(x, f"{at}kv_pool_readings[{i}]", r) for i, x in enumerate(r.items(d, "kv_pool_readings", at))]
+    if "kv_pool_readings" not in d and (pool := r.get(d, "kv_pool_tokens", int, at)) is not None:
+        # Release records before predicate schema 2 kept the pool that counted, not its readings:
+        # that size reads back as one reading, so the pool shown and compared is the one judged.
+        # Its origin was not kept; nothing judges a read-back reading's origin again.
+        readings = [PoolReading(source="kv_pool_tokens", origin=Origin.SCHEDULER, tokens=pool)]
+    engine = EngineSnapshot(
+        url=r.get(d, "url", str, at, required=True),
+        engine=r.get(d, "engine", str, at, required=True),
+        version=r.get(d, "version", str, at),
+        role=r.enum(Role, d.get("role"), f"{at}role"),
         # Reports written before roles were inferred carry no role_source.
-        role_source=_enum(RoleSource, d.get("role_source") or RoleSource.ASSUMED.value, f"{at}role_source"),
-        model=_get(d, "model", str, at),
-        served_context=_get({"context_length": context}, "context_length", int, at),
-        pool_readings=tuple(reading_from_dict(r, f"{at}kv_pool_readings[{i}]")
-                            for i, r in enumerate(_items(d, "kv_pool_readings", at))),
-        page_size=_get(d, "page_size", int, at),
-        max_request_tokens=_get(d, "max_request_tokens", int, at),
-        settings=dict(_get(d, "settings", dict, at) or {}),
-        notes=tuple(str(n) for n in _items(d, "notes", at)),
+        role_source=r.enum(RoleSource, d.get("role_source") or RoleSource.ASSUMED.value, f"{at}role_source"),
+        model=r.get(d, "model", str, at),
+        served_context=r.get({"context_length": context}, "context_length", int, at),
+        pool_readings=tuple(x for x in readings if x is not None),
+        page_size=r.get(d, "page_size", int, at),
+        max_request_tokens=r.get(d, "max_request_tokens", int, at),
+        settings=dict(r.get(d, "settings", dict, at) or {}),
+        notes=tuple(str(n) for n in r.items(d, "notes", at)),
     )
+    return None if r.failed_since(mark) else engine
 
 
-def check_from_dict(data: Any, where: str) -> CheckResult:
-    d = _mapping(data, where)
+def _check(data: Any, where: str, r: Reader) -> CheckResult | None:
+    """One check's result. Its id stays the string recorded: a report from another kvpreflight
+    version may name a check this one does not know, and still reads."""
+    if (d := r.mapping(data, where)) is None:
+        return None
+    mark = r.mark()
     at = f"{where}."
-    return CheckResult(id=_get(d, "id", str, at, required=True), status=_enum(Status, d.get("status"), f"{at}status"),
-                       message=_get(d, "message", str, at) or "", endpoint=_get(d, "endpoint", str, at),
-                       evidence=dict(_get(d, "evidence", dict, at) or {}))
+    check = CheckResult(id=r.get(d, "id", str, at, required=True), status=r.enum(Status, d.get("status"), f"{at}status"),
+                        message=r.get(d, "message", str, at) or "", endpoint=r.get(d, "endpoint", str, at),
+                        evidence=dict(r.get(d, "evidence", dict, at) or {}))
+    return None if r.failed_since(mark) else check
+
+
+def _waiver(data: Any, where: str, r: Reader) -> Waiver | None:
+    if (w := r.mapping(data, where)) is None:
+        return None
+    mark = r.mark()
+    at = f"{where}."
+    waiver = Waiver(r.get(w, "check_id", str, at, required=True), r.get(w, "reason", str, at) or "", r.get(w, "until", str, at))
+    return None if r.failed_since(mark) else waiver
+
+
+def read_report(data: Any, r: Reader) -> Report | None:
+    """The Report `data` describes, every value that does not read noted in `r` (None when any
+    did). A newer schema than this kvpreflight reads raises SchemaError at once: its fields may
+    mean what this version cannot know."""
+    mark = r.mark()
+    if (d := r.mapping(data, "the report")) is None:
+        return None
+    version = r.get(d, "schema_version", int, "")
+    if version is not None and version > SCHEMA_VERSION:
+        raise SchemaError(f"report schema_version {version} is newer than this kvpreflight reads ({SCHEMA_VERSION}); upgrade kvpreflight")
+    tool_info = r.mapping(d.get("tool") or {}, "tool") or {}
+    engines = [_engine(e, f"engines[{i}]", r) for i, e in enumerate(r.items(d, "engines", ""))]
+    checks = [_check(c, f"checks[{i}]", r) for i, c in enumerate(r.items(d, "checks", ""))]
+    waivers = [_waiver(w, f"waivers[{i}]", r) for i, w in enumerate(r.items(d, "waivers", ""))]
+    gpus = [r.mapping(g, f"gpus[{i}]") for i, g in enumerate(r.items(d, "gpus", ""))]
+    report = Report(
+        tool_version=str(tool_info.get("version") or ""),
+        engines=tuple(e for e in engines if e is not None),
+        checks=tuple(c for c in checks if c is not None),
+        waivers=tuple(w for w in waivers if w is not None),
+        context_length_promised=r.get(d, "context_length_promised", int, ""),
+        entry=r.get(d, "entry", str, ""),
+        started_at=r.get(d, "started_at", str, ""),
+        finished_at=r.get(d, "finished_at", str, ""),
+        gpus=tuple(dict(g) for g in gpus if g is not None),
+        schema_version=version or SCHEMA_VERSION,
+        cost=_cost(d["cost"], "cost", r) if d.get("cost") is not None else None,
+        name=r.get(d, "name", str, ""),
+        spec=r.get(d, "spec", str, ""),
+    )
+    return None if r.failed_since(mark) else report
 
 
 def report_from_dict(data: Any) -> Report:
     """The Report a `report_to_dict` dict (or a release record's predicate) describes.
 
-    A status, role or origin outside its closed set is an error, never read as something else."""
-    d = _mapping(data, "the report")
-    version = _get(d, "schema_version", int, "")
-    if version is not None and version > SCHEMA_VERSION:
-        raise SchemaError(f"report schema_version {version} is newer than this kvpreflight reads ({SCHEMA_VERSION}); upgrade kvpreflight")
-    tool_info = _mapping(d.get("tool") or {}, "tool")
-    waivers = []
-    for i, w in enumerate(_items(d, "waivers", "")):
-        w = _mapping(w, f"waivers[{i}]")
-        waivers.append(Waiver(_get(w, "check_id", str, f"waivers[{i}].", required=True),
-                              _get(w, "reason", str, f"waivers[{i}].") or "", _get(w, "until", str, f"waivers[{i}].")))
-    return Report(
-        tool_version=str(tool_info.get("version") or ""),
-        engines=tuple(engine_from_dict(e, f"engines[{i}]") for i, e in enumerate(_items(d, "engines", ""))),
-        checks=tuple(check_from_dict(c, f"checks[{i}]") for i, c in enumerate(_items(d, "checks", ""))),
-        waivers=tuple(waivers),
-        context_length_promised=_get(d, "context_length_promised", int, ""),
-        entry=_get(d, "entry", str, ""),
-        started_at=_get(d, "started_at", str, ""),
-        finished_at=_get(d, "finished_at", str, ""),
-        gpus=tuple(dict(_mapping(g, f"gpus[{i}]")) for i, g in enumerate(_items(d, "gpus", ""))),
-        schema_version=version or SCHEMA_VERSION,
-        cost=cost_from_dict(d["cost"]) if d.get("cost") is not None else None,
-        name=_get(d, "name", str, ""),
-        spec=_get(d, "spec", str, ""),
-    )
+    A status, role or origin outside its closed set is an error, never read as something else;
+    the error names every value that does not read, not only the first."""
+    r = Reader()
+    report = read_report(data, r)
+    if report is None:
+        raise SchemaError(f"malformed report: {'; '.join(r.problems)}; the file is damaged or not a kvpreflight report")
+    return report

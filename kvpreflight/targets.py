@@ -20,7 +20,10 @@ from kvpreflight.files import FileKind, read_text
 from kvpreflight.model import Role, Waiver
 from kvpreflight.redact import cut
 
-__all__ = ["Auth", "Target", "parse_endpoint", "parse_endpoints", "parse_header", "parse_log", "parse_url", "parse_waiver", "secret_from_env", "secret_from_file", "tenant_auth"]
+__all__ = [
+    "Auth", "Target", "parse_endpoint", "parse_endpoints", "parse_header", "parse_log", "parse_url", "parse_waiver", "secret_from_env",
+    "secret_from_file", "tenant_auth",
+]
 
 
 @dataclass(frozen=True)

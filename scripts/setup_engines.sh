@@ -157,13 +157,25 @@ venv_over_vllm() {
 
 # vLLM's MooncakeConnector (examples/specs/vllm-pd-mooncake-cpu.yaml) in a venv of its own, so the
 # vLLM venv CI uses is never changed: a .pth file puts the vLLM venv's site-packages on its path.
+# Mooncake's engine.so links libibverbs.so.1 (with libnl), which its wheel does not carry: where
+# the system has none, Debian's packages are fetched with `apt-get download` and their libraries
+# copied into the wheel's .libs folder under site-packages $1, which engine.so's RPATH
+# ($ORIGIN/../mooncake_transfer_engine_non_cuda.libs) already searches (no LD_LIBRARY_PATH).
+mooncake_ibverbs() {
+    ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 ' && return 0
+    local debs; debs=$(mktemp -d)
+    (cd "$debs" && apt-get download libibverbs1 libnl-3-200 libnl-route-3-200)
+    for deb in "$debs"/*.deb; do dpkg -x "$deb" "$debs/root"; done
+    mkdir -p "$1/mooncake_transfer_engine_non_cuda.libs"
+    find "$debs/root" \( -name libibverbs.so.1 -o -name libnl-3.so.200 -o -name libnl-route-3.so.200 \) \
+        -exec cp -L {} "$1/mooncake_transfer_engine_non_cuda.libs/" \;
+    rm -rf "$debs"
+}
+
 # mooncake-transfer-engine-non-cuda is installed --no-deps: vLLM's connector imports only
 # mooncake.engine, which needs none of the wheel's declared requirements (aiohttp, msgpack and
-# requests serve Mooncake Store). Its engine.so links libibverbs.so.1 (libibverbs1, with libnl) and
-# the wheel does not carry it: where the system has none, Debian's packages are fetched with
-# `apt-get download` and their libraries copied into the wheel's .libs folder, which engine.so's
-# RPATH ($ORIGIN/../mooncake_transfer_engine_non_cuda.libs) already searches (no LD_LIBRARY_PATH).
-# No RDMA device is needed: the spec's transfers use Mooncake's TCP transport.
+# requests serve Mooncake Store); mooncake_ibverbs supplies the libibverbs it links. No RDMA device
+# is needed: the spec's transfers use Mooncake's TCP transport.
 setup_mooncake() {
     if [[ -f "$MOONCAKE_MARKER" ]] && "$MOONCAKE_VENV/bin/python" -c "import mooncake.engine, vllm" 2>/dev/null; then
         log "Mooncake $MOONCAKE_VERSION: cached in $MOONCAKE_VENV"
@@ -176,14 +188,7 @@ setup_mooncake() {
         set -euo pipefail
         site=$(venv_over_vllm "$MOONCAKE_VENV")
         "$MOONCAKE_VENV/bin/pip" install --no-compile --no-deps "mooncake-transfer-engine-non-cuda==$MOONCAKE_VERSION"
-        if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 '; then
-            debs=$(mktemp -d)
-            (cd "$debs" && apt-get download libibverbs1 libnl-3-200 libnl-route-3-200)
-            for deb in "$debs"/*.deb; do dpkg -x "$deb" "$debs/root"; done
-            find "$debs/root" \( -name libibverbs.so.1 -o -name libnl-3.so.200 -o -name libnl-route-3.so.200 \) \
-                -exec cp -L {} "$site/mooncake_transfer_engine_non_cuda.libs/" \;
-            rm -rf "$debs"
-        fi
+        mooncake_ibverbs "$site"
         cp "$REPO/scripts/mooncake_cpu_shim.py" "$site/kvpf_mooncake_cpu_shim.py"
         echo "import kvpf_mooncake_cpu_shim" >"$site/kvpreflight-mooncake-cpu-shim.pth"
         "$MOONCAKE_VENV/bin/python" -c "import mooncake.engine, vllm; print(vllm.__version__)"
@@ -322,14 +327,7 @@ setup_sglang() {
             "${pip[@]}" -c "$constraints" "${SGLANG_REQUIREMENTS[@]}"
             "$SGLANG_VENV/bin/python" -c "import torch; assert torch.version.cuda is None, torch.__version__; print('torch', torch.__version__)"
             site=$("$SGLANG_VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-            if ! ldconfig -p 2>/dev/null | grep -q 'libibverbs\.so\.1 '; then
-                debs=$(mktemp -d)
-                (cd "$debs" && apt-get download libibverbs1 libnl-3-200 libnl-route-3-200)
-                for deb in "$debs"/*.deb; do dpkg -x "$deb" "$debs/root"; done
-                find "$debs/root" \( -name libibverbs.so.1 -o -name libnl-3.so.200 -o -name libnl-route-3.so.200 \) \
-                    -exec cp -L {} "$site/mooncake_transfer_engine_non_cuda.libs/" \;
-                rm -rf "$debs"
-            fi
+            mooncake_ibverbs "$site"
         ) >"$LOGS/sglang-install.log" 2>&1 || { tail -n 30 "$LOGS/sglang-install.log" >&2; return 1; }
         touch "$packages_marker"
     fi

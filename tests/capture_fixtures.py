@@ -97,7 +97,8 @@ def prompt_summary(body: dict, key: str = "prompt") -> dict:
     return out
 
 
-VLLM_CAPACITY = r"KV cache size|Maximum concurrency|num_gpu_blocks|GiB for KV cache|max seq len|KV cache memory|estimated maximum model length"
+VLLM_CAPACITY = (r"KV cache size|Maximum concurrency|num_gpu_blocks|GiB for KV cache|max seq len|KV cache memory|"
+                 r"estimated maximum model length")
 
 
 def capture_vllm(work: Path) -> None:

@@ -9,8 +9,10 @@ Where the engines come from: ``scripts/setup_engines.sh`` writes ``$CACHE/engine
 ``KVPREFLIGHT_VLLM_PYTHON`` (the vLLM venv's python), ``KVPREFLIGHT_LLAMA_SERVER`` (the
 llama-server binary) and ``KVPREFLIGHT_LLAMA_PYTHON`` (the llama venv's python, which has
 ``gguf`` for the GGUF builders), ``KVPREFLIGHT_VLLM_ROUTER`` (vLLM's PD router, beside
-NIXL in the vLLM venv) and ``KVPREFLIGHT_SGLANG_PYTHON`` (SGLang 0.5.23's venv, with its CPU stand-ins) and ``KVPREFLIGHT_DYNAMO_PYTHON`` (NVIDIA Dynamo 1.6.1's venv). ``$CACHE`` is ``${KVPREFLIGHT_CACHE:-~/.cache/kvpreflight}``. It also builds
-the echo model (scripts/make_echo_model.py) that the engine fixtures serve, under
+NIXL in the vLLM venv) and ``KVPREFLIGHT_SGLANG_PYTHON`` (SGLang 0.5.23's venv, with its CPU
+stand-ins) and ``KVPREFLIGHT_DYNAMO_PYTHON`` (NVIDIA Dynamo 1.6.1's venv). ``$CACHE`` is
+``${KVPREFLIGHT_CACHE:-~/.cache/kvpreflight}``. It also builds the echo model
+(scripts/make_echo_model.py) that the engine fixtures serve, under
 ``$CACHE/models/echo-<hash of the builder>``; a fixture builds it there when it is missing.
 """
 

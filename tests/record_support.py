@@ -92,6 +92,20 @@ def run_cli(*args: object, env: dict | None = None) -> subprocess.CompletedProce
     return invoke(*args, env=env)
 
 
+def verify(record: Path, public: Path, *extra: str) -> subprocess.CompletedProcess:
+    return run_cli("verify", record, "--key", public, *extra)
+
+
+def assert_refused(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    """`verify` refused (exit 1) in one line, as sigstore's CLI writes it: FAIL: <file>: <reason>."""
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == ""
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1 and result.stderr.startswith("FAIL: ") and ": refused: " in result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, result.stderr
+
+
 def load(path: Path) -> dict:
     return json.loads(path.read_text())
 

@@ -148,7 +148,9 @@ def _gguf_vocab() -> tuple[list[bytes], list[float], list[int]]:
     words = [chr(c) for c in range(ord("a"), ord("z") + 1)] + [
         chr(c) for c in range(ord("A"), ord("Z") + 1)
     ]
-    words += ["\u2581" + w for w in ["the", "a", "of", "and", "to", "in", "is", "KV", "cache", "token", "pool", "tenant", "request", "hello"]]
+    words += ["\u2581" + w for w in [
+        "the", "a", "of", "and", "to", "in", "is", "KV", "cache", "token", "pool", "tenant", "request", "hello",
+    ]]
     for i, w in enumerate(words):
         tokens.append(w.encode())
         scores.append(-float(i + 1))

@@ -16,6 +16,7 @@ Public API (everything else in this package is internal):
 from kvpreflight.boot.deployment import BootedDeployment, BootedEngine
 from kvpreflight.boot.errors import BootError
 from kvpreflight.boot.launcher import boot_deployment
+from kvpreflight.boot.logs import log_folder
 from kvpreflight.boot.spec import ChecksSpec, DeploymentSpec, EngineSpec, load_spec, parse_spec
 
 __all__ = [
@@ -27,5 +28,6 @@ __all__ = [
     "EngineSpec",
     "boot_deployment",
     "load_spec",
+    "log_folder",
     "parse_spec",
 ]

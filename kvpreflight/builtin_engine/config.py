@@ -70,7 +70,8 @@ _FAULT_DESCRIPTIONS = {
     Fault.MISREPORT_POOL: "server_info and metrics report a larger pool than the allocator holds",
     Fault.DECODE_RECOMPUTE: "decode discards the KV the prefill sent and computes the prompt again itself",
     Fault.LEAK_STREAMED: "streamed answers are decoded over the tail of another cache_salt's last prompt (unified, decode)",
-    Fault.LEAK_NOT_STREAMED: "answers that are not streamed are decoded over the tail of another cache_salt's last prompt (unified, decode)",
+    Fault.LEAK_NOT_STREAMED: "answers that are not streamed are decoded over the tail of another cache_salt's last prompt "
+                             "(unified, decode)",
     Fault.SHORTENED_PROMPT: "prompts over 256 tokens lose their second half, the answer still reports the full length (unified, prefill)",
     Fault.TOKENS_THEN_GARBAGE: "a streamed prompt over the limits gets 3 tokens, then an error frame cut mid-JSON",
     Fault.TEXT_WITH_BAD_COUNT: "a prompt over the limits, not streamed, gets an answer with text and completion_tokens -1",

@@ -1,5 +1,6 @@
 """The engine proper: admission (SGLang's length checks), prefill with the prefix cache and the
-decode loop. Runs inside the engine process only (imports torch); the PD handoff is in pd.py (protocol, wire), pd_prefill.py and pd_decode.py.
+decode loop. Runs inside the engine process only (imports torch); the PD handoff is in pd.py
+(protocol, wire), pd_prefill.py and pd_decode.py.
 
 Faults live in `self.faults` and change behaviour only; nothing here reports them anywhere.
 """

@@ -70,19 +70,25 @@ def render(engine: Engine) -> str:
     metric("sglang:generation_tokens_total", "counter", "Number of generation tokens processed.", c.generation_tokens, streaming)
     metric("sglang:num_requests_total", "counter", "Number of requests processed.", c.num_requests, streaming)
     metric("sglang:num_aborted_requests_total", "counter", "Number of requests aborted.", c.aborted_requests)
-    metric("sglang:cached_tokens_total", "counter", "Number of cached prompt tokens by source (device/host/storage).", c.cached_tokens, 'cache_source="device"')
+    metric("sglang:cached_tokens_total", "counter", "Number of cached prompt tokens by source (device/host/storage).", c.cached_tokens,
+           'cache_source="device"')
     metric("sglang:num_transfer_failed_reqs_total", "counter", "Number of requests whose KV transfer failed.", c.transfer_failed)
     metric("sglang:num_bootstrap_failed_reqs_total", "counter", "Number of requests whose bootstrap failed.", c.bootstrap_failed)
-    metric("sglang:decode_deferred_kv_release_total", "counter", "Decode KV releases deferred until the transfer drained.", c.deferred_release)
+    metric("sglang:decode_deferred_kv_release_total", "counter", "Decode KV releases deferred until the transfer drained.",
+           c.deferred_release)
     name = "sglang:decode_deferred_kv_release_seconds"
     lines.append(f"# HELP {name} Time a cancelled request's decode KV release was deferred until its transfer drained.")
     lines.append(f"# TYPE {name} histogram")
     lines.append(f'{name}_bucket{{{labels},le="+Inf"}} {_fmt(c.deferred_release)}')
     lines.append(f"{name}_sum{{{labels}}} {_fmt(c.deferred_release_seconds)}")
     lines.append(f"{name}_count{{{labels}}} {_fmt(c.deferred_release)}")
-    metric("sglang:kv_transfers_total", "counter", "kvpreflight-builtin: KV transfers completed (sent on prefill, received on decode).", c.transfers_sent + c.transfers_received)
-    metric("sglang:kv_transfer_tokens_total", "counter", "kvpreflight-builtin: prompt tokens whose KV moved by transfers (sent on prefill, received on decode).", c.transfer_tokens)
-    metric("sglang:kv_transfer_pages_total", "counter", "kvpreflight-builtin: KV pages written by transfers on this engine.", c.transfer_pages)
+    metric("sglang:kv_transfers_total", "counter", "kvpreflight-builtin: KV transfers completed (sent on prefill, received on decode).",
+           c.transfers_sent + c.transfers_received)
+    metric("sglang:kv_transfer_tokens_total", "counter",
+           "kvpreflight-builtin: prompt tokens whose KV moved by transfers (sent on prefill, received on decode).", c.transfer_tokens)
+    metric("sglang:kv_transfer_pages_total", "counter", "kvpreflight-builtin: KV pages written by transfers on this engine.",
+           c.transfer_pages)
     metric("sglang:prefix_cache_queries_total", "counter", "kvpreflight-builtin: prefix cache lookups.", c.cache_queries)
-    metric("sglang:prefix_cache_hits_total", "counter", "kvpreflight-builtin: prefix cache lookups that reused at least one page.", c.cache_hits)
+    metric("sglang:prefix_cache_hits_total", "counter", "kvpreflight-builtin: prefix cache lookups that reused at least one page.",
+           c.cache_hits)
     return "\n".join(lines) + "\n"

@@ -39,7 +39,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             verdicts.append((Status.FAIL, f"{p.name}: not served ({not_served(c)})"))
         elif c.error_message is not None:
             verdicts.append((Status.PASS if capacity else Status.INCONCLUSIVE,
-                             f"{p.name}: refused (HTTP {c.status}){'' if capacity else ' for a reason other than capacity'}: {c.error_message}"))
+                             f"{p.name}: refused (HTTP {c.status}){'' if capacity else ' for a reason other than capacity'}: "
+                             f"{c.error_message}"))
         elif c.truncated or (c.prompt_tokens is not None and c.prompt_tokens < c.sent_tokens):
             verdicts.append((Status.FAIL, f"{p.name}: prompt truncated ({c.prompt_tokens} of {c.sent_tokens})"))
         elif c.served and c.completion_tokens:

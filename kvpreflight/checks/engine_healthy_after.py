@@ -62,7 +62,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if after.not_answering:
         return [_wedged(ctx, after, s.url, s.role.value) for s in ctx.snapshots]
     if after.stopped:  # an engine that is down now was up when the check read it: that much is measured
-        return [CheckResult(id=ID, status=Status.FAIL, message=f"{s.role.value} engine is not healthy after the probes, which stopped: {after.stopped}",
+        return [CheckResult(id=ID, status=Status.FAIL,
+                            message=f"{s.role.value} engine is not healthy after the probes, which stopped: {after.stopped}",
                             endpoint=s.url, evidence={"health_ok": False})
                 if after.healthy.get(s.url) is False else
                 CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"not checked after the probes: {after.stopped}", endpoint=s.url)
@@ -83,22 +84,35 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         if stuck := after.stuck_during.get(snap.url):
             ev["stuck_after_scenarios"] = list(stuck)
         if not healthy:
-            results.append(CheckResult(id=ID, status=Status.FAIL, message=f"{snap.role.value} engine is not healthy after the probes", endpoint=snap.url, evidence=ev))
+            results.append(CheckResult(id=ID, status=Status.FAIL, message=f"{snap.role.value} engine is not healthy after the probes",
+                                       endpoint=snap.url, evidence=ev))
         elif small_timed_out:
-            results.append(CheckResult(id=ID, status=Status.INCONCLUSIVE, message="a small request through the entry timed out after the probes "
-                                       "(the engine is healthy; slow or still busy is not measured as broken)", endpoint=snap.url, evidence=ev))
+            results.append(CheckResult(id=ID, status=Status.INCONCLUSIVE,
+                                       message="a small request through the entry timed out after the probes "
+                                       "(the engine is healthy; slow or still busy is not measured as broken)",
+                                       endpoint=snap.url, evidence=ev))
         elif busy_status is not None:
-            results.append(CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"a small request through the entry was refused as busy (HTTP "
+            results.append(CheckResult(id=ID, status=Status.INCONCLUSIVE,
+                                       message=f"a small request through the entry was refused as busy (HTTP "
                                        f"{busy_status}) after the probes (the engine is healthy; its KV may "
-                                       "still hold the probes' own requests: busy is not measured as broken)", endpoint=snap.url, evidence=ev))
+                                       "still hold the probes' own requests: busy is not measured as broken)",
+                                       endpoint=snap.url, evidence=ev))
         elif not small_ok:
-            results.append(CheckResult(id=ID, status=Status.FAIL, message="a small request through the entry failed after the probes", endpoint=snap.url, evidence=ev))
+            results.append(CheckResult(id=ID, status=Status.FAIL, message="a small request through the entry failed after the probes",
+                                       endpoint=snap.url, evidence=ev))
         elif idle is False:
-            results.append(CheckResult(id=ID, status=Status.FAIL, message=f"{snap.role.value} engine still holds KV tokens 10 s after the probes ended (leaked pages?)", endpoint=snap.url, evidence=ev))
+            results.append(CheckResult(id=ID, status=Status.FAIL,
+                                       message=f"{snap.role.value} engine still holds KV tokens 10 s after the probes ended "
+                                       "(leaked pages?)",
+                                       endpoint=snap.url, evidence=ev))
         elif idle is None:
-            results.append(CheckResult(id=ID, status=Status.PASS, message=f"{snap.role.value} engine healthy and serving; it exposes no used-token gauge to confirm idle", endpoint=snap.url, evidence=ev))
+            results.append(CheckResult(id=ID, status=Status.PASS,
+                                       message=f"{snap.role.value} engine healthy and serving; "
+                                       "it exposes no used-token gauge to confirm idle",
+                                       endpoint=snap.url, evidence=ev))
         else:
-            results.append(CheckResult(id=ID, status=Status.PASS, message=f"{snap.role.value} engine healthy, serving, and back to idle", endpoint=snap.url, evidence=ev))
+            results.append(CheckResult(id=ID, status=Status.PASS, message=f"{snap.role.value} engine healthy, serving, and back to idle",
+                                       endpoint=snap.url, evidence=ev))
     return results
 
 
@@ -111,6 +125,7 @@ def _wedged(ctx: CheckContext, after: After, url: str, role: str) -> CheckResult
     ev: dict[str, Any] = {"health_ok": health, "idle": after.idle.get(url), "stopped_answering": after.not_answering}
     if stuck:
         ev["stuck_after_scenarios"] = list(stuck)
-    return CheckResult(id=ID, status=Status.FAIL, message=f"{role} engine is not healthy after the probes: the deployment stopped answering "
+    return CheckResult(id=ID, status=Status.FAIL,
+                       message=f"{role} engine is not healthy after the probes: the deployment stopped answering "
                        f"during them ({after.not_answering}); {now}{held}but an engine that stopped answering once is not "
                        f"healthy: {WEDGED_FIX}", endpoint=url, evidence=ev)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kvpreflight.check_ids import CheckId
 from kvpreflight.model import CheckResult, ContextHazard, ContextWarning, EngineSnapshot, Status
 
 PROMPT_INTEGRITY_HAZARDS = (ContextHazard.POSITIONS, ContextHazard.WINDOW)
@@ -44,7 +45,7 @@ def warned(snapshots: Iterable[EngineSnapshot], hazards: tuple[ContextHazard, ..
     return [(s, w) for s in snapshots for w in s.context_warnings if w.hazard in hazards]
 
 
-def warning_result(check_id: str, snapshots: Iterable[EngineSnapshot], hazards: tuple[ContextHazard, ...],
+def warning_result(check_id: CheckId, snapshots: Iterable[EngineSnapshot], hazards: tuple[ContextHazard, ...],
                    endpoint: str | None) -> CheckResult | None:
     """The check's fail for the engines' warnings of these hazards, or None where none warned."""
     found = warned(snapshots, hazards)

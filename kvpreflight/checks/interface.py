@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from kvpreflight.check_ids import CheckId
 from kvpreflight.checkdata import Thresholds
 from kvpreflight.checks.advisory_data import Advisory
 from kvpreflight.model import CheckResult, EngineSnapshot, ProcessListeners, Status, Waiver, checked_context
@@ -29,7 +30,7 @@ class CheckContext:
         return checked_context(snapshot.served_context, self.promised_context)
 
 
-def probe_run(ctx: CheckContext, check_id: str) -> ProbeRun | CheckResult:
+def probe_run(ctx: CheckContext, check_id: CheckId) -> ProbeRun | CheckResult:
     """The capacity probes' run, or the result of a probe check when no probe ran:
 
         run = probe_run(ctx, ID)
@@ -37,13 +38,14 @@ def probe_run(ctx: CheckContext, check_id: str) -> ProbeRun | CheckResult:
             return [run]
     """
     if ctx.probes is None:
-        return CheckResult(id=check_id, status=Status.SKIP, message="--capacity-only: no request was sent (read-only mode)", endpoint=ctx.entry)
+        return CheckResult(id=check_id, status=Status.SKIP, message="--capacity-only: no request was sent (read-only mode)",
+                           endpoint=ctx.entry)
     if ctx.probes.not_run:
         return CheckResult(id=check_id, status=Status.INCONCLUSIVE, message=ctx.probes.not_run, endpoint=ctx.entry)
     return ctx.probes
 
 
-def isolation_run(ctx: CheckContext, check_id: str) -> IsolationRun | CheckResult:
+def isolation_run(ctx: CheckContext, check_id: CheckId) -> IsolationRun | CheckResult:
     """The two-tenant probes' run, or the result of an isolation check when they did not run."""
     probes = probe_run(ctx, check_id)
     if isinstance(probes, CheckResult):
@@ -68,7 +70,8 @@ def run_checks(ctx: CheckContext, check_ids: Sequence[str], waivers: Sequence[Wa
                 result = CheckResult(
                     id=result.id, status=Status.SKIP,
                     message=f"waived: {waiver.reason} (found: {result.status.value}: {result.message})",
-                    endpoint=result.endpoint, evidence={**result.evidence, "waiver": waiver.reason, "status_before_waiver": result.status.value},
+                    endpoint=result.endpoint,
+                    evidence={**result.evidence, "waiver": waiver.reason, "status_before_waiver": result.status.value},
                 )
             results.append(result)
     return tuple(results)

@@ -29,11 +29,13 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         }
         # The engine's own warning that it cut its longest sequence outweighs any pool figure.
         if (warned := warning_result(ID, (snap,), KV_CAPACITY_HAZARDS, snap.url)) is not None:
-            results.append(CheckResult(id=ID, status=Status.FAIL, message=warned.message, endpoint=snap.url, evidence={**evidence, **warned.evidence}))
+            results.append(CheckResult(id=ID, status=Status.FAIL, message=warned.message, endpoint=snap.url,
+                                       evidence={**evidence, **warned.evidence}))
             continue
         if pool is None:
             results.append(CheckResult(id=ID, status=Status.INCONCLUSIVE,
-                                       message=f"{snap.role.value} engine: KV pool size unknown (no source reported it; pass --log URL=PATH for the start-up log)",
+                                       message=f"{snap.role.value} engine: KV pool size unknown "
+                                       "(no source reported it; pass --log URL=PATH for the start-up log)",
                                        endpoint=snap.url, evidence=evidence))
             continue
         if checked is None:
@@ -51,7 +53,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
             # llama.cpp without --kv-unified: each slot owns n_ctx cells that no other request can take.
             status, message = Status.PASS, f"{what}: each slot owns its cells, so one full request always fits"
         elif ratio < ctx.thresholds.warn_below_ratio:
-            status, message = Status.WARN, f"{what}: fits one full-context request with little headroom (< {ctx.thresholds.warn_below_ratio}x)"
+            status, message = Status.WARN, (f"{what}: fits one full-context request with little headroom "
+                                            f"(< {ctx.thresholds.warn_below_ratio}x)")
         else:
             status, message = Status.PASS, what
         results.append(CheckResult(id=ID, status=status, message=message, endpoint=snap.url, evidence=evidence))

@@ -71,18 +71,21 @@ def _one(ctx: CheckContext, snap: EngineSnapshot) -> CheckResult:
     evidence["origin_values"] = origin_values
 
     if problems:
-        return CheckResult(id=ID, status=Status.FAIL, message=f"{snap.role.value} engine: " + "; ".join(problems), endpoint=snap.url, evidence=evidence)
+        return CheckResult(id=ID, status=Status.FAIL, message=f"{snap.role.value} engine: " + "; ".join(problems),
+                           endpoint=snap.url, evidence=evidence)
     if not origin_values:
-        return CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"{snap.role.value} engine: no source reported the KV pool", endpoint=snap.url, evidence=evidence)
+        return CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"{snap.role.value} engine: no source reported the KV pool",
+                           endpoint=snap.url, evidence=evidence)
     if len(origin_values) == 1:
         (only,) = origin_values
         evidence["missing"] = [hint for o, hint in MISSING_HINT.items() if o.value != only]
         fix = " or ".join(hint for o, hint in MISSING_FIX.items() if o.value != only)
-        return CheckResult(id=ID, status=Status.WARN, message=f"{snap.role.value} engine: only one origin ({only}) reports the pool; fix: {fix}",
+        return CheckResult(id=ID, status=Status.WARN,
+                           message=f"{snap.role.value} engine: only one origin ({only}) reports the pool; fix: {fix}",
                            endpoint=snap.url, evidence=evidence)
     return CheckResult(id=ID, status=Status.PASS,
-                       message=f"{snap.role.value} engine: {len(origin_values)} independent origins agree on {min(origin_values.values()):,} tokens "
-                       f"({', '.join(origin_values)})", endpoint=snap.url, evidence=evidence)
+                       message=f"{snap.role.value} engine: {len(origin_values)} independent origins agree on "
+                       f"{min(origin_values.values()):,} tokens ({', '.join(origin_values)})", endpoint=snap.url, evidence=evidence)
 
 
 def _behaviour(run: ProbeRun | None, snap: EngineSnapshot) -> tuple[dict | None, str | None]:

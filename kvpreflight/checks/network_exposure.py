@@ -63,8 +63,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         said = f"the start-up logs of {len(read)} engines name no KV, token-id or transfer listener"
     else:
         other = sum(1 for p in read for li in p.listeners if li.kind is ListenerKind.UNIDENTIFIED)
-        said = (f"{count} listening sockets of {len(read)} process{'es' if len(read) > 1 else ''} ({other} not identified), every one but the "
-                f"engines' own ports on loopback{beyond}")
+        said = (f"{count} listening sockets of {len(read)} process{'es' if len(read) > 1 else ''} ({other} not identified), "
+                f"every one but the engines' own ports on loopback{beyond}")
     return [CheckResult(id=ID, status=Status.PASS, endpoint=None, evidence=common, message=f"{where}: {said}")]
 
 

@@ -28,7 +28,8 @@ def traffic_beside_ours(run: ProbeRun, ctx: CheckContext) -> list[str]:
     """What any probe window's counters moved beyond that window's own requests (a concurrent
     window holds all of its requests): other clients were on the deployment during the check."""
     pages = {s.url: s.page_size or DEFAULT_PAGE for s in ctx.snapshots}
-    windows: dict[str, tuple[int, int, CounterDeltas]] = {}  # one window per group of probes sent together (the concurrent ones share theirs)
+    # One window per group of probes sent together (the concurrent ones share theirs).
+    windows: dict[str, tuple[int, int, CounterDeltas]] = {}
     for p in run.probes:
         key = "concurrent" if p.name.startswith(ProbeName.CONCURRENT.value) else p.name
         sent, count, deltas = windows.get(key, (0, 0, p.counter_deltas))

@@ -13,7 +13,8 @@ SCOPE = Scope.DEPLOYMENT
 def evaluate(ctx: CheckContext) -> list[CheckResult]:
     wrong = [s for s in ctx.snapshots if ctx.expected_model and s.model != ctx.expected_model]
     if wrong:
-        return [CheckResult(id=ID, status=Status.FAIL, message="; ".join(f"{s.url} serves {s.model!r}, not --model {ctx.expected_model!r}" for s in wrong),
+        return [CheckResult(id=ID, status=Status.FAIL,
+                            message="; ".join(f"{s.url} serves {s.model!r}, not --model {ctx.expected_model!r}" for s in wrong),
                             endpoint=None, evidence={"expected_model": ctx.expected_model})]
     if len(ctx.snapshots) < 2:
         return [CheckResult(id=ID, status=Status.PASS, message="one engine: nothing to compare", endpoint=None)]
@@ -30,5 +31,7 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     unknown = [f"{field} unknown at {url}" for field in ("model", "served_context")
                for url, value in evidence[field].items() if value is None]
     if unknown:
-        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message="cannot compare the engines: " + "; ".join(unknown), endpoint=None, evidence=evidence)]
-    return [CheckResult(id=ID, status=Status.PASS, message=f"{len(ctx.snapshots)} engines serve the same model, context and page size", endpoint=None, evidence=evidence)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message="cannot compare the engines: " + "; ".join(unknown),
+                            endpoint=None, evidence=evidence)]
+    return [CheckResult(id=ID, status=Status.PASS, message=f"{len(ctx.snapshots)} engines serve the same model, context and page size",
+                        endpoint=None, evidence=evidence)]

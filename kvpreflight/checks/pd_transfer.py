@@ -10,7 +10,8 @@ the failure beside a recompute. A late read (a decode read KV its prefill had al
 vLLM's lease ran out; its log line or its counter, which needs no log) fails: every probe here was
 answered, so the client got text computed from released KV. An expired lease without a late read
 warns with its cost. A KV lease or PD timeout shorter than what the measured speed predicts one
-prompt at the limit takes fails (a warning where it is the engine's unstated default). A violation of the engine's own KV canary (SGLang --kv-canary) fails."""
+prompt at the limit takes fails (a warning where it is the engine's unstated default). A violation
+of the engine's own KV canary (SGLang --kv-canary) fails."""
 
 from __future__ import annotations
 
@@ -78,7 +79,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     decodes = [s for s in ctx.snapshots if s.role is Role.DECODE]
     if not decodes or not any(s.role is Role.PREFILL for s in ctx.snapshots):
         roles = ", ".join(f"{s.role.value} {s.url}" for s in ctx.snapshots) or "no engine"
-        return [CheckResult(id=ID, status=Status.SKIP, message=f"not a prefill/decode deployment ({roles}): no KV moves between engines", endpoint=ctx.entry)]
+        return [CheckResult(id=ID, status=Status.SKIP, message=f"not a prefill/decode deployment ({roles}): no KV moves between engines",
+                            endpoint=ctx.entry)]
     run = probe_run(ctx, ID)
     if isinstance(run, CheckResult):
         return [run]
@@ -129,7 +131,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     said_of_lines = [said for said in (late, canary, handoff, corruption) if said is not None]
     if failed or said_of_lines or outlived:
         parts = [f["finding"] for f in failed] + said_of_lines + outlived
-        own = {Hazard.LATE_READ.value, Hazard.KV_CANARY.value, Hazard.HANDOFF_TIMEOUT.value, Hazard.KV_CORRUPT.value}  # quoted in their findings
+        # These hazards are quoted in their own findings already.
+        own = {Hazard.LATE_READ.value, Hazard.KV_CANARY.value, Hazard.HANDOFF_TIMEOUT.value, Hazard.KV_CORRUPT.value}
         rest = [d for d in dangers if d["hazard"] not in own]
         quoted = logged_lines(rest) if said_of_lines else logged
         return [CheckResult(id=ID, status=Status.FAIL, message="; ".join(parts) + quoted, endpoint=ctx.entry, evidence=evidence)]
@@ -147,7 +150,8 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if expiry is not None:
         said += f"; {expiry}"
     said += "".join(f"; {a}" for a in assumed)
-    return [CheckResult(id=ID, status=Status.WARN if dangers or stale or expiry or assumed else Status.PASS, message=said + logged, endpoint=ctx.entry, evidence=evidence)]
+    return [CheckResult(id=ID, status=Status.WARN if dangers or stale or expiry or assumed else Status.PASS, message=said + logged,
+                        endpoint=ctx.entry, evidence=evidence)]
 
 
 def _of_served_or_untied(probes: Sequence[ProbeResult], lines: Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:

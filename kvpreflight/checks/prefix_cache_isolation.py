@@ -4,8 +4,12 @@ Positive control first: the same tenant repeating the prompt must hit the cache 
 covering most of the prompt, or the engine's hit counter), else "no hit across tenants" proves
 nothing. Where the engine reports neither, the timing audit decides from time to first token with
 two-sample Kolmogorov-Smirnov tests (Gu et al., "Auditing Prompt Caching in Language Model APIs",
-ICML 2025): cold vs same-tenant warm must differ, else inconclusive; a cross-tenant sample that
-differs from cold and not from warm is sharing (fail); one that differs from warm is not.
+ICML 2025), against fresh prompts sent in the repeats' places by each tenant (the cold request
+always goes first, and a place alone can be faster: llama.cpp with no cache answered repeats 1 ms
+sooner; a tenant's own path can be slower): tenant A's fresh vs warm must differ, else
+inconclusive; a cross-tenant sample faster than tenant B's fresh one and not different from warm
+is sharing (fail); one slower than warm and no faster than B's fresh one is not (pass); anything
+between is inconclusive.
 
 A cross-tenant request's hit is read from every source that has one: the answer's `cached_tokens`
 and each engine's own counters over the request, a decode's as well as a prefill's (SGLang's
@@ -103,8 +107,9 @@ def _cross_reading(p: CacheProbe, prompt_tokens: int, snapshots: Sequence[Engine
 
 
 def _probe_ev(p: CacheProbe) -> dict[str, Any]:
-    ev: dict[str, Any] = {"kind": p.kind.value, "tenant": p.tenant.value, "prefix": p.prefix, "ttft_s": round(p.ttft_s, 4), **p.completion.evidence(),
-          "cached_tokens": p.completion.cached_tokens}  # 0 is a finding here; None: not reported
+    ev: dict[str, Any] = {"kind": p.kind.value, "tenant": p.tenant.value, "prefix": p.prefix, "ttft_s": round(p.ttft_s, 4),
+                          **p.completion.evidence(),
+                          "cached_tokens": p.completion.cached_tokens}  # 0 is a finding here; None: not reported
     if p.hit_metric_delta is not None:
         ev["hit_metric_delta"] = p.hit_metric_delta
     hits = {url: {f.value: v for f in (CounterField.CACHED_PROMPT_TOKENS, CounterField.PREFIX_CACHE_HITS) if (v := d.get(f)) is not None}
@@ -128,7 +133,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         return [run]
     cache = run.cache
     if cache is None or cache.not_run:
-        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message=(cache.not_run if cache else None) or "the prefix-cache probes did not run", endpoint=ctx.entry)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE,
+                            message=(cache.not_run if cache else None) or "the prefix-cache probes did not run",
+                            endpoint=ctx.entry)]
     ttft = ttft_summary(cache)
     evidence: dict[str, Any] = {"tenant_binding": cache.binding, "prompt_tokens": cache.prompt_tokens,
                       "probes": [_probe_ev(p) for p in cache.probes]}
@@ -153,9 +160,10 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
                             "so whose hit it was cannot be told and the answer's rosier figure is not believed: rerun with no "
                             "other traffic on the engines", endpoint=ctx.entry, evidence=evidence)]
     if failed:
+        first = failed[0].completion
         return [CheckResult(id=ID, status=Status.INCONCLUSIVE,
                             message=f"{len(failed)} of {len(cache.probes)} prefix-cache requests were not served "
-                            f"(first: HTTP {failed[0].completion.status} {failed[0].completion.error_message or failed[0].completion.transport_error or ''})".rstrip(),
+                            f"(first: HTTP {first.status} {first.error_message or first.transport_error or ''})".rstrip(),
                             endpoint=ctx.entry, evidence=evidence)]
     first_warm: list[CacheProbe] = []
     for p in cache.of(CacheProbeKind.WARM):  # the first repeat of each prefix is the control; the second only adds TTFT
@@ -170,8 +178,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     elif any(h is None for h in warm_hits):
         if cache.timing:
             return [_timing_audit(ctx, cache, evidence)]
-        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message="the engine reports no cached_tokens and exposes no prefix-cache hit "
-                                                     "counter, so a cache hit cannot be seen at all", endpoint=ctx.entry, evidence=evidence)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE,
+                            message="the engine reports no cached_tokens and exposes no prefix-cache hit "
+                            "counter, so a cache hit cannot be seen at all", endpoint=ctx.entry, evidence=evidence)]
     else:
         return [CheckResult(id=ID, status=Status.INCONCLUSIVE,
                             message="positive control failed: the same tenant repeating a prompt got no prefix-cache hit "
@@ -194,41 +203,53 @@ def _ks_ev(result: KsResult) -> dict[str, Any]:
 
 
 def _timing_audit(ctx: CheckContext, cache: PrefixCacheRun, evidence: dict[str, Any]) -> CheckResult:
-    """The verdict from time to first token alone (the engine reports no cache hit any other way)."""
+    """The verdict from time to first token alone (the engine reports no cache hit any other way).
+    Warm, cross-tenant and both fresh prompts share the places after the cold one in drawn orders,
+    so only what the engine cached can set them apart; each repeat is judged against its own
+    tenant's fresh prompt, and cold is shown, never judged against."""
     unserved = [p for p in cache.timing if not p.completion.served]
     samples = {kind: cache.timing_of(kind) for kind in CacheProbeKind}
-    cold, warm, cross = samples[CacheProbeKind.COLD], samples[CacheProbeKind.WARM], samples[CacheProbeKind.CROSS]
+    fresh, warm = samples[CacheProbeKind.FRESH], samples[CacheProbeKind.WARM]
+    cross, cross_fresh = samples[CacheProbeKind.CROSS], samples[CacheProbeKind.CROSS_FRESH]
     median_ms = {kind.value: round(statistics.median(v) * 1000, 2) for kind, v in samples.items() if v}
     timing: dict[str, Any] = {"prompt_tokens": cache.timing_prompt_tokens, "samples": {k.value: len(v) for k, v in samples.items()},
                               "alpha": ALPHA, "ttft_median_ms": median_ms,
                               "ttft_s": {k.value: [round(t, 5) for t in v] for k, v in samples.items()}}
     evidence = {**evidence, "timing_audit": timing}
-    if unserved or not (cold and warm and cross):
+    if unserved or not all(samples.values()):
         first = unserved[0].completion if unserved else None
         why = f" (first: HTTP {first.status} {first.error_message or first.transport_error or ''})".rstrip() if first else ""
         return CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"the engine reports no cache hits, and {len(unserved)} of "
-                                                    f"{len(cache.timing)} timing-audit requests were not served{why}", endpoint=ctx.entry, evidence=evidence)
-    cold_warm, cross_cold, cross_warm = ks_2samp(cold, warm), ks_2samp(cross, cold), ks_2samp(cross, warm)
-    timing["ks"] = {"cold_vs_warm": _ks_ev(cold_warm), "cross_vs_cold": _ks_ev(cross_cold), "cross_vs_warm": _ks_ev(cross_warm)}
-    figures = (f"TTFT median cold {median_ms['cold']:.1f} ms, warm {median_ms['warm']:.1f} ms, cross-tenant "
-               f"{median_ms['cross']:.1f} ms over {len(cold)} samples of {cache.timing_prompt_tokens} tokens; KS p cold/warm "
-               f"{cold_warm.p_value:.2g}, cross/cold {cross_cold.p_value:.2g}, cross/warm {cross_warm.p_value:.2g}")
+                           f"{len(cache.timing)} timing-audit requests were not served{why}", endpoint=ctx.entry, evidence=evidence)
+    warm_fresh, cross_fresh_ks, cross_warm = ks_2samp(warm, fresh), ks_2samp(cross, cross_fresh), ks_2samp(cross, warm)
+    timing["ks"] = {"warm_vs_fresh": _ks_ev(warm_fresh), "cross_vs_cross_fresh": _ks_ev(cross_fresh_ks),
+                    "cross_vs_warm": _ks_ev(cross_warm)}
+    figures = (f"TTFT median cold {median_ms['cold']:.1f} ms, fresh {median_ms['fresh']:.1f} ms (tenant B's "
+               f"{median_ms['cross-fresh']:.1f} ms), warm {median_ms['warm']:.1f} ms, cross-tenant {median_ms['cross']:.1f} ms "
+               f"over {len(fresh)} samples of {cache.timing_prompt_tokens} tokens; KS p fresh/warm {warm_fresh.p_value:.2g}, "
+               f"cross/B's fresh {cross_fresh_ks.p_value:.2g}, cross/warm {cross_warm.p_value:.2g}")
     head = "the engine reports no cache hits, so time to first token decided"
-    if cold_warm.p_value >= ALPHA or median_ms["warm"] >= median_ms["cold"]:
+    if warm_fresh.p_value >= ALPHA or median_ms["warm"] >= median_ms["fresh"]:
         # A saving seen but not significant (a first token that is mostly fixed overhead: on a tiny
         # model vLLM's cache saved 2-3 ms of 12-17 ms) is decided by more samples, not by this run.
-        more = (f"; the repeats were faster by a median of {median_ms['cold'] - median_ms['warm']:.1f} ms but not "
-                f"significantly: more samples may decide it (--timing-samples, now {len(cold)})"
-                if median_ms["warm"] < median_ms["cold"] else "")
-        return CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"{head} nothing: a same-tenant repeat is not measurably faster than a "
-                                                    f"cold prompt (KS p >= {ALPHA} or slower), so prefix caching is off or its "
-                                                    f"effect is not measurable here ({figures}){more}", endpoint=ctx.entry, evidence=evidence)
-    if cross_warm.p_value < ALPHA and median_ms["cross"] > median_ms["warm"]:
-        return CheckResult(id=ID, status=Status.PASS, message=f"{head}: tenant B's requests are not warm (cross-tenant differs from same-tenant "
-                                            f"warm, p < {ALPHA}) with {cache.binding} ({figures})", endpoint=ctx.entry, evidence=evidence)
-    if cross_cold.p_value < ALPHA and cross_warm.p_value >= ALPHA:
-        return CheckResult(id=ID, status=Status.FAIL, message=f"{head}: tenant B's requests are as fast as tenant A's warm repeats (cross-tenant "
-                                            f"differs from cold, p < {ALPHA}, and not from warm) with {cache.binding}: "
-                                            f"{_fix(ctx.snapshots)} ({figures})", endpoint=ctx.entry, evidence=evidence)
+        more = (f"; the repeats were faster by a median of {median_ms['fresh'] - median_ms['warm']:.1f} ms but not "
+                f"significantly: more samples may decide it (--timing-samples, now {len(fresh)})"
+                if median_ms["warm"] < median_ms["fresh"] else "")
+        return CheckResult(id=ID, status=Status.INCONCLUSIVE,
+                           message=f"{head} nothing: a same-tenant repeat is not measurably faster than a "
+                           f"fresh prompt in the same place (KS p >= {ALPHA} or slower), so prefix caching is off or its "
+                           f"effect is not measurable here ({figures}){more}", endpoint=ctx.entry, evidence=evidence)
+    faster_than_fresh = cross_fresh_ks.p_value < ALPHA and median_ms["cross"] < median_ms["cross-fresh"]
+    if cross_warm.p_value < ALPHA and median_ms["cross"] > median_ms["warm"] and not faster_than_fresh:
+        return CheckResult(id=ID, status=Status.PASS, message=f"{head}: tenant B's requests are not warm (cross-tenant is slower than "
+                           f"same-tenant warm, p < {ALPHA}, and no faster than tenant B's fresh prompts) with {cache.binding} ({figures})",
+                           endpoint=ctx.entry, evidence=evidence)
+    if faster_than_fresh and cross_warm.p_value >= ALPHA:
+        return CheckResult(id=ID, status=Status.FAIL,
+                           message=f"{head}: tenant B's requests are as fast as tenant A's warm repeats (cross-tenant "
+                           f"is faster than tenant B's fresh prompts, p < {ALPHA}, and does not differ from warm) with {cache.binding}: "
+                           f"{_fix(ctx.snapshots)} ({figures})", endpoint=ctx.entry, evidence=evidence)
+    between = (" (faster than tenant B's fresh prompts, not as fast as warm: part of the prefix may have been reused, or "
+               "tenant B's path is slower)" if faster_than_fresh else "")
     return CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"{head} nothing: the cross-tenant samples are neither clearly warm nor "
-                                                f"clearly not ({figures})", endpoint=ctx.entry, evidence=evidence)
+                       f"clearly not{between} ({figures})", endpoint=ctx.entry, evidence=evidence)

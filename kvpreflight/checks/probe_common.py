@@ -6,12 +6,13 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kvpreflight.check_ids import CheckId
 from kvpreflight.checks.interface import CheckContext
 from kvpreflight.model import CheckResult, Completion, EngineSnapshot, ErrorKind, Hazard, Role, Status
 from kvpreflight.probes.results import DangerLine, Echo, ProbeResult, deltas_evidence
 
 
-def unreached(ctx: CheckContext, check_id: str) -> list[CheckResult]:
+def unreached(ctx: CheckContext, check_id: CheckId) -> list[CheckResult]:
     """Engines that no probe reached: nothing about them was proved by the probes."""
     run = ctx.probes
     if run is None or run.not_run or not run.probes:

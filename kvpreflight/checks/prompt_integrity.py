@@ -34,17 +34,28 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
         return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message=run.missing("the near-limit request"), endpoint=ctx.entry)]
     c, ev = p.completion, probe_evidence(p)
     if (unanswered := stalled_or_broken(c, run.speed_note)) is not None:
-        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"a {c.sent_tokens:,}-token prompt within the stated limits: {unanswered}", endpoint=ctx.entry, evidence=ev)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE,
+                            message=f"a {c.sent_tokens:,}-token prompt within the stated limits: {unanswered}",
+                            endpoint=ctx.entry, evidence=ev)]
     if not c.served:
-        return [CheckResult(id=ID, status=Status.FAIL, message=f"a {c.sent_tokens:,}-token prompt within the stated limits was not served ({not_served(c)})", endpoint=ctx.entry, evidence=ev)]
+        return [CheckResult(id=ID, status=Status.FAIL,
+                            message=f"a {c.sent_tokens:,}-token prompt within the stated limits was not served ({not_served(c)})",
+                            endpoint=ctx.entry, evidence=ev)]
     if c.truncated:
-        return [CheckResult(id=ID, status=Status.FAIL, message=f"the engine says it truncated a {c.sent_tokens:,}-token prompt within its limits", endpoint=ctx.entry, evidence=ev)]
+        return [CheckResult(id=ID, status=Status.FAIL,
+                            message=f"the engine says it truncated a {c.sent_tokens:,}-token prompt within its limits",
+                            endpoint=ctx.entry, evidence=ev)]
     if c.prompt_tokens is None:
-        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message="served, but the engine does not report how many prompt tokens it processed", endpoint=ctx.entry, evidence=ev)]
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE,
+                            message="served, but the engine does not report how many prompt tokens it processed",
+                            endpoint=ctx.entry, evidence=ev)]
     if c.prompt_tokens != c.sent_tokens:
-        return [CheckResult(id=ID, status=Status.FAIL, message=f"sent {c.sent_tokens:,} tokens, the engine processed {c.prompt_tokens:,}", endpoint=ctx.entry, evidence=ev)]
+        return [CheckResult(id=ID, status=Status.FAIL, message=f"sent {c.sent_tokens:,} tokens, the engine processed {c.prompt_tokens:,}",
+                            endpoint=ctx.entry, evidence=ev)]
     if not c.completion_tokens:
-        return [CheckResult(id=ID, status=Status.FAIL, message=f"a {c.sent_tokens:,}-token prompt within the stated limits was not served ({not_served(c)})", endpoint=ctx.entry, evidence=ev)]
+        return [CheckResult(id=ID, status=Status.FAIL,
+                            message=f"a {c.sent_tokens:,}-token prompt within the stated limits was not served ({not_served(c)})",
+                            endpoint=ctx.entry, evidence=ev)]
     counted = _counted(run, computing_tier(ctx.snapshots))
     timed = plausibility.judge(run, ctx.isolation)
     ev = {**ev, "engine_counts": {name: count.evidence() for name, count in counted},
@@ -53,10 +64,13 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     elsewhere = answered_elsewhere(p, ctx.snapshots, ctx.entry_model)
     if short:  # a deficit is evidence whoever answered: a fail, with the other deployment named if it shows
         also = f"; or it was {elsewhere}" if elsewhere else ""
-        return [CheckResult(id=ID, status=Status.FAIL, message=f"the answer reports all {c.sent_tokens:,} prompt tokens processed, but the engines' "
-                            "counters do not: " + "; ".join(short) + f" (the prompt was shortened silently){also}", endpoint=ctx.entry, evidence=ev)]
+        return [CheckResult(id=ID, status=Status.FAIL,
+                            message=f"the answer reports all {c.sent_tokens:,} prompt tokens processed, but the engines' "
+                            "counters do not: " + "; ".join(short) + f" (the prompt was shortened silently){also}",
+                            endpoint=ctx.entry, evidence=ev)]
     if elsewhere is not None:
-        return [CheckResult(id=ID, status=Status.INCONCLUSIVE, message=f"a {c.sent_tokens:,}-token prompt within the stated limits was served, but "
+        return [CheckResult(id=ID, status=Status.INCONCLUSIVE,
+                            message=f"a {c.sent_tokens:,}-token prompt within the stated limits was served, but "
                             f"{elsewhere}, so it shows nothing about them", endpoint=ctx.entry, evidence=ev)]
     # Every count may agree and the answers still not come from the prompts: an echoing model's
     # near-limit answer that repeats nothing of its prompt (or only its end), or any answer faster
@@ -77,8 +91,9 @@ def evaluate(ctx: CheckContext) -> list[CheckResult]:
     if speed is not None and speed.needs_s is not None:
         also += (f"; answered in {speed.first_token_s:.3f} s, which the fastest prefill seen ({speed.fastest_rate or 0:,.0f} "
                  f"tokens/s) allows ({speed.needs_s:.3f} s, {plausibility.MARGIN:g}x margin)")
-    return [CheckResult(id=ID, status=Status.PASS, message=f"a {c.sent_tokens:,}-token prompt (the stated maximum) was served with every token "
-                        f"processed{also}", endpoint=ctx.entry, evidence=ev)]
+    return [CheckResult(id=ID, status=Status.PASS,
+                        message=f"a {c.sent_tokens:,}-token prompt (the stated maximum) was served with every token processed{also}",
+                        endpoint=ctx.entry, evidence=ev)]
 
 
 def _counted(run: ProbeRun, tier: tuple[EngineSnapshot, ...]) -> list[tuple[str, PromptCount]]:

@@ -90,8 +90,8 @@ def register(app: typer.Typer) -> None:
         concurrency: int | None = typer.Option(None, "--concurrency", metavar="N", rich_help_panel="Probes",
             help="Near-limit requests sent at once by concurrent-capacity. \\[default: from checks/thresholds.yaml]"),
         timing_samples: int | None = typer.Option(None, "--timing-samples", metavar="N", rich_help_panel="Isolation",
-            help="Requests per kind (cold, same-tenant warm, cross-tenant) of the prefix-cache timing audit, sent only where the "
-                 "engine reports no cache hits. \\[default: 30]"),
+            help="Requests per kind (cold, same-tenant warm, cross-tenant, each tenant's fresh) of the prefix-cache timing audit, "
+                 "sent only where the engine reports no cache hits. \\[default: 30]"),
         accepted_tokens_per_second: float | None = typer.Option(None, "--accepted-tokens-per-second", metavar="N",
             rich_help_panel="Budgets",
             help="Assumed prompt speed for budgets only when the engine's speed could not be measured."),
@@ -117,20 +117,14 @@ def register(app: typer.Typer) -> None:
 
         args = options_from(locals())  # the parameters are CheckOptions' fields
         from kvpreflight import preflight
-        from kvpreflight.check_options import build_output, build_plan, check_plan_mode, check_targets_mode
+        from kvpreflight.check_options import build_output, build_plan, check_plan_mode, check_targets_mode, load_boot_spec
 
         # Everything is validated here, before any engine is contacted or booted.
         check_targets_mode(args, boot=boot, log_dir=log_dir, keep=keep)
-        spec = None
-        if boot is not None:
-            from kvpreflight.boot import load_spec
-
-            spec = load_spec(boot)
-            spec.check_client_certificate()
-            spec.check_client_key_private(allow_insecure=allow_insecure_key)
+        spec = load_boot_spec(boot, allow_insecure_key=allow_insecure_key) if boot is not None else None
         plan = build_plan(args, booted=spec is not None)
-        check_plan_mode(boot=boot, plan_only=plan_only, no_calibrate=no_calibrate, fmt=fmt,
-                        writes_record=any((record, subject, unsigned, test_result)))
+        check_plan_mode(boot=boot, plan_only=plan_only, no_calibrate=no_calibrate, fmt=fmt, record=record,
+                        subjects=tuple(subject or ()), unsigned=unsigned, test_result=test_result)
         if plan_only:
             _print_plan(plan, measure=not no_calibrate, fmt=fmt, output=output)
             return
@@ -148,24 +142,21 @@ def register(app: typer.Typer) -> None:
         def say(message: str) -> None:
             progress(scrub(message))
 
-        import shutil
-        import tempfile
+        from contextlib import AbstractContextManager, nullcontext
 
-        # Boot mode without --log-dir: the logs go to a temporary folder, removed once the record
-        # (which names them by digest) is written, unless --keep.
-        temporary = Path(tempfile.mkdtemp(prefix="kvpreflight-boot-")) if spec is not None and log_dir is None else None
-        try:
+        folder: AbstractContextManager[Path | None] = nullcontext(None)
+        if spec is not None:
+            from kvpreflight.boot import log_folder
+
+            # Where the logs go is the library's rule, and they stay until the report and record are written.
+            folder = log_folder(log_dir, keep=keep, prefix="kvpreflight-boot-", say=say)
+        with folder as boot_logs:
             with progress_to_stderr("kvpreflight") as show:  # a live line on a terminal, plain lines in CI
                 try:
-                    report, files = _run(plan, spec, log_dir or temporary, lambda message: show(scrub(message)))
+                    report, files = _run(plan, spec, boot_logs, lambda message: show(scrub(message)))
                 except KvpreflightError as exc:  # an engine may echo a key into an error message
                     raise type(exc)(scrub(str(exc))) from None
             preflight.publish(report, out, files_read=files, secrets=plan.auth.secrets, progress=say)
-        finally:
-            if temporary is not None and keep:
-                say(f"engine logs kept in {temporary}")
-            elif temporary is not None:
-                shutil.rmtree(temporary, ignore_errors=True)
         raise typer.Exit(report.exit_code)
 
 
@@ -175,10 +166,8 @@ def _run(plan: CheckPlan, spec: DeploymentSpec | None, log_dir: Path | None,
 
     if spec is None:
         return preflight.run(plan, say), tuple(plan.logs.values())
-    import tempfile
-
-    folder = log_dir or Path(tempfile.mkdtemp(prefix=f"kvpreflight-{spec.deployment}-"))
-    booted = preflight.run_booted(spec, plan, log_dir=folder, progress=say)
+    assert log_dir is not None  # kvpreflight.boot.log_folder named one
+    booted = preflight.run_booted(spec, plan, log_dir=log_dir, progress=say)
     return booted.report, booted.files_read
 
 

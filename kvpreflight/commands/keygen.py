@@ -17,19 +17,9 @@ def register(app: typer.Typer) -> None:
             help="Encrypt the private key with the password in $KVPREFLIGHT_SIGN_KEY_PASSWORD."),
     ) -> None:
         """Create a key pair for signing release records (`check --sign-key`) and verifying them (`verify --key`)."""
-        import os
-
         from kvpreflight.record import keys
 
-        if algorithm not in keys.ALGORITHMS:
-            raise keys.RecordError(f"--algorithm {algorithm!r} is not supported; use one of: {', '.join(keys.ALGORITHMS)}")
-        password = None
-        if encrypt:
-            password = os.environ.get(keys.PASSWORD_ENV, "").encode() or None
-            if password is None:
-                raise keys.RecordError(f"--encrypt needs the password in ${keys.PASSWORD_ENV} (never on the command line)")
-        key = keys.generate(algorithm)
-        private_path, public_path = keys.write_keypair(out, key, password=password)
+        key, private_path, public_path = keys.keygen(out, algorithm=algorithm, encrypt=encrypt)
         typer.echo(f"private key  {private_path}  (mode 0600; keep it secret; "
                    f"sign with --sign-key {private_path} or ${keys.SIGN_KEY_ENV}={private_path})")
         typer.echo(f"public key   {public_path}  (give this to whoever runs `kvpreflight verify --key`)")

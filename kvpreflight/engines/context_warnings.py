@@ -7,8 +7,8 @@ check each one fails (checks/engine_warnings.py).
 Every engine's wording is read in any engine's start-up log, whatever the adapter's kind
 (`EngineAdapter.read`): the wordings cannot be confused with one another, and the builtin
 engine's faults copy them. TensorRT-LLM's adapter (engines/trtllm.py) gives only the lines of the
-KV cache that serves: its PyTorch backend's trial cache logs clamps of its own. A tenant's text that an engine logs can only add a warning (a fail),
-never hide one.
+KV cache that serves: its PyTorch backend's trial cache logs clamps of its own. A tenant's text
+that an engine logs can only add a warning (a fail), never hide one.
 """
 
 from __future__ import annotations

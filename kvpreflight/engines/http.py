@@ -172,7 +172,8 @@ class HttpClient:
             deadline.end()
             location = resp.headers.get("Location", "?")
             resp.close()
-            raise EngineError(f"{url}: redirected (HTTP {resp.status_code}) to {location}; not followed, point kvpreflight at the engine itself")
+            raise EngineError(f"{url}: redirected (HTTP {resp.status_code}) to {location}; "
+                              "not followed, point kvpreflight at the engine itself")
         return resp, deadline, reconnected
 
     def request(self, method: str, url: str, *, json_body: Any = None, timeout_s: float | None = None,

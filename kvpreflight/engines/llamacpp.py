@@ -84,7 +84,8 @@ class LlamaCppAdapter(EngineAdapter):
         if log_text is not None:
             for line in log_lines(log_text):
                 if m := ALLOCATOR_LINE.search(line):
-                    readings.append(PoolReading("log: llama_kv_cache cells", Origin.ALLOCATOR, log_count(m["cells"], "llama_kv_cache cells")))
+                    readings.append(PoolReading("log: llama_kv_cache cells", Origin.ALLOCATOR,
+                                                log_count(m["cells"], "llama_kv_cache cells")))
                 if m := SLOTS_LINE.search(line):
                     kv_unified = settings["kv_unified"] = m["unified"] == "true"
         if kv_unified is None:

@@ -65,9 +65,12 @@ class SglangAdapter(EngineAdapter):
                   Hazard.HANDOFF_TIMEOUT, setting="SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT"),
     ) + tuple(LogSignal(what, re.compile(pattern)) for what, pattern in (
         # srt/disaggregation/decode.py and prefill.py (0.5.23): each aborts the request it names.
-        ("Decode handshake failed for request", rf"Decode handshake failed for request {gap('Decode handshake failed for request ')}rid='?(?P<rid>[^'\s]{REQUEST_ID})"),
-        ("Decode transfer failed for request", rf"Decode transfer failed for request {gap('Decode transfer failed for request ')}rid='?(?P<rid>[^'\s]{REQUEST_ID})"),
-        ("Prefill transfer failed for request", rf"Prefill transfer failed for request {gap('Prefill transfer failed for request ')}rid='?(?P<rid>[^'\s]{REQUEST_ID})"),
+        ("Decode handshake failed for request",
+         rf"Decode handshake failed for request {gap('Decode handshake failed for request ')}rid='?(?P<rid>[^'\s]{REQUEST_ID})"),
+        ("Decode transfer failed for request",
+         rf"Decode transfer failed for request {gap('Decode transfer failed for request ')}rid='?(?P<rid>[^'\s]{REQUEST_ID})"),
+        ("Prefill transfer failed for request",
+         rf"Prefill transfer failed for request {gap('Prefill transfer failed for request ')}rid='?(?P<rid>[^'\s]{REQUEST_ID})"),
         ("Context corruption detected", rf"Context corruption detected: Request (?P<rid>\S{REQUEST_ID})"),
     )) + (
         # srt/disaggregation/decode.py (0.5.23) _verify_kv_checksums, with
@@ -295,11 +298,14 @@ def parse_sglang_log(text: str) -> tuple[list[PoolReading], list[str]]:
     for line in log_lines(text):
         rank = _rank_in_line(line)
         if m := ALLOCATOR_LINE.search(line):
-            readings.append(PoolReading("log: KV Cache is allocated #tokens", Origin.ALLOCATOR, log_count(m["tokens"], "KV Cache #tokens"), rank))
+            readings.append(PoolReading("log: KV Cache is allocated #tokens", Origin.ALLOCATOR,
+                                        log_count(m["tokens"], "KV Cache #tokens"), rank))
         elif m := VA_BOUND_LINE.search(line):
-            notes.append(f"log reports a KV VA upper bound of {log_count(m['tokens'], 'KV VA upper bound #tokens')} tokens (a reservation, not an allocation; not counted)")
+            notes.append(f"log reports a KV VA upper bound of {log_count(m['tokens'], 'KV VA upper bound #tokens')} tokens "
+                         "(a reservation, not an allocation; not counted)")
         if m := SCHEDULER_LINE.search(line):
-            readings.append(PoolReading("log: scheduler max_total_num_tokens", Origin.SCHEDULER, log_count(m["tokens"], "max_total_num_tokens"), rank))
+            readings.append(PoolReading("log: scheduler max_total_num_tokens", Origin.SCHEDULER,
+                                        log_count(m["tokens"], "max_total_num_tokens"), rank))
         if m := SMALL_POOL_WARNING.search(line):
             notes.append(f"engine log warns: KV pool holds {m[1]} tokens, fewer than --context-length {m[2]}")
     return readings, notes

@@ -138,7 +138,8 @@ class TgiAdapter(EngineAdapter):
         stated_role = role_of(role, None)  # the engine states no disaggregation role
         return EngineSnapshot(
             url=self.url, engine=self.kind, version=str(version) if version is not None else None,
-            role=stated_role[0], role_source=stated_role[1], model=optional_text(info.get("model_id"), "/info model_id", self.url), served_context=served,
+            role=stated_role[0], role_source=stated_role[1], model=optional_text(info.get("model_id"), "/info model_id", self.url),
+            served_context=served,
             pool_readings=tuple(readings), max_request_tokens=max_input, settings=settings, notes=tuple(notes),
         )
 
@@ -210,7 +211,8 @@ class TgiAdapter(EngineAdapter):
         if reply.status == 413:
             return None
         if reply.status != 200:
-            raise EngineError(f"{self.url}/tokenize: {error_reply_message(reply.status, reply.body)}; kvpreflight needs TGI's tokenizer to build prompts of a known length")
+            raise EngineError(f"{self.url}/tokenize: {error_reply_message(reply.status, reply.body)}; "
+                              "kvpreflight needs TGI's tokenizer to build prompts of a known length")
         tokens = reply.json()
         if not isinstance(tokens, list) or not all(_is_token(t) for t in tokens):
             raise EngineError(f"{self.url}/tokenize: no token list (each an id with its start and stop offsets) in the answer")
@@ -281,7 +283,8 @@ def parse_tgi_log(text: str) -> tuple[list[PoolReading], list[str]]:
     notes: list[str] = []
     for line in log_lines(text):
         if m := ALLOCATOR_LINE.search(line):
-            readings.append(PoolReading("log: Setting max batch total tokens", Origin.ALLOCATOR, log_count(m["tokens"], "max batch total tokens")))
+            readings.append(PoolReading("log: Setting max batch total tokens", Origin.ALLOCATOR,
+                                        log_count(m["tokens"], "max batch total tokens")))
         if m := NOT_ENOUGH_MEMORY.search(line):
             notes.append(f"engine log: not enough memory to handle max_total_tokens={m[1] or m[2]} (the warm-up refused it)")
         if NOT_MEASURED in line:

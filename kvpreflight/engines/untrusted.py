@@ -65,7 +65,8 @@ def _json_kind(value: Any) -> str:
     return {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number"}.get(type(value), type(value).__name__)
 
 
-_SHAPE_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"(?:\s*:)?|"[^"]*$|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null|[{}\[\],:\s]|[^"{}\[\],:\s]+')
+_SHAPE_TOKEN = re.compile(r'"(?:[^"\\]|\\.)*"(?:\s*:)?|"[^"]*$|-?\d+(?:\.\d+)?(?:[eE][+-]?\d+)?|true|false|null|'
+                          r'[{}\[\],:\s]|[^"{}\[\],:\s]+')
 _SHAPE_CHARS = 80
 
 

@@ -84,7 +84,8 @@ class VllmAdapter(OpenAICompletionsMixin, SplitLegs):
     # retrieved by %d remote worker(s) before lease expired." (before the lease: "... by %d decode
     # worker(s) within %d seconds.").
     log_signals = (LogSignal("Potentially invalid KV blocks for unrecognized request ... were retrieved by a decode worker",
-                             re.compile(rf"Potentially invalid KV blocks for unrecognized request (?P<rid>\S{REQUEST_ID}) were retrieved by a decode worker"),
+                             re.compile(rf"Potentially invalid KV blocks for unrecognized request (?P<rid>\S{REQUEST_ID}) "
+                                        r"were retrieved by a decode worker"),
                              Hazard.LATE_READ),
                    LogSignal("Releasing expired KV blocks for request ... which were retrieved by ... worker(s)",
                              re.compile(rf"Releasing expired KV blocks for request (?P<rid>\S{REQUEST_ID}) which were retrieved by"),
@@ -243,7 +244,8 @@ def read_start_log(log_text: str | None) -> StartLog:
         if m := MOONCAKE_TIMEOUT_LINE.search(line):
             abort_timeout = float(m[1])
         if m := ALLOCATOR_LINE.search(line):
-            readings.append(PoolReading("log: KV cache size tokens", Origin.ALLOCATOR, log_count(m["tokens"].replace(",", ""), "KV cache size tokens")))
+            readings.append(PoolReading("log: KV cache size tokens", Origin.ALLOCATOR,
+                                        log_count(m["tokens"].replace(",", ""), "KV cache size tokens")))
         if m := REFUSAL_LINE.search(line):
             notes.append(f"engine log: estimated maximum model length is {m[1]}")
         if m := ENGINE_CONFIG_LINE.search(line):

@@ -33,9 +33,9 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from kvpreflight.builtin_engine.deployment import BuiltinDeployment
 from kvpreflight.check_options import WAIVER_FIELDS, CheckOptions, build_plan, check_fields, under
 from kvpreflight.check_plan import CheckPlan
-from kvpreflight.demo import BuiltinDeployment
 from kvpreflight.errors import ConfigError, KvpreflightError
 from kvpreflight.fields import FieldParser, describe, load_yaml
 from kvpreflight.files import FileKind, read_bytes
@@ -199,7 +199,8 @@ class _Parser(FieldParser):
         self.unknown_keys(raw, _DEPLOYMENT_KEYS, where)
         name = raw.get("name")
         if not isinstance(name, str) or not _NAME.match(name):
-            raise self.error(f"{where}.name", f"expected a name (letters, digits, '.', '-', '_'; it names the record file), got {describe(name)}")
+            raise self.error(f"{where}.name",
+                             f"expected a name (letters, digits, '.', '-', '_'; it names the record file), got {describe(name)}")
         kinds = [k for k in ("attach", "boot", "builtin") if raw.get(k) is not None]
         if len(kinds) != 1:
             raise self.error(where, f"give exactly one of attach, boot, builtin (got {', '.join(kinds) or 'none'})")

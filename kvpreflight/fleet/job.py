@@ -23,10 +23,11 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
+from kvpreflight.builtin_engine.deployment import BuiltinDeployment
 from kvpreflight.errors import ConfigError
 from kvpreflight.files import FileKind, read_tail, read_text, writing
-from kvpreflight.fleet.inventory import AttachTarget, Deployment
-from kvpreflight.model import Report, Status, Waiver, exit_code_of
+from kvpreflight.fleet.inventory import AttachTarget, BootTarget, Deployment
+from kvpreflight.model import Report, RouterKind, Status, Waiver, exit_code_of
 from kvpreflight.redact import cut
 from kvpreflight.schema import report_from_dict
 
@@ -41,8 +42,7 @@ class WorkerJob:
     where the worker writes."""
 
     name: str
-    kind: str  # boot | builtin
-    target: Mapping[str, Any]  # the target dataclass's fields (asdict)
+    target: BootTarget | BuiltinDeployment
     waivers: tuple[Waiver, ...]
     subjects: tuple[str, ...]
     command_line: tuple[str, ...]
@@ -53,14 +53,22 @@ class WorkerJob:
     def to_json(self) -> str:
         from kvpreflight.schema import waiver_to_dict
 
-        return json.dumps({**{f.name: getattr(self, f.name) for f in fields(self) if f.name != "waivers"},
+        kind = "boot" if isinstance(self.target, BootTarget) else "builtin"
+        return json.dumps({**{f.name: getattr(self, f.name) for f in fields(self) if f.name not in ("waivers", "target")},
+                           "target": {"kind": kind, **asdict(self.target)},
                            "waivers": [waiver_to_dict(w) for w in self.waivers]})
 
     @classmethod
     def from_json(cls, text: str) -> WorkerJob:
         data = json.loads(text)
         waivers = tuple(Waiver(w["check_id"], w["reason"], w.get("until")) for w in data.pop("waivers"))
-        return cls(**{**data, "waivers": waivers, "subjects": tuple(data["subjects"]),
+        target = dict(data.pop("target"))
+        made: BootTarget | BuiltinDeployment
+        if target.pop("kind") == "boot":
+            made = BootTarget(**{**target, "fixed_ports": tuple(target["fixed_ports"])})
+        else:
+            made = BuiltinDeployment(**{**target, "faults": tuple(target["faults"]), "router": RouterKind(target["router"])})
+        return cls(**{**data, "target": made, "waivers": waivers, "subjects": tuple(data["subjects"]),
                       "command_line": tuple(data["command_line"])})
 
 
@@ -156,8 +164,8 @@ def _boot_in(base: Path, deployment: Deployment, settings: JobSettings) -> Outco
     report_path = work / "report.json"  # the typed Report the fleet renders, read back below
     record.unlink(missing_ok=True)
     report_path.unlink(missing_ok=True)
-    t = deployment.target
-    job = WorkerJob(name=deployment.name, kind=deployment.kind, target=asdict(t), waivers=deployment.waivers,
+    assert not isinstance(deployment.target, AttachTarget)  # checked in this process, never by a worker
+    job = WorkerJob(name=deployment.name, target=deployment.target, waivers=deployment.waivers,
                     subjects=tuple(_subjects(deployment, settings)), command_line=tuple(_command_line(deployment, settings)),
                     record=str(record), report=str(report_path), log_dir=str(work / "logs"))
     log_path = work / "worker.log"

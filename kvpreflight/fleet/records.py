@@ -44,7 +44,8 @@ def check_record_path(record: Path, deployments: Sequence[str]) -> None:
     """Before anything runs: the fleet record must not take a deployment record's place, and it
     and the deployments' records beside it can be written."""
     if record.name in {record_name(d) for d in deployments}:
-        raise FleetError(f"--record {record}: that file name is a deployment's record ({record.name}); choose another, e.g. fleet{RECORD_SUFFIX}")
+        raise FleetError(f"--record {record}: that file name is a deployment's record ({record.name}); "
+                         f"choose another, e.g. fleet{RECORD_SUFFIX}")
     check_writable(record, "--record", FleetError)
 
 
@@ -52,8 +53,8 @@ def _not_measured_statement(outcome: Outcome, report: FleetReport, subjects: lis
                             secrets: Iterable[str]) -> dict[str, Any]:
     stand_in = Report(
         tool_version=report.tool_version, engines=(),
-        checks=(CheckResult(id=FLEET_CHECK_ID, status=Status.INCONCLUSIVE, message=f"not measured: {outcome.reason}", endpoint=outcome.deployment,
-                            evidence={"host": outcome.host, "node": outcome.node}),),
+        checks=(CheckResult(id=FLEET_CHECK_ID, status=Status.INCONCLUSIVE, message=f"not measured: {outcome.reason}",
+                            endpoint=outcome.deployment, evidence={"host": outcome.host, "node": outcome.node}),),
         started_at=report.started_at, finished_at=report.finished_at,
     )
     return build_statement(stand_in, command_line=[*command_line, f"[deployment {outcome.deployment}]"], subjects=subjects,

@@ -124,7 +124,8 @@ def merged_report(report: FleetReport) -> Report:
     checks: list[CheckResult] = []
     for o in report.outcomes:
         if o.report is None:
-            checks.append(CheckResult(id=FLEET_CHECK_ID, status=Status.INCONCLUSIVE, message=f"[{o.deployment}] {o.reason}", endpoint=o.deployment))
+            checks.append(CheckResult(id=FLEET_CHECK_ID, status=Status.INCONCLUSIVE, message=f"[{o.deployment}] {o.reason}",
+                                      endpoint=o.deployment))
             continue
         checks.extend(replace(c, message=f"[{o.deployment}] {c.message}", endpoint=c.endpoint or o.deployment)
                       for c in o.report.checks)

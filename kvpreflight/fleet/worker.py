@@ -32,18 +32,18 @@ def _die_with_parent() -> None:
 
 def _spec(job: WorkerJob) -> DeploymentSpec:
     from kvpreflight.boot import parse_spec
+    from kvpreflight.fleet.inventory import BootTarget
 
     target = job.target
-    if job.kind == "builtin":
-        from kvpreflight.demo import BuiltinDeployment, demo_spec
+    if not isinstance(target, BootTarget):
+        from kvpreflight.demo import demo_spec
 
-        return demo_spec(BuiltinDeployment(pool_ratio=target["pool_ratio"], decode_pool_ratio=target["decode_pool_ratio"],
-                                           context_length=target["context_length"], faults=tuple(target["faults"])))
+        return demo_spec(target)
     from kvpreflight.boot.errors import BootConfigError
     from kvpreflight.fields import load_yaml
 
-    path = target["spec_path"]
-    return parse_spec(load_yaml(target["spec_text"], path, BootConfigError), source=path, base_dir=os.path.dirname(path))
+    return parse_spec(load_yaml(target.spec_text, target.spec_path, BootConfigError), source=target.spec_path,
+                      base_dir=os.path.dirname(target.spec_path))
 
 
 def _start_reaper() -> subprocess.Popen[bytes]:

@@ -35,11 +35,18 @@ class Tenant(str, enum.Enum):
 
 
 class CacheProbeKind(str, enum.Enum):
-    """The prefix-cache controls: first sight, the same tenant again, the other tenant."""
+    """The prefix-cache controls: first sight, the same tenant again, the other tenant; and, in the
+    timing audit only, a fresh prompt sent in a repeat's place by each tenant (what that place and
+    that tenant's path take with nothing cached: the references for warm and for cross-tenant)."""
 
     COLD = "cold"
     WARM = "warm"
     CROSS = "cross"
+    FRESH = "fresh"  # tenant A's
+    CROSS_FRESH = "cross-fresh"  # tenant B's
+
+
+CONTROL_KINDS = (CacheProbeKind.COLD, CacheProbeKind.WARM, CacheProbeKind.CROSS)  # the controls (no fresh ones)
 
 
 class ProbeName(enum.StrEnum):
@@ -362,7 +369,7 @@ class IsolationRun:
 def ttft_summary(cache: PrefixCacheRun) -> dict[CacheProbeKind, float] | None:
     """Median time-to-first-token of cold, same-tenant warm and cross-tenant requests."""
     out = {}
-    for kind in CacheProbeKind:
+    for kind in CONTROL_KINDS:
         values = [p.ttft_s for p in cache.of(kind) if p.completion.error_message is None and p.completion.status == 200]
         if not values:
             return None

@@ -13,6 +13,8 @@ Public interface (what ``check`` and ``verify`` call). Most commands need only `
 - :func:`write_record` (path, envelope)
 - :func:`read_record`, :func:`load_public_key`, :class:`Policy`, :func:`verify_envelope` (our records);
   :func:`verify_attestation` (ours, an in-toto Test Result or a SLSA Verification Summary)
+- :class:`VerifyOptions` (``verify``'s options, unparsed) -> :func:`build_verify_plan` (every rule between
+  them, keys loaded) -> :func:`verify_files` (the gate ``verify`` runs: OK/FAIL per file, exit code)
 - ``attest.py``: the Test Result ``emit_record(..., test_result=)`` writes and the VSA ``verify --vsa`` writes
 
 Every failure is a :class:`RecordError` (exit 2 bad input, exit 1 refusal).
@@ -20,6 +22,7 @@ Every failure is a :class:`RecordError` (exit 2 bad input, exit 1 refusal).
 
 from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, Envelope, pae
 from kvpreflight.record.errors import RecordError
+from kvpreflight.record.gate import verify_files
 from kvpreflight.record.keys import (
     PASSWORD_ENV,
     SIGN_KEY_ENV,
@@ -45,12 +48,15 @@ from kvpreflight.record.verify import (
     verify_attestation,
     verify_envelope,
 )
+from kvpreflight.record.verify_options import VerifyOptions, VerifyPlan, build_verify_plan
 from kvpreflight.redact import redact_command_line
 
 __all__ = [
     "FLEET_PREDICATE_TYPE", "IN_TOTO_PAYLOAD_TYPE", "PASSWORD_ENV", "PREDICATE_TYPE", "SIGN_KEY_ENV", "STATEMENT_TYPE",
-    "Envelope", "FleetDeployment", "FleetPredicate", "Policy", "ReleasePredicate", "PublicKey", "RecordError", "SigningKey", "Subject", "VerifiedAttestation", "VerifiedRecord",
-    "build_statement", "emit_record", "parse_subjects", "prepare_signer", "file_subject", "generate", "load_public_key", "load_signing_key", "pae",
+    "Envelope", "FleetDeployment", "FleetPredicate", "Policy", "ReleasePredicate", "PublicKey", "RecordError", "SigningKey", "Subject",
+    "VerifiedAttestation", "VerifiedRecord", "VerifyOptions", "VerifyPlan", "build_verify_plan", "verify_files",
+    "build_statement", "emit_record", "parse_subjects", "prepare_signer", "file_subject", "generate", "load_public_key", "load_signing_key",
+    "pae",
     "parse_duration", "parse_required", "parse_subject", "read_record", "redact_command_line", "resolve_sign_key_path",
     "sign_statement", "statement", "summary", "unsigned_envelope", "verify_attestation", "verify_envelope", "write_keypair", "write_record",
 ]

@@ -62,7 +62,8 @@ def _b64(value: Any, what: str) -> bytes:
 def envelope_from_dict(data: Any) -> Envelope:
     """Strictly parse a DSSE envelope dict. Any structural problem is bad input (exit 2)."""
     if not isinstance(data, dict):
-        raise RecordError("malformed record: top level is not a JSON object; expected a DSSE envelope with payload, payloadType, signatures")
+        raise RecordError("malformed record: top level is not a JSON object; "
+                          "expected a DSSE envelope with payload, payloadType, signatures")
     payload = _b64(data.get("payload"), "payload")
     payload_type = data.get("payloadType")
     if not isinstance(payload_type, str) or not payload_type:
@@ -107,7 +108,8 @@ def envelope_from_bytes(raw: bytes, source: str) -> Envelope:
         raise RecordError(f"malformed record: {source} names the key {cut(str(exc), 60)!r} twice in one object; "
                           "a record is read one way by every verifier or not at all") from None
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise RecordError(f"malformed record: {source} is not JSON ({exc.msg if hasattr(exc, 'msg') else exc}); pass the .dsse.json file that `kvpreflight check --record` wrote") from None
+        raise RecordError(f"malformed record: {source} is not JSON ({exc.msg if hasattr(exc, 'msg') else exc}); "
+                          "pass the .dsse.json file that `kvpreflight check --record` wrote") from None
     except RecursionError:
         raise RecordError(f"malformed record: {source} is JSON nested too deeply to read; not a kvpreflight DSSE envelope") from None
     return envelope_from_dict(data)

@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from kvpreflight.errors import ConfigError, Refused
 
 
 class RecordError(ConfigError):
     """A record could not be made or read: bad input, found before anything was judged (a missing
     or malformed file, an unreadable key, a bad ``--subject``): exit 2."""
+
+
+class PredicateError(RecordError):
+    """A record's predicate that does not read: `problems` holds every value found wrong in it, not
+    only the first, so one message names the whole damage."""
+
+    problems: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, what: str, problems: Sequence[str]) -> PredicateError:
+        error = cls(f"malformed {what}: {'; '.join(problems)}; the record is damaged or not a kvpreflight record")
+        error.problems = tuple(problems)
+        return error
 
 
 class RecordRefused(RecordError, Refused):

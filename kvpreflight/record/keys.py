@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -140,7 +141,8 @@ def write_keypair(directory: Path, key: SigningKey, password: bytes | None = Non
     private_path, public_path = directory / PRIVATE_NAME, directory / PUBLIC_NAME
     for path in (private_path, public_path):
         if path.exists() or path.is_symlink():
-            raise RecordError(f"{path} already exists; refusing to overwrite a key. Choose another --out directory or move the old key away")
+            raise RecordError(f"{path} already exists; refusing to overwrite a key. "
+                              "Choose another --out directory or move the old key away")
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -156,6 +158,23 @@ def write_keypair(directory: Path, key: SigningKey, password: bytes | None = Non
         private_path.unlink()
         raise
     return private_path, public_path
+
+
+def keygen(directory: Path, *, algorithm: str = "ecdsa-p256", encrypt: bool = False,
+           environ: Mapping[str, str] = os.environ) -> tuple[SigningKey, Path, Path]:
+    """`kvpreflight keygen`: a new key pair written to `directory` (never over an existing one). With
+    `encrypt` the private key is encrypted with the password in $KVPREFLIGHT_SIGN_KEY_PASSWORD, never
+    one from argv. RecordError (exit 2) naming the option for an unknown algorithm or a missing password."""
+    if algorithm not in ALGORITHMS:
+        raise RecordError(f"--algorithm {algorithm!r} is not supported; use one of: {', '.join(ALGORITHMS)}")
+    password = None
+    if encrypt:
+        password = environ.get(PASSWORD_ENV, "").encode() or None
+        if password is None:
+            raise RecordError(f"--encrypt needs the password in ${PASSWORD_ENV} (never on the command line)")
+    key = generate(algorithm)
+    private_path, public_path = write_keypair(directory, key, password=password)
+    return key, private_path, public_path
 
 
 def _write_new(path: Path, data: bytes, mode: int) -> None:
@@ -185,7 +204,8 @@ def load_signing_key(path: str | os.PathLike[str], *, allow_insecure: bool = Fal
     path = Path(path)
     data = read_input(path, FileKind.PRIVATE_KEY, "create one with `kvpreflight keygen --out DIR`")
     if b"PRIVATE KEY" not in data:
-        raise RecordError(f"signing key {path} is not a PEM private key; pass the kvpreflight.key file from `kvpreflight keygen`, not the .pub")
+        raise RecordError(f"signing key {path} is not a PEM private key; "
+                          "pass the kvpreflight.key file from `kvpreflight keygen`, not the .pub")
     check_private(path, "signing key", allow_insecure=allow_insecure, error=RecordError)
     password = os.environ.get(PASSWORD_ENV)
     try:

@@ -1,21 +1,22 @@
 """The two predicates a kvpreflight record carries, typed: a release (one deployment's check) and
 a fleet (every deployment's verdict, naming their records). `to_dict` is the signed JSON;
-`from_dict` reads it back (a damaged or foreign one raises RecordError).
+`from_dict` reads it back (a damaged or foreign one raises PredicateError naming every value that
+does not read, a newer schema RecordError).
 """
 
 from __future__ import annotations
 
 import hashlib
 import socket
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from kvpreflight import schema
 from kvpreflight.clock import utc_now
 from kvpreflight.model import Report, Status, exit_code_of
-from kvpreflight.record.errors import RecordError
-from kvpreflight.schema import SchemaError, report_from_dict, tool
+from kvpreflight.record.errors import PredicateError, RecordError
+from kvpreflight.schema import Reader, SchemaError, read_report, tool
 
 PREDICATE_TYPE = "https://kvpreflight.dev/release-record/v1"
 # A fleet record (`kvpreflight fleet --record`): its subjects name each deployment's record file.
@@ -24,6 +25,7 @@ FLEET_PREDICATE_TYPE = "https://kvpreflight.dev/fleet-record/v1"
 # `context_served` and repeated the promised context as `context_checked`. Both read.
 RELEASE_SCHEMA_VERSION = 2
 FLEET_SCHEMA_VERSION = 1
+T = TypeVar("T")
 NO_GPU_NOTE = "no NVIDIA GPU/driver visible"
 # Evidence keys that would carry what an engine generated or was sent. Replaced by size + digest.
 RESPONSE_KEYS = frozenset(
@@ -52,17 +54,6 @@ def omit_response_text(value: Any) -> Any:
     return value
 
 
-def _field(data: Mapping[str, Any], key: str, kind: type, what: str) -> Any:
-    value = data.get(key)
-    if not isinstance(value, kind) or isinstance(value, bool) and kind is not bool:
-        raise RecordError(f"malformed {what}: {key} is {value!r}; the record is damaged or not a kvpreflight record")
-    return value
-
-
-def _optional(data: Mapping[str, Any], key: str, kind: type, what: str) -> Any:
-    return None if data.get(key) is None else _field(data, key, kind, what)
-
-
 def listed(data: Mapping[str, Any], key: str) -> list[Any]:
     """A list a record holds for information (engines, checks, deployments), or [] when it holds
     none or something else: a record file is untrusted input, and these lists only describe."""
@@ -70,16 +61,35 @@ def listed(data: Mapping[str, Any], key: str) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
-
-def _version(data: Mapping[str, Any], newest: int, what: str) -> None:
-    version = _field(data, "schema_version", int, what)
-    if version > newest:
+def _version(data: Mapping[str, Any], newest: int, what: str, r: Reader) -> None:
+    """Notes a missing schema_version in `r`; a newer one raises at once (its fields may mean what
+    this version cannot know, so nothing else in it is worth naming)."""
+    version = r.get(data, "schema_version", int, "", required=True)
+    if version is not None and version > newest:
         raise RecordError(f"{what} schema_version {version} is newer than this kvpreflight reads ({newest}); upgrade kvpreflight")
 
 
-def _command_line(data: Mapping[str, Any], what: str) -> tuple[str, ...]:
-    argv = _field(data, "command_line", list, what)
-    return tuple(str(a) for a in argv)
+def _command_line(data: Mapping[str, Any], r: Reader) -> tuple[str, ...]:
+    return tuple(str(a) for a in r.get(data, "command_line", list, "", required=True) or ())
+
+
+def _verdict(data: Mapping[str, Any], r: Reader, where: str = "") -> Status | None:
+    try:
+        return Status(data.get("verdict"))
+    except ValueError:  # not a verdict kvpreflight writes: never read as one
+        r.note(f"{where}verdict {data.get('verdict')!r} is not a kvpreflight verdict")
+        return None
+
+
+def _read(what: str, data: Any, build: Callable[[Mapping[str, Any], Reader], T | None]) -> T:
+    """`build(data)`, or PredicateError naming every value of `data` that does not read (`build`
+    notes each in the Reader and goes on, returning None where it could build nothing)."""
+    r = Reader()
+    d = r.mapping(data, what)
+    result = None if d is None else build(d, r)
+    if result is None or r.problems:
+        raise PredicateError.of(what, r.problems)
+    return result
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,15 +127,25 @@ class ReleasePredicate:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ReleasePredicate:
-        what = "release record predicate"
-        _version(data, RELEASE_SCHEMA_VERSION, what)
+    def from_dict(cls, data: Any) -> ReleasePredicate:
+        """The predicate a signed record holds. The one reader of it (`verify`, `watch`'s baseline):
+        PredicateError names every value that does not read, and a recorded verdict that is not
+        the one its checks decide; a check id this version does not know reads as its string."""
+        return _read("release record predicate", data, cls._build)
+
+    @classmethod
+    def _build(cls, data: Mapping[str, Any], r: Reader) -> ReleasePredicate | None:
+        _version(data, RELEASE_SCHEMA_VERSION, "release record predicate", r)
         try:
-            report = report_from_dict({**data, "schema_version": data.get("report_schema_version")})
-        except SchemaError as exc:
-            raise RecordError(f"malformed {what}: {exc}") from None
-        return cls(report=report, time=_field(data, "time", str, what), host=_field(data, "host", str, what),
-                   command_line=_command_line(data, what))
+            report = read_report({**data, "schema_version": data.get("report_schema_version")}, r)
+        except SchemaError as exc:  # a newer report schema
+            raise RecordError(str(exc)) from None
+        recorded = _verdict(data, r)
+        if report is not None and recorded is not None and recorded is not report.verdict:
+            r.note(f"verdict {recorded.value!r} is not the {report.verdict.value!r} its checks decide")
+        time, host = r.get(data, "time", str, "", required=True), r.get(data, "host", str, "", required=True)
+        command_line = _command_line(data, r)
+        return None if report is None else cls(report=report, time=time, host=host, command_line=command_line)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -153,21 +173,19 @@ class FleetDeployment:
 
     @classmethod
     def from_dict(cls, data: Any) -> FleetDeployment:
-        what = "fleet record deployment"
-        if not isinstance(data, Mapping):
-            raise RecordError(f"malformed {what}: not an object; the record is damaged or not a kvpreflight record")
-        try:
-            verdict = Status(data.get("verdict"))
-        except ValueError:
-            raise RecordError(f"malformed {what}: verdict {data.get('verdict')!r} is not a kvpreflight verdict") from None
+        return _read("fleet record deployment", data, cls._build)
+
+    @classmethod
+    def _build(cls, data: Mapping[str, Any], r: Reader, where: str = "") -> FleetDeployment | None:
         elapsed = data.get("elapsed_s") or 0.0
-        return cls(name=_field(data, "name", str, what), verdict=verdict, exit_code=_field(data, "exit_code", int, what),
-                   host=_optional(data, "host", str, what), node=_optional(data, "node", str, what),
-                   elapsed_s=float(elapsed) if isinstance(elapsed, (int, float)) else 0.0,
-                   reason=_optional(data, "reason", str, what),
-                   engines=tuple(dict(e) for e in listed(data, "engines") if isinstance(e, Mapping)),
-                   not_passed=tuple(dict(n) for n in listed(data, "not_passed") if isinstance(n, Mapping)),
-                   record=_optional(data, "record", str, what))
+        verdict = _verdict(data, r, where)
+        read = dict(name=r.get(data, "name", str, where, required=True), exit_code=r.get(data, "exit_code", int, where, required=True),
+                    host=r.get(data, "host", str, where), node=r.get(data, "node", str, where),
+                    reason=r.get(data, "reason", str, where), record=r.get(data, "record", str, where))
+        return None if verdict is None else cls(
+            **read, verdict=verdict, elapsed_s=float(elapsed) if isinstance(elapsed, (int, float)) else 0.0,
+            engines=tuple(dict(e) for e in listed(data, "engines") if isinstance(e, Mapping)),
+            not_passed=tuple(dict(n) for n in listed(data, "not_passed") if isinstance(n, Mapping)))
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -210,23 +228,40 @@ class FleetPredicate:
         }
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> FleetPredicate:
-        what = "fleet record predicate"
-        _version(data, FLEET_SCHEMA_VERSION, what)
-        try:
-            verdict = Status(data.get("verdict"))
-        except ValueError:
-            raise RecordError(f"malformed {what}: verdict {data.get('verdict')!r} is not a kvpreflight verdict") from None
+    def from_dict(cls, data: Any) -> FleetPredicate:
+        """The predicate a signed fleet record holds; PredicateError names every value that does not read."""
+        return _read("fleet record predicate", data, cls._build)
+
+    @classmethod
+    def _build(cls, data: Mapping[str, Any], r: Reader) -> FleetPredicate | None:
+        _version(data, FLEET_SCHEMA_VERSION, "fleet record predicate", r)
+        verdict = _verdict(data, r)
         tool_info = data.get("tool")
         tool_info = tool_info if isinstance(tool_info, Mapping) else {}
-        counts = _field(data, "counts", dict, what)
-        return cls(fleet=_field(data, "fleet", str, what), runner=_field(data, "runner", str, what),
-                   tool_version=str(tool_info.get("version") or ""),
-                   started_at=_field(data, "started_at", str, what), finished_at=_field(data, "finished_at", str, what),
-                   verdict=verdict, counts={str(k): int(v) for k, v in counts.items() if isinstance(v, int)},
-                   deployments=tuple(FleetDeployment.from_dict(d) for d in _field(data, "deployments", list, what)),
-                   time=_field(data, "time", str, what), host=_field(data, "host", str, what),
-                   command_line=_command_line(data, what))
-
+        counts = r.get(data, "counts", dict, "", required=True) or {}
+        deployments = [FleetDeployment._build(one, r, f"deployments[{i}].")
+                       for i, d in enumerate(r.get(data, "deployments", list, "", required=True) or ())
+                       if (one := r.mapping(d, f"deployments[{i}]")) is not None]
+        read = dict(fleet=r.get(data, "fleet", str, "", required=True), runner=r.get(data, "runner", str, "", required=True),
+                    started_at=r.get(data, "started_at", str, "", required=True),
+                    finished_at=r.get(data, "finished_at", str, "", required=True),
+                    time=r.get(data, "time", str, "", required=True), host=r.get(data, "host", str, "", required=True))
+        command_line = _command_line(data, r)
+        if verdict is None or None in deployments:
+            return None
+        return cls(**read, tool_version=str(tool_info.get("version") or ""), verdict=verdict,
+                   counts={str(k): int(v) for k, v in counts.items() if isinstance(v, int)},
+                   deployments=tuple(d for d in deployments if d is not None), command_line=command_line)
 
 Predicate = ReleasePredicate | FleetPredicate
+
+
+def predicate_from_dict(predicate_type: str, data: Any) -> Predicate:
+    """The typed predicate of a kvpreflight statement of `predicate_type`: the one reader of a
+    signed record's predicate (`verify`, and through it `watch`'s baseline). PredicateError names
+    every value that does not read; RecordError says a newer schema needs a newer kvpreflight."""
+    kinds: dict[str, type[ReleasePredicate] | type[FleetPredicate]] = {PREDICATE_TYPE: ReleasePredicate,
+                                                                       FLEET_PREDICATE_TYPE: FleetPredicate}
+    if predicate_type not in kinds:
+        raise RecordError(f"predicateType {predicate_type!r} is not a kvpreflight record's")
+    return kinds[predicate_type].from_dict(data)

@@ -77,7 +77,8 @@ def _merge_subjects(subjects: Iterable[Subject]) -> list[Subject]:
     for s in subjects:
         old = seen.get(s.name)
         if old is not None and old.sha256 != s.sha256:
-            raise RecordError(f"subject {s.name} given twice with different digests ({old.sha256[:12]}… and {s.sha256[:12]}…); give each name once")
+            raise RecordError(f"subject {s.name} given twice with different digests ({old.sha256[:12]}… and {s.sha256[:12]}…); "
+                              "give each name once")
         seen[s.name] = s
     return list(seen.values())
 

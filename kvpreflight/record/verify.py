@@ -1,8 +1,10 @@
 """Verify a release record against a public key and a release policy.
 
 Order: the envelope's payloadType, the signature over the PAE, the statement and predicate types
-(these are gates: nothing else is trusted before they pass), then subjects, age and verdict. Every
-refusal names the condition that failed (exit 1); bad input is exit 2.
+(these are gates: nothing else is trusted before they pass), then subjects, the predicate read by
+its typed reader (the one `watch` uses; a predicate that does not read is refused naming every value
+that does not, and nothing in it is judged), age and verdict. Every refusal names the condition that
+failed (exit 1); bad input is exit 2.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from typing import Any
 
 from kvpreflight.check_ids import CHECK_IDS, CheckId
 from kvpreflight.files import FileKind, sha256_of
-from kvpreflight.model import Status
+from kvpreflight.model import EngineSnapshot, Report, Status, Waiver
 from kvpreflight.record.attest import (
     TEST_RESULT_PREDICATE_TYPE,
     VERIFIER_ID,
@@ -31,7 +33,14 @@ from kvpreflight.record.attest import (
 from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, DuplicateKey, Envelope, loads_unique
 from kvpreflight.record.errors import RecordError, refusal
 from kvpreflight.record.keys import PublicKey
-from kvpreflight.record.predicate import FLEET_PREDICATE_TYPE, PREDICATE_TYPE, listed
+from kvpreflight.record.predicate import (
+    FLEET_PREDICATE_TYPE,
+    PREDICATE_TYPE,
+    FleetPredicate,
+    Predicate,
+    ReleasePredicate,
+    predicate_from_dict,
+)
 from kvpreflight.record.statement import STATEMENT_TYPE, Subject, subjects_of
 from kvpreflight.redact import cut
 
@@ -94,21 +103,35 @@ class Policy:
 
     def __post_init__(self) -> None:
         if not self.subjects and not self.any_subject:
-            raise RecordError("verify needs at least one --subject NAME=sha256:HEX (the artifact you are releasing); pass --any-subject to accept a record about any artifact")
+            raise RecordError("verify needs at least one --subject NAME=sha256:HEX (the artifact you are releasing); "
+                              "pass --any-subject to accept a record about any artifact")
 
 
 @dataclass(frozen=True)
 class VerifiedRecord:
+    """A kvpreflight record `verify` accepted, its predicate typed (read by `predicate_from_dict`)."""
+
     keyid: str
     time: datetime
-    verdict: Status
     subjects: tuple[Subject, ...]
-    predicate: Mapping[str, Any]
-    predicate_type: str = PREDICATE_TYPE
+    predicate: Predicate
+
+    @property
+    def verdict(self) -> Status:
+        return self.predicate.verdict
+
+    @property
+    def predicate_type(self) -> str:
+        return self.predicate.predicate_type
 
     @property
     def is_fleet(self) -> bool:
-        return self.predicate_type == FLEET_PREDICATE_TYPE
+        return isinstance(self.predicate, FleetPredicate)
+
+    @property
+    def engines(self) -> tuple[EngineSnapshot, ...]:
+        """The engines a release record names (a fleet record names deployments instead)."""
+        return self.predicate.report.engines if isinstance(self.predicate, ReleasePredicate) else ()
 
 
 def _parse_time(value: Any) -> datetime | None:
@@ -129,7 +152,8 @@ def _check_signature(envelope: Envelope, key: PublicKey) -> str:
     named = [s for s in envelope.signatures if s.keyid]
     if named and all(s.keyid not in key.keyids for s in named) and len(named) == len(envelope.signatures):
         ids = ", ".join(sorted({s.keyid[:16] for s in named}))
-        raise refusal(f"record is signed by keyid {ids}…, not by the --key {key.source} (keyid {key.keyid[:16]}…); wrong key or a record from another signer")
+        raise refusal(f"record is signed by keyid {ids}…, not by the --key {key.source} (keyid {key.keyid[:16]}…); "
+                      "wrong key or a record from another signer")
     data = envelope.pae()
     for s in envelope.signatures:
         if (not s.keyid or s.keyid in key.keyids) and key.verify(s.sig, data):
@@ -164,37 +188,35 @@ def verify_envelope(envelope: Envelope, key: PublicKey, policy: Policy, *, now: 
     """Accept the record or raise RecordError(exit 1) naming every condition that failed."""
     keyid = _check_signature(envelope, key)
     statement = _statement(envelope)
-    predicate = statement["predicate"]
     recorded = subjects_of(statement)
     problems = _subject_problems(recorded, policy)
-    now = now or datetime.now(UTC)
-    moment, late = _age(predicate.get("time"), now, policy, "record")
-    problems += late
-
     try:
-        verdict: Status | None = Status(predicate.get("verdict"))
-    except ValueError:  # not a verdict kvpreflight writes: never accepted, --allow-fail or not
-        verdict = None
-        problems.append(f"verdict {predicate.get('verdict')!r} is not a kvpreflight verdict")
-    if verdict is not None and verdict is not Status.PASS and not policy.allow_fail:
-        failed = [c.get("id") for c in listed(predicate, "checks") if isinstance(c, dict) and c.get("status") in ("fail", "inconclusive")]
-        detail = f" (checks: {', '.join(map(str, failed))})" if failed else ""
-        if statement["predicateType"] == FLEET_PREDICATE_TYPE:
-            failed = [f"{d.get('name')} {d.get('verdict')}" for d in listed(predicate, "deployments")
-                      if isinstance(d, dict) and d.get("verdict") != "pass"]
-            detail = f" (deployments: {', '.join(map(str, failed))})" if failed else ""
-        problems.append(f"verdict is {verdict.value!r}, not 'pass'{detail}; pass --allow-fail to check authenticity only")
-
-    if statement["predicateType"] == PREDICATE_TYPE and not policy.allow_fail:
-        problems += _unproved(predicate, policy.required)
-    problems += _expired_waivers(predicate, now)
-    if statement["predicateType"] == PREDICATE_TYPE:
-        problems += _engines_mismatch(predicate, policy)
-
-    if problems or moment is None or verdict is None:
+        predicate = predicate_from_dict(statement["predicateType"], statement["predicate"])
+    except RecordError as exc:  # every value that does not read, or a newer schema: nothing in it is judged
+        raise refusal("; ".join([*problems, str(exc)])) from None
+    now = now or datetime.now(UTC)
+    moment, late = _age(predicate.time, now, policy, "record")
+    problems += late
+    if predicate.verdict is not Status.PASS and not policy.allow_fail:
+        problems.append(f"verdict is {predicate.verdict.value!r}, not 'pass'{_not_passed(predicate)}; "
+                        "pass --allow-fail to check authenticity only")
+    if isinstance(predicate, ReleasePredicate):
+        if not policy.allow_fail:
+            problems += _unproved(predicate.report, policy.required)
+        problems += _expired_waivers(predicate.report.waivers, now)
+        problems += _engines_mismatch(predicate.report.engines, policy)
+    if problems or moment is None:
         raise refusal("; ".join(problems))
-    return VerifiedRecord(keyid=keyid, time=moment, verdict=verdict, subjects=recorded, predicate=predicate,
-                          predicate_type=statement["predicateType"])
+    return VerifiedRecord(keyid=keyid, time=moment, subjects=recorded, predicate=predicate)
+
+
+def _not_passed(predicate: Predicate) -> str:
+    """What made a verdict other than pass: the checks, or a fleet's deployments."""
+    if isinstance(predicate, FleetPredicate):
+        deployments = [f"{d.name} {d.verdict.value}" for d in predicate.deployments if d.verdict is not Status.PASS]
+        return f" (deployments: {', '.join(deployments)})" if deployments else ""
+    checks = [c.id for c in predicate.report.checks if c.status in (Status.FAIL, Status.INCONCLUSIVE)]
+    return f" (checks: {', '.join(checks)})" if checks else ""
 
 
 def _subject_problems(recorded: tuple[Subject, ...], policy: Policy) -> list[str]:
@@ -219,7 +241,8 @@ def _age(value: Any, now: datetime, policy: Policy, what: str) -> tuple[datetime
     if age < -FUTURE_SKEW:
         return moment, [f"{what} is dated {format_duration(age)} in the future ({value}); check the signer's clock"]
     if age > policy.max_age:
-        return moment, [f"{what} is {format_duration(age)} old, older than --max-age {format_duration(policy.max_age)} ({value}); run the preflight again"]
+        return moment, [f"{what} is {format_duration(age)} old, older than --max-age {format_duration(policy.max_age)} ({value}); "
+                        "run the preflight again"]
     return moment, []
 
 
@@ -308,53 +331,48 @@ def _summary_problems(predicate: Mapping[str, Any], policy: Policy, now: datetim
     return problems
 
 
-def _unproved(predicate: Mapping[str, Any], required: tuple[str, ...]) -> list[str]:
+def _unproved(report: Report, required: tuple[str, ...]) -> list[str]:
     """A required check that is absent, skipped, waived or inconclusive proved nothing: a record
     of a --capacity-only run or a waived isolation check must not pass the gate."""
-    checks = [c for c in predicate.get("checks") or [] if isinstance(c, dict)]
     out = []
     for check_id in required:
-        found = [c for c in checks if c.get("id") == check_id]
+        found = [c for c in report.checks if c.id == check_id]
         if not found:
             out.append(f"required check {check_id} is not in the record")
-            continue
         for c in found:
-            status = c.get("status")
-            raw = c.get("evidence")
-            evidence: Mapping[str, Any] = raw if isinstance(raw, dict) else {}
-            if evidence.get("waiver") is not None:
-                out.append(f"required check {check_id} was waived ({evidence.get('waiver')})")
-            elif status in (Status.SKIP.value, Status.INCONCLUSIVE.value):
-                where = f" at {c.get('endpoint')}" if c.get("endpoint") else ""
-                out.append(f"required check {check_id} is {status}{where}: {c.get('message')}")
+            if c.waiver is not None:
+                out.append(f"required check {check_id} was waived ({c.waiver})")
+            elif c.status in (Status.SKIP, Status.INCONCLUSIVE):
+                where = f" at {c.endpoint}" if c.endpoint else ""
+                out.append(f"required check {check_id} is {c.status.value}{where}: {c.message}")
     return out
 
 
-def _engines_mismatch(predicate: Mapping[str, Any], policy: Policy) -> list[str]:
-    engines = [e for e in predicate.get("engines") or [] if isinstance(e, dict)]
+def _engines_mismatch(engines: tuple[EngineSnapshot, ...], policy: Policy) -> list[str]:
     out = []
-    for flag, key, want in (("--expect-model", "model", policy.expect_model),
-                            ("--expect-engine-version", "version", policy.expect_engine_version)):
+    for flag, what, want in (("--expect-model", "model", policy.expect_model),
+                             ("--expect-engine-version", "version", policy.expect_engine_version)):
         if want is None:
             continue
         if not engines:
             out.append(f"{flag} {want}: the record names no engine")
         for e in engines:
-            if e.get(key) != want:
-                out.append(f"engine {e.get('url')} reported {key} {e.get(key)!r}, not {want!r} ({flag})")
+            have = e.model if what == "model" else e.version
+            if have != want:
+                out.append(f"engine {e.url} reported {what} {have!r}, not {want!r} ({flag})")
     return out
 
 
-def _expired_waivers(predicate: Mapping[str, Any], now: datetime) -> list[str]:
+def _expired_waivers(waivers: tuple[Waiver, ...], now: datetime) -> list[str]:
     out = []
-    for w in predicate.get("waivers") or []:
-        if not isinstance(w, dict) or w.get("until") is None:
+    for w in waivers:
+        if w.until is None:
             continue
-        until = _parse_time(f"{w['until']}T23:59:59Z") if isinstance(w["until"], str) else None
+        until = _parse_time(f"{w.until}T23:59:59Z")  # a waiver holds through its last day
         if until is None:
-            out.append(f"waiver of {w.get('check_id')} has an unreadable expiry {w['until']!r}")
+            out.append(f"waiver of {w.check_id} has an unreadable expiry {w.until!r}")
         elif until < now:
-            out.append(f"waiver of {w.get('check_id')} expired on {w['until']} ({w.get('reason')}); fix the check or renew the waiver")
+            out.append(f"waiver of {w.check_id} expired on {w.until} ({w.reason}); fix the check or renew the waiver")
     return out
 
 
@@ -362,25 +380,23 @@ def summary(record: VerifiedRecord, *, path: str, now: datetime | None = None) -
     """What `kvpreflight verify` prints for a record it accepted: verdict, subjects, engines, waivers."""
     now = now or datetime.now(UTC)
     p = record.predicate
+    version = p.tool_version if isinstance(p, FleetPredicate) else p.report.tool_version
     lines = [
         f"verified {path}",
         f"  signed by  keyid {record.keyid[:16]}…",
         f"  verdict    {record.verdict.value}",
-        f"  time       {p.get('time')} ({format_duration(now - record.time)} ago) on {p.get('host')}",
-        f"  tool       kvpreflight {tool.get('version') if isinstance(tool := p.get('tool'), dict) else None}",
+        f"  time       {p.time} ({format_duration(now - record.time)} ago) on {p.host}",
+        f"  tool       kvpreflight {version or None}",
     ]
     for i, s in enumerate(record.subjects):
         lines.append(f"  {'subjects' if i == 0 else '':<10} {s.name}=sha256:{s.sha256[:16]}…")
-    for i, e in enumerate(listed(p, "engines")):
-        if not isinstance(e, dict):
-            continue
-        desc = (f"{e.get('engine')} {e.get('version') or ''} {e.get('role')} at {e.get('url')}: model {e.get('model')}, "
-                f"pool {e.get('kv_pool_tokens')} tokens, context served {e.get('context_length', e.get('context_served'))}")
+    for i, e in enumerate(record.engines):
+        desc = (f"{e.engine} {e.version or ''} {e.role.value} at {e.url}: model {e.model}, "
+                f"pool {e.pool_tokens()} tokens, context served {e.served_context}")
         lines.append(f"  {'engines' if i == 0 else '':<10} {' '.join(desc.split())}")
-    for i, d in enumerate(listed(p, "deployments") if record.is_fleet else []):
-        if isinstance(d, dict):
-            lines.append(f"  {'fleet' if i == 0 else '':<10} {d.get('name')}: {d.get('verdict')} ({d.get('record')})")
-    if not listed(p, "engines") and not record.is_fleet:
+    for i, d in enumerate(p.deployments if isinstance(p, FleetPredicate) else ()):
+        lines.append(f"  {'fleet' if i == 0 else '':<10} {d.name}: {d.verdict.value} ({d.record})")
+    if not record.engines and not record.is_fleet:
         lines.append("  engines    none recorded")
     return "\n".join(lines) + "\n"
 
@@ -398,9 +414,9 @@ def verify_deep(record: VerifiedRecord, directory: Path, key: PublicKey, policy:
         raise RecordError(f"--deep {directory}: not a folder; pass the folder holding the deployment records")
     named = {s.name[len(RECORD_SUBJECT_PREFIX):]: s.sha256 for s in record.subjects if s.name.startswith(RECORD_SUBJECT_PREFIX)}
     problems: list[str] = []
-    for d in listed(record.predicate, "deployments"):
-        if isinstance(d, dict) and (not isinstance(d.get("record"), str) or d["record"] not in named):
-            problems.append(f"deployment {d.get('name')} has no record among the fleet record's subjects")
+    for d in record.predicate.deployments if isinstance(record.predicate, FleetPredicate) else ():
+        if d.record is None or d.record not in named:
+            problems.append(f"deployment {d.name} has no record among the fleet record's subjects")
     verified: list[tuple[str, VerifiedRecord]] = []
     for name, digest in sorted(named.items()):
         path = directory / name

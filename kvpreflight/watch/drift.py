@@ -39,11 +39,10 @@ def load_baseline(record: Path, key: Path) -> Baseline:
     public = load_public_key(key)
     verified = verify_envelope(read_record(record), public,
                                Policy(any_subject=True, max_age=BASELINE_MAX_AGE, required=()))
-    if verified.is_fleet:
+    if not isinstance(verified.predicate, ReleasePredicate):
         raise RecordError(f"--record {record} is a fleet record; give watch the release record of one deployment")
-    report = ReleasePredicate.from_dict(verified.predicate).report
     return Baseline(source=str(record), keyid=verified.keyid, time=verified.time.isoformat(),
-                    engines={e.url.rstrip("/"): e for e in report.engines})
+                    engines={e.url.rstrip("/"): e for e in verified.predicate.report.engines})
 
 
 def settings_digest(snapshot: EngineSnapshot) -> str:

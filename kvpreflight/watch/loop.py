@@ -100,7 +100,8 @@ class Watcher:
                         findings.extend(drift_findings(self.settings.baseline, snapshots,
                                                        unreadable=[f.endpoint for f in unreadable]))
                     self.hazards.follow_logs(session.log_signals())
-                outcome, is_full, retry_after = self._send(None if isinstance(session, Finding) else session, groups, stop, sent, findings, not_measured, notes)
+                outcome, is_full, retry_after = self._send(None if isinstance(session, Finding) else session, groups, stop, sent,
+                                                           findings, not_measured, notes)
                 if adapters:  # after the canaries: what this round's own requests met counts in this round
                     counters = EngineState(adapters).counters()
                     hazards, hazard_notes, _ = self.hazards.take(counters)

@@ -212,8 +212,8 @@ def test_cancel_during_transfer(tmp_path, fault):
 def test_a_failed_transfer_whose_client_left_is_counted_when_it_is_logged(tmp_path):
     """The decode counts a failed KV transfer where it sees it fail, not when the request goes on to
     decode: a request whose client left (or whose router answered 502 for a dead prefill and
-    cancelled it, smg) never decodes, and its failed transfer went uncounted (a clean-clone run,
-    2026-12-04: smg's dead-prefill test read 0 failed transfers)."""
+    cancelled it, smg) never decodes, so counted at decode its failed transfer is never counted
+    (smg's dead-prefill test read 0 failed transfers: docs/FINDINGS.md)."""
     # 150 ms before each 8-page batch: an 800-token prompt (50 pages, 7 batches) takes ~1 s to move.
     with pd_trio(tmp_path, context_length=CONTEXT, prefill_pool=SMALL_POOL, decode_pool=BIG_POOL,
                  prefill_args=["--transfer-delay-ms", "150"], decode_args=["--disable-radix-cache"]) as trio:
@@ -230,9 +230,9 @@ def test_a_failed_transfer_whose_client_left_is_counted_when_it_is_logged(tmp_pa
 
 def test_a_decode_whose_client_left_mid_decode_stops_and_frees_its_pages(tmp_path):
     """A request whose client leaves after its KV arrived stops decoding, as SGLang aborts a
-    disconnected request. The decode used to generate the whole answer for nobody, holding its
-    pages while others waited for them (clean-clone runs cc18 and cc21: cancel-transfer's leaver
-    was still decoding when the other tenant's requests came, and one of them was refused)."""
+    disconnected request: an answer generated for nobody holds its pages while others wait for
+    them (cancel-transfer's leaver, still decoding when the other tenant's requests came, got one
+    of them refused: docs/FINDINGS.md)."""
     answer = 6000
     with pd_trio(tmp_path, context_length=CONTEXT, prefill_pool=SMALL_POOL, decode_pool=BIG_POOL) as trio:
         events = trio.decode.page_events

@@ -16,9 +16,9 @@ PAGE = 16
 
 
 def test_requests_that_outgrow_the_pool_together_are_all_served_with_their_own_kv():
-    # Clean-clone runs cc18 and cc21: a request decoded for a client that had left, beside two
-    # others, and the three took the last free pages and each waited for one more while holding
-    # its own, until one was refused after the wait ran out. Here three requests hold 6 of 8
+    # Requests that each hold their pages while waiting for one more wait on each other until one
+    # is refused (a request decoded for a client that had left, beside two others, did this to
+    # the honest builtin pair under load: docs/FINDINGS.md). Here three requests hold 6 of 8
     # pages and each needs 3 more: none can finish unless a request that cannot grow gives its
     # pages back (SGLang retracts it) and gets its KV back when it resumes.
     engine = Engine(EngineConfig(role=ProcessRole.UNIFIED, host="127.0.0.1", port=0, context_length=256),

@@ -65,3 +65,31 @@ def test_without_log_dir_the_temporary_log_folder_is_removed_unless_keep(tmp_pat
             assert (temp / left[0] / "prefill.log").is_file()
         else:
             assert left == [], left
+
+
+def test_without_log_dir_the_record_names_logs_that_keep_keeps_and_otherwise_are_removed(tmp_path):
+    """The builtin PD spec with no --log-dir: the record names each engine's log by digest; without
+    --keep the folder is gone afterwards, with --keep it is printed and holds exactly those files."""
+    import base64
+    import hashlib
+    import json
+    import os
+    import subprocess
+
+    for keep in ((), ("--keep",)):
+        temp, record = tmp_path / f"tmp{len(keep)}", tmp_path / f"record{len(keep)}.json"
+        temp.mkdir()
+        proc = subprocess.run([sys.executable, "-m", "kvpreflight", "check", "--boot", str(ROOT / "examples" / "specs" / "builtin-pd.yaml"),
+                               "--capacity-only", "--record", str(record), "--unsigned", "--format", "json", "--output",
+                               str(tmp_path / "report.json"), *keep],
+                              capture_output=True, text=True, timeout=120, env={**os.environ, "TMPDIR": str(temp)})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        subjects = json.loads(base64.b64decode(json.loads(record.read_text())["payload"]))["subject"]
+        logs = {Path(s["name"].removeprefix("file:")): s["digest"]["sha256"] for s in subjects if s["name"].endswith(".log")}
+        assert sorted(p.name for p in logs) == ["decode.log", "prefill.log", "router.log"], subjects
+        left = [p for p in temp.iterdir() if p.name.startswith("kvpreflight-")]
+        if keep:
+            assert left == [next(iter(logs)).parent] and f"engine logs kept in {left[0]}" in proc.stderr, proc.stderr
+            assert {p: hashlib.sha256(p.read_bytes()).hexdigest() for p in logs} == logs
+        else:
+            assert left == [] and "engine logs kept" not in proc.stderr

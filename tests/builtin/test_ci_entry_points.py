@@ -67,7 +67,8 @@ class Runner:
             path.write_text("")
         env = {**self.env, **{k: resolve(v) for k, v in step.get("env", {}).items()}}
         # As GitHub runs a composite step's `shell: bash`: bash --noprofile --norc -eo pipefail {0}
-        proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(["bash", "--noprofile", "--norc", "-eo", "pipefail", "-c", step["run"]],
+                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
         # What the runner does between steps: GITHUB_ENV and GITHUB_PATH reach the next ones.
         for line in self.files["GITHUB_ENV"].read_text().splitlines():
             key, _, value = line.partition("=")

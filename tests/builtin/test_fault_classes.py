@@ -103,5 +103,6 @@ def test_behind_the_router_each_fault_fails_its_check_where_a_pd_deployment_has_
     assert integrity["evidence"]["engine_counts"]["boundary-accept"]["tally"] == "short"
     over = checks["overcapacity-rejected"]
     assert over["status"] == "fail", over["message"]
-    assert "over-context-stream (2,049 tokens): HTTP 200: 3 tokens were served before a part of the reply that does not read" in over["message"]
+    assert ("over-context-stream (2,049 tokens): HTTP 200: 3 tokens were served before a part of the reply "
+            "that does not read") in over["message"]
     assert "over-context (2,049 tokens): HTTP 200: an answer with text, its counts not readable" in over["message"]

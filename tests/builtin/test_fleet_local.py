@@ -202,7 +202,8 @@ def test_without_ray_installed_fleet_ray_says_how_to_install_it(tmp_path):
     result = fleet(inv, "--ray", "auto", env={"PYTHONPATH": str(shim.parent)})
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "kvpreflight: error: --ray needs Ray, which is not installed; install it with: pip install 'kvpreflight[fleet]' (or pip install 'ray>=2.9')"]
+        "kvpreflight: error: --ray needs Ray, which is not installed; "
+        "install it with: pip install 'kvpreflight[fleet]' (or pip install 'ray>=2.9')"]
 
 
 def test_help_imports_neither_ray_nor_torch():

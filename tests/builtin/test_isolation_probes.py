@@ -71,7 +71,7 @@ def test_tenant_keys_bind_tenants_and_never_leak_into_report_or_record(tmp_path)
                                   "--tenant-b-key-env", "KVPF_TEST_KEY_B", "--tenant-header", "X-Tenant",
                                   "--record", str(record), "--unsigned", "--subject", "model=sha256:" + "ab" * 32, env=keys)
     cache = by_id(report)["prefix-cache-isolation"]
-    # kvpreflight no longer adds a cache_salt: the deployment must bind the cache to the tenant
+    # kvpreflight adds no cache_salt of its own: the deployment must bind the cache to the tenant
     # itself, and a bare engine that ignores keys and headers shares tenant A's prefix with B.
     assert cache["status"] == "fail" and "per-tenant API keys ($KVPF_TEST_KEY_A, $KVPF_TEST_KEY_B)" in cache["message"]
     assert code == 1

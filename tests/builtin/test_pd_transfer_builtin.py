@@ -60,7 +60,8 @@ def test_a_decode_that_recomputes_the_prompt_fails_pd_transfer_and_nothing_else(
     assert failed == {"pd-transfer"}, failed
     message = result(report, "pd-transfer")["message"]
     # exactly the probe's own tokens: the calibration requests sent just before are not counted to it
-    assert "boundary-accept: 2,041 prompt tokens sent, decode received KV for 2,041 tokens and computed 2,041 tokens itself: the decode recomputed the prompt" in message, message
+    assert ("boundary-accept: 2,041 prompt tokens sent, decode received KV for 2,041 tokens and computed 2,041 tokens itself: "
+            "the decode recomputed the prompt") in message, message
 
 
 def test_a_kv_canary_violation_fails_the_check_it_falls_in(tmp_path: Path) -> None:
@@ -108,8 +109,9 @@ def test_plan_says_before_sending_that_a_near_context_prompt_outlives_the_decode
 def test_a_stated_pd_wait_shorter_than_a_prompt_at_the_limit_fails_pd_transfer_naming_it(tmp_path: Path, monkeypatch) -> None:
     """Issue 27, item 2, end to end: the same throttled prefill (1,000 tokens/s) and a decode that
     waits 1 s for the KV. `check` sends the prompt at the limit, times it (about 2 s), and fails
-    pd-transfer naming the setting and the fix: the deployment would abort every prompt that long. Only the boundary isolation scenario runs (its requests are the
-    capacity probes'): the slow prefills are what is tested, not the scenarios."""
+    pd-transfer naming the setting and the fix: the deployment would abort every prompt that long.
+    Only the boundary isolation scenario runs (its requests are the capacity probes'): the slow
+    prefills are what is tested, not the scenarios."""
     monkeypatch.setenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "1")
     with pd_trio(tmp_path, context_length=CONTEXT, prefill_pool=POOL, decode_pool=POOL,
                  prefill_args=["--prefill-tokens-per-second", "1000"]) as trio:

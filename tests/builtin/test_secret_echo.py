@@ -110,7 +110,8 @@ def test_credentials_an_engine_echoes_reach_no_output(tmp_path: Path, fmt: str) 
     assert leaks(outputs) == []
 
 
-def check_booted(tmp_path: Path, name: str, script: str, *, ready_timeout_s: int) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+def check_booted(tmp_path: Path, name: str, script: str, *,
+                 ready_timeout_s: int) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
     """`check --boot` a one-engine spec whose engine is `script` (it reads the key from KVPF_SERVING)."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(yaml.safe_dump({"deployment": "echo", "engines": [

@@ -28,7 +28,8 @@ def test_verify_never_imports_torch_or_an_engine(tmp_path):
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in {'torch','vllm','sglang','transformers','llama_cpp','ray'})\n"
         "print('EXIT', code, 'HEAVY', heavy)\n"
     )
-    for argv in (["verify", "--help"], ["--help"], ["watch", "--help"], ["verify", str(record), "--key", str(public), "--subject", SUBJECT]):
+    for argv in (["verify", "--help"], ["--help"], ["watch", "--help"],
+                 ["verify", str(record), "--key", str(public), "--subject", SUBJECT]):
         result = subprocess.run([sys.executable, "-c", code, *argv], capture_output=True, text=True, timeout=60,
                                 env={"PYTHONPATH": str(poison), "PATH": "/usr/bin:/bin"})
         assert "EXIT 0 HEAVY []" in result.stdout, (argv, result.stdout, result.stderr)

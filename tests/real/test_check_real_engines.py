@@ -141,7 +141,7 @@ def test_vllm_disruptive_scenarios_run_when_allowed_and_leave_it_idle(vllm_serve
     # sized from the prompt at the limit (issue 27, item 7; docs/FINDINGS.md): ten times the wait,
     # up to the longest scanned prompt (3,839 tokens here, 4,096 less a 256-token answer and one),
     # if that one's prefill lasts four times the wait. Where this machine is faster than that (the
-    # prompt at the limit in 58-64 ms in a clean-clone run, 88-206 ms in others) no leaver can land:
+    # prompt at the limit has taken 58-206 ms on this machine) no leaver can land:
     # the rule keeps 256 tokens, says why, and the scenario is unconfirmed (a warn, never a pass).
     cancel = scenarios["cancel-transfer"]
     assert cancel["not_applicable"] == "a disconnect mid-transfer: a unified engine moves no KV between engines"

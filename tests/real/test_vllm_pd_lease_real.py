@@ -93,7 +93,7 @@ def test_a_decode_leg_held_past_a_short_lease_fails_the_check(short_lease_pair: 
 # 18-block prefill pool) the pool filled and a request waited a lease or two (boundary-accept took
 # 30.5 s against a 1.7 s estimate; once past the default 30 s --timeout, leaving pd-transfer no
 # served probe to judge). Here the lease is 3 s, so no request waits long: the capacity probes that
-# pd-transfer judges ended 15 s into the check (2026-12-02, 2 shared cores). Nothing is asserted of
+# pd-transfer judges ended 15 s into the check (on 2 shared cores). Nothing is asserted of
 # the isolation probes here, so only the boundary scenario (which the capacity probes carry) and the
 # smallest timing audit run (`--scenario boundary --timing-samples 8`; with every scenario and 30
 # samples the check ran into its deadline, 63-69 s; so, 47-64 s); the 60 s deadline, four times the capacity

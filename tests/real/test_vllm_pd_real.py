@@ -65,7 +65,7 @@ CANARIES = 10
 PD_TIMEOUT_S = 60
 # The check through smg stops at calibration; this bounds it (a deadline the stripped check of
 # test_vllm_pd_lease_real.py shares).
-STRIPPED_DEADLINE_S = 120  # 90 ran out once (final clean clone, 2026-12-02: the boundary probe alone was estimated at 76 s)
+STRIPPED_DEADLINE_S = 120  # 90 can run out: the boundary probe alone has been estimated at 76 s
 
 
 
@@ -97,7 +97,7 @@ def pd_check(pd_pair: BootedPair) -> CheckRun:
     logs = [arg for e in pd_pair.deployment.engines for arg in ("--log", f"{e.url}={e.log_path}")]
     # --timeout past the prefill's 30 s NIXL KV lease: after the disconnect scenarios a request can
     # wait for a lease to run out (docs/FINDINGS.md); with the default 30 s, cancel-decode's streamed
-    # request once timed out before its first token (unconfirmed, warn) in CI's rehearsal.
+    # request can time out before its first token (unconfirmed, warn).
     run = run_check("--entry", pd_pair.router.url, "--allow-disruptive", "--timeout", str(PD_TIMEOUT_S), *logs)
     # the figure issue 13 asks for, in the test log
     print(f"vllm-pd-nixl check: exit {run.exit_code} in {run.wall_s:.0f} s", file=sys.stderr)
@@ -111,9 +111,9 @@ def pd_check(pd_pair: BootedPair) -> CheckRun:
 # waits for KV until the prefill's 30 s NIXL lease runs out (the lease's expiry is the prefill step
 # that completes the read), and vLLM then serves the request from KV the prefill had released (it
 # only logs "Potentially invalid KV blocks ..."; docs/FINDINGS.md). kvpreflight fails that, naming
-# the lease and the fix (issue 27); seen in about one clean-clone run in two. Where the released
-# pages had meanwhile taken the other tenant's concurrent prompt, the answer carries that tenant's
-# canary: tenant-isolation fails on the crossing (once in five clean-clone runs, 2026-12-03).
+# the lease and the fix (issue 27); about one run in two. Where the released pages had meanwhile
+# taken the other tenant's concurrent prompt, the answer carries that tenant's canary:
+# tenant-isolation fails on the crossing (about one run in five).
 # The prefill's own line for a decode's read of KV it had released (vLLM 0.32 pull_worker.py); its
 # lines carry "MM-DD HH:MM:SS" in the engine's local time.
 PREFILL_LATE_READ = re.compile(r"(\d\d-\d\d \d\d:\d\d:\d\d) \[[^]]+\] Potentially invalid KV blocks for unrecognized request")
@@ -130,11 +130,11 @@ def late_reads_the_prefill_logged(pair: BootedPair, run: CheckRun) -> list[str]:
             if datetime.datetime.strptime(f"{year}-{m.group(1)}", "%Y-%m-%d %H:%M:%S") >= since]
 
 
-# vllm-router once answered 27 of the normal scenario's 28 requests (and the over-capacity
-# scenario's 4) with a bare HTTP 503 in a millisecond, for about 20 s of a check whose requests
-# had stalled for minutes (clean-clone run on 660e832, docs/FINDINGS.md): the scenario ran only in
-# part, which tenant-isolation calls inconclusive (a leak could hide in the answers not given),
-# quoting the router's words.
+# After requests that stalled for minutes, vllm-router can answer most of a scenario's requests
+# (27 of the normal scenario's 28, and the over-capacity scenario's 4) with a bare HTTP 503 in a
+# millisecond, for about 20 s (docs/FINDINGS.md): the scenario ran only in part, which
+# tenant-isolation calls inconclusive (a leak could hide in the answers not given), quoting the
+# router's words.
 NO_ANSWER = re.compile(r"(\w[\w-]*): \d+ of \d+ requests got no answer \(HTTP 503")
 
 
@@ -196,7 +196,7 @@ def test_a_canary_crosses_only_with_the_prefills_late_read_and_then_fails(pd_che
     # notifications-after-expiry, which moves in both disconnect scenarios) warn where they fall
     # and are quoted to the user.
     # an unserved request's own evidence (timed out? which status, after how long?) goes with the
-    # message: a clean-clone run once ended inconclusive here and its report was gone by the next
+    # message: the report of a run that ends inconclusive here is gone by the time anyone reads it
     unserved = [r for r in requests if not r.get("disconnected") and r.get("error_kind") != "length" and not r.get("own_canary_seen")]
     assert (iso["status"] in ("pass", "warn") or late_read_fail(iso) or (crossed and crossing_fail(iso))
             or refused_by_the_router(iso)), (iso["message"], unserved)

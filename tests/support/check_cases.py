@@ -21,12 +21,14 @@ def snap(url=PREFILL, role=Role.UNIFIED, pool=20000, served=10000, readings=None
 
 
 def ok(sent, generated=1, **kw) -> Completion:
-    return Completion(sent_tokens=sent, max_tokens=kw.pop("max_tokens", 1), streamed=False, status=200, elapsed_s=0.1, completion_tokens=generated, prompt_tokens=sent,
-                      finish_reason="length", body_bytes=100, body_sha256="ab", **kw)
+    return Completion(sent_tokens=sent, max_tokens=kw.pop("max_tokens", 1), streamed=False, status=200, elapsed_s=0.1,
+                      completion_tokens=generated, prompt_tokens=sent, finish_reason="length", body_bytes=100, body_sha256="ab", **kw)
 
 
-def refused(sent, msg="Input length (9999 tokens) exceeds the maximum allowed length (9993 tokens).", kind=ErrorKind.LENGTH, status=400, **kw):
-    return Completion(sent_tokens=sent, max_tokens=16, streamed=kw.pop("stream", False), status=status, elapsed_s=0.01, error_message=msg, error_kind=kind, **kw)
+def refused(sent, msg="Input length (9999 tokens) exceeds the maximum allowed length (9993 tokens).", kind=ErrorKind.LENGTH, status=400,
+            **kw):
+    return Completion(sent_tokens=sent, max_tokens=16, streamed=kw.pop("stream", False), status=status, elapsed_s=0.01,
+                      error_message=msg, error_kind=kind, **kw)
 
 
 DEFAULT_LIMITS = Limits(10000, 20000, 9993)
@@ -50,7 +52,8 @@ def good_probes(**override):
     probes = {
         "boundary-accept": ok(9992), "boundary-reject": refused(9993),
         "over-context": refused(10001, "The input (10001 tokens) is longer than the model's context length (10000 tokens)."),
-        "over-context-stream": refused(10001, "The input (10001 tokens) is longer than the model's context length (10000 tokens).", status=200, stream=True),
+        "over-context-stream": refused(10001, "The input (10001 tokens) is longer than the model's context length (10000 tokens).",
+                                       status=200, stream=True),
     }
     probes.update(override)
     return [(k, v) for k, v in probes.items() if v is not None]

@@ -56,7 +56,8 @@ def invoke(*args: object, env: Mapping[str, str] | None = None, env_exact: Mappi
            check_ok: bool = False) -> subprocess.CompletedProcess:
     """`kvpreflight ARGS` in this process: exit code, stdout and stderr as the console script gives
     them (an unexpected exception prints its traceback and exits 1, as Python would). `env` adds
-    to this process's environment for the call, `env_exact` replaces it; `check_ok` raises CalledProcessError on a non-zero exit, as subprocess.run(check=True)."""
+    to this process's environment for the call, `env_exact` replaces it; `check_ok` raises
+    CalledProcessError on a non-zero exit, as subprocess.run(check=True)."""
     from kvpreflight.cli import app
     from kvpreflight.commands._run import run_app
 

@@ -34,7 +34,8 @@ def statuses(report: dict) -> dict[str, set[str]]:
 
 def unpassed(report: dict) -> list[tuple[str, str, str]]:
     """(check, status, message) of each check that neither passed nor warned nor skipped: what an
-    assertion on the exit code should say when it fails (a status set alone was cut short, cc27)."""
+    assertion on the exit code should say when it fails (a set of statuses alone, as pytest shortens
+    it, does not say which check failed or why)."""
     return [(c["id"], c["status"], c["message"]) for c in report.get("checks", [])
             if c["status"] not in ("pass", "warn", "skip")]
 

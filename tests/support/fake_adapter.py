@@ -3,8 +3,9 @@ milliseconds: a canned snapshot, counters that move with the requests it serves,
 decided per request by a script.
 
 The default script is a well-behaved SGLang-like engine: it refuses a prompt over its stated
-limit, or a prompt plus max_tokens over its context, for length; echoes the text its prompt was made from (so canaries come back), and keeps a
-prefix cache keyed by (cache_salt, prompt) that reports `cached_tokens`.
+limit, or a prompt plus max_tokens over its context, for length; echoes the text its prompt was
+made from (so canaries come back), and keeps a prefix cache keyed by (cache_salt, prompt) that
+reports `cached_tokens`.
 
     engine = FakeEngine(snapshot(url, pool=4096, context=8192))
     adapter = FakeAdapter(url, client)  # looks the engine up by URL in ENGINES

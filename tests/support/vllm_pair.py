@@ -171,7 +171,7 @@ def finished_requests(url: str) -> float:
 def wait_until_idle(*urls: str, timeout_s: float = 120.0) -> None:
     """Until no engine runs or queues a request: the test before this one (the stripped check,
     stopped at its deadline) can leave a request finishing at the prefill, which a count of
-    finished requests taken too early would put down to this test (seen once in CI: 2 for 1)."""
+    finished requests taken too early would put down to this test (2 counted for its 1)."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if not any(vllm_counter(u, "vllm:num_requests_running") + vllm_counter(u, "vllm:num_requests_waiting")

@@ -159,7 +159,8 @@ WRONG_SHAPES = [
 ]
 
 
-@pytest.mark.parametrize("kind,route,body,fragment", WRONG_SHAPES, ids=[f"{k}-{r.split()[1]}-{i}" for i, (k, r, _, _) in enumerate(WRONG_SHAPES)])
+@pytest.mark.parametrize("kind,route,body,fragment", WRONG_SHAPES,
+                         ids=[f"{k}-{r.split()[1]}-{i}" for i, (k, r, _, _) in enumerate(WRONG_SHAPES)])
 def test_a_200_of_the_wrong_shape_is_one_line_naming_the_field(kind: str, route: str, body: Any, fragment: str) -> None:
     ctype = METRICS if route.endswith("/metrics") else JSON
     with static_server(info_routes(kind, **{route: (200, ctype, body)})) as url:

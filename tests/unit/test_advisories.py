@@ -273,7 +273,8 @@ def test_advisories_list_table_and_show():
     assert "https://github.com/sgl-project/sglang/pull/36612" in r.stdout and "fixed:        0.5.20" in r.stdout
     assert "verification:" in r.stdout and "0.5.19" in r.stdout
     r = run_cli("advisories", "show", "KVPF-NOPE-1")
-    assert r.returncode == 2 and r.stderr.strip() == "kvpreflight: error: no advisory 'KVPF-NOPE-1'; `kvpreflight advisories list` shows the ids"
+    assert r.returncode == 2
+    assert r.stderr.strip() == "kvpreflight: error: no advisory 'KVPF-NOPE-1'; `kvpreflight advisories list` shows the ids"
     r = run_cli("advisories", "list", "--engine", "tensorrt")
     assert r.returncode == 2 and "--engine" in r.stderr
 
@@ -286,7 +287,8 @@ def test_review_reads_the_users_advisories_and_refuses_a_malformed_file(tmp_path
     path, flag_lines = compose(tmp_path, a, "0.5.21")
     mine = tmp_path / "mine"
     mine.mkdir()
-    (mine / "acme.yaml").write_text(GOOD.replace('versions: "<0.5.22"', 'versions: "<0.5.22"\n  when: {settings: {allow_auto_truncate: [true]}}')
+    (mine / "acme.yaml").write_text(GOOD.replace('versions: "<0.5.22"',
+                                                 'versions: "<0.5.22"\n  when: {settings: {allow_auto_truncate: [true]}}')
                                     .replace('detect: {check: "version"}', 'detect: {review: "image tag"}'))
     report = review([path], ReviewInputs(model_dir=MODELS, gpu="H100 80GB", context_length=None), advisory_dirs=[mine])
     (finding,) = [c for c in report.checks if c.id == "engine-advisories"]

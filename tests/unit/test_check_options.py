@@ -46,7 +46,8 @@ def every_option(tmp_path, monkeypatch):
     for name, value in (("TENANT_A", "tenant-a-key-0123456789"), ("TENANT_B", "tenant-b-key-0123456789")):
         monkeypatch.setenv(name, value)
     options = CheckOptions(
-        endpoints=("prefill=http://p:1", "decode=http://d:2"), entry="http://r:3", entry_api="openai", entry_model="chat-prod", engine="sglang",
+        endpoints=("prefill=http://p:1", "decode=http://d:2"), entry="http://r:3", entry_api="openai", entry_model="chat-prod",
+        engine="sglang",
         model="m", context_length=4096, logs=(f"http://p:1={log}",), api_key_file=key_file,
         headers=("X-Team: serving-team-0123", "X-Trace-Token: trace-secret-0123"), secret_headers=("X-Team",),
         ca_bundle=pki["ca"], client_cert=pki["client_cert"], client_key=pki["client_key"], allow_insecure_key=True,
@@ -83,10 +84,13 @@ def test_an_inventory_entry_builds_the_plan_check_builds_from_the_same_options(e
     ({"tenant_a_key_env": "SAME", "tenant_b_key_env": "SAME"},
      "--tenant-a-key-env and --tenant-b-key-env name the same variable",
      "fleet.yaml: deployments[0].attach.tenant_a_key_env and deployments[0].attach.tenant_b_key_env name the same variable"),
-    ({"client_key": "k.pem"}, "--client-key needs --client-cert", "fleet.yaml: deployments[0].attach.client_key needs deployments[0].attach.client_cert"),
+    ({"client_key": "k.pem"}, "--client-key needs --client-cert",
+     "fleet.yaml: deployments[0].attach.client_key needs deployments[0].attach.client_cert"),
     ({"timing_samples": 3}, "--timing-samples 3: give 8 to 1000", "fleet.yaml: deployments[0].attach.timing_samples 3: give 8 to 1000"),
-    ({"entry_api": "openai"}, "--entry-api openai names the API of the --entry URL", "deployments[0].attach.entry_api openai names the API of the deployments[0].attach.entry URL"),
-    ({"engine": "sglangg"}, "--engine 'sglangg': choose auto or one of", "fleet.yaml: deployments[0].attach.engine 'sglangg': choose auto or one of"),
+    ({"entry_api": "openai"}, "--entry-api openai names the API of the --entry URL",
+     "deployments[0].attach.entry_api openai names the API of the deployments[0].attach.entry URL"),
+    ({"engine": "sglangg"}, "--engine 'sglangg': choose auto or one of",
+     "fleet.yaml: deployments[0].attach.engine 'sglangg': choose auto or one of"),
 ])
 def test_a_rule_between_options_holds_in_both_and_names_what_the_user_wrote(change, on_the_command_line, in_the_inventory):
     """The rules are build_plan's, so the inventory cannot accept what check refuses; the error

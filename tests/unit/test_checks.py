@@ -22,7 +22,9 @@ from kvpreflight.model import (
 from kvpreflight.probes.results import Expect, Limits, ProbeResult, ProbeRun
 
 
-@pytest.mark.parametrize("pool,expected", [(6500, Status.FAIL), (10000, Status.WARN), (11999, Status.WARN), (12000, Status.PASS), (20000, Status.PASS)])
+@pytest.mark.parametrize("pool,expected", [
+    (6500, Status.FAIL), (10000, Status.WARN), (11999, Status.WARN), (12000, Status.PASS), (20000, Status.PASS),
+])
 def test_kv_capacity_thresholds_come_from_the_shared_data(pool, expected):
     (r,) = check("kv-capacity", CheckContext((snap(pool=pool),), T))
     assert r.status is expected
@@ -86,8 +88,10 @@ def test_served_truncated_hung_or_5xx_over_capacity_requests_fail(completion, fr
 
 def test_placeholder_answer_200_with_one_prompt_token_is_truncation():
     placeholder = ok(10001, generated=16)
-    placeholder = Completion(sent_tokens=10001, max_tokens=16, streamed=False, status=200, elapsed_s=0.1, completion_tokens=16, prompt_tokens=1)
-    (r,) = check("overcapacity-rejected", CheckContext((snap(),), T, probes=run(*good_probes(**{"over-context": placeholder})), entry=PREFILL))
+    placeholder = Completion(sent_tokens=10001, max_tokens=16, streamed=False, status=200, elapsed_s=0.1, completion_tokens=16,
+                             prompt_tokens=1)
+    (r,) = check("overcapacity-rejected",
+                 CheckContext((snap(),), T, probes=run(*good_probes(**{"over-context": placeholder})), entry=PREFILL))
     assert r.status is Status.FAIL and "processed 1 of 10001" in r.message
 
 
@@ -98,7 +102,8 @@ def test_out_of_vocabulary_400_is_not_a_capacity_verdict():
 
 
 def test_refusal_without_an_accepted_twin_is_inconclusive():
-    (r,) = check("overcapacity-rejected", CheckContext((snap(),), T, probes=run(*good_probes(**{"boundary-accept": refused(9992)})), entry=PREFILL))
+    (r,) = check("overcapacity-rejected",
+                 CheckContext((snap(),), T, probes=run(*good_probes(**{"boundary-accept": refused(9992)})), entry=PREFILL))
     assert r.status is Status.INCONCLUSIVE and "twin" in r.message
 
 
@@ -111,7 +116,8 @@ def test_refusal_after_kv_reached_decode_fails():
 
 
 def test_foreign_marker_in_a_response_fails_and_is_quoted():
-    leaked = ProbeResult(name="over-pool", expect=Expect.REJECT, completion=ok(15000, generated=16), purpose="test", reached=(PREFILL,), counter_deltas={},
+    leaked = ProbeResult(name="over-pool", expect=Expect.REJECT, completion=ok(15000, generated=16), purpose="test", reached=(PREFILL,),
+                         counter_deltas={},
                          foreign_markers=("KVPF-TENANT-0123456789abcdef01234567",))
     probes = ProbeRun(limits=Limits(20000, 10000, 9993), probes=(
         ProbeResult(name="boundary-accept", expect=Expect.ACCEPT, completion=ok(9992), purpose="t", reached=(PREFILL,)), leaked))
@@ -136,7 +142,8 @@ def test_prompt_integrity_needs_exact_token_count():
 
 
 def test_silent_max_tokens_clamp_warns_and_explicit_refusal_passes():
-    clamp = Completion(sent_tokens=9985, max_tokens=23, streamed=False, status=200, elapsed_s=0.1, completion_tokens=15, prompt_tokens=9985, finish_reason="length")
+    clamp = Completion(sent_tokens=9985, max_tokens=23, streamed=False, status=200, elapsed_s=0.1, completion_tokens=15, prompt_tokens=9985,
+                       finish_reason="length")
     (r,) = check("max-tokens-clamp", CheckContext((snap(),), T, probes=run(("clamp", clamp)), entry=PREFILL))
     assert r.status is Status.WARN and "silently cut" in r.message
     (r,) = check("max-tokens-clamp", CheckContext((snap(),), T, probes=run(("clamp", refused(9985))), entry=PREFILL))

@@ -148,7 +148,8 @@ def test_the_openai_route_merges_usage_and_finish_from_their_own_frames():
 @pytest.mark.parametrize("answer", [HttpReply("http://e:1/generate", 200, b"", 0.01), frames()],
                          ids=["answer", "stream"])
 def test_an_empty_200_is_neither_served_nor_a_refusal(answer):
-    """An HTTP 200 with nothing in it used to stop every probe ("expected JSON, got empty body")."""
+    """An HTTP 200 with nothing in it is an answer not served, not an error that stops every probe
+    ("expected JSON, got empty body")."""
     c, _ = sglang(answer, stream=isinstance(answer, StreamReply))
     assert c.empty_body and c.status == 200 and not c.served and not c.rejected
     assert c.evidence()["empty_body"] is True

@@ -116,9 +116,9 @@ def test_an_engine_that_answers_before_its_gauge_rises_ends_the_wait_with_what_i
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.flush()
-            # The body apart from the headers, as an engine under load may send them: the probe
-            # once scanned only the headers it found and missed a canary in the body (a
-            # clean-clone run, 2026-12-04).
+            # The body apart from the headers, as an engine under load may send them: a canary in
+            # the body must be found even though only the headers had arrived when the probe
+            # started reading (docs/FINDINGS.md, "cancel-transfer scanned the headers alone").
             time.sleep(0.2)
             self.wfile.write(body[:20])
             self.wfile.flush()

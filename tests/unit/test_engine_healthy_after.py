@@ -28,8 +28,8 @@ def test_the_small_request_after_the_probes(small, status, said):
 
 
 def test_a_small_request_the_deadline_ran_out_under_is_no_verdict():
-    """Seen in CI: the concurrent probe ended just before --deadline, the small request went out
-    with what was left and failed; that is the deadline's doing, not the engine's (exit 3, not 1)."""
+    """The concurrent probe can end just before --deadline, and the small request then goes out
+    with what is left and fails; that is the deadline's doing, not the engine's (exit 3, not 1)."""
     from kvpreflight.model import Completion
     from kvpreflight.probes.budget import Budget
 

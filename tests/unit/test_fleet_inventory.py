@@ -47,8 +47,10 @@ def test_boot_spec_paths_are_read_relative_to_the_inventory(tmp_path):
 
 @pytest.mark.parametrize("mutate, fragment", [
     (lambda d: d["deployments"][0].pop("attach"), "fleet.yaml: deployments[0]: give exactly one of attach, boot, builtin (got none)"),
-    (lambda d: d["deployments"][1].update(attach={"endpoints": ["http://x:1"]}), "deployments[1]: give exactly one of attach, boot, builtin (got attach, builtin)"),
-    (lambda d: d["deployments"][0]["attach"].update(endpoints=["prefil=http://p:1"]), "deployments[0].attach.endpoints[0]: 'prefil=http://p:1': unknown role 'prefil'"),
+    (lambda d: d["deployments"][1].update(attach={"endpoints": ["http://x:1"]}),
+     "deployments[1]: give exactly one of attach, boot, builtin (got attach, builtin)"),
+    (lambda d: d["deployments"][0]["attach"].update(endpoints=["prefil=http://p:1"]),
+     "deployments[0].attach.endpoints[0]: 'prefil=http://p:1': unknown role 'prefil'"),
     (lambda d: d["deployments"][0]["attach"].update(entry="router:3"), "deployments[0].attach.entry: "),
     (lambda d: d["deployments"][2].update(name="a"), "deployments[2].name: duplicate name 'a' (also deployments[0])"),
     (lambda d: d["deployments"][2].update(name="../etc"), "deployments[2].name: expected a name"),
@@ -58,7 +60,8 @@ def test_boot_spec_paths_are_read_relative_to_the_inventory(tmp_path):
     (lambda d: d["deployments"][2]["skip"][0].update(id="kv.capacity"), "deployments[2].skip[0].id: expected one of kv-capacity"),
     (lambda d: d["deployments"][0].update(nodes="x"), "deployments[0].nodes: unknown key"),
     (lambda d: d["defaults"].update(subjects=["image=sha1:abc"]), "defaults.subjects[0]: 'image=sha1:abc': digest must start with sha256:"),
-    (lambda d: d["deployments"][0]["attach"].update(api_key_env="sk-live-123"), "deployments[0].attach.api_key_env: the NAME of the environment variable"),
+    (lambda d: d["deployments"][0]["attach"].update(api_key_env="sk-live-123"),
+     "deployments[0].attach.api_key_env: the NAME of the environment variable"),
     (lambda d: d.update(deployments=[]), "deployments: expected a non-empty list"),
 ])
 def test_each_mistake_is_one_line_naming_the_field(mutate, fragment):
@@ -86,7 +89,8 @@ def test_cli_bad_inventory_is_exit_2_with_one_line_and_no_traceback(tmp_path):
     inv.write_text("deployments:\n  - name: a\n    attach: {endpoints: [prefill=http://p:1], entry: 7}\n")
     result = run_cli("fleet", inv)
     assert result.returncode == 2
-    assert result.stderr.strip().splitlines() == [f"kvpreflight: error: {inv}: deployments[0].attach.entry: expected a non-empty string, got a number (7)"]
+    assert result.stderr.strip().splitlines() == [
+        f"kvpreflight: error: {inv}: deployments[0].attach.entry: expected a non-empty string, got a number (7)"]
     missing = run_cli("fleet", tmp_path / "nope.yaml")
     assert missing.returncode == 2 and "nope.yaml: no such file" in missing.stderr and "Traceback" not in missing.stderr
 

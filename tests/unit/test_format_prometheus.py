@@ -78,4 +78,5 @@ def test_an_empty_name_is_a_usage_error_before_any_request() -> None:
 
     done = invoke("check", "--endpoint", "http://127.0.0.1:9", "--capacity-only", "--name", " ", "--format", "prometheus")
     assert done.returncode == 2 and done.stdout == ""
-    assert done.stderr.strip() == "kvpreflight: error: --name is empty; give the deployment a name (for example prod-eu-1) or leave --name out"
+    assert done.stderr.strip() == ("kvpreflight: error: --name is empty; "
+                                   "give the deployment a name (for example prod-eu-1) or leave --name out")

@@ -302,7 +302,8 @@ def test_sarif_rules_carry_what_code_scanning_shows_and_fingerprints_track_a_fin
 
 
 def test_sarif_failing_review_check_points_at_the_config_line():
-    failing = CheckResult(id="review.max_model_len", status=Status.FAIL, message="context above pool", endpoint=None, evidence={"file": "/etc/engine.yaml", "line": "7"})
+    failing = CheckResult(id="review.max_model_len", status=Status.FAIL, message="context above pool", endpoint=None,
+                          evidence={"file": "/etc/engine.yaml", "line": "7"})
     (result,) = sarif(report(failing))["runs"][0]["results"]
     assert result["level"] == "error"
     physical = result["locations"][0]["physicalLocation"]
@@ -349,7 +350,8 @@ def test_github_no_checks_is_still_a_warning():
 
 def test_markdown_summary_headline_tables_and_escaping():
     out = MarkdownFormat().render(MIXED)
-    assert out.startswith(f"## ❌ kvpreflight: FAIL (exit 1): 1 failed: reject.over\\_capacity {PREFILL} - 1 fail, 1 inconclusive, 1 warn, 1 skip, 1 pass; 0 waived\n")
+    assert out.startswith(f"## ❌ kvpreflight: FAIL (exit 1): 1 failed: reject.over\\_capacity {PREFILL} - "
+                          "1 fail, 1 inconclusive, 1 warn, 1 skip, 1 pass; 0 waived\n")
     tables = [line for line in out.splitlines() if line.startswith("|")]
     checks_header = "| status | check | endpoint | message |"
     assert checks_header in tables
@@ -434,7 +436,8 @@ def test_write_report_replaces_and_table_file_has_no_colour(tmp_path):
     write_report(MIXED, "table", target)
     text = target.read_text(encoding="utf-8")
     assert "\x1b[" not in text and "old contents" not in text
-    assert last_line(text) == f"FAIL (exit 1): 1 failed: reject.over_capacity {PREFILL} - 1 fail, 1 inconclusive, 1 warn, 1 skip, 1 pass; 0 waived"
+    assert last_line(text) == (f"FAIL (exit 1): 1 failed: reject.over_capacity {PREFILL} - "
+                               "1 fail, 1 inconclusive, 1 warn, 1 skip, 1 pass; 0 waived")
 
 
 def test_write_report_to_stdout(capsys):
@@ -536,8 +539,8 @@ def test_quiet_table_leaves_passes_out_but_counts_them():
 
 def test_the_same_finding_on_several_checks_and_engines_is_one_row_naming_them_all():
     same = "no --entry: the probes need the client-facing URL"
-    checks = [CheckResult(id=cid, status=Status.INCONCLUSIVE, message=same, endpoint=url) for cid in ("tenant.isolation", "prompt.integrity")
-              for url in (PREFILL, DECODE)]
+    checks = [CheckResult(id=cid, status=Status.INCONCLUSIVE, message=same, endpoint=url)
+              for cid in ("tenant.isolation", "prompt.integrity") for url in (PREFILL, DECODE)]
     out = plain_table(report(*checks))
     assert out.count(same) == 1
     row = next(line for line in out.splitlines() if same in line)
@@ -557,7 +560,8 @@ def test_many_checks_grouped_under_one_finding_wrap_in_the_check_column_at_80_co
     same = "--capacity-only: no request was sent (read-only mode)"
     ids = ("overcapacity-rejected", "prompt-integrity", "max-tokens-clamp", "concurrent-capacity",
            "engine-healthy-after", "tenant-isolation", "prefix-cache-isolation")
-    out = TableFormat(color=False, width=80).render(report(PASS, *(CheckResult(id=cid, status=Status.SKIP, message=same, endpoint=PREFILL) for cid in ids)))
+    skipped = (CheckResult(id=cid, status=Status.SKIP, message=same, endpoint=PREFILL) for cid in ids)
+    out = TableFormat(color=False, width=80).render(report(PASS, *skipped))
     lines = out.split("Checks (")[1].split("\n\n")[0].splitlines()
     assert lines[1].split() == ["status", "check", "endpoint", "message"]  # not stacked
     assert max(len(line) for line in out.splitlines()) <= 80
@@ -589,11 +593,14 @@ def test_a_promise_below_the_served_context_is_shown_as_kv_capacity_judges_it():
 
 @pytest.mark.parametrize("width", [80, 100])
 def test_an_endpoint_cut_across_lines_is_marked_and_reads_back_whole(width):
-    """At 80 columns a 22-character check id leaves the endpoint 21: a local URL used to come out
-    as `http://127.0.0.1:6034` and `0` on the next line, which reads as another address."""
+    """At 80 columns a 22-character check id leaves the endpoint 21: cut with no mark, a local URL
+    comes out as `http://127.0.0.1:6034` and `0` on the next line, which reads as another address."""
     url, far = "http://127.0.0.1:60340", "http://prefill-0.a-very-long-hostname.example.internal:30000"
-    out = plain_table(report(CheckResult(id="prefix-cache-isolation", status=Status.FAIL, message="one tenant's prefix served another " * 4, endpoint=url),
-                             CheckResult(id="kv-capacity", status=Status.PASS, message="pool 8,192 tokens vs context 4,096", endpoint=far)), width=width)
+    out = plain_table(report(CheckResult(id="prefix-cache-isolation", status=Status.FAIL, message="one tenant's prefix served another " * 4,
+                                         endpoint=url),
+                             CheckResult(id="kv-capacity", status=Status.PASS, message="pool 8,192 tokens vs context 4,096",
+                                         endpoint=far)),
+                      width=width)
     assert max(len(line) for line in out.splitlines()) <= width
     rows = _check_rows(out)
     start = rows[0].index("http://")

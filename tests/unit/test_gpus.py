@@ -54,7 +54,8 @@ def fake_nvml(*, init_error=None, fail=()):
     module.nvmlDeviceGetHandleByIndex = failing("handle", lambda i: devices[i])
     module.nvmlDeviceGetName = failing("name", lambda h: h["name"])
     module.nvmlDeviceGetUUID = failing("uuid", lambda h: h["uuid"])
-    module.nvmlDeviceGetMemoryInfo = failing("memory", lambda h: SimpleNamespace(total=h["total"], used=h["used"], free=h["total"] - h["used"]))
+    module.nvmlDeviceGetMemoryInfo = failing("memory",
+                                             lambda h: SimpleNamespace(total=h["total"], used=h["used"], free=h["total"] - h["used"]))
     module.nvmlDeviceGetComputeRunningProcesses = failing("compute", lambda h: h["compute"])
     module.nvmlDeviceGetGraphicsRunningProcesses = failing("graphics", lambda h: h["graphics"])
     return module

@@ -319,7 +319,8 @@ def test_check_passes_the_client_certificate_to_every_request(pki: dict[str, Pat
 
     refused = " ".join(c["message"] for c in check()["checks"])
     assert "--client-cert" in refused
-    reached = " ".join(c["message"] for c in check("--client-cert", str(pki["client_cert"]), "--client-key", str(pki["client_key"]))["checks"])
+    with_key = check("--client-cert", str(pki["client_cert"]), "--client-key", str(pki["client_key"]))
+    reached = " ".join(c["message"] for c in with_key["checks"])
     assert "--client-cert" not in reached and "TLS" not in reached, reached
 
 

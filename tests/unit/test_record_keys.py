@@ -88,6 +88,18 @@ def test_encrypt_without_password_env_is_a_usage_error(tmp_path):
     assert not (tmp_path / "kvpreflight.key").exists()
 
 
+def test_keygen_rules_hold_in_the_library_without_the_cli(tmp_path):
+    from kvpreflight.record.keys import keygen
+
+    with pytest.raises(RecordError, match=r"^--algorithm 'rsa' is not supported; use one of: ecdsa-p256, ed25519$"):
+        keygen(tmp_path, algorithm="rsa")
+    with pytest.raises(RecordError, match=r"^--encrypt needs the password in \$KVPREFLIGHT_SIGN_KEY_PASSWORD"):
+        keygen(tmp_path, encrypt=True, environ={})
+    assert not any(tmp_path.iterdir())
+    key, private, public = keygen(tmp_path, encrypt=True, environ={"KVPREFLIGHT_SIGN_KEY_PASSWORD": "pw"})
+    assert "ENCRYPTED PRIVATE KEY" in private.read_text() and public.read_bytes() == key.public.pem()
+
+
 def test_sign_key_path_comes_from_option_then_env_and_env_must_be_a_path(tmp_path, monkeypatch):
     monkeypatch.delenv("KVPREFLIGHT_SIGN_KEY", raising=False)
     assert resolve_sign_key_path(None) is None

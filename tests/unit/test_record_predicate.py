@@ -113,3 +113,17 @@ def test_a_signed_record_whose_verdict_is_not_a_kvpreflight_verdict_is_refused_e
     st["predicate"]["verdict"] = "pass"
     ok = verify_envelope(envelope_from_dict(sign_statement(st, key)), key.public, Policy(any_subject=True))
     assert ok.verdict is Status.PASS
+
+
+def test_a_damaged_report_is_one_error_naming_every_value_that_does_not_read():
+    data = report_to_dict(sample_report())
+    data["checks"][0]["status"] = "mostly-fine"
+    data["engines"][1]["kv_pool_readings"][0]["tokens"] = "many"
+    data["cost"] = {"requests": 3}
+    with pytest.raises(SchemaError) as info:
+        report_from_dict(data)
+    assert str(info.value) == (
+        "malformed report: engines[1].kv_pool_readings[0].tokens is 'many'; "
+        "checks[0].status is 'mostly-fine', not one of pass, fail, warn, skip, inconclusive; "
+        "cost.prompt_tokens_submitted is None; cost.prefilled_tokens is None; "
+        "the file is damaged or not a kvpreflight report")

@@ -72,7 +72,8 @@ def test_a_warning_exits_0():
     "args,needle",
     [
         (["tests/fixtures/review/qwen-tp8.sh", "--model-dir", str(MODELS)], "no GPU for this sglang engine; pass --gpu"),
-        (["tests/fixtures/review/qwen-tp8.sh", "--model-dir", str(MODELS), "--gpu", "RTX-9999"], "unknown GPU 'RTX-9999'; pass --gpu with one of"),
+        (["tests/fixtures/review/qwen-tp8.sh", "--model-dir", str(MODELS), "--gpu", "RTX-9999"],
+         "unknown GPU 'RTX-9999'; pass --gpu with one of"),
         (["tests/fixtures/review/qwen-tp8.sh", "--gpu", "H100"], "no config.json for model 'Qwen/Qwen2.5-7B-Instruct'"),
         (["pyproject.toml"], "no engine launch command in pyproject.toml"),
         (["does-not-exist.yaml"], "does-not-exist.yaml: no such file"),
@@ -113,7 +114,7 @@ def test_the_fixed_incident_manifest_passes():
 
 @pytest.mark.parametrize("key,value", [("num_key_value_heads", -8), ("head_dim", 0), ("num_key_value_heads", "8"), ("kv_lora_rank", -1)])
 def test_a_model_config_with_an_invalid_size_is_a_configuration_error_naming_the_field(tmp_path, key, value):
-    """A negative KV-head count used to yield a verdict on a negative pool."""
+    """A size that is not a positive integer is a configuration error, never a verdict on a negative pool."""
     model = tmp_path / "Llama-3.1-8B-Instruct"
     model.mkdir()
     config = json.loads((MODELS / "Llama-3.1-8B-Instruct" / "config.json").read_text())

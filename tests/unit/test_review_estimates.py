@@ -199,7 +199,8 @@ def test_kv_cache_dtype_flag(tmp_path, dtype, bpt):
 def test_dp_attention_splits_attention_tp(tmp_path):
     # Llama-3.1-70B, TP 8 with DP attention 4: attention TP 8/4 = 2 -> 8/2 = 4 KV heads per rank
     f = tmp_path / "s.sh"
-    f.write_text("sglang serve --model-path meta-llama/Llama-3.1-70B-Instruct --tp 8 --dp 4 --enable-dp-attention --max-total-tokens 1000\n")
+    f.write_text("sglang serve --model-path meta-llama/Llama-3.1-70B-Instruct --tp 8 --dp 4 --enable-dp-attention "
+                 "--max-total-tokens 1000\n")
     _, (c,) = checks(f, gpu="H200")
     assert c.evidence["kv_bytes_per_token"] == 2 * 80 * 4 * 128 * 2 == 163_840
 

@@ -73,7 +73,8 @@ def test_sh_c_as_one_quoted_string(tmp_path):
     f.write_text(
         "kind: Deployment\nmetadata: {name: d}\nspec:\n  template:\n    spec:\n      containers:\n"
         "        - name: e\n"
-        "          command: [\"/bin/sh\", \"-c\", \"pip list; exec python -m vllm.entrypoints.openai.api_server --model /m --max_model_len 8192\"]\n"
+        "          command: [\"/bin/sh\", \"-c\", "
+        "\"pip list; exec python -m vllm.entrypoints.openai.api_server --model /m --max_model_len 8192\"]\n"
     )
     (l,) = launches(f)
     a = parse_args(l, vllm.ALIASES, vllm.SWITCHES, vllm._normalise)
@@ -124,7 +125,8 @@ def test_boot_spec_skips_the_router_and_keeps_roles():
 
 def test_files_without_engines_give_no_launches(tmp_path):
     f = tmp_path / "svc.yaml"
-    f.write_text("kind: Service\nmetadata: {name: x}\n---\nkind: Deployment\nspec: {template: {spec: {containers: [{name: n, image: nginx}]}}}\n")
+    f.write_text("kind: Service\nmetadata: {name: x}\n---\n"
+                 "kind: Deployment\nspec: {template: {spec: {containers: [{name: n, image: nginx}]}}}\n")
     assert launches(f) == []
 
 

@@ -196,7 +196,9 @@ def test_deepseek_over_the_limit_with_the_override_set_warns(tmp_path, how):
 
 def test_sglang_override_inside_a_kubernetes_sh_c_script_warns(tmp_path):
     text = (EXAMPLES / "incident-pd-lws.yaml").read_text().replace(
-        "python3 -m sglang.launch_server \\", "export SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1\n                python3 -m sglang.launch_server \\")
+        "python3 -m sglang.launch_server \\",
+        "export SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN=1\n"
+        "                python3 -m sglang.launch_server \\")
     f = tmp_path / "m.yaml"
     f.write_text(text)
     prefill, decode = by_id(results(f, model_dir=MODELS / "DeepSeek-V3"), "model-context-limit")

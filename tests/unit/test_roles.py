@@ -49,8 +49,10 @@ def test_vllm_role_comes_from_its_kv_role(line: str, role: Role) -> None:
     # entrypoints/utils.py log_non_default_args prints the KVTransferConfig dataclass; nixl/base_scheduler.py
     # reads kv_connector_extra_config["kv_lease_duration"], default 30 (vLLM 0.32's wheel).
     ("non-default args: {'kv_transfer_config': KVTransferConfig(kv_connector='NixlConnector', engine_id='x', "
-     "kv_role='kv_producer', kv_connector_extra_config={'kv_lease_duration': 6})}", KvDeadline(seconds=6, setting=LEASE_SETTING, stated=True)),
-    ('--kv-transfer-config {"kv_connector":"NixlConnector","kv_role":"kv_producer"}', KvDeadline(seconds=30, setting=LEASE_SETTING, stated=False)),
+     "kv_role='kv_producer', kv_connector_extra_config={'kv_lease_duration': 6})}",
+     KvDeadline(seconds=6, setting=LEASE_SETTING, stated=True)),
+    ('--kv-transfer-config {"kv_connector":"NixlConnector","kv_role":"kv_producer"}',
+     KvDeadline(seconds=30, setting=LEASE_SETTING, stated=False)),
     ("non-default args: {'kv_transfer_config': KVTransferConfig(kv_connector='NixlConnector', kv_role='kv_consumer')}", None),
     ("non-default args: {'model': 'tiny'}", None),
 ])

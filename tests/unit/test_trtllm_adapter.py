@@ -85,7 +85,8 @@ def test_beside_the_log_the_iteration_stats_blocks_are_a_second_source_less_the_
     with static_server({**routes(), "GET /metrics": (200, JSON, stats(1_280))}) as url:
         snap = TrtllmAdapter(url, HttpClient()).read(log_text=body("startup_fits.log"))
     assert sorted((r.origin, r.tokens) for r in snap.pool_readings) == [(Origin.ALLOCATOR, 40_960), (Origin.SCHEDULER, 40_960)]
-    offload = body("startup_fits.log") + "[TensorRT-LLM][INFO] Number of blocks in KV cache secondary pool: 256, onboard blocks to primary memory before reuse: true\n"
+    offload = body("startup_fits.log") + ("[TensorRT-LLM][INFO] Number of blocks in KV cache secondary pool: 256, "
+                                          "onboard blocks to primary memory before reuse: true\n")
     with static_server({**routes(), "GET /metrics": (200, JSON, stats(1_280 + 256))}) as url:
         snap = TrtllmAdapter(url, HttpClient()).read(log_text=offload)
     assert sorted(r.tokens for r in snap.pool_readings) == [40_960, 40_960]

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from record_support import APP, APP_DIGEST, load, make_keys, run_cli, sample_report, write_signed
+from record_support import APP, APP_DIGEST, assert_refused, load, make_keys, run_cli, sample_report, verify, write_signed
 
 from kvpreflight.model import CheckResult, Report, Status, Waiver
 from kvpreflight.record import build_statement, load_signing_key, sign_statement, unsigned_envelope, write_record
@@ -30,20 +30,6 @@ def record(tmp_path, keys):
     path = tmp_path / "record.dsse.json"
     write_signed(path, keys[0])
     return path
-
-
-def verify(record: Path, public: Path, *extra: str) -> subprocess.CompletedProcess:
-    return run_cli("verify", record, "--key", public, *extra)
-
-
-def assert_refused(result: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert result.returncode == 1, result.stderr
-    assert result.stdout == ""
-    assert "Traceback" not in result.stderr
-    # one line, as sigstore's CLI writes it: FAIL: <file>: <reason>
-    assert result.stderr.count("\n") == 1 and result.stderr.startswith("FAIL: ") and ": refused: " in result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr, result.stderr
 
 
 def assert_bad_input(result: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -273,7 +259,8 @@ def test_check_refuses_an_expired_waiver_at_once_instead_of_a_record_verify_refu
     (("--expect-model", "tiny-llama"), None),
     (("--expect-engine-version", "0.4.9"), None),
     (("--expect-model", "llama-70b"), "engine http://prefill-0:30000 reported model 'tiny-llama', not 'llama-70b' (--expect-model)"),
-    (("--expect-engine-version", "0.5.20"), "engine http://decode-0:30001 reported version '0.4.9', not '0.5.20' (--expect-engine-version)"),
+    (("--expect-engine-version", "0.5.20"),
+     "engine http://decode-0:30001 reported version '0.4.9', not '0.5.20' (--expect-engine-version)"),
 ])
 def test_a_record_from_another_model_or_engine_version_is_refused(record, keys, flags, refusal):
     result = verify(record, keys[1], "--subject", SUBJECT, *flags)

@@ -59,7 +59,8 @@ def estimate(launch: Launch, inputs: ReviewInputs, models: dict) -> Estimate:
     for key, flag in (("ctk", "-ctk"), ("ctv", "-ctv")):
         name = (a.value(key) or "f16").lower()
         if name not in CACHE_TYPES:
-            raise ReviewError(f"{launch.site.file}:{a.line(key)}: {flag} {name!r} is not a llama.cpp cache type; use one of {', '.join(CACHE_TYPES)}")
+            raise ReviewError(f"{launch.site.file}:{a.line(key)}: {flag} {name!r} is not a llama.cpp cache type; "
+                              f"use one of {', '.join(CACHE_TYPES)}")
         types.append(name)
     k_b, v_b = CACHE_TYPES[types[0]], CACHE_TYPES[types[1]]
     if model.is_mla:
