@@ -35,8 +35,13 @@ def _json_reports_follow_the_published_schema() -> Iterator[None]:
     with validating():
         yield
 # The table format wraps to COLUMNS when it is set (a user's shell, pytest-xdist's workers): the
-# suite's expectations are for output to a pipe, which is never wrapped.
-os.environ.pop("COLUMNS", None)
+# suite's expectations are for output to a pipe, which is never wrapped. Unset in the process's own
+# environment too, which the child processes inherit: GNU readline (imported by pytest's debugger
+# support) exports COLUMNS=80 and LINES there when TERM names a terminal, past os.environ, so with
+# TERM=xterm every `kvpreflight` a test started wrapped its output at 80 columns.
+for _name in ("COLUMNS", "LINES"):
+    os.environ.pop(_name, None)
+    os.unsetenv(_name)
 
 # Property-based tests (tests/unit/test_properties_*.py): `ci`, the default, is derandomized with a fixed
 # number of examples, so CI is repeatable and fast; HYPOTHESIS_PROFILE=long (benchmarks/) explores more.

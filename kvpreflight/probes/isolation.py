@@ -77,19 +77,20 @@ def in_part(shown: str, requests: Sequence[TenantRequest]) -> str:
 
 
 def over_windows(windows: Iterable[CounterDeltas]) -> dict[str, CounterDelta]:
-    """Each engine's counters over several windows: each counter summed over the windows that
-    read it at both ends (one no window read stays unknown)."""
-    moved: dict[str, dict[CounterField, float]] = {}
-    extra: dict[str, dict[str, float]] = {}
-    for deltas in windows:
-        for url, d in deltas.items():
-            into, more = moved.setdefault(url, {}), extra.setdefault(url, {})
-            for f in CounterField:
-                if (v := d.get(f)) is not None:
-                    into[f] = into.get(f, 0) + v
-            for key, value in d.extra.items():
-                more[key] = more.get(key, 0) + value
-    return {url: CounterDelta.of(into, extra[url]) for url, into in moved.items()}
+    """Each engine's counters over several windows, summed. A counter is known only where every
+    window read it at both ends, and an engine only where every window read it: a sum that left
+    out an unread window would show less than moved (a stale read or a transfer failure in it),
+    so what one window could not see stays unknown, never a smaller figure."""
+    windows = list(windows)
+    urls = set.intersection(*(set(w) for w in windows)) if windows else set()
+    out = {}
+    for url in sorted(urls):
+        deltas = [w[url] for w in windows]
+        read = {f: [v for d in deltas if (v := d.get(f)) is not None] for f in CounterField}
+        moved = {f: sum(values) for f, values in read.items() if len(values) == len(deltas)}
+        extra = {key: sum(d.extra[key] for d in deltas) for key in deltas[0].extra if all(key in d.extra for d in deltas)}
+        out[url] = CounterDelta.of(moved, extra)
+    return out
 
 
 @dataclass(frozen=True)

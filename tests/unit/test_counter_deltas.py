@@ -80,3 +80,20 @@ def test_each_counter_field_is_a_field_of_the_counters_and_of_their_deltas():
     assert names == [f.value for f in CounterField]
     assert {f.name for f in dataclasses.fields(Counters)} == {*names, "used_tokens", "extra"}
     assert {f.name for f in dataclasses.fields(CounterDelta)} == {*names, "extra"}
+
+
+def test_a_scenario_over_several_windows_knows_a_counter_only_where_every_window_read_it():
+    """A carried scenario sums its probes' windows. A window that could not read a counter (or an
+    engine) once let the other windows' sum stand as the whole, a smaller figure than moved: a
+    stale read in the unread window disappeared. Now what one window missed stays unknown."""
+    from kvpreflight.probes.isolation import over_windows
+
+    seen = {STILL: CounterDelta.of({CounterField.STALE_KV_READS: 0.0, CounterField.REQUESTS: 1.0}),
+            BLIND: CounterDelta.of({CounterField.REQUESTS: 1.0})}
+    missed = {STILL: CounterDelta.of({CounterField.REQUESTS: 2.0})}  # STILL's stale reads unread, BLIND not read at all
+    summed = over_windows([seen, missed])
+    assert summed[STILL].requests == 3.0 and summed[STILL].stale_kv_reads is None
+    assert BLIND not in summed
+    both = over_windows([seen, seen])
+    assert both[STILL].stale_kv_reads == 0.0 and both[BLIND].requests == 2.0
+    assert over_windows([]) == {}
