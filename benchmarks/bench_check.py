@@ -54,8 +54,8 @@ def bench_help() -> dict:
 
 CLIENT = textwrap.dedent("""
     import resource, sys, time
-    from kvpreflight.engines import HttpClient
-    from kvpreflight.engines.sglang import SglangAdapter
+    from kvpreflight._internal.engines import HttpClient
+    from kvpreflight._internal.engines.sglang import SglangAdapter
     url = sys.argv[1]
     adapter = SglangAdapter(url, HttpClient(timeout_s=120))
     start = time.process_time()

@@ -45,7 +45,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # tests/support: the builtin testbed
 from support.builtin_testbed import BackgroundTraffic, pd_trio, unified_engine  # noqa: E402
 
-from kvpreflight.builtin_engine.config import FAULT_PROBABILITY_ENV, PARALLEL_SIZE_ENV  # noqa: E402
+from kvpreflight._internal.builtin_engine.config import FAULT_PROBABILITY_ENV, PARALLEL_SIZE_ENV  # noqa: E402
 
 FAULT = "early-free-on-cancel"
 TRANSFER_DELAY_MS = 6  # as the demo: a paced link, so a disconnect can land mid-transfer

@@ -30,7 +30,7 @@ from misbehaving_http import chunked, drip_body, fixed, misbehaving_server, size
 BIG = 60_000_000
 CHILD = """
 import sys, time
-from kvpreflight.engines.http import HttpClient
+from kvpreflight._internal.engines.http import HttpClient
 from kvpreflight.errors import KvpreflightError
 method, url, timeout = sys.argv[1], sys.argv[2], float(sys.argv[3])
 client = HttpClient(timeout_s=timeout)

@@ -34,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench_vllm_pd import engine_env  # noqa: E402  (benchmarks/ is the script's folder)
 
+from kvpreflight._internal.checks import plausibility  # noqa: E402
 from kvpreflight.boot import boot_deployment, load_spec  # noqa: E402
-from kvpreflight.checks import plausibility  # noqa: E402
 
 SPECS = {"unified": ROOT / "examples" / "specs" / "vllm-single.yaml", "pd": ROOT / "examples" / "specs" / "vllm-pd-nixl.yaml"}
 

@@ -33,11 +33,11 @@ from pathlib import Path
 ROOT = Path(__file__).parents[1]
 sys.path.insert(0, str(ROOT))
 
+from kvpreflight._internal.review import review  # noqa: E402
+from kvpreflight._internal.review.estimate import ReviewInputs  # noqa: E402
+from kvpreflight._internal.review.gpus import lookup  # noqa: E402
+from kvpreflight._internal.review.hfconfig import load_model  # noqa: E402
 from kvpreflight.model import Status  # noqa: E402
-from kvpreflight.review import review  # noqa: E402
-from kvpreflight.review.estimate import ReviewInputs  # noqa: E402
-from kvpreflight.review.gpus import lookup  # noqa: E402
-from kvpreflight.review.hfconfig import load_model  # noqa: E402
 
 MODELS = ROOT / "tests" / "fixtures" / "review" / "models"
 GIB = 1 << 30

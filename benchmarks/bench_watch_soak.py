@@ -26,12 +26,12 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]  # tests/support: the builtin te
 
 from support.builtin_testbed import pd_trio, unified_engine  # noqa: E402
 
+from kvpreflight._internal.watch.budget import HOUR_S, BudgetPlan  # noqa: E402
+from kvpreflight._internal.watch.findings import Round  # noqa: E402
+from kvpreflight._internal.watch.loop import Watcher, WatchSettings  # noqa: E402
+from kvpreflight._internal.watch.metrics import WatchMetrics  # noqa: E402
 from kvpreflight.check_plan import CheckPlan  # noqa: E402
 from kvpreflight.targets import Target  # noqa: E402
-from kvpreflight.watch.budget import HOUR_S, BudgetPlan  # noqa: E402
-from kvpreflight.watch.findings import Round  # noqa: E402
-from kvpreflight.watch.loop import Watcher, WatchSettings  # noqa: E402
-from kvpreflight.watch.metrics import WatchMetrics  # noqa: E402
 
 
 def rss_kib() -> int:

@@ -1,3 +1,3 @@
-from kvpreflight.cli import main
+from kvpreflight._internal.cli import main
 
 main()

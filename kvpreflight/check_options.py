@@ -16,9 +16,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvpreflight._internal.files import FileKind, check_file, check_private, check_writable
 from kvpreflight.check_plan import CheckPlan, OutputPlan
 from kvpreflight.errors import ConfigError, naming
-from kvpreflight.files import FileKind, check_file, check_private, check_writable
 from kvpreflight.model import EntryApi
 from kvpreflight.targets import REQUEST_TIMEOUT_S
 
@@ -109,8 +109,8 @@ def check_fields(options: CheckOptions, label: Label = flag) -> None:
     """Every rule that needs no file and no environment variable: URLs, names, numbers, and the
     rules between options. An inventory runs it where it is parsed; `build_plan` runs it first."""
     from kvpreflight import targets as t
-    from kvpreflight.check_ids import CHECK_IDS
-    from kvpreflight.engines import ENGINES
+    from kvpreflight._internal.check_ids import CHECK_IDS
+    from kvpreflight._internal.engines import ENGINES
 
     with naming(label("endpoints")):
         endpoints = t.parse_endpoints(options.endpoints)
@@ -129,7 +129,7 @@ def check_fields(options: CheckOptions, label: Label = flag) -> None:
     if options.timing_samples is not None and not MIN_TIMING_SAMPLES <= options.timing_samples <= MAX_TIMING_SAMPLES:
         raise ConfigError(f"{label('timing_samples')} {options.timing_samples}: give {MIN_TIMING_SAMPLES} to {MAX_TIMING_SAMPLES} "
                           "(fewer samples can never reach the audit's p < 0.001)")
-    from kvpreflight.probes.results import ScenarioName
+    from kvpreflight._internal.probes.results import ScenarioName
 
     names = [s.value for s in ScenarioName]
     for scenario in options.scenarios:
@@ -170,8 +170,8 @@ def build_plan(options: CheckOptions, *, booted: bool = False, label: Label = fl
     name are read (keys, tenant keys, certificates, logs). With `booted`, targets come later from
     the booted deployment."""
     from kvpreflight import targets as t
-    from kvpreflight.check_ids import CHECK_IDS
-    from kvpreflight.redact import secrets_of
+    from kvpreflight._internal.check_ids import CHECK_IDS
+    from kvpreflight._internal.redact import secrets_of
     from kvpreflight.targets import Auth
 
     check_fields(options, label)
@@ -181,7 +181,7 @@ def build_plan(options: CheckOptions, *, booted: bool = False, label: Label = fl
         with naming(label("ca_bundle")):
             check_file(options.ca_bundle, FileKind.CERTIFICATE)
     if options.client_cert is not None:
-        from kvpreflight.engines.http import client_certificate
+        from kvpreflight._internal.engines.http import client_certificate
 
         # Loads and matches the files now (exit 2 naming the option, never the path or contents).
         client_certificate(str(options.client_cert), str(options.client_key) if options.client_key else None,

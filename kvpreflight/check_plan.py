@@ -24,7 +24,7 @@ class CheckPlan:
     entry: str | None = None  # the client-facing URL probes go to (router, gateway)
     entry_api: EntryApi = EntryApi.NATIVE  # the routes the entry serves
     entry_model: str | None = None  # the model name requests to the entry carry (a gateway's alias); None: the engines'
-    engine: str = "auto"  # an engine kind from kvpreflight.engines.ENGINES, or auto
+    engine: str = "auto"  # an engine kind from kvpreflight._internal.engines.ENGINES, or auto
     model: str | None = None
     context_length: int | None = None  # the context promised to users
     logs: Mapping[str, Path] = field(default_factory=dict)  # engine URL -> its start-up log

@@ -32,9 +32,9 @@ __all__ = ["BootedRun", "LaunchedEngine", "booted_plan", "launched_plan", "prepa
            "running_plan", "validate", "verify_command"]
 
 if TYPE_CHECKING:
+    from kvpreflight._internal.request_plan import GroupPreview
     from kvpreflight.boot.deployment import BootedDeployment
     from kvpreflight.boot.spec import DeploymentSpec
-    from kvpreflight.request_plan import GroupPreview
 
 Progress = Callable[[str], None]
 
@@ -46,8 +46,8 @@ def _quiet(_: str) -> None:
 def validate(plan: CheckPlan) -> None:
     """Load the check data the plan will use (thresholds, advisory folders): a malformed file is a
     configuration error now, not after engines were booted or probed."""
-    from kvpreflight.checkdata import load_thresholds
-    from kvpreflight.checks.advisory_data import load_advisories
+    from kvpreflight._internal.checkdata import load_thresholds
+    from kvpreflight._internal.checks.advisory_data import load_advisories
     from kvpreflight.targets import refuse_expired_waivers
 
     refuse_expired_waivers(plan.waivers)
@@ -57,7 +57,7 @@ def validate(plan: CheckPlan) -> None:
 
 def run(plan: CheckPlan, progress: Progress = _quiet) -> Report:
     """Read every engine of the plan, probe through its entry, judge: the Report."""
-    from kvpreflight.pipeline import run_check
+    from kvpreflight._internal.pipeline import run_check
 
     return run_check(plan, progress)
 
@@ -66,7 +66,7 @@ def preview(plan: CheckPlan, *, measure: bool = True, progress: Progress = _quie
     """`check --plan`: what `run(plan)` would send and how long it should take; sends nothing but
     one calibration request per entry (none without `measure`). A plan above the plan's
     `max_context_equivalents` raises PlanTooCostly (exit 2) before anything is sent."""
-    from kvpreflight.pipeline import preview as preview_groups
+    from kvpreflight._internal.pipeline import preview as preview_groups
 
     validate(plan)
     return preview_groups(plan, measure=measure, progress=progress)
@@ -112,7 +112,7 @@ def booted_plan(plan: CheckPlan, spec: DeploymentSpec, deployment: BootedDeploym
     return replace(
         launched_plan(plan, spec, workers, deployment.entry_url),
         waivers=(*spec.checks.skip, *plan.waivers),
-        # The router's log too: its danger lines tie to the probes (kvpreflight.probes.logs).
+        # The router's log too: its danger lines tie to the probes (kvpreflight._internal.probes.logs).
         logs={e.url.rstrip("/"): Path(e.log_path) for e in deployment.engines
               if e in workers or e.url.rstrip("/") == deployment.entry_url.rstrip("/")},
         gpus=deployment.gpu_records(),
@@ -152,8 +152,8 @@ def launched_plan(plan: CheckPlan, spec: DeploymentSpec, workers: Sequence[Launc
     """`plan` pointed at the engines a spec launched: their URLs and roles, the entry, the engines'
     one kind (`session.one_kind`), the spec's context length (unless the plan promises one) and
     client certificate. The one way from a spec's launch to a plan (boot mode and `watch --spec`)."""
-    from kvpreflight.redact import secrets_of
-    from kvpreflight.session import one_kind
+    from kvpreflight._internal.redact import secrets_of
+    from kvpreflight._internal.session import one_kind
 
     targets = tuple(Target(e.url.rstrip("/"), ProcessRole(e.role).engine_role) for e in workers)
     auth = plan.auth if spec.client_cert is None else replace(plan.auth, client_cert=spec.client_cert, client_key=spec.client_key)
@@ -207,7 +207,7 @@ def publish(report: Report, output: OutputPlan, *, files_read: Iterable[Path] = 
             progress: Progress = _quiet) -> Path | None:
     """Render the report (stdout or a file), GitHub Actions annotations, and the record if planned,
     each with every value of `secrets` (the plan's `auth.secrets`) removed. Returns the record's path."""
-    from kvpreflight.redact import redact_report
+    from kvpreflight._internal.redact import redact_report
 
     secrets = frozenset(secrets)
     report = redact_report(replace(report, name=output.name, spec=None if output.spec is None else str(output.spec)), secrets)

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from kvpreflight._internal.files import FileKind, read_text
+from kvpreflight._internal.redact import cut
 from kvpreflight.errors import ConfigError
-from kvpreflight.files import FileKind, read_text
 from kvpreflight.model import Role, Waiver
-from kvpreflight.redact import cut
 
 __all__ = [
     "Auth", "Target", "parse_endpoint", "parse_endpoints", "parse_header", "parse_log", "parse_url", "parse_waiver", "secret_from_env",

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-CANARY_PERIOD = len("KVPF-TENANTA-") + 24 + 1  # kvpreflight.probes.markers: kind, 24 hex, then a space
+CANARY_PERIOD = len("KVPF-TENANTA-") + 24 + 1  # kvpreflight._internal.probes.markers: kind, 24 hex, then a space
 K = CANARY_PERIOD  # the head copies the token K positions back
 MAX_POSITIONS = 4096
 HIDDEN = 384

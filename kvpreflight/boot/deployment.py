@@ -12,7 +12,7 @@ from kvpreflight.boot.spec import DeploymentSpec
 from kvpreflight.model import ProcessListeners, ProcessRole
 
 if TYPE_CHECKING:
-    from kvpreflight.gpus import GpuInventory
+    from kvpreflight._internal.gpus import GpuInventory
 
 
 @dataclass(frozen=True)
@@ -57,11 +57,11 @@ class BootedDeployment:
 
     def listeners(self) -> tuple[ProcessListeners, ...]:
         """Each engine's (and router's) listening TCP sockets now, from /proc, each named by its
-        engine's URL and start-up log (kvpreflight.engines.listeners), or why they were not read."""
+        engine's URL and start-up log (kvpreflight._internal.engines.listeners), or why they were not read."""
+        from kvpreflight._internal.engines.errors import EngineConfigError
+        from kvpreflight._internal.engines.listeners import identify
+        from kvpreflight._internal.files import FileKind, read_tail
         from kvpreflight.boot.sockets import SocketsUnreadable, listening
-        from kvpreflight.engines.errors import EngineConfigError
-        from kvpreflight.engines.listeners import identify
-        from kvpreflight.files import FileKind, read_tail
 
         out = []
         for engine in self.engines:
@@ -80,10 +80,10 @@ class BootedDeployment:
         return tuple(out)
 
     def gpu_records(self, found: GpuInventory | None = None) -> tuple[Mapping[str, Any], ...]:
-        """The GPU inventory (kvpreflight.gpus.inventory() unless `found` is given), one mapping
+        """The GPU inventory (kvpreflight._internal.gpus.inventory() unless `found` is given), one mapping
         per GPU, each with "engines": the names of the engines whose processes run on it."""
         if found is None:
-            from kvpreflight.gpus import inventory
+            from kvpreflight._internal.gpus import inventory
 
             found = inventory()
         families = {e.name: e.process_ids() for e in self.engines}

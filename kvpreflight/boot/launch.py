@@ -16,9 +16,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from kvpreflight._internal.files import read_system
 from kvpreflight.boot.errors import BootConfigError, BootError
 from kvpreflight.boot.spec import DEFAULT_HEALTH_PATH, PLACEHOLDER, SMG_READY_PATH, DeploymentSpec, EngineSpec
-from kvpreflight.files import read_system
 from kvpreflight.model import ProcessRole, RouterKind
 
 EPHEMERAL_RANGE_FILE = "/proc/sys/net/ipv4/ip_local_port_range"

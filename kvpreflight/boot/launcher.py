@@ -24,6 +24,8 @@ import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import TextIO
 
+from kvpreflight._internal.files import check_writable_folder
+from kvpreflight._internal.redact import Redactor
 from kvpreflight.boot.deployment import BootedDeployment, BootedEngine
 from kvpreflight.boot.errors import BootConfigError, BootError
 from kvpreflight.boot.launch import DeploymentPlan, LaunchPlan, plan_deployment
@@ -32,8 +34,6 @@ from kvpreflight.boot.progress import BootProgress, clip
 from kvpreflight.boot.readiness import probe
 from kvpreflight.boot.signals import signals_held, sigterm_raises
 from kvpreflight.boot.spec import DeploymentSpec
-from kvpreflight.files import check_writable_folder
-from kvpreflight.redact import Redactor
 
 POLL_S = 0.25
 

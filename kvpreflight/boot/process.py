@@ -12,10 +12,10 @@ import time
 from collections.abc import Callable, Iterable
 from typing import IO
 
+from kvpreflight._internal.files import open_log
 from kvpreflight.boot import proctree
 from kvpreflight.boot.errors import BootConfigError
 from kvpreflight.boot.launch import LaunchPlan
-from kvpreflight.files import open_log
 
 TAIL_LINES = 200
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from kvpreflight.files import read_system
+from kvpreflight._internal.files import read_system
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import TextIO
 
-from kvpreflight.redact import cut
+from kvpreflight._internal.redact import cut
 
 
 class BootProgress:
@@ -30,7 +30,7 @@ class BootProgress:
             if self.sink is not None:
                 self.sink(f"boot: {self.scrub(message)}")
                 return
-            from kvpreflight.terminal import write_line
+            from kvpreflight._internal.terminal import write_line
 
             write_line("kvpreflight: boot", self.scrub(message), self.stream)
         except (OSError, ValueError):

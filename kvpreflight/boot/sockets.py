@@ -10,8 +10,8 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from kvpreflight._internal.files import FileKind, read_bytes, read_system
 from kvpreflight.errors import ConfigError
-from kvpreflight.files import FileKind, read_bytes, read_system
 
 LISTEN = "0A"  # the kernel's TCP_LISTEN in the `st` column
 MAX_FDS = 65536  # a process's descriptors looked at, at most

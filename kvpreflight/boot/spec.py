@@ -32,10 +32,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kvpreflight._internal.engine_kinds import ENGINES, engine_kinds, launched_kind
+from kvpreflight._internal.fields import FieldParser, describe, load_yaml
+from kvpreflight._internal.files import FileKind, read_bytes
 from kvpreflight.boot.errors import BootConfigError
-from kvpreflight.engine_kinds import ENGINES, engine_kinds, launched_kind
-from kvpreflight.fields import FieldParser, describe, load_yaml
-from kvpreflight.files import FileKind, read_bytes
 from kvpreflight.model import AUTO_ENGINE, ProcessRole, RouterKind, Waiver
 
 ROLES = tuple(r.value for r in ProcessRole)
@@ -100,8 +100,8 @@ class DeploymentSpec:
 
     def check_client_certificate(self) -> None:
         """Load and match client_cert and client_key (BootConfigError naming the key, never the path)."""
-        from kvpreflight.engines.errors import EngineConfigError
-        from kvpreflight.engines.http import client_certificate
+        from kvpreflight._internal.engines.errors import EngineConfigError
+        from kvpreflight._internal.engines.http import client_certificate
 
         try:
             client_certificate(self.client_cert, self.client_key, names=("client_cert", "client_key"))
@@ -112,7 +112,7 @@ class DeploymentSpec:
         """The spec's private key (client_key, or client_cert when the key is inside it) is refused
         when its group or others can read it, as --client-key's is (--allow-insecure-key). After
         check_client_certificate: a file that holds no key has been refused by then."""
-        from kvpreflight.files import check_private
+        from kvpreflight._internal.files import check_private
 
         name, key = ("client_key", self.client_key) if self.client_key else ("client_cert", self.client_cert)
         if key is None:
@@ -141,7 +141,7 @@ def spec_engine_kinds() -> tuple[str, ...]:
 
 def guess_engine(command: tuple[str, ...]) -> str:
     """A cheap guess from the command line (routers first, then each registered engine's launch
-    words, kvpreflight.engine_kinds); adapters confirm over HTTP."""
+    words, kvpreflight._internal.engine_kinds); adapters confirm over HTTP."""
     text = " ".join(command).lower()
     if any(os.path.basename(arg).lower() in ("smg", "smg.launch_router") for arg in command):
         return RouterKind.SMG.value  # before "sglang": smg's command says --backend sglang

@@ -33,12 +33,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from kvpreflight.builtin_engine.deployment import BuiltinDeployment
+from kvpreflight._internal.builtin_engine.deployment import BuiltinDeployment
+from kvpreflight._internal.fields import FieldParser, describe, load_yaml
+from kvpreflight._internal.files import FileKind, read_bytes
 from kvpreflight.check_options import WAIVER_FIELDS, CheckOptions, build_plan, check_fields, under
 from kvpreflight.check_plan import CheckPlan
 from kvpreflight.errors import ConfigError, KvpreflightError
-from kvpreflight.fields import FieldParser, describe, load_yaml
-from kvpreflight.files import FileKind, read_bytes
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.model import Waiver
 from kvpreflight.targets import parse_endpoint

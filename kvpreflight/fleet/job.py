@@ -23,12 +23,12 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from kvpreflight.builtin_engine.deployment import BuiltinDeployment
+from kvpreflight._internal.builtin_engine.deployment import BuiltinDeployment
+from kvpreflight._internal.files import FileKind, read_tail, read_text, writing
+from kvpreflight._internal.redact import cut
 from kvpreflight.errors import ConfigError
-from kvpreflight.files import FileKind, read_tail, read_text, writing
 from kvpreflight.fleet.inventory import AttachTarget, BootTarget, Deployment
 from kvpreflight.model import Report, RouterKind, Status, Waiver, exit_code_of
-from kvpreflight.redact import cut
 from kvpreflight.schema import report_from_dict
 
 STOP_GRACE_S = 30.0  # after a deadline: time a worker gets to stop its engines before SIGKILL

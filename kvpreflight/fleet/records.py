@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from kvpreflight.clock import utc_now
-from kvpreflight.files import FileKind, check_writable, sha256_of
+from kvpreflight._internal.clock import utc_now
+from kvpreflight._internal.files import FileKind, check_writable, sha256_of
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.fleet.job import Outcome
 from kvpreflight.fleet.report import FLEET_CHECK_ID, FleetReport, deployment_summary

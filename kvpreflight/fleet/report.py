@@ -9,10 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from kvpreflight._internal.redact import cut
 from kvpreflight.fleet.job import Outcome
 from kvpreflight.model import CheckResult, Report, Status, combined_verdict, exit_code_of
 from kvpreflight.record.predicate import FleetDeployment
-from kvpreflight.redact import cut
 from kvpreflight.schema import SCHEMA_VERSION, tool
 
 FLEET_CHECK_ID = "fleet-run"  # the result a deployment gets when nothing could be measured

@@ -11,14 +11,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvpreflight.clock import utc_now
+from kvpreflight._internal.clock import utc_now
+from kvpreflight._internal.files import check_writable
+from kvpreflight._internal.redact import Redactor, redact, secrets_of
 from kvpreflight.errors import ConfigError
-from kvpreflight.files import check_writable
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.fleet.job import JobSettings, Outcome
 from kvpreflight.fleet.runners.interface import Batch, Events, Runner, describe, plan_batches
 from kvpreflight.model import Status
-from kvpreflight.redact import Redactor, redact, secrets_of
 
 if TYPE_CHECKING:
     from kvpreflight.fleet.inventory import Inventory

@@ -36,11 +36,11 @@ def _spec(job: WorkerJob) -> DeploymentSpec:
 
     target = job.target
     if not isinstance(target, BootTarget):
-        from kvpreflight.demo import demo_spec
+        from kvpreflight._internal.demo import demo_spec
 
         return demo_spec(target)
+    from kvpreflight._internal.fields import load_yaml
     from kvpreflight.boot.errors import BootConfigError
-    from kvpreflight.fields import load_yaml
 
     return parse_spec(load_yaml(target.spec_text, target.spec_path, BootConfigError), source=target.spec_path,
                       base_dir=os.path.dirname(target.spec_path))

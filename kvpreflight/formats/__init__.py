@@ -39,7 +39,7 @@ def write_report(report: Report, fmt: str | ReportFormat, output: Path | None = 
     """Render `report`, redacted of `secrets` (and of URL credentials), and write it to `output`, or
     to stdout when output is None; returns the text. A table written to a file carries no colour.
     """
-    from kvpreflight.redact import redact_report  # here: `--help` reads FORMATS and nothing more
+    from kvpreflight._internal.redact import redact_report  # here: `--help` reads FORMATS and nothing more
 
     formatter = get_format(fmt) if isinstance(fmt, str) else fmt
     if output is not None and getattr(formatter, "color", False) is None:
@@ -53,7 +53,7 @@ def write_report(report: Report, fmt: str | ReportFormat, output: Path | None = 
 def write_text(text: str, output: Path | None = None) -> str:
     """`text` to stdout (output None) or to the file `output`, written atomically (parent folders
     created; a reader never sees half a report)."""
-    from kvpreflight.files import write_atomic
+    from kvpreflight._internal.files import write_atomic
 
     if output is None:
         sys.stdout.write(text)

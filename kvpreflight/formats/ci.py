@@ -12,7 +12,7 @@ import sys
 from collections.abc import Mapping
 from typing import IO
 
-from kvpreflight.files import append_text
+from kvpreflight._internal.files import append_text
 from kvpreflight.formats import github
 from kvpreflight.formats.markdown import MarkdownFormat
 from kvpreflight.model import Report

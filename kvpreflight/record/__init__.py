@@ -20,6 +20,7 @@ Public interface (what ``check`` and ``verify`` call). Most commands need only `
 Every failure is a :class:`RecordError` (exit 2 bad input, exit 1 refusal).
 """
 
+from kvpreflight._internal.redact import redact_command_line
 from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, Envelope, pae
 from kvpreflight.record.errors import RecordError
 from kvpreflight.record.gate import verify_files
@@ -49,7 +50,6 @@ from kvpreflight.record.verify import (
     verify_envelope,
 )
 from kvpreflight.record.verify_options import VerifyOptions, VerifyPlan, build_verify_plan
-from kvpreflight.redact import redact_command_line
 
 __all__ = [
     "FLEET_PREDICATE_TYPE", "IN_TOTO_PAYLOAD_TYPE", "PASSWORD_ENV", "PREDICATE_TYPE", "SIGN_KEY_ENV", "STATEMENT_TYPE",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from kvpreflight.files import FileKind, read_bytes
+from kvpreflight._internal.files import FileKind, read_bytes
 from kvpreflight.record.errors import RecordError
 
 

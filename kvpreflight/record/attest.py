@@ -22,7 +22,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from kvpreflight.check_ids import CheckId
+from kvpreflight._internal.check_ids import CheckId
 from kvpreflight.model import CheckResult, Report, Status
 from kvpreflight.record.statement import Subject, file_subject
 
@@ -92,8 +92,8 @@ def resource(name: str, path: str | os.PathLike[str]) -> dict[str, Any]:
 def configuration_files(advisory_dirs: Sequence[Path] = (), spec: Path | None = None) -> tuple[tuple[str, Path], ...]:
     """What a check read as configuration, named as a user would recognise it: kvpreflight's
     thresholds and advisories (``kvpreflight:checks/...``), each extra advisory file, the boot spec."""
-    from kvpreflight.checkdata import data_dir
-    from kvpreflight.checks.advisory_data import advisory_files
+    from kvpreflight._internal.checkdata import data_dir
+    from kvpreflight._internal.checks.advisory_data import advisory_files
 
     data = data_dir()
     out = [(f"{BUILTIN_PREFIX}thresholds.yaml", data / "thresholds.yaml")]
@@ -196,7 +196,7 @@ def write_summary(out: str | os.PathLike[str], *, record_path: str | os.PathLike
     """Sign and write the VSA for the record at `record_path`: PASSED with a level per required
     check when `verify` accepted it under `policy`, else FAILED."""
     from kvpreflight import __version__
-    from kvpreflight.clock import rfc3339
+    from kvpreflight._internal.clock import rfc3339
     from kvpreflight.record.sign import sign_statement, write_record
     from kvpreflight.record.statement import statement
 

@@ -11,8 +11,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from kvpreflight._internal.redact import cut
 from kvpreflight.record.errors import RecordError
-from kvpreflight.redact import cut
 
 IN_TOTO_PAYLOAD_TYPE = "application/vnd.in-toto+json"
 

@@ -25,7 +25,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec, ed25519
 
-from kvpreflight.files import FileKind, check_private, write_new
+from kvpreflight._internal.files import FileKind, check_private, write_new
 from kvpreflight.record._io import read_input
 from kvpreflight.record.errors import RecordError
 

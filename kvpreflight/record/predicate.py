@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 from typing import Any, ClassVar, TypeVar
 
 from kvpreflight import schema
-from kvpreflight.clock import utc_now
+from kvpreflight._internal.clock import utc_now
 from kvpreflight.model import Report, Status, exit_code_of
 from kvpreflight.record.errors import PredicateError, RecordError
 from kvpreflight.schema import Reader, SchemaError, read_report, tool

@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from kvpreflight.files import FileKind, write_atomic
+from kvpreflight._internal.files import FileKind, write_atomic
 from kvpreflight.record._io import read_input
 from kvpreflight.record.dsse import IN_TOTO_PAYLOAD_TYPE, Envelope, Signature, envelope_from_bytes, pae
 from kvpreflight.record.errors import RecordError

@@ -18,12 +18,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kvpreflight.clock import rfc3339
-from kvpreflight.files import FileKind, sha256_of
+from kvpreflight._internal.clock import rfc3339
+from kvpreflight._internal.files import FileKind, sha256_of
+from kvpreflight._internal.redact import MIN_INFERRED_SECRET_CHARS, Redactor, env_secrets, redact_command_line
 from kvpreflight.model import Report
 from kvpreflight.record.errors import RecordError
 from kvpreflight.record.predicate import FleetPredicate, Predicate, ReleasePredicate
-from kvpreflight.redact import MIN_INFERRED_SECRET_CHARS, Redactor, env_secrets, redact_command_line
 
 if TYPE_CHECKING:
     from kvpreflight.record.attest import StandardPredicate

@@ -18,8 +18,9 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from kvpreflight.check_ids import CHECK_IDS, CheckId
-from kvpreflight.files import FileKind, sha256_of
+from kvpreflight._internal.check_ids import CHECK_IDS, CheckId
+from kvpreflight._internal.files import FileKind, sha256_of
+from kvpreflight._internal.redact import cut
 from kvpreflight.model import EngineSnapshot, Report, Status, Waiver
 from kvpreflight.record.attest import (
     TEST_RESULT_PREDICATE_TYPE,
@@ -42,7 +43,6 @@ from kvpreflight.record.predicate import (
     predicate_from_dict,
 )
 from kvpreflight.record.statement import STATEMENT_TYPE, Subject, subjects_of
-from kvpreflight.redact import cut
 
 DEFAULT_MAX_AGE = "24h"
 # A release must have proved these, not skipped, waived or failed to measure them (verify --require).

@@ -119,7 +119,7 @@ def build_verify_plan(options: VerifyOptions) -> VerifyPlan:
 
 
 def _summary_plan(options: VerifyOptions) -> SummaryPlan:
-    from kvpreflight.files import check_writable
+    from kvpreflight._internal.files import check_writable
     from kvpreflight.record.keys import load_signing_key, resolve_sign_key_path
 
     assert options.vsa is not None and options.resource_uri  # check_verify_fields holds --vsa to these

@@ -22,5 +22,5 @@ try:
         print("READY " + " ".join(map(str, pids)), flush=True)
         while True:
             time.sleep(0.1)
-except KeyboardInterrupt:  # what kvpreflight.commands._run does with Ctrl-C
+except KeyboardInterrupt:  # what kvpreflight._internal.commands._run does with Ctrl-C
     sys.exit(130)

@@ -15,7 +15,7 @@ import pytest
 import requests
 from support.builtin_testbed import pd_trio, unified_engine
 
-from kvpreflight.builtin_engine.config import ATTENTION_WINDOW_ENV, POSITIONS_ENV
+from kvpreflight._internal.builtin_engine.config import ATTENTION_WINDOW_ENV, POSITIONS_ENV
 
 CONTEXT, POOL, PAGE = 2048, 8192, 16
 TIMEOUT = 30

@@ -300,8 +300,8 @@ def test_unwritable_log_folder_is_a_configuration_error(tmp_path):
 
 
 def test_deployment_says_which_engine_holds_which_gpu(tmp_path, reaper):
+    from kvpreflight._internal.gpus import Gpu, GpuInventory, GpuProcess
     from kvpreflight.check_plan import CheckPlan
-    from kvpreflight.gpus import Gpu, GpuInventory, GpuProcess
     from kvpreflight.model import Role
     from kvpreflight.preflight import booted_plan
     from kvpreflight.targets import Target

@@ -17,7 +17,7 @@ from support.builtin_requests import gen
 from support.builtin_testbed import start_engine, start_pd, stop_engine
 
 from kvpreflight import __version__
-from kvpreflight.builtin_engine.config import FAULTS
+from kvpreflight._internal.builtin_engine.config import FAULTS
 
 CONTEXT = 8192
 SMALL_POOL = 4096

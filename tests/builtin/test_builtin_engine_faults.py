@@ -15,7 +15,7 @@ import pytest
 import requests
 from support.builtin_testbed import pd_trio, unified_engine
 
-from kvpreflight.builtin_engine.config import derive_pool_tokens, max_req_input_len
+from kvpreflight._internal.builtin_engine.config import derive_pool_tokens, max_req_input_len
 
 CONTEXT = 8192
 SMALL_POOL = 4096

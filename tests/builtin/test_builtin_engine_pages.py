@@ -6,10 +6,10 @@ from __future__ import annotations
 import threading
 import time
 
-from kvpreflight.builtin_engine import tokenizer
-from kvpreflight.builtin_engine.config import EngineConfig
-from kvpreflight.builtin_engine.core import Engine
-from kvpreflight.builtin_engine.protocol import GenParams
+from kvpreflight._internal.builtin_engine import tokenizer
+from kvpreflight._internal.builtin_engine.config import EngineConfig
+from kvpreflight._internal.builtin_engine.core import Engine
+from kvpreflight._internal.builtin_engine.protocol import GenParams
 from kvpreflight.model import ProcessRole
 
 PAGE = 16

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kvpreflight.builtin_engine.config import (
+from kvpreflight._internal.builtin_engine.config import (
     ATTENTION_WINDOW_ENV,
     FAULTS,
     FAULTS_ENV,
@@ -21,7 +21,7 @@ from kvpreflight.builtin_engine.config import (
     pd_wait_from_env,
     tokens_from_env,
 )
-from kvpreflight.builtin_engine.protocol import RequestError, params_from_generate
+from kvpreflight._internal.builtin_engine.protocol import RequestError, params_from_generate
 from kvpreflight.model import ProcessRole
 
 TORCH_FREE = ("protocol", "api_sglang", "api_openai", "pd", "server", "startup", "config", "metrics", "prefix_cache")
@@ -30,7 +30,7 @@ TORCH_FREE = ("protocol", "api_sglang", "api_openai", "pd", "server", "startup",
 def test_http_and_handoff_modules_do_not_import_torch():
     code = (
         "import sys\n"
-        + "".join(f"import kvpreflight.builtin_engine.{name}\n" for name in TORCH_FREE)
+        + "".join(f"import kvpreflight._internal.builtin_engine.{name}\n" for name in TORCH_FREE)
         + "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch' or m.endswith('builtin_engine.core')))"
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -208,7 +208,7 @@ def test_without_ray_installed_fleet_ray_says_how_to_install_it(tmp_path):
 
 def test_help_imports_neither_ray_nor_torch():
     code = ("import sys; sys.argv = ['kvpreflight', 'fleet', '--help']\n"
-            "import kvpreflight.cli as cli\n"
+            "import kvpreflight._internal.cli as cli\n"
             "try:\n    cli.app()\nexcept SystemExit:\n    pass\n"
             "print(sorted(m for m in ('ray', 'torch') if m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from kvpreflight.review import review
-from kvpreflight.review.estimate import ReviewInputs
+from kvpreflight._internal.review import review
+from kvpreflight._internal.review.estimate import ReviewInputs
 
 ROOT = Path(__file__).parents[2]
 

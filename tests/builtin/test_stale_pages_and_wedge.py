@@ -36,7 +36,7 @@ from record_support import record_text
 from support.builtin_testbed import BackgroundTraffic, pd_trio, unified_engine
 from support.rewriting_proxy import Rewrites, rewriting_proxy
 
-from kvpreflight.builtin_engine.config import CELL_BYTES, PARALLEL_SIZE_ENV
+from kvpreflight._internal.builtin_engine.config import CELL_BYTES, PARALLEL_SIZE_ENV
 from kvpreflight.formats import FORMATS, get_format
 from kvpreflight.schema import report_from_dict
 

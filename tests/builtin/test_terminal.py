@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from misbehaving_http import DIALECTS, fake_engine
 
-from kvpreflight.checks import CHECK_IDS
+from kvpreflight._internal.checks import CHECK_IDS
 
 ROOT = Path(__file__).resolve().parents[2]
 SGR = re.compile(r"\x1b\[[0-9;]*m")  # colour and style

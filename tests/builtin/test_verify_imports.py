@@ -23,7 +23,7 @@ def test_verify_never_imports_torch_or_an_engine(tmp_path):
             f"open({str(tmp_path / 'imported')!r}, 'a').write({name!r} + '\\n')\nraise ImportError('poisoned')\n")
     code = (
         "import sys\n"
-        "from kvpreflight.cli import main\n"
+        "from kvpreflight._internal.cli import main\n"
         "try:\n    main()\nexcept SystemExit as e:\n    code = e.code\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in {'torch','vllm','sglang','transformers','llama_cpp','ray'})\n"
         "print('EXIT', code, 'HEAVY', heavy)\n"

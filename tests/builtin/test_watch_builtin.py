@@ -186,8 +186,8 @@ def test_promtool_reads_the_metrics_and_the_shipped_rules_fire_on_drift_and_a_fa
     a hazard; promtool checks the text and fires exactly the alerts each deserves."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    from kvpreflight.watch.findings import Finding, FindingKind, Round, RoundOutcome
-    from kvpreflight.watch.metrics import WatchMetrics
+    from kvpreflight._internal.watch.findings import Finding, FindingKind, Round, RoundOutcome
+    from kvpreflight._internal.watch.metrics import WatchMetrics
 
     def rendered(name: str, finding: Finding) -> str:
         metrics = WatchMetrics(name)

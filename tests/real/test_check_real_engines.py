@@ -16,8 +16,8 @@ from realengines import EngineProcess
 from support.echo_canaries import echoed_canaries
 from support.rewriting_proxy import Rewrites, rewriting_proxy
 
-from kvpreflight.engines import HttpClient, open_adapter
-from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight._internal.engines import HttpClient, open_adapter
+from kvpreflight._internal.engines.vllm import VllmAdapter
 from kvpreflight.model import ErrorKind
 
 pytestmark = pytest.mark.alone  # real vLLM and llama.cpp, each check judging their measured speed

@@ -34,9 +34,9 @@ import requests
 from support.sglang_live import ECHO_PROMPTS, Answer, Live, booted, completion
 from support.vllm_pair import CheckRun, crossing_fail, late_read_fail, run_check
 
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks.interface import CheckContext
-from kvpreflight.checks.network_exposure import evaluate
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks.interface import CheckContext
+from kvpreflight._internal.checks.network_exposure import evaluate
 from kvpreflight.model import Status
 
 pytestmark = pytest.mark.alone  # vLLM workers, one core each

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 from realengines import EngineProcess, vllm_env, vllm_python
 
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks.interface import CheckContext
+from kvpreflight._internal.checks.network_exposure import evaluate
+from kvpreflight._internal.engines.listeners import identify
 from kvpreflight.boot.sockets import listening
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks.interface import CheckContext
-from kvpreflight.checks.network_exposure import evaluate
-from kvpreflight.engines.listeners import identify
 from kvpreflight.model import ListenerKind, Status
 
 pytestmark = pytest.mark.alone  # boots vLLM

@@ -44,13 +44,13 @@ from support.fixture_drift import json_drift, lines_drift, metrics_drift
 from support.sglang_live import ECHO_PROMPTS, SPECS, Answer, Live, booted, echo_probes, generate
 from support.vllm_pair import CheckRun, run_check
 
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks.interface import CheckContext
-from kvpreflight.checks.network_exposure import evaluate
-from kvpreflight.engines import HttpClient, sglang
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks.interface import CheckContext
+from kvpreflight._internal.checks.network_exposure import evaluate
+from kvpreflight._internal.engines import HttpClient, sglang
+from kvpreflight._internal.review import review
+from kvpreflight._internal.review.estimate import ReviewInputs
 from kvpreflight.model import ErrorKind, Status
-from kvpreflight.review import review
-from kvpreflight.review.estimate import ReviewInputs
 
 pytestmark = pytest.mark.alone  # a live SGLang engine or pair, one core each
 

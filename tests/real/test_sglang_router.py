@@ -24,7 +24,7 @@ import requests
 from support.builtin_testbed import HOST, free_port, start_engine, stop_engine
 from support.demo_runs import run_demo, statuses
 
-from kvpreflight.demo import find_sglang_router_python
+from kvpreflight._internal.demo import find_sglang_router_python
 from kvpreflight.errors import ConfigError
 
 PROMPT = "tenant a's private notes, page after page " * 60

@@ -31,7 +31,7 @@ from support.builtin_requests import gen
 from support.builtin_testbed import HOST, RunningEngine, free_port, start_engine, stop_engine
 from support.demo_runs import run_demo, statuses, unpassed
 
-from kvpreflight.demo import find_smg
+from kvpreflight._internal.demo import find_smg
 from kvpreflight.errors import ConfigError
 
 CONTEXT = 8192

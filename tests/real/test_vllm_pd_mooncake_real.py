@@ -39,9 +39,9 @@ import requests
 from support.echo_canaries import echoed_canaries
 from support.vllm_pair import BootedPair, CheckRun, boot_pair, run_check
 
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks.interface import CheckContext
-from kvpreflight.checks.network_exposure import evaluate
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks.interface import CheckContext
+from kvpreflight._internal.checks.network_exposure import evaluate
 from kvpreflight.model import Status
 
 pytestmark = pytest.mark.alone  # a real vLLM pair, one core each

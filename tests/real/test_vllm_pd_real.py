@@ -46,10 +46,10 @@ from support.vllm_pair import (
     wait_until_idle,
 )
 
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks.interface import CheckContext
-from kvpreflight.checks.network_exposure import evaluate
-from kvpreflight.demo import find_smg
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks.interface import CheckContext
+from kvpreflight._internal.checks.network_exposure import evaluate
+from kvpreflight._internal.demo import find_smg
 from kvpreflight.model import Status
 
 pytestmark = pytest.mark.alone  # a real vLLM pair, one core each

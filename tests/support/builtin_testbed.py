@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kvpreflight._internal.builtin_engine.config import FAULTS_ENV, PARALLEL_SIZE_ENV
+from kvpreflight._internal.builtin_engine.pagelog import read_page_log
+from kvpreflight._internal.files import read_tail, writing
 from kvpreflight.boot.launch import free_port  # below the ephemeral range (see there)
-from kvpreflight.builtin_engine.config import FAULTS_ENV, PARALLEL_SIZE_ENV
-from kvpreflight.builtin_engine.pagelog import read_page_log
-from kvpreflight.files import read_tail, writing
 
 HOST = "127.0.0.1"
 

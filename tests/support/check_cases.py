@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks import run_checks
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks import run_checks
+from kvpreflight._internal.probes.results import Expect, Limits, ProbeResult, ProbeRun
 from kvpreflight.model import Completion, EngineSnapshot, ErrorKind, Origin, PoolReading, Role
-from kvpreflight.probes.results import Expect, Limits, ProbeResult, ProbeRun
 
 T = load_thresholds()
 PREFILL, DECODE, ENTRY = "http://p:1", "http://d:2", "http://router:3"

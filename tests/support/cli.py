@@ -1,5 +1,5 @@
 """The CLI in-process, as the unit tier runs it: the same typer app and the same error mapping as
-the console script (`kvpreflight.commands._run.run_app`), without starting a Python process.
+the console script (`kvpreflight._internal.commands._run.run_app`), without starting a Python process.
 
 `invoke(...)` returns a `subprocess.CompletedProcess` so a test reads it exactly as it would read
 the console script's result; the process-level guarantees (the console script itself, no torch at
@@ -58,8 +58,8 @@ def invoke(*args: object, env: Mapping[str, str] | None = None, env_exact: Mappi
     them (an unexpected exception prints its traceback and exits 1, as Python would). `env` adds
     to this process's environment for the call, `env_exact` replaces it; `check_ok` raises
     CalledProcessError on a non-zero exit, as subprocess.run(check=True)."""
-    from kvpreflight.cli import app
-    from kvpreflight.commands._run import run_app
+    from kvpreflight._internal.cli import app
+    from kvpreflight._internal.commands._run import run_app
 
     argv = [str(a) for a in args]
     out, err = io.StringIO(), io.StringIO()
@@ -94,7 +94,7 @@ def command_paths() -> list[tuple[str, ...]]:
     """Every command and subcommand of the app, as the words that name it (() is the root)."""
     import typer
 
-    from kvpreflight.cli import app
+    from kvpreflight._internal.cli import app
 
     def walk(command: object, path: tuple[str, ...]) -> list[tuple[str, ...]]:
         subs = getattr(command, "commands", {})  # a group (typer may bring its own click)

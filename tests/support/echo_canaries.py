@@ -6,8 +6,8 @@ from __future__ import annotations
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
-from kvpreflight.engines import HttpClient, open_adapter
-from kvpreflight.probes.markers import new_marker
+from kvpreflight._internal.engines import HttpClient, open_adapter
+from kvpreflight._internal.probes.markers import new_marker
 
 
 def echoed_canaries(url: str, count: int = 100, *, engine_url: str | None = None, concurrency: int = 1) -> int:

@@ -19,10 +19,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
-from kvpreflight.engines.http import HttpClient, HttpReply
-from kvpreflight.engines.interface import Counters, EngineAdapter, EngineRequest, PrefillLeg, ReplyFacts, SplitLegs
-from kvpreflight.engines.log_patterns import LogSignal
-from kvpreflight.engines.vllm import PREFILL_LEG_PARAMS, VllmAdapter, prefill_handoff
+from kvpreflight._internal.engines.http import HttpClient, HttpReply
+from kvpreflight._internal.engines.interface import Counters, EngineAdapter, EngineRequest, PrefillLeg, ReplyFacts, SplitLegs
+from kvpreflight._internal.engines.log_patterns import LogSignal
+from kvpreflight._internal.engines.vllm import PREFILL_LEG_PARAMS, VllmAdapter, prefill_handoff
 from kvpreflight.model import (
     Completion,
     EngineSnapshot,

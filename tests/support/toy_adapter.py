@@ -3,9 +3,9 @@ adapter file a new engine needs (tests/unit/test_engine_registry.py adds its reg
 
 from __future__ import annotations
 
-from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.http import BodyLimit, EngineTimeout, HttpClient
-from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight._internal.engines.errors import EngineError
+from kvpreflight._internal.engines.http import BodyLimit, EngineTimeout, HttpClient
+from kvpreflight._internal.engines.vllm import VllmAdapter
 
 
 class ToyAdapter(VllmAdapter):

@@ -15,8 +15,8 @@ import pytest
 from support import fake_adapter
 from support.no_processes import SPAWNERS, child_pids, refuse
 
-from kvpreflight import engines
-from kvpreflight.engine_kinds import EngineRegistration
+from kvpreflight._internal import engines
+from kvpreflight._internal.engine_kinds import EngineRegistration
 
 
 @pytest.fixture(autouse=True, scope="module")

@@ -12,11 +12,11 @@ from typing import Any
 import pytest
 from static_server import static_server
 
-from kvpreflight.engines.builtin import BuiltinAdapter
-from kvpreflight.engines.http import HttpClient
-from kvpreflight.engines.llamacpp import LlamaCppAdapter
-from kvpreflight.engines.sglang import SglangAdapter
-from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight._internal.engines.builtin import BuiltinAdapter
+from kvpreflight._internal.engines.http import HttpClient
+from kvpreflight._internal.engines.llamacpp import LlamaCppAdapter
+from kvpreflight._internal.engines.sglang import SglangAdapter
+from kvpreflight._internal.engines.vllm import VllmAdapter
 from kvpreflight.model import ErrorKind
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"

@@ -17,9 +17,9 @@ from static_server import static_server
 from support.cli import invoke
 from support.engine_routes import FIXTURES, JSON, KINDS, METRICS, info_paths, info_routes
 
-from kvpreflight.engines import adapter_class, open_adapter
-from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.http import BodyTooLarge, EngineTimeout, HttpClient
+from kvpreflight._internal.engines import adapter_class, open_adapter
+from kvpreflight._internal.engines.errors import EngineError
+from kvpreflight._internal.engines.http import BodyTooLarge, EngineTimeout, HttpClient
 from kvpreflight.model import EngineSnapshot
 
 TIMEOUT_S = 1.0

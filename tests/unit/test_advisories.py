@@ -12,13 +12,13 @@ from pathlib import Path
 import pytest
 from support.cli import invoke
 
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks import CheckContext, run_checks
-from kvpreflight.checks.advisory_data import Advisory, Severity, load_advisories, parse_version, version_in
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks import CheckContext, run_checks
+from kvpreflight._internal.checks.advisory_data import Advisory, Severity, load_advisories, parse_version, version_in
+from kvpreflight._internal.review import review
+from kvpreflight._internal.review.advisories import image_version
+from kvpreflight._internal.review.estimate import ReviewInputs
 from kvpreflight.model import EngineSnapshot, Role, Status
-from kvpreflight.review import review
-from kvpreflight.review.advisories import image_version
-from kvpreflight.review.estimate import ReviewInputs
 
 ROOT = Path(__file__).parents[2]
 MODELS = ROOT / "tests" / "fixtures" / "review" / "models"

@@ -10,10 +10,10 @@ import json
 
 from support.fake_adapter import snapshot
 
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks import CheckContext, run_checks
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks import CheckContext, run_checks
+from kvpreflight._internal.probes.results import Echo, Expect, Limits, ProbeResult, ProbeRun, Tenant
 from kvpreflight.model import Completion, Status
-from kvpreflight.probes.results import Echo, Expect, Limits, ProbeResult, ProbeRun, Tenant
 
 URL = "http://engine:1"
 CONTEXT, LIMIT = 4096, 4089

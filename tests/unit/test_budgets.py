@@ -10,11 +10,11 @@ from dataclasses import replace
 import pytest
 from support.fake_adapter import FakeEngine, Sent, snapshot
 
+from kvpreflight._internal.pipeline import preview, run_check
+from kvpreflight._internal.probes.budget import SLACK, TINY_TOKENS, Budget, PlannedRequest, Speed
+from kvpreflight._internal.probes.results import Expect
 from kvpreflight.check_plan import CheckPlan
 from kvpreflight.model import Completion, Report, Status
-from kvpreflight.pipeline import preview, run_check
-from kvpreflight.probes.budget import SLACK, TINY_TOKENS, Budget, PlannedRequest, Speed
-from kvpreflight.probes.results import Expect
 from kvpreflight.targets import Target
 
 URL = "http://engine:1"

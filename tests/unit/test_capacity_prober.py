@@ -5,14 +5,14 @@ from __future__ import annotations
 
 from support.fake_adapter import FakeAdapter, FakeEngine, Sent, snapshot
 
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks import CheckContext, run_checks
-from kvpreflight.engines.http import HttpClient
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks import CheckContext, run_checks
+from kvpreflight._internal.engines.http import HttpClient
+from kvpreflight._internal.probes.budget import Budget
+from kvpreflight._internal.probes.capacity import CapacityProber, ProbeSettings, deployment_limits
+from kvpreflight._internal.probes.results import Expect, Limits, ProbeName, transfer_moved
+from kvpreflight._internal.probes.session import ProbeSession
 from kvpreflight.model import Completion, Role, Status
-from kvpreflight.probes.budget import Budget
-from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, deployment_limits
-from kvpreflight.probes.results import Expect, Limits, ProbeName, transfer_moved
-from kvpreflight.probes.session import ProbeSession
 
 URL = "http://engine:1"
 
@@ -150,7 +150,7 @@ def test_a_decode_that_moves_on_every_refusal_is_sent_again_twice_then_judged_on
 
 
 def test_the_plan_counts_the_resends_as_conditional_only_where_a_decode_is_read():
-    from kvpreflight.probes.capacity import QUIET_RESEND_CONDITION, QUIET_RESENDS, capacity_plan
+    from kvpreflight._internal.probes.capacity import QUIET_RESEND_CONDITION, QUIET_RESENDS, capacity_plan
 
     limits = Limits(served_context=8192, pool_tokens=4096, max_accepted=4089)
     assert not [p for p in capacity_plan(limits, 2) if p.only_if]

@@ -10,8 +10,8 @@ import pytest
 import typer
 from support.mtls import write_pki
 
+from kvpreflight._internal.cli import app
 from kvpreflight.check_options import WAIVER_FIELDS, CheckOptions, build_plan, flag
-from kvpreflight.cli import app
 from kvpreflight.errors import ConfigError
 from kvpreflight.fleet import FleetError, parse_inventory
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from support.check_cases import DECODE, ENTRY, PREFILL, T, check, good_probes, ok, refused, run, snap
 
-from kvpreflight.checks import CheckContext, run_checks
+from kvpreflight._internal.checks import CheckContext, run_checks
+from kvpreflight._internal.probes.results import Expect, Limits, ProbeResult, ProbeRun
 from kvpreflight.model import (
     Completion,
     CounterDelta,
@@ -19,7 +20,6 @@ from kvpreflight.model import (
     exit_code_of,
     verdict_of,
 )
-from kvpreflight.probes.results import Expect, Limits, ProbeResult, ProbeRun
 
 
 @pytest.mark.parametrize("pool,expected", [

@@ -1,4 +1,4 @@
-"""One declaration per CLI parameter (issue 47): a flag declared in `kvpreflight.commands.options` is
+"""One declaration per CLI parameter (issue 47): a flag declared in `kvpreflight._internal.commands.options` is
 not declared again by a command, except where it means something else there (each such flag says
 why in its command). And the rules between `watch`'s options live in the library, where a user's
 mistakes are refused before anything is read or sent."""
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from support.cli import invoke
 
-COMMANDS = Path(__file__).resolve().parents[2] / "kvpreflight" / "commands"
+COMMANDS = Path(__file__).resolve().parents[2] / "kvpreflight" / "_internal" / "commands"
 
 # (command module, flag): the flag means something else there, so it is that command's own.
 OWN_MEANING = {
@@ -68,7 +68,7 @@ def test_watch_refuses_contradicting_options_before_any_request(args, message):
 
 
 def test_watch_schedule_one_round_serves_no_metrics_unless_asked():
-    from kvpreflight.watch.schedule import watch_schedule
+    from kvpreflight._internal.watch.schedule import watch_schedule
 
     def schedule(**given):
         values = dict(targets=True, spec=None, inventory=None, interval=60.0, once=False, rounds=None,

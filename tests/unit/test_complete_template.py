@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.http import EngineTimeout, HttpReply, StreamReply
-from kvpreflight.engines.sglang import SglangAdapter
-from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight._internal.engines.errors import EngineError
+from kvpreflight._internal.engines.http import EngineTimeout, HttpReply, StreamReply
+from kvpreflight._internal.engines.sglang import SglangAdapter
+from kvpreflight._internal.engines.vllm import VllmAdapter
 from kvpreflight.model import ErrorKind
 
 LENGTH_MESSAGE = "Input length (9000 tokens) exceeds the maximum allowed length (8185 tokens)."
@@ -96,7 +96,7 @@ def test_an_error_frame_inside_a_200_stream_is_a_refusal():
 def test_tokens_then_an_error_frame_are_counted_and_fail_the_rejection(before):
     """Issue 12, defect 1: an over-context request answered with tokens and *then* an error frame was
     taken for a clean refusal ("zero tokens generated"). Any token means the engine served it."""
-    from kvpreflight.checks.probe_common import refusal_verdict
+    from kvpreflight._internal.checks.probe_common import refusal_verdict
     from kvpreflight.model import Status
 
     c, _ = sglang(frames(*before, {"error": {"message": LENGTH_MESSAGE}}), stream=True)

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 from support.fake_adapter import FakeEngine, snapshot
 
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks import CheckContext, run_checks
+from kvpreflight._internal.engines.context_warnings import context_warnings
+from kvpreflight._internal.pipeline import run_check
 from kvpreflight.check_plan import CheckPlan
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks import CheckContext, run_checks
-from kvpreflight.engines.context_warnings import context_warnings
 from kvpreflight.model import ContextHazard, Status
-from kvpreflight.pipeline import run_check
 from kvpreflight.targets import Target
 
 URL = "http://engine:1"

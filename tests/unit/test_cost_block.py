@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from support.fake_adapter import FakeEngine, snapshot
 
+from kvpreflight._internal.pipeline import run_check
 from kvpreflight.check_plan import CheckPlan
 from kvpreflight.formats import get_format
-from kvpreflight.pipeline import run_check
 from kvpreflight.schema import report_from_dict, report_to_dict
 from kvpreflight.targets import Target
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from kvpreflight.engines.interface import Counters
+from kvpreflight._internal.engines.interface import Counters
+from kvpreflight._internal.probes.engine_state import counter_deltas
+from kvpreflight._internal.probes.results import counter_moved, deltas_evidence
 from kvpreflight.model import CounterDelta, CounterField, CounterValues
-from kvpreflight.probes.engine_state import counter_deltas
-from kvpreflight.probes.results import counter_moved, deltas_evidence
 
 ROOT = Path(__file__).resolve().parents[2]
 STILL, BLIND, GONE = "http://still:1", "http://blind:2", "http://gone:3"
@@ -86,7 +86,7 @@ def test_a_scenario_over_several_windows_knows_a_counter_only_where_every_window
     """A carried scenario sums its probes' windows. A window that could not read a counter (or an
     engine) once let the other windows' sum stand as the whole, a smaller figure than moved: a
     stale read in the unread window disappeared. Now what one window missed stays unknown."""
-    from kvpreflight.probes.isolation import over_windows
+    from kvpreflight._internal.probes.isolation import over_windows
 
     seen = {STILL: CounterDelta.of({CounterField.STALE_KV_READS: 0.0, CounterField.REQUESTS: 1.0}),
             BLIND: CounterDelta.of({CounterField.REQUESTS: 1.0})}

@@ -8,9 +8,9 @@ from dataclasses import replace
 
 from support.check_cases import DECODE, ENTRY, PREFILL, T, check, ok, snap
 
-from kvpreflight.checks import CheckContext
+from kvpreflight._internal.checks import CheckContext
+from kvpreflight._internal.probes.results import Expect, Limits, ProbeResult, ProbeRun
 from kvpreflight.model import CounterDelta, Role, Status
-from kvpreflight.probes.results import Expect, Limits, ProbeResult, ProbeRun
 
 SENT = 9992
 

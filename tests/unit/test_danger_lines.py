@@ -1,4 +1,4 @@
-"""Danger lines through a whole check on the fake engine (kvpreflight.probes.logs): a line in an
+"""Danger lines through a whole check on the fake engine (kvpreflight._internal.probes.logs): a line in an
 engine's log that names one of kvpreflight's request ids says which request it names, in the
 check that request bears on (tenant-isolation's scenarios here), whenever it was logged."""
 
@@ -9,11 +9,11 @@ from pathlib import Path
 import pytest
 from support.fake_adapter import FakeEngine, Sent, snapshot
 
+from kvpreflight._internal.pipeline import run_check
+from kvpreflight._internal.probes import isolation
+from kvpreflight._internal.probes.disconnect import AFTER_FIRST_TOKEN, Departure, RawTarget
 from kvpreflight.check_plan import CheckPlan
 from kvpreflight.model import Completion, Status
-from kvpreflight.pipeline import run_check
-from kvpreflight.probes import isolation
-from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN, Departure, RawTarget
 from kvpreflight.targets import Target
 
 URL = "http://engine:1"

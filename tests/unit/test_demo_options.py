@@ -1,4 +1,4 @@
-"""`demo`'s rules and defaults are the library's (`kvpreflight.demo.demo_deployment`, `demo_output`):
+"""`demo`'s rules and defaults are the library's (`kvpreflight._internal.demo.demo_deployment`, `demo_output`):
 each holds when called directly, the CLI says the same one line with exit 2 before anything boots,
 and the defaults --help shows are the ones the library applies."""
 
@@ -11,9 +11,9 @@ import pytest
 import typer
 from support.cli import invoke
 
-from kvpreflight.builtin_engine.deployment import BuiltinDeployment
-from kvpreflight.cli import app
-from kvpreflight.demo import DEFAULT_OUT, demo_deployment, demo_output
+from kvpreflight._internal.builtin_engine.deployment import BuiltinDeployment
+from kvpreflight._internal.cli import app
+from kvpreflight._internal.demo import DEFAULT_OUT, demo_deployment, demo_output
 from kvpreflight.errors import ConfigError
 from kvpreflight.model import RouterKind
 

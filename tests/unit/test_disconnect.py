@@ -10,10 +10,10 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from kvpreflight.engines.http import HttpClient
-from kvpreflight.engines.vllm import VllmAdapter
-from kvpreflight.probes import disconnect
-from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN, RawTarget, leave_after_first_token, leave_during_transfer
+from kvpreflight._internal.engines.http import HttpClient
+from kvpreflight._internal.engines.vllm import VllmAdapter
+from kvpreflight._internal.probes import disconnect
+from kvpreflight._internal.probes.disconnect import AFTER_FIRST_TOKEN, RawTarget, leave_after_first_token, leave_during_transfer
 
 
 def test_an_abandoned_request_carries_the_adapters_request_id_header() -> None:

@@ -14,13 +14,13 @@ import pytest
 from static_server import static_server
 from support.cli import invoke
 
-from kvpreflight.engines import open_adapter
-from kvpreflight.engines.dynamo import DynamoAdapter
-from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.http import HttpClient
+from kvpreflight._internal.engines import open_adapter
+from kvpreflight._internal.engines.dynamo import DynamoAdapter
+from kvpreflight._internal.engines.errors import EngineError
+from kvpreflight._internal.engines.http import HttpClient
+from kvpreflight._internal.routers import open_router
+from kvpreflight._internal.routers.dynamo import DynamoFrontend
 from kvpreflight.model import ErrorKind, Role, RoleSource
-from kvpreflight.routers import open_router
-from kvpreflight.routers.dynamo import DynamoFrontend
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "dynamo"
 JSON = "application/json"

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from support.check_cases import PREFILL, T, check, ok, refused, run, snap
 
-from kvpreflight.checks import CheckContext
+from kvpreflight._internal.checks import CheckContext
 from kvpreflight.model import Status
 
 
@@ -30,8 +30,8 @@ def test_the_small_request_after_the_probes(small, status, said):
 def test_a_small_request_the_deadline_ran_out_under_is_no_verdict():
     """The concurrent probe can end just before --deadline, and the small request then goes out
     with what is left and fails; that is the deadline's doing, not the engine's (exit 3, not 1)."""
+    from kvpreflight._internal.probes.budget import Budget
     from kvpreflight.model import Completion
-    from kvpreflight.probes.budget import Budget
 
     now = [0.0]
     budget = Budget(timeout_s=30, fallback_tokens_per_second=1000, deadline_s=6, clock=lambda: now[0])
@@ -48,7 +48,7 @@ def test_a_small_request_the_deadline_ran_out_under_is_no_verdict():
 
 def after_isolation(**kw):
     """The capacity probes found the engine healthy, serving and idle; the isolation probes ran after them."""
-    from kvpreflight.probes.results import IsolationRun
+    from kvpreflight._internal.probes.results import IsolationRun
 
     fields = {"healthy_after": {PREFILL: True}, "idle_after": {PREFILL: True}, "small_request_after": ok(16, 4), **kw}
     return CheckContext((snap(),), T, probes=run(), isolation=IsolationRun(**fields))
@@ -77,7 +77,7 @@ STOPPED = ("after the cancel-transfer probe stalled, an 8-token request got no a
 def test_an_engine_that_stopped_answering_during_the_isolation_probes_fails_though_its_health_is_ok_now():
     """The wedge of issue 44: /health 200, nothing scheduled, tokens stuck in the used gauge, and
     tenant-isolation says the engine stopped answering. It was judged healthy from before."""
-    from kvpreflight.probes.results import Scenario
+    from kvpreflight._internal.probes.results import Scenario
 
     stuck = Scenario(name="cancel-transfer", purpose="test", stopped=STOPPED, idle_after={PREFILL: False})
     (r,) = check("engine-healthy-after", after_isolation(small_request_after=None, idle_after={}, stopped=STOPPED,
@@ -102,9 +102,9 @@ def test_an_engine_that_wedges_on_the_prefix_cache_probes_is_not_healthy_after_t
     scenarios, then it stops answering (its /health still 200, its used-token gauge held)."""
     from support.fake_adapter import FakeEngine, Sent, snapshot
 
+    from kvpreflight._internal.pipeline import run_check
     from kvpreflight.check_plan import CheckPlan
     from kvpreflight.model import Completion
-    from kvpreflight.pipeline import run_check
     from kvpreflight.targets import Target
 
     url = "http://engine:1"

@@ -1,4 +1,4 @@
-"""A new engine is one adapter file plus one registration line (kvpreflight/engine_kinds.py): with
+"""A new engine is one adapter file plus one registration line (kvpreflight/_internal/engine_kinds.py): with
 only those, `check` detects it, accepts it as `--engine`, writes its kind into the report and the
 record, a boot spec takes it and guesses it from its launch command, and `review` finds its
 estimator. tests/support/toy_adapter.py is the adapter; the line is added here."""
@@ -14,14 +14,14 @@ import pytest
 from misbehaving_http import Vllm, _json, _models, fake_engine
 from support.cli import invoke
 
-from kvpreflight import engine_kinds
+from kvpreflight._internal import engine_kinds
+from kvpreflight._internal.engine_kinds import EngineRegistration
+from kvpreflight._internal.review import find_all_launches
+from kvpreflight._internal.review.engines import estimator
 from kvpreflight.boot.spec import guess_engine, parse_spec
-from kvpreflight.engine_kinds import EngineRegistration
-from kvpreflight.review import find_all_launches
-from kvpreflight.review.engines import estimator
 
 TOY = EngineRegistration("toy", "support.toy_adapter:ToyAdapter", "toy /v1/models", (("toyllm",),),
-                         "kvpreflight.review.engines.vllm", (("toyllm", "serve"),))
+                         "kvpreflight._internal.review.engines.vllm", (("toyllm", "serve"),))
 
 
 class Toy(Vllm):
@@ -80,4 +80,4 @@ def test_review_finds_the_new_engines_launch_and_estimates_it_with_the_module_it
     monkeypatch.setitem(engine_kinds.ENGINES, TOY.kind, TOY)
     ((launch,),) = find_all_launches([script])
     assert launch.engine == "toy"
-    assert estimator("toy").__name__ == "kvpreflight.review.engines.vllm"
+    assert estimator("toy").__name__ == "kvpreflight._internal.review.engines.vllm"

@@ -8,11 +8,11 @@ from dataclasses import replace
 
 from support.fake_adapter import FakeAdapter, FakeEngine, snapshot
 
-from kvpreflight.engines.http import HttpClient
-from kvpreflight.engines.interface import Counters
+from kvpreflight._internal.engines.http import HttpClient
+from kvpreflight._internal.engines.interface import Counters
+from kvpreflight._internal.probes import engine_state
+from kvpreflight._internal.probes.engine_state import EngineState, counter_deltas
 from kvpreflight.model import CounterDelta
-from kvpreflight.probes import engine_state
-from kvpreflight.probes.engine_state import EngineState, counter_deltas
 
 
 def test_deltas_cover_counters_known_at_both_moments_only():

@@ -13,13 +13,13 @@ import pytest
 from static_server import static_server, vllm_routes
 
 from kvpreflight import preflight
+from kvpreflight._internal.engine_kinds import ENGINES, EngineRegistration, engine_kinds
 from kvpreflight.check_options import CheckOptions, build_output, build_plan
-from kvpreflight.engine_kinds import ENGINES, EngineRegistration, engine_kinds
 from kvpreflight.formats import FORMATS, write_report
 from kvpreflight.model import Status
 
 TOY_ENGINE = '''
-from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight._internal.engines.vllm import VllmAdapter
 
 
 class ToyAdapter(VllmAdapter):

@@ -7,7 +7,7 @@ import stat
 
 import pytest
 
-from kvpreflight.files import write_atomic
+from kvpreflight._internal.files import write_atomic
 from kvpreflight.formats import FormatError, write_text
 from kvpreflight.record import RecordError, write_record
 

@@ -12,8 +12,8 @@ from dataclasses import replace
 import pytest
 
 from kvpreflight import preflight
-from kvpreflight.builtin_engine.deployment import BuiltinDeployment
-from kvpreflight.demo import demo_spec
+from kvpreflight._internal.builtin_engine.deployment import BuiltinDeployment
+from kvpreflight._internal.demo import demo_spec
 from kvpreflight.errors import ConfigError
 from kvpreflight.fleet import worker
 from kvpreflight.fleet.errors import FleetError

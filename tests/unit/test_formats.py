@@ -469,7 +469,7 @@ def test_markdown_charts_each_known_pool_against_its_context_and_names_the_unkno
 
 
 def test_every_check_id_has_help_and_a_section_in_docs_checks_md():
-    from kvpreflight.checks import CHECK_IDS
+    from kvpreflight._internal.checks import CHECK_IDS
     from kvpreflight.formats.rule_help import RULES
 
     assert set(CHECK_IDS) <= set(RULES)
@@ -574,8 +574,8 @@ def test_a_promise_below_the_served_context_is_shown_as_kv_capacity_judges_it():
     """--context-length 4096 against an engine serving 8,192 with a 6,000-token pool: kv-capacity
     fails at 0.73x, and the table, the JSON and the metrics show the same 8,192 (they once showed
     the promise, 1.46x, beside the fail)."""
-    from kvpreflight.checkdata import load_thresholds
-    from kvpreflight.checks import CheckContext, run_checks
+    from kvpreflight._internal.checkdata import load_thresholds
+    from kvpreflight._internal.checks import CheckContext, run_checks
 
     engine = EngineSnapshot(url=PREFILL, engine="vllm", version="0.32.0", role=Role.UNIFIED, model="m", served_context=8192,
                             pool_readings=(PoolReading("vllm:cache_config_info kv_cache_size_tokens", Origin.SCHEDULER, 6000),))

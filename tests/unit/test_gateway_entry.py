@@ -13,10 +13,10 @@ import pytest
 from support.check_cases import PREFILL, T, check, good_probes, ok, run, snap
 from support.cli import invoke
 
-from kvpreflight.checks import CheckContext
-from kvpreflight.engines.builtin import BuiltinAdapter
-from kvpreflight.engines.http import HttpReply
-from kvpreflight.engines.openai_completions import openai_entry
+from kvpreflight._internal.checks import CheckContext
+from kvpreflight._internal.engines.builtin import BuiltinAdapter
+from kvpreflight._internal.engines.http import HttpReply
+from kvpreflight._internal.engines.openai_completions import openai_entry
 from kvpreflight.model import Completion, CounterDelta, ErrorKind, Status
 
 GATEWAY = "http://gateway:4000"
@@ -156,9 +156,9 @@ def test_a_counter_deficit_still_fails_prompt_integrity_when_another_model_answe
 
 # --entry-model: a gateway knows the engines' model by another name (a LiteLLM model group, an alias).
 def test_entry_model_is_the_name_the_requests_carry_to_the_gateway():
+    from kvpreflight._internal.engines.http import HttpClient
+    from kvpreflight._internal.session import entry_adapter
     from kvpreflight.check_options import CheckOptions, build_plan
-    from kvpreflight.engines.http import HttpClient
-    from kvpreflight.session import entry_adapter
 
     plan = build_plan(CheckOptions(endpoints=(PREFILL,), entry=GATEWAY, entry_api="openai", entry_model="chat-prod"))
     client = HttpClient()

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 import pytest
 from typer.testing import CliRunner
 
-from kvpreflight.cli import app
-from kvpreflight.gpus import inventory
+from kvpreflight._internal.cli import app
+from kvpreflight._internal.gpus import inventory
 
 GIB = 2**30
 

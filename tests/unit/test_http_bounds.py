@@ -25,8 +25,8 @@ import pytest
 from misbehaving_http import PeakRss, chunked, drip_body, drip_headers, drip_stream, drip_tls_handshake, fixed, misbehaving_server, sized
 from support.cli import invoke
 
-from kvpreflight.engines.errors import EngineConfigError, EngineError
-from kvpreflight.engines.http import BodyLimit, BodyTooLarge, EngineTimeout, HttpClient
+from kvpreflight._internal.engines.errors import EngineConfigError, EngineError
+from kvpreflight._internal.engines.http import BodyLimit, BodyTooLarge, EngineTimeout, HttpClient
 from kvpreflight.errors import ConfigError
 
 TIMEOUT_S = 2.0
@@ -344,7 +344,7 @@ def test_a_connection_refused_before_anything_was_sent_is_tried_once_more_and_sa
     the request then reaches the engine, and the reply says it was sent twice."""
     import types
 
-    import kvpreflight.engines.http as http_module
+    import kvpreflight._internal.engines.http as http_module
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Answer, bind_and_activate=False)
     server.server_bind()
@@ -372,7 +372,7 @@ def test_a_connection_refused_before_anything_was_sent_is_tried_once_more_and_sa
 def test_a_connection_refused_twice_is_the_usual_error_after_one_retry(monkeypatch: pytest.MonkeyPatch) -> None:
     import types
 
-    import kvpreflight.engines.http as http_module
+    import kvpreflight._internal.engines.http as http_module
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Answer, bind_and_activate=False)
     server.server_bind()  # never listens

@@ -9,14 +9,11 @@ from dataclasses import replace
 
 import pytest
 
-from kvpreflight.check_options import CheckOptions, build_plan
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks import CHECK_IDS, CheckContext, run_checks
-from kvpreflight.checks.prefix_cache_isolation import GENERIC_FIX
-from kvpreflight.errors import ConfigError
-from kvpreflight.model import Completion, CounterDelta, EngineSnapshot, ErrorKind, Hazard, Role, Status, Waiver
-from kvpreflight.probes.markers import contains_marker, new_marker
-from kvpreflight.probes.results import (
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks import CHECK_IDS, CheckContext, run_checks
+from kvpreflight._internal.checks.prefix_cache_isolation import GENERIC_FIX
+from kvpreflight._internal.probes.markers import contains_marker, new_marker
+from kvpreflight._internal.probes.results import (
     CacheProbe,
     CacheProbeKind,
     DangerLine,
@@ -30,6 +27,9 @@ from kvpreflight.probes.results import (
     Tenant,
     TenantRequest,
 )
+from kvpreflight.check_options import CheckOptions, build_plan
+from kvpreflight.errors import ConfigError
+from kvpreflight.model import Completion, CounterDelta, EngineSnapshot, ErrorKind, Hazard, Role, Status, Waiver
 
 T = load_thresholds()
 ENTRY, DECODE = "http://router:1", "http://decode:2"

@@ -9,18 +9,17 @@ from dataclasses import replace
 import pytest
 from support.fake_adapter import FakeAdapter, FakeEngine, Sent, snapshot
 
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks import CheckContext, run_checks, tenant_isolation
-from kvpreflight.checks.probe_common import danger_entry
-from kvpreflight.engines.http import HttpClient
-from kvpreflight.model import Completion, CounterDelta, EngineSnapshot, Hazard, Role, Status
-from kvpreflight.probes import isolation, occurrence
-from kvpreflight.probes.budget import Budget
-from kvpreflight.probes.capacity import CapacityProber, ProbeSettings, deployment_limits
-from kvpreflight.probes.disconnect import AFTER_FIRST_TOKEN, Departure, RawTarget
-from kvpreflight.probes.isolation import IsolationSettings, run_isolation
-from kvpreflight.probes.isolation_sizes import LONGER_LEAVER_CONDITION, IsolationSizes
-from kvpreflight.probes.results import (
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks import CheckContext, run_checks, tenant_isolation
+from kvpreflight._internal.checks.probe_common import danger_entry
+from kvpreflight._internal.engines.http import HttpClient
+from kvpreflight._internal.probes import isolation, occurrence
+from kvpreflight._internal.probes.budget import Budget
+from kvpreflight._internal.probes.capacity import CapacityProber, ProbeSettings, deployment_limits
+from kvpreflight._internal.probes.disconnect import AFTER_FIRST_TOKEN, Departure, RawTarget
+from kvpreflight._internal.probes.isolation import IsolationSettings, run_isolation
+from kvpreflight._internal.probes.isolation_sizes import LONGER_LEAVER_CONDITION, IsolationSizes
+from kvpreflight._internal.probes.results import (
     CacheProbeKind,
     DangerLine,
     Expect,
@@ -31,8 +30,9 @@ from kvpreflight.probes.results import (
     Tenant,
     TenantRequest,
 )
-from kvpreflight.probes.scenarios import isolation_sizes
-from kvpreflight.probes.session import Connection, ProbeSession
+from kvpreflight._internal.probes.scenarios import isolation_sizes
+from kvpreflight._internal.probes.session import Connection, ProbeSession
+from kvpreflight.model import Completion, CounterDelta, EngineSnapshot, Hazard, Role, Status
 
 URL = "http://engine:1"
 LIMITS = Limits(served_context=8192, pool_tokens=4096, max_accepted=4089)

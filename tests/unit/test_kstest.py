@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvpreflight.checks.kstest import ks_2samp
+from kvpreflight._internal.checks.kstest import ks_2samp
 
 
 @pytest.mark.parametrize(("x", "y", "statistic", "p_value"), [

@@ -11,19 +11,19 @@ from dataclasses import replace
 import pytest
 from support.fake_adapter import FakeAdapter, FakeEngine, FakeSplitLegsAdapter, Sent, snapshot
 
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks import CheckContext, run_checks
-from kvpreflight.engines.http import HttpClient
-from kvpreflight.engines.vllm import LEASE_SETTING, prefill_handoff
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks import CheckContext, run_checks
+from kvpreflight._internal.engines.http import HttpClient
+from kvpreflight._internal.engines.vllm import LEASE_SETTING, prefill_handoff
+from kvpreflight._internal.probes import isolation
+from kvpreflight._internal.probes.budget import Budget
+from kvpreflight._internal.probes.isolation import IsolationSettings, run_isolation
+from kvpreflight._internal.probes.isolation_sizes import IsolationSizes
+from kvpreflight._internal.probes.results import IsolationRun, Limits, ProbeRun, Scenario, ScenarioName
+from kvpreflight._internal.probes.scenarios import LATE_DECODE_CONDITION, Leg, declared, isolation_sizes
+from kvpreflight._internal.probes.session import Connection, ProbeSession
+from kvpreflight._internal.request_plan import GroupPlan
 from kvpreflight.model import Completion, EngineSnapshot, KvDeadline, Role, Status
-from kvpreflight.probes import isolation
-from kvpreflight.probes.budget import Budget
-from kvpreflight.probes.isolation import IsolationSettings, run_isolation
-from kvpreflight.probes.isolation_sizes import IsolationSizes
-from kvpreflight.probes.results import IsolationRun, Limits, ProbeRun, Scenario, ScenarioName
-from kvpreflight.probes.scenarios import LATE_DECODE_CONDITION, Leg, declared, isolation_sizes
-from kvpreflight.probes.session import Connection, ProbeSession
-from kvpreflight.request_plan import GroupPlan
 
 ROUTER, PREFILL, DECODE = "http://router:1", "http://prefill:1", "http://decode:1"
 LIMITS = Limits(served_context=1024, pool_tokens=2304, max_accepted=1023)

@@ -10,20 +10,22 @@ import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "kvpreflight"
+INTERNAL = PACKAGE / "_internal"  # every module not in kvpreflight.PUBLIC_MODULES
 
 # What a check may import from kvpreflight: the shared result types, the probe results, the
 # engine and check vocabularies, the thresholds and advisory data it judges against, and the
 # checks' own interface.
-CHECKS_MAY_IMPORT = ("kvpreflight.model", "kvpreflight.probes.results", "kvpreflight.checkdata", "kvpreflight.checks",
-                     "kvpreflight.engine_kinds", "kvpreflight.check_ids")
+CHECKS_MAY_IMPORT = ("kvpreflight.model", "kvpreflight._internal.probes.results", "kvpreflight._internal.checkdata",
+                     "kvpreflight._internal.checks", "kvpreflight._internal.engine_kinds", "kvpreflight._internal.check_ids")
 
 # Engine metric names and engine settings keys: engine facts that adapters turn into typed fields.
 ENGINE_NAME = re.compile(r"\b(?:sglang|vllm):[a-z_]+|kv_dedicated_per_slot|enable_prefix_caching|disable_radix_cache|kv_unified")
 # What models an engine itself: the adapters, the builtin engine and its command line, the config reviewer.
-ENGINE_MODULES = ("engines", "builtin_engine", "review", "commands/engine.py")
+ENGINE_MODULES = ("_internal/engines", "_internal/builtin_engine", "_internal/review", "_internal/commands/engine.py")
 
 
 def modules(under: Path = PACKAGE) -> list[Path]:
+    assert under.is_dir(), f"{under} is not a folder (moved?)"  # an empty walk would pass every rule
     return sorted(under.rglob("*.py"))
 
 
@@ -39,7 +41,7 @@ def imported(path: Path, root: Path = PACKAGE.parent) -> list[tuple[int, str]]:
             if node.level:
                 parent = package.split(".")[: len(package.split(".")) - node.level + 1]
                 base = ".".join([*parent, base] if base else parent)
-            # `from kvpreflight.probes import results` imports the module kvpreflight.probes.results
+            # `from kvpreflight._internal.probes import results` imports the module kvpreflight._internal.probes.results
             out.extend((node.lineno, f"{base}.{alias.name}") for alias in node.names)
     return out
 
@@ -50,7 +52,7 @@ def _allowed(name: str, allowed: tuple[str, ...]) -> bool:
 
 def test_checks_import_only_results_and_model():
     wrong = []
-    for path in modules(PACKAGE / "checks"):
+    for path in modules(PACKAGE / "_internal" / "checks"):
         for line, name in imported(path):
             if name.startswith("kvpreflight") and not _allowed(name, CHECKS_MAY_IMPORT):
                 wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}")
@@ -59,10 +61,10 @@ def test_checks_import_only_results_and_model():
 
 def test_the_import_walk_sees_function_level_and_relative_imports(tmp_path):
     # The rule above is only as good as the walk: a lazy or relative import counts too.
-    sample = tmp_path / "kvpreflight" / "checks" / "x.py"
+    sample = tmp_path / "kvpreflight" / "_internal" / "checks" / "x.py"
     sample.parent.mkdir(parents=True)
-    sample.write_text("def f():\n    from ..engines import http\n    import kvpreflight.pipeline\n")
-    assert [name for _, name in imported(sample, tmp_path)] == ["kvpreflight.engines.http", "kvpreflight.pipeline"]
+    sample.write_text("def f():\n    from ..engines import http\n    import kvpreflight._internal.pipeline\n")
+    assert [name for _, name in imported(sample, tmp_path)] == ["kvpreflight._internal.engines.http", "kvpreflight._internal.pipeline"]
 
 
 def test_no_engine_metric_or_setting_name_outside_the_adapters():
@@ -74,7 +76,7 @@ def test_no_engine_metric_or_setting_name_outside_the_adapters():
         for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             for found in ENGINE_NAME.findall(line):
                 hits.append(f"{path.relative_to(PACKAGE.parent)}:{number}: {found}")
-    assert not hits, "engine facts belong in kvpreflight/engines/ (typed Counters/EngineSnapshot fields):\n" + "\n".join(hits)
+    assert not hits, "engine facts belong in kvpreflight/_internal/engines/ (typed Counters/EngineSnapshot fields):\n" + "\n".join(hits)
 
 
 # What a check must not match a probe or scenario by: its name as a string (or a prefix of it).
@@ -100,12 +102,12 @@ def probe_names_as_strings(path: Path, root: Path = PACKAGE.parent) -> list[str]
 
 
 def test_checks_find_probes_and_scenarios_only_through_their_enums():
-    hits = [hit for path in modules(PACKAGE / "checks") for hit in probe_names_as_strings(path)]
-    assert not hits, "name a probe by kvpreflight.probes.results.ProbeName (a scenario by ScenarioName):\n" + "\n".join(hits)
+    hits = [hit for path in modules(PACKAGE / "_internal" / "checks") for hit in probe_names_as_strings(path)]
+    assert not hits, "name a probe by kvpreflight._internal.probes.results.ProbeName (a scenario by ScenarioName):\n" + "\n".join(hits)
 
 
 def test_the_probe_name_scan_sees_lookups_prefixes_and_comparisons(tmp_path):
-    sample = tmp_path / "kvpreflight" / "checks" / "x.py"
+    sample = tmp_path / "kvpreflight" / "_internal" / "checks" / "x.py"
     sample.parent.mkdir(parents=True)
     sample.write_text('run.get("clamp")\nrun.named("concurrent-")\np.name.startswith("over-pool")\nok = s.name == "load"\n'
                       'run.get(ProbeName.CLAMP)\nd.get("health")\n')
@@ -124,19 +126,21 @@ ALLOWED_CIRCLES: set[frozenset[str]] = set()
 
 def room(name: str) -> str | None:
     """The top-level module or subpackage of kvpreflight a dotted name is in."""
-    parts = name.split(".")
+    parts, base = name.split("."), PACKAGE
+    if parts[:2] == ["kvpreflight", "_internal"]:  # an internal module's room is its name under _internal
+        parts, base = ["kvpreflight", *parts[2:]], INTERNAL
     if parts[0] != "kvpreflight" or len(parts) < 2:
         return None
-    return parts[1] if (PACKAGE / parts[1]).is_dir() or (PACKAGE / f"{parts[1]}.py").exists() else None
+    return parts[1] if (base / parts[1]).is_dir() or (base / f"{parts[1]}.py").exists() else None
 
 
 def test_the_ground_floor_imports_nothing_above_it():
     wrong = []
     for name in GROUND_FLOOR:
-        path = PACKAGE / f"{name}.py"
+        path = PACKAGE / f"{name}.py" if (PACKAGE / f"{name}.py").exists() else INTERNAL / f"{name}.py"
         for line, imported_name in imported(path):
             if (to := room(imported_name)) is not None and to not in GROUND_FLOOR:
-                wrong.append(f"kvpreflight/{name}.py:{line} imports {imported_name}")
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line} imports {imported_name}")
     assert not wrong, "the ground floor (" + ", ".join(GROUND_FLOOR) + ") imports only itself:\n" + "\n".join(wrong)
 
 
@@ -144,6 +148,7 @@ def test_no_import_circle_across_packages():
     graph: dict[str, set[str]] = {}
     for path in modules():
         parts = path.relative_to(PACKAGE).with_suffix("").parts
+        parts = parts[1:] if parts[0] == "_internal" else parts
         if parts == ("__init__",):
             continue
         for _, name in imported(path):
@@ -191,24 +196,26 @@ def test_the_public_api_is_stated_and_documented():
     assert not problems, "\n".join(problems)
 
 
-# One deployment session (kvpreflight/session.py) opens a deployment for check, --plan, every watch
+# One deployment session (kvpreflight/_internal/session.py) opens a deployment for check, --plan, every watch
 # round and each fleet deployment: what it assembles is not for watch/ or fleet/ to rebuild.
-RUN_INTERNALS = ("kvpreflight.pipeline", "kvpreflight.probes.session", "kvpreflight.routers", "kvpreflight.checks",
-                 "kvpreflight.engines.http", "kvpreflight.engines.HttpClient", "kvpreflight.engines.open_adapter",
-                 "kvpreflight.engines.adapter_class", "kvpreflight.engines.openai_completions")
+RUN_INTERNALS = ("kvpreflight._internal.pipeline", "kvpreflight._internal.probes.session", "kvpreflight._internal.routers",
+                 "kvpreflight._internal.checks",
+                 "kvpreflight._internal.engines.http", "kvpreflight._internal.engines.HttpClient",
+                 "kvpreflight._internal.engines.open_adapter",
+                 "kvpreflight._internal.engines.adapter_class", "kvpreflight._internal.engines.openai_completions")
 
 
 def test_watch_and_fleet_open_a_deployment_only_through_the_session():
     wrong = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
-             for package in ("watch", "fleet") for path in modules(PACKAGE / package)
+             for folder in (INTERNAL / "watch", PACKAGE / "fleet") for path in modules(folder)
              for line, name in imported(path) if _allowed(name, RUN_INTERNALS)]
-    assert not wrong, ("watch/ and fleet/ open a deployment through kvpreflight.session (or kvpreflight.preflight), "
+    assert not wrong, ("watch/ and fleet/ open a deployment through kvpreflight._internal.session (or kvpreflight.preflight), "
                        "never through the run's parts:\n" + "\n".join(wrong))
 
 
 def test_the_run_stage_is_private_to_the_library_entry():
     importers = sorted(str(path.relative_to(PACKAGE.parent)) for path in modules()
-                       if any(_allowed(name, ("kvpreflight.pipeline",)) for _, name in imported(path)))
+                       if any(_allowed(name, ("kvpreflight._internal.pipeline",)) for _, name in imported(path)))
     assert importers == ["kvpreflight/preflight.py"], importers
 
 
@@ -222,9 +229,9 @@ def http_clients_configured(path: Path) -> list[int]:
 
 def test_one_place_configures_an_http_client_from_the_auth_and_tls_options(tmp_path):
     sites = [f"{path.relative_to(PACKAGE.parent)}:{line}" for path in modules()
-             if not path.relative_to(PACKAGE).as_posix().startswith("builtin_engine/")
+             if not path.relative_to(PACKAGE).as_posix().startswith("_internal/builtin_engine/")
              for line in http_clients_configured(path)]
-    assert [site.split(":")[0] for site in sites] == ["kvpreflight/probes/session.py"], sites
+    assert [site.split(":")[0] for site in sites] == ["kvpreflight/_internal/probes/session.py"], sites
     # the scan sees a client built with TLS settings anywhere
     sample = tmp_path / "sample.py"
     sample.write_text("c = HttpClient(ca_bundle=x)\nd = engines.HttpClient(headers=h)\ne = HttpClient(timeout_s=3)\n")
@@ -306,7 +313,7 @@ def module_circles(under: Path = PACKAGE) -> list[list[str]]:
 
 def test_no_import_circle_between_modules_outside_the_builtin_engine():
     # The builtin engine's server and its routes import each other by design.
-    circles = [c for c in module_circles() if not all(m.startswith("kvpreflight.builtin_engine.") for m in c)
+    circles = [c for c in module_circles() if not all(m.startswith("kvpreflight._internal.builtin_engine.") for m in c)
                and {m.rpartition(".")[2] for m in c} not in ALLOWED_CIRCLES]
     assert not circles, "import circles between modules:\n" + "\n".join(" <-> ".join(c) for c in circles)
 
@@ -322,15 +329,16 @@ def test_the_circle_finder_sees_a_lazy_circle_and_not_a_type_only_one(tmp_path):
     assert module_circles(package) == [["kvpreflight.a", "kvpreflight.b"]]
 
 
-# The CLI layer (kvpreflight/commands) only parses and maps errors to exit codes (issue 47).
-COMMANDS = PACKAGE / "commands"
+# The CLI layer (kvpreflight/_internal/commands) only parses and maps errors to exit codes (issue 47).
+COMMANDS = PACKAGE / "_internal" / "commands"
 # What a command module may import from the CLI layer: the shared option declarations, the runner's
 # progress line and the help style. A command importing another command shares its logic, which
 # belongs in the library.
-COMMANDS_MAY_IMPORT = ("kvpreflight.commands.options", "kvpreflight.commands._run", "kvpreflight.commands.helpstyle")
+COMMANDS_MAY_IMPORT = ("kvpreflight._internal.commands.options", "kvpreflight._internal.commands._run",
+                       "kvpreflight._internal.commands.helpstyle")
 # A command that raises an error of its own, and why it is left there.
 OWN_ERRORS = {
-    ("advisories.py", "ConfigError"): "--engine filters the listing by the engine names kvpreflight.checks.advisory_data holds",
+    ("advisories.py", "ConfigError"): "--engine filters the listing by the engine names kvpreflight._internal.checks.advisory_data holds",
 }
 
 
@@ -386,7 +394,7 @@ def test_the_cli_layer_holds_no_rule_between_options():
     library's, so this cannot see a rule hidden in a helper function of the command module that
     raises nothing: the reviewer's part."""
     wrong = [f"{path.name}:{line} imports {name}" for path in modules(COMMANDS) for line, name in imported(path)
-             if name.startswith("kvpreflight.commands.") and not _allowed(name, COMMANDS_MAY_IMPORT)]
+             if name.startswith("kvpreflight._internal.commands.") and not _allowed(name, COMMANDS_MAY_IMPORT)]
     wrong += [hit for path in modules(COMMANDS) for hit in cross_option_raises(path)]
     wrong += [f"{path.name}:{line} builds a {name}" for path in modules(COMMANDS) for name, line in errors_constructed(path)
               if (path.name, name) not in OWN_ERRORS]
@@ -408,11 +416,53 @@ def test_the_rule_scan_sees_nested_and_else_branch_rules_and_lets_exit_codes_pas
 
 
 def test_the_demo_stands_beside_the_fleet_and_watch_not_under_them():
-    """A builtin trio is described in kvpreflight.builtin_engine.deployment; only the one process
+    """A builtin trio is described in kvpreflight._internal.builtin_engine.deployment; only the one process
     that boots it (the fleet's worker) reaches for the demo. The inventory and watch once imported
     the demo module for the description alone, stacking watch over fleet over demo."""
     wrong = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {name}"
-             for package in ("watch", "fleet") for path in modules(PACKAGE / package)
+             for folder in (INTERNAL / "watch", PACKAGE / "fleet") for path in modules(folder)
              if path.name != "worker.py"
-             for line, name in imported(path) if _allowed(name, ("kvpreflight.demo",))]
+             for line, name in imported(path) if _allowed(name, ("kvpreflight._internal.demo",))]
     assert not wrong, "\n".join(wrong)
+
+
+def top_level_strays(package: Path, public: tuple[str, ...]) -> list[str]:
+    """The entries at the top of `package` that are neither public, `_internal`, `__init__`,
+    `__main__` nor data (a folder with no Python in it, or a file that is not Python)."""
+    allowed = {*public, "_internal", "__init__", "__main__"}
+    strays = []
+    for entry in sorted(package.iterdir()):
+        if entry.name == "__pycache__" or (entry.is_dir() and not any(entry.rglob("*.py"))) or \
+                (entry.is_file() and entry.suffix != ".py"):
+            continue
+        if (entry.stem if entry.is_file() else entry.name) not in allowed:
+            strays.append(entry.name)
+    return strays
+
+
+def test_the_package_top_holds_only_the_public_modules():
+    """A reader sees the public API as the top of kvpreflight/: each public module there (with its
+    `__all__`), everything else under `_internal/`, which says it is internal and unstable."""
+    import kvpreflight
+
+    assert top_level_strays(PACKAGE, kvpreflight.PUBLIC_MODULES) == [], (
+        "only the public modules (kvpreflight.PUBLIC_MODULES) live at the top of kvpreflight/; move the rest to _internal/")
+    for short in kvpreflight.PUBLIC_MODULES:
+        path = PACKAGE / short / "__init__.py" if (PACKAGE / short).is_dir() else PACKAGE / f"{short}.py"
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        assigned = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
+        assert "__all__" in assigned, f"kvpreflight.{short} is public and defines no __all__"
+    doc = ast.get_docstring(ast.parse((INTERNAL / "__init__.py").read_text(encoding="utf-8"))) or ""
+    assert "internal" in doc and "no stability guarantee" in doc.lower(), doc
+
+
+def test_the_top_level_scan_sees_a_stray_module_and_skips_data(tmp_path):
+    for name in ("__init__.py", "__main__.py", "model.py", "cli.py"):
+        (tmp_path / name).write_text("")
+    for folder in ("_internal", "boot", "engines"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "schemas").mkdir()
+    (tmp_path / "schemas" / "report.schema.json").write_text("{}")
+    (tmp_path / "py.typed").write_text("")
+    assert top_level_strays(tmp_path, ("model", "boot")) == ["cli.py", "engines"]

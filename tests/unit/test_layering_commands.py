@@ -1,4 +1,4 @@
-"""The library never reaches up into the CLI: only cli.py and __main__.py import kvpreflight.commands,
+"""The library never reaches up into the CLI: only cli.py and __main__.py import kvpreflight._internal.commands,
 and no library module reads or writes sys.argv (the command line is passed down explicitly)."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "kvpreflight"
-CLI_MODULES = {PACKAGE / "cli.py", PACKAGE / "__main__.py"}
+CLI_MODULES = {PACKAGE / "_internal" / "cli.py", PACKAGE / "__main__.py"}
 
 
 def imported_modules(tree: ast.AST) -> set[str]:
@@ -24,14 +24,14 @@ def imported_modules(tree: ast.AST) -> set[str]:
 
 def library_modules() -> list[Path]:
     return [p for p in sorted(PACKAGE.rglob("*.py"))
-            if p not in CLI_MODULES and (PACKAGE / "commands") not in p.parents]
+            if p not in CLI_MODULES and (PACKAGE / "_internal" / "commands") not in p.parents]
 
 
 def test_no_library_module_imports_the_cli_layer():
     offenders = []
     for path in library_modules():
         imports = imported_modules(ast.parse(path.read_text(), str(path)))
-        if any(name == "kvpreflight.commands" or name.startswith("kvpreflight.commands.") for name in imports):
+        if any(name == "kvpreflight._internal.commands" or name.startswith("kvpreflight._internal.commands.") for name in imports):
             offenders.append(str(path.relative_to(PACKAGE)))
     assert offenders == []
 
@@ -50,15 +50,15 @@ def test_no_library_module_uses_sys_argv():
 
 
 def test_the_scan_sees_imports_inside_functions():
-    tree = ast.parse("def f():\n    from kvpreflight.commands.check import register\n")
-    assert "kvpreflight.commands.check" in imported_modules(tree)
+    tree = ast.parse("def f():\n    from kvpreflight._internal.commands.check import register\n")
+    assert "kvpreflight._internal.commands.check" in imported_modules(tree)
 
 
 def test_cli_choices_come_from_the_registries():
     """--engine and --format help list exactly what the registries hold (no copy to drift)."""
+    from kvpreflight._internal.commands.options import ENGINE_HELP, FORMAT_HELP
+    from kvpreflight._internal.engines import ENGINES
     from kvpreflight.boot.spec import router_only_kinds, spec_engine_kinds
-    from kvpreflight.commands.options import ENGINE_HELP, FORMAT_HELP
-    from kvpreflight.engines import ENGINES
     from kvpreflight.formats import FORMATS
 
     shipped = [name for name in ENGINES if name != "fake"]  # `fake`: the unit tier's own (tests/unit/conftest.py)

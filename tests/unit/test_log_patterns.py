@@ -11,10 +11,10 @@ import time
 
 import pytest
 
-from kvpreflight.engines import ENGINES, adapter_class, llamacpp, sglang, tgi, vllm
-from kvpreflight.engines.log_patterns import MAX_LOG_LINE_CHARS, log_lines
-from kvpreflight.files import FileKind
-from kvpreflight.routers import ROUTERS, router_class
+from kvpreflight._internal.engines import ENGINES, adapter_class, llamacpp, sglang, tgi, vllm
+from kvpreflight._internal.engines.log_patterns import MAX_LOG_LINE_CHARS, log_lines
+from kvpreflight._internal.files import FileKind
+from kvpreflight._internal.routers import ROUTERS, router_class
 
 TEN_MIB = 10 << 20
 

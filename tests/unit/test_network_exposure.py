@@ -22,14 +22,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.fake_adapter import FakeEngine, snapshot
 
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks.interface import CheckContext
+from kvpreflight._internal.checks.network_exposure import evaluate
+from kvpreflight._internal.engines.listeners import from_log, identify, log_listeners
+from kvpreflight._internal.pipeline import run_check
 from kvpreflight.boot.sockets import SocketsUnreadable, listening, listening_rows
 from kvpreflight.check_plan import CheckPlan
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks.interface import CheckContext
-from kvpreflight.checks.network_exposure import evaluate
-from kvpreflight.engines.listeners import from_log, identify, log_listeners
 from kvpreflight.model import ListenerKind, ProcessListeners, Status
-from kvpreflight.pipeline import run_check
 from kvpreflight.targets import Target
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

@@ -10,13 +10,16 @@ from typing import Any
 
 import pytest
 
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks import CheckContext, run_checks
-from kvpreflight.engines.http import HttpClient
-from kvpreflight.engines.log_patterns import LogSignal
-from kvpreflight.engines.sglang import SglangAdapter
-from kvpreflight.engines.untrusted import parse_metrics
-from kvpreflight.engines.vllm import LEASE_SETTING, VllmAdapter
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks import CheckContext, run_checks
+from kvpreflight._internal.engines.http import HttpClient
+from kvpreflight._internal.engines.log_patterns import LogSignal
+from kvpreflight._internal.engines.sglang import SglangAdapter
+from kvpreflight._internal.engines.untrusted import parse_metrics
+from kvpreflight._internal.engines.vllm import LEASE_SETTING, VllmAdapter
+from kvpreflight._internal.probes.logs import LogWatch, named_by_request_id
+from kvpreflight._internal.probes.results import DangerLine, Expect, Limits, ProbeResult, ProbeRun
+from kvpreflight._internal.routers.vllm_router import VllmRouter
 from kvpreflight.model import (
     TRANSFER_SECONDS,
     TRANSFERS_TIMED,
@@ -30,9 +33,6 @@ from kvpreflight.model import (
     Status,
     Waiver,
 )
-from kvpreflight.probes.logs import LogWatch, named_by_request_id
-from kvpreflight.probes.results import DangerLine, Expect, Limits, ProbeResult, ProbeRun
-from kvpreflight.routers.vllm_router import VllmRouter
 
 PREFILL, DECODE, ENTRY = "http://p:1", "http://d:2", "http://router:3"
 PD = (PREFILL, DECODE)
@@ -366,7 +366,7 @@ def test_a_calibration_that_stalled_is_no_evidence_against_the_prompt_at_the_lim
 
 
 def test_sglang_pd_roles_carry_their_pd_timeout_stated_or_at_sglangs_default() -> None:
-    from kvpreflight.engines.sglang import pd_timeouts
+    from kvpreflight._internal.engines.sglang import pd_timeouts
 
     assert pd_timeouts({}, Role.DECODE, "http://d:2") == (
         KvDeadline(seconds=300, setting="SGLANG_DISAGGREGATION_WAITING_TIMEOUT", stated=False),)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from support.fake_adapter import FakeEngine, snapshot
 
+from kvpreflight._internal.pipeline import run_check
 from kvpreflight.check_plan import CheckPlan
 from kvpreflight.model import Role, Status
-from kvpreflight.pipeline import run_check
 from kvpreflight.targets import Target
 
 PROBE_CHECKS = ("overcapacity-rejected", "prompt-integrity", "max-tokens-clamp", "concurrent-capacity", "engine-healthy-after")

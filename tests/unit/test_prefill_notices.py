@@ -10,16 +10,16 @@ from pathlib import Path
 
 from support.fake_adapter import FakeAdapter, FakeEngine, FakeSplitLegsAdapter, Sent, snapshot
 
-from kvpreflight.engines.http import HttpClient
-from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight._internal.engines.http import HttpClient
+from kvpreflight._internal.engines.vllm import VllmAdapter
+from kvpreflight._internal.probes.budget import TINY_TOKENS, Budget
+from kvpreflight._internal.probes.isolation import IsolationSettings, run_isolation
+from kvpreflight._internal.probes.isolation_sizes import IsolationSizes
+from kvpreflight._internal.probes.logs import LogWatch
+from kvpreflight._internal.probes.results import IsolationRun, Limits, ScenarioName
+from kvpreflight._internal.probes.scenarios import NOTICES_CONDITION, NOTICES_REQUEST, declared, isolation_sizes
+from kvpreflight._internal.probes.session import Connection, ProbeSession
 from kvpreflight.model import Completion, Role
-from kvpreflight.probes.budget import TINY_TOKENS, Budget
-from kvpreflight.probes.isolation import IsolationSettings, run_isolation
-from kvpreflight.probes.isolation_sizes import IsolationSizes
-from kvpreflight.probes.logs import LogWatch
-from kvpreflight.probes.results import IsolationRun, Limits, ScenarioName
-from kvpreflight.probes.scenarios import NOTICES_CONDITION, NOTICES_REQUEST, declared, isolation_sizes
-from kvpreflight.probes.session import Connection, ProbeSession
 
 ROUTER, PREFILL, DECODE = "http://router:1", "http://prefill:1", "http://decode:1"
 LIMITS = Limits(served_context=1024, pool_tokens=2304, max_accepted=1023)

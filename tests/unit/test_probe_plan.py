@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from kvpreflight.probes.budget import PlannedRequest
-from kvpreflight.probes.results import Expect, Limits
-from kvpreflight.request_plan import GroupPlan, GroupPreview, PlanTooCostly, render, to_dict
+from kvpreflight._internal.probes.budget import PlannedRequest
+from kvpreflight._internal.probes.results import Expect, Limits
+from kvpreflight._internal.request_plan import GroupPlan, GroupPreview, PlanTooCostly, render, to_dict
 
 LIMITS = Limits(served_context=1000, pool_tokens=4000, max_accepted=993)
 ALWAYS = (PlannedRequest("boundary-accept", 993, 1, Expect.ACCEPT), PlannedRequest("over-context", 1001, 96, Expect.REJECT))

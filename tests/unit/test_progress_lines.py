@@ -7,7 +7,7 @@ import io
 import re
 import time
 
-from kvpreflight.terminal import progress_to_stderr
+from kvpreflight._internal.terminal import progress_to_stderr
 
 
 def test_each_plain_progress_line_says_when_its_step_began():
@@ -47,8 +47,8 @@ def test_check_boot_hands_its_progress_to_the_boot(monkeypatch, tmp_path):
 
     import kvpreflight.boot
     from kvpreflight import preflight
+    from kvpreflight._internal.demo import BuiltinDeployment, demo_spec
     from kvpreflight.check_plan import CheckPlan
-    from kvpreflight.demo import BuiltinDeployment, demo_spec
     from kvpreflight.errors import NotMeasured
 
     @contextlib.contextmanager

@@ -89,7 +89,7 @@ def test_fleet_inventories_from_any_yaml_value(data: Any) -> None:
 @example(b"[" * 5000)  # PyYAML composes recursively: deep nesting was a RecursionError
 @example(b"- " * 5000 + b"x")
 def test_yaml_bytes_load_or_fail_in_one_line(raw: bytes) -> None:
-    from kvpreflight.fields import load_yaml
+    from kvpreflight._internal.fields import load_yaml
 
     try:
         load_yaml(raw, "x.yaml")

@@ -25,11 +25,11 @@ from record_support import sample_report
 from support.engine_routes import FIXTURES, KINDS, info_routes
 from support.properties import mutations, yaml_values
 
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.engines import adapter_class
-from kvpreflight.engines.http import BodyLimit, HttpClient, HttpReply, StreamReply
-from kvpreflight.engines.interface import EngineAdapter, EngineRequest
-from kvpreflight.engines.untrusted import parse_metrics
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.engines import adapter_class
+from kvpreflight._internal.engines.http import BodyLimit, HttpClient, HttpReply, StreamReply
+from kvpreflight._internal.engines.interface import EngineAdapter, EngineRequest
+from kvpreflight._internal.engines.untrusted import parse_metrics
 from kvpreflight.errors import KvpreflightError
 from kvpreflight.model import Completion, EngineSnapshot
 from kvpreflight.record.predicate import FLEET_PREDICATE_TYPE
@@ -298,9 +298,9 @@ LAUNCHES = (
 
 
 def _review(manifest: Path, model_dir: Path | None) -> list[Any] | None:
-    from kvpreflight.review import estimate_files
-    from kvpreflight.review.check import judge
-    from kvpreflight.review.estimate import Estimate, ReviewInputs
+    from kvpreflight._internal.review import estimate_files
+    from kvpreflight._internal.review.check import judge
+    from kvpreflight._internal.review.estimate import Estimate, ReviewInputs
 
     results = bounded(estimate_files, [manifest], ReviewInputs(model_dir=model_dir, gpu="H100 80GB"))
     for result in results or []:

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from record_support import APP, APP_DIGEST, load, make_keys, record_text, run_cli, sample_report, write_signed
 
+from kvpreflight._internal.checkdata import data_dir
 from kvpreflight.check_plan import OutputPlan
-from kvpreflight.checkdata import data_dir
 from kvpreflight.errors import ConfigError
 from kvpreflight.model import CheckResult, Report, Status, Waiver
 from kvpreflight.preflight import prepare_record, publish

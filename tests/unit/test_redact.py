@@ -11,9 +11,9 @@ from urllib.parse import quote, quote_plus
 import pytest
 from record_support import sample_report
 
+from kvpreflight._internal.redact import REDACTED, env_secrets, redact, redact_report, secrets_of
 from kvpreflight.formats import write_report
 from kvpreflight.model import Status
-from kvpreflight.redact import REDACTED, env_secrets, redact, redact_report, secrets_of
 
 SECRET = "sk-tenant-a/7f3e91+Zq=="  # '/', '+' and '=' change under URL encoding and base64
 

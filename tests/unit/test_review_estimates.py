@@ -17,12 +17,12 @@ from pathlib import Path
 
 import pytest
 
+from kvpreflight._internal.review import review
+from kvpreflight._internal.review.engines.sglang import default_mem_fraction_static
+from kvpreflight._internal.review.estimate import ReviewInputs
+from kvpreflight._internal.review.hfconfig import load_model
+from kvpreflight._internal.review.interface import ReviewError
 from kvpreflight.model import Status
-from kvpreflight.review import review
-from kvpreflight.review.engines.sglang import default_mem_fraction_static
-from kvpreflight.review.estimate import ReviewInputs
-from kvpreflight.review.hfconfig import load_model
-from kvpreflight.review.interface import ReviewError
 
 FIX = Path(__file__).parents[1] / "fixtures" / "review"
 MODELS = FIX / "models"

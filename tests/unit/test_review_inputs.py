@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from kvpreflight.review.commandline import find_launches, tokenize
-from kvpreflight.review.engines import sglang, vllm
-from kvpreflight.review.flags import parse_args
-from kvpreflight.review.interface import ReviewError
-from kvpreflight.review.sources import read_sites
+from kvpreflight._internal.review.commandline import find_launches, tokenize
+from kvpreflight._internal.review.engines import sglang, vllm
+from kvpreflight._internal.review.flags import parse_args
+from kvpreflight._internal.review.interface import ReviewError
+from kvpreflight._internal.review.sources import read_sites
 
 
 def launches(path: Path):

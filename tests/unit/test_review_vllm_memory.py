@@ -3,7 +3,7 @@ functions. tests/fixtures/review/engine_reference.json holds what those function
 ``benchmarks/engine_reference.py`` ran them with vLLM 0.32's Python (CUDA-graph capture sizes,
 batch defaults, ``_get_and_verify_max_len``) and SGLang 0.5.23's ``get_context_length`` taken
 verbatim from its wheel, no GPU needed. The terms vLLM measures on the GPU are bands whose
-formulas are in kvpreflight/review/engines/vllm_memory.py (file and function cited there)."""
+formulas are in kvpreflight/_internal/review/engines/vllm_memory.py (file and function cited there)."""
 
 from __future__ import annotations
 
@@ -13,18 +13,18 @@ from pathlib import Path
 
 import pytest
 
-from kvpreflight.model import Status
-from kvpreflight.review import review
-from kvpreflight.review.context_limit import sglang_limit, vllm_limit
-from kvpreflight.review.engines.vllm_memory import (
+from kvpreflight._internal.review import review
+from kvpreflight._internal.review.context_limit import sglang_limit, vllm_limit
+from kvpreflight._internal.review.engines.vllm_memory import (
     batch_defaults,
     cudagraph_capture_sizes,
     requested_bytes,
     reserve_terms,
 )
-from kvpreflight.review.estimate import ReviewInputs
-from kvpreflight.review.gpus import lookup
-from kvpreflight.review.hfconfig import load_model
+from kvpreflight._internal.review.estimate import ReviewInputs
+from kvpreflight._internal.review.gpus import lookup
+from kvpreflight._internal.review.hfconfig import load_model
+from kvpreflight.model import Status
 
 FIX = Path(__file__).parents[1] / "fixtures" / "review"
 MODELS = FIX / "models"

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from static_server import static_server, vllm_routes
 
-from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.http import HttpClient
-from kvpreflight.engines.vllm import LEASE_SETTING, VllmAdapter
+from kvpreflight._internal.engines.errors import EngineError
+from kvpreflight._internal.engines.http import HttpClient
+from kvpreflight._internal.engines.vllm import LEASE_SETTING, VllmAdapter
+from kvpreflight._internal.routers import open_router
+from kvpreflight._internal.routers.interface import RouterListing, RouterWorker, workers_listed
 from kvpreflight.formats import get_format
 from kvpreflight.model import EngineSnapshot, KvDeadline, Report, Role, RoleSource
-from kvpreflight.routers import open_router
-from kvpreflight.routers.interface import RouterListing, RouterWorker, workers_listed
 from kvpreflight.schema import report_from_dict, report_to_dict
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures"

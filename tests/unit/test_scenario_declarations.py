@@ -1,4 +1,4 @@
-"""The isolation scenarios are declared once (kvpreflight/probes/scenarios.py): `check --plan` and
+"""The isolation scenarios are declared once (kvpreflight/_internal/probes/scenarios.py): `check --plan` and
 the prober both iterate that declaration, so changing one scenario's entry changes what the plan
 says and what the prober sends, with no other edit."""
 
@@ -12,13 +12,13 @@ from misbehaving_http import Sglang, fake_engine
 from support.cli import invoke
 from support.fake_adapter import FakeAdapter, FakeEngine, snapshot
 
-from kvpreflight.engines.http import HttpClient
-from kvpreflight.probes import scenarios
-from kvpreflight.probes.budget import Budget
-from kvpreflight.probes.isolation import IsolationSettings, run_isolation
-from kvpreflight.probes.isolation_sizes import LONGER_LEAVER_CONDITION, IsolationSizes
-from kvpreflight.probes.results import Limits, ScenarioName, Tenant
-from kvpreflight.probes.session import ProbeSession
+from kvpreflight._internal.engines.http import HttpClient
+from kvpreflight._internal.probes import scenarios
+from kvpreflight._internal.probes.budget import Budget
+from kvpreflight._internal.probes.isolation import IsolationSettings, run_isolation
+from kvpreflight._internal.probes.isolation_sizes import LONGER_LEAVER_CONDITION, IsolationSizes
+from kvpreflight._internal.probes.results import Limits, ScenarioName, Tenant
+from kvpreflight._internal.probes.session import ProbeSession
 
 URL = "http://engine:1"
 LIMITS = Limits(served_context=8192, pool_tokens=4096, max_accepted=4089)

@@ -16,13 +16,13 @@ from hypothesis import strategies as st
 from support.cli import invoke
 from support.echo_engine import echo_engine
 
+from kvpreflight._internal.engines import http, untrusted
+from kvpreflight._internal.engines.errors import EngineError
+from kvpreflight._internal.redact import CUT_MARK, MIN_FRAGMENT_CHARS, REDACTED, Redactor, cut, secret_forms
 from kvpreflight.boot.progress import clip
-from kvpreflight.engines import http, untrusted
-from kvpreflight.engines.errors import EngineError
 from kvpreflight.fleet import job, report
 from kvpreflight.fleet.runners import ray
 from kvpreflight.model import CheckResult, Report, Status
-from kvpreflight.redact import CUT_MARK, MIN_FRAGMENT_CHARS, REDACTED, Redactor, cut, secret_forms
 
 # '"' and '\' change under JSON escaping and repr, '/', '+' and '=' under URL encoding.
 KEY = 'sk-live"7f/3e+91\\Zq==Aa0123456789abcd'

@@ -11,10 +11,10 @@ import pytest
 from static_server import static_server
 from support.cli import invoke
 
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks import CheckContext, run_checks
-from kvpreflight.checks.advisory_data import load_advisories
-from kvpreflight.engines import HttpClient, open_adapter
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks import CheckContext, run_checks
+from kvpreflight._internal.checks.advisory_data import load_advisories
+from kvpreflight._internal.engines import HttpClient, open_adapter
 from kvpreflight.model import ErrorKind, Origin, Role, Status
 
 FIX = Path(__file__).parents[1] / "fixtures" / "sglang"
@@ -161,9 +161,9 @@ def test_kv_canary_setting_is_read_from_server_info_and_off_is_recommended_on():
 
 
 def test_kv_canary_violation_and_stats_lines_become_danger_lines_with_slot_position_and_reason(tmp_path):
-    from kvpreflight.engines.sglang import SglangAdapter
+    from kvpreflight._internal.engines.sglang import SglangAdapter
+    from kvpreflight._internal.probes.logs import LogWatch
     from kvpreflight.model import Hazard
-    from kvpreflight.probes.logs import LogWatch
 
     log = tmp_path / "decode.log"
     log.write_text("")
@@ -205,9 +205,9 @@ def test_counters_without_realtime_tokens_fall_back_to_prompt_less_cached():
 
 
 def test_a_handoff_timeout_warning_becomes_a_danger_line_naming_the_setting_to_raise(tmp_path):
-    from kvpreflight.engines.sglang import SglangAdapter
+    from kvpreflight._internal.engines.sglang import SglangAdapter
+    from kvpreflight._internal.probes.logs import LogWatch
     from kvpreflight.model import Hazard
-    from kvpreflight.probes.logs import LogWatch
 
     log = tmp_path / "decode.log"
     log.write_text("")

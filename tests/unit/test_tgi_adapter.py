@@ -16,13 +16,13 @@ import pytest
 from static_server import static_server
 from support.cli import invoke
 
-from kvpreflight.engines import HttpClient, open_adapter
-from kvpreflight.engines.builtin import BuiltinAdapter
-from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.llamacpp import LlamaCppAdapter
-from kvpreflight.engines.sglang import SglangAdapter
-from kvpreflight.engines.tgi import TgiAdapter
-from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight._internal.engines import HttpClient, open_adapter
+from kvpreflight._internal.engines.builtin import BuiltinAdapter
+from kvpreflight._internal.engines.errors import EngineError
+from kvpreflight._internal.engines.llamacpp import LlamaCppAdapter
+from kvpreflight._internal.engines.sglang import SglangAdapter
+from kvpreflight._internal.engines.tgi import TgiAdapter
+from kvpreflight._internal.engines.vllm import VllmAdapter
 from kvpreflight.model import ErrorKind, Origin
 
 FIXTURES = Path(__file__).parents[1] / "fixtures"

@@ -11,10 +11,10 @@ import pytest
 from static_server import static_server
 from support.cli import invoke
 
-from kvpreflight.engines import HttpClient, open_adapter
-from kvpreflight.engines.errors import EngineError
-from kvpreflight.engines.trtllm import TrtllmAdapter
-from kvpreflight.engines.vllm import VllmAdapter
+from kvpreflight._internal.engines import HttpClient, open_adapter
+from kvpreflight._internal.engines.errors import EngineError
+from kvpreflight._internal.engines.trtllm import TrtllmAdapter
+from kvpreflight._internal.engines.vllm import VllmAdapter
 from kvpreflight.model import ContextHazard, ErrorKind, Origin
 
 FIX = Path(__file__).parents[1] / "fixtures" / "trtllm"

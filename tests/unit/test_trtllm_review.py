@@ -1,5 +1,5 @@
 """`kvpreflight review` of a trtllm-serve launch and its --config / --extra_llm_api_options YAML:
-the pool it will size (kvpreflight/review/engines/trtllm.py), and the warning that a KV cache too
+the pool it will size (kvpreflight/_internal/review/engines/trtllm.py), and the warning that a KV cache too
 small for max_seq_len is cut rather than refused unless --fail_fast_on_attention_window_too_large
 is set (advisory KVPF-TRTLLM-2026-001)."""
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from kvpreflight._internal.review import review
+from kvpreflight._internal.review.estimate import ReviewInputs
+from kvpreflight._internal.review.interface import ReviewError
 from kvpreflight.model import Status
-from kvpreflight.review import review
-from kvpreflight.review.estimate import ReviewInputs
-from kvpreflight.review.interface import ReviewError
 
 MODELS = Path(__file__).parents[1] / "fixtures" / "review" / "models"
 CLAMP = "KVPF-TRTLLM-2026-001"

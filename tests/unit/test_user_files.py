@@ -1,7 +1,7 @@
 """Every file a user names is read bounded (issue 28): every option of every command that takes a
 path, given a pipe nobody writes to, /dev/zero, a sparse file past its cap, a folder and a loop of
 symbolic links, exits 2 at once with one line naming the file, never blocks, never reads without
-end. And nothing in the package opens or reads a file outside kvpreflight/files.py."""
+end. And nothing in the package opens or reads a file outside kvpreflight/_internal/files.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import pytest
 from record_support import make_keys, write_signed
 from support.cli import invoke
 
-from kvpreflight.files import FileKind, read_bytes, read_tail
+from kvpreflight._internal.files import FileKind, read_bytes, read_tail
 from kvpreflight.record import RecordError
 
 REPO = Path(__file__).parents[2]
@@ -180,7 +180,7 @@ def test_a_logs_tail_is_read_bounded_and_whole_lines_only(tmp_path: Path) -> Non
     assert text.startswith(line.decode())  # the line the cap cut through is dropped, the next kept whole
 
 
-# Package reads and writes kept outside kvpreflight/files.py, each for its reason.
+# Package reads and writes kept outside kvpreflight/_internal/files.py, each for its reason.
 ALLOWED: dict[tuple[str, str], str] = {
     ("boot/readiness.py", "open"): "urllib's OpenerDirector.open: an HTTP request, not a file",
 }
@@ -204,10 +204,10 @@ def test_no_module_but_files_py_opens_or_reads_a_file() -> None:
     found = []
     for path in sorted(PACKAGE.rglob("*.py")):
         where = str(path.relative_to(PACKAGE))
-        if where != "files.py":
+        if where != "_internal/files.py":
             found += [f"{where}:{line}: {name}(...)" for line, name in file_calls(path.read_text())
                       if (where, name) not in ALLOWED]
-    assert found == [], "read and write files through kvpreflight/files.py:\n" + "\n".join(found)
+    assert found == [], "read and write files through kvpreflight/_internal/files.py:\n" + "\n".join(found)
 
 
 def test_the_scan_sees_each_way_of_opening_a_file() -> None:

@@ -11,7 +11,7 @@ import pytest
 import typer
 from record_support import APP_DIGEST, make_keys, run_cli, sample_report, write_signed
 
-from kvpreflight.cli import app
+from kvpreflight._internal.cli import app
 from kvpreflight.record import RecordError
 from kvpreflight.record.gate import verify_files
 from kvpreflight.record.verify import DEFAULT_MAX_AGE

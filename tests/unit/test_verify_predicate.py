@@ -106,8 +106,8 @@ def test_a_record_written_with_predicate_schema_1_shows_its_pool_as_before():
 
 
 def test_verify_and_watch_read_the_predicate_through_one_reader(tmp_path, keys, monkeypatch):
+    from kvpreflight._internal.watch.drift import load_baseline
     from kvpreflight.record import Policy, load_public_key, read_record, verify_envelope
-    from kvpreflight.watch.drift import load_baseline
 
     read: list[ReleasePredicate] = []
     real = ReleasePredicate.from_dict.__func__  # type: ignore[attr-defined]

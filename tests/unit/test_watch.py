@@ -17,17 +17,17 @@ import pytest
 from support.cli import invoke
 from support.fake_adapter import FakeAdapter, FakeEngine, snapshot
 
+from kvpreflight._internal.engines.interface import retry_after
+from kvpreflight._internal.watch.budget import BudgetPlan, HourlySpend
+from kvpreflight._internal.watch.canaries import SYNTHETIC_HEADER
+from kvpreflight._internal.watch.drift import Baseline, drift_findings
+from kvpreflight._internal.watch.findings import FindingKind, RoundOutcome
+from kvpreflight._internal.watch.loop import Watcher, WatchSettings
+from kvpreflight._internal.watch.metrics import WatchMetrics
+from kvpreflight._internal.watch.service import ServiceOutputs, parse_listen, run_service
 from kvpreflight.check_plan import CheckPlan
-from kvpreflight.engines.interface import retry_after
 from kvpreflight.model import Completion, Role
 from kvpreflight.targets import Target
-from kvpreflight.watch.budget import BudgetPlan, HourlySpend
-from kvpreflight.watch.canaries import SYNTHETIC_HEADER
-from kvpreflight.watch.drift import Baseline, drift_findings
-from kvpreflight.watch.findings import FindingKind, RoundOutcome
-from kvpreflight.watch.loop import Watcher, WatchSettings
-from kvpreflight.watch.metrics import WatchMetrics
-from kvpreflight.watch.service import ServiceOutputs, parse_listen, run_service
 
 URL = "http://engine:1"
 SUBJECT = "image=sha256:" + "ab" * 32
@@ -159,7 +159,7 @@ def test_danger_counters_are_findings_only_for_their_delta_since_the_last_round(
 
 
 def test_what_moved_while_the_metrics_were_unreadable_is_counted_when_they_answer_again(fake_engines, monkeypatch):
-    from kvpreflight.engines.errors import EngineError
+    from kvpreflight._internal.engines.errors import EngineError
 
     engine = FakeEngine(snapshot(URL))
     engine.counters = replace(engine.counters, stale_kv_reads=0)
@@ -389,7 +389,7 @@ class _Handler:
     def __init__(self, host: str) -> None:
         from types import SimpleNamespace
 
-        from kvpreflight.builtin_engine.config import EngineConfig
+        from kvpreflight._internal.builtin_engine.config import EngineConfig
         from kvpreflight.model import ProcessRole
 
         self.server = SimpleNamespace(server_address=(host, 1))
@@ -401,8 +401,8 @@ class _Handler:
 
 
 def test_the_fault_switch_is_refused_unless_the_engine_listens_on_loopback():
-    from kvpreflight.builtin_engine.admin import set_faults
-    from kvpreflight.builtin_engine.config import Fault
+    from kvpreflight._internal.builtin_engine.admin import set_faults
+    from kvpreflight._internal.builtin_engine.config import Fault
 
     public = _Handler("0.0.0.0")
     set_faults(public, {"faults": ["leak-streamed"]})
@@ -421,8 +421,8 @@ def test_an_engines_429_over_http_carries_its_retry_after():
     """The adapter keeps a 429's Retry-After (vLLM's /v1/completions shape, in-process HTTP)."""
     from static_server import static_server
 
-    from kvpreflight.engines.http import HttpClient
-    from kvpreflight.engines.vllm import VllmAdapter
+    from kvpreflight._internal.engines.http import HttpClient
+    from kvpreflight._internal.engines.vllm import VllmAdapter
 
     routes = {"POST /v1/completions": (429, "application/json", {"error": {"message": "too many requests"}},
                                        {"Retry-After": "12"})}
@@ -438,7 +438,7 @@ def test_an_engines_429_over_http_carries_its_retry_after():
 def test_an_entry_that_cannot_be_asked_for_its_limits_is_a_finding_not_a_lost_round(fake_engines, monkeypatch):
     """The canaries are sized from the entry's limits; an entry that cannot be asked is unreachable
     this round (a finding naming why), never a round that looks stopped by a signal."""
-    from kvpreflight.engines.errors import EngineError
+    from kvpreflight._internal.engines.errors import EngineError
 
     FakeEngine(snapshot(URL))
 

@@ -93,13 +93,13 @@ def test_a_watch_round_and_a_check_judge_one_engine_alike(fake_engines, monkeypa
     over-capacity and near-context requests and judge them through one code path (the deployment
     session's `judge`), to the same verdict and message."""
     from kvpreflight import preflight
-    from kvpreflight.check_ids import CheckId
+    from kvpreflight._internal.check_ids import CheckId
+    from kvpreflight._internal.probes.results import ProbeName
+    from kvpreflight._internal.session import DeploymentSession
+    from kvpreflight._internal.watch.budget import BudgetPlan
+    from kvpreflight._internal.watch.loop import Watcher, WatchSettings
     from kvpreflight.check_options import CheckOptions, build_plan
     from kvpreflight.model import Status
-    from kvpreflight.probes.results import ProbeName
-    from kvpreflight.session import DeploymentSession
-    from kvpreflight.watch.budget import BudgetPlan
-    from kvpreflight.watch.loop import Watcher, WatchSettings
 
     def serves_anything(engine, sent):
         return Completion(sent_tokens=sent.tokens, max_tokens=sent.max_tokens, streamed=sent.stream, status=200,

@@ -54,7 +54,7 @@ def test_yaml_nested_hundreds_deep_is_refused_in_one_line(tmp_path: Path, comman
 
 
 def test_yaml_nested_as_deep_as_real_files_loads() -> None:
-    from kvpreflight.fields import load_yaml
+    from kvpreflight._internal.fields import load_yaml
 
     assert load_yaml("a: " + "[" * 60 + "1" + "]" * 60, "ok.yaml") is not None
 
@@ -68,7 +68,7 @@ def test_a_boot_spec_that_is_not_text_is_one_line_exit_2(tmp_path: Path) -> None
 
 
 def test_yaml_with_a_few_aliases_still_loads() -> None:
-    from kvpreflight.fields import load_yaml
+    from kvpreflight._internal.fields import load_yaml
 
     assert load_yaml("base: &b {n: 1}\nother: *b\n", "ok.yaml") == {"base": {"n": 1}, "other": {"n": 1}}
 
@@ -85,8 +85,8 @@ def test_an_error_about_a_file_that_is_not_a_spec_does_not_print_the_file(tmp_pa
 
 @pytest.mark.parametrize("tag", ["!!python/object/apply:os.system ['true']", "!!python/name:os.system"])
 def test_a_python_tag_is_still_refused_next_to_a_merge_key(tag: str) -> None:
+    from kvpreflight._internal.fields import load_yaml
     from kvpreflight.errors import ConfigError
-    from kvpreflight.fields import load_yaml
 
     assert load_yaml("base: &b {a: 1}\nx: {<<: *b, c: 2}\n", "spec.yaml") == {"base": {"a": 1}, "x": {"a": 1, "c": 2}}
     with pytest.raises(ConfigError, match="spec.yaml: not valid YAML"):

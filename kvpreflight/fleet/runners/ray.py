@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from types import ModuleType
 from typing import Any
 
+from kvpreflight._internal.redact import cut
 from kvpreflight.fleet.errors import FleetError
 from kvpreflight.fleet.job import JobSettings, Outcome, run_batch
 from kvpreflight.fleet.runners.interface import Batch, Events, Runner, batch_deadline_s, batch_failed, describe
-from kvpreflight.redact import cut
 
 INSTALL_HINT = "install it with: pip install 'kvpreflight[fleet]' (or pip install 'ray>=2.9')"
 RESOURCE_SHARE = 0.001
