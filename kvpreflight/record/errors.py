@@ -24,6 +24,12 @@ class PredicateError(RecordError):
         error.problems = tuple(problems)
         return error
 
+    def under(self, name: str) -> PredicateError:
+        """The same error named under `name`, its problems kept (the base rebuilds from the message)."""
+        error = type(self)(f"{name}: {self}")
+        error.problems = self.problems
+        return error
+
 
 class RecordRefused(RecordError, Refused):
     """A record that was read fine but is not accepted by ``verify``: exit 1."""

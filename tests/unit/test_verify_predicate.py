@@ -71,6 +71,9 @@ def test_the_predicate_reader_names_every_problem_it_finds():
         "time is None",
     )
     assert info.value.exit_code == 2  # bad input where it is read alone; verify turns it into a refusal
+    named = info.value.under("deployments[0]")  # named where it was found: the problems travel with it
+    assert isinstance(named, PredicateError) and named.problems == info.value.problems
+    assert str(named).startswith("deployments[0]: malformed ")
 
 
 def test_a_recorded_verdict_its_checks_do_not_decide_is_refused(tmp_path, keys):
