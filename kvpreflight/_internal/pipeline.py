@@ -21,11 +21,12 @@ from kvpreflight._internal.probes.budget import Budget, calibrate, calibrate_onc
 from kvpreflight._internal.probes.capacity import CapacityProber, ProbeSettings, capacity_plan, deployment_limits, near_context_s
 from kvpreflight._internal.probes.cost import CostMeter
 from kvpreflight._internal.probes.engine_state import EngineState
-from kvpreflight._internal.probes.isolation import IsolationSettings, open_tenants, run_isolation
+from kvpreflight._internal.probes.isolation import IsolationSettings, run_isolation
 from kvpreflight._internal.probes.isolation_sizes import IsolationSizes
 from kvpreflight._internal.probes.prefix_cache import DEFAULT_TIMING_SAMPLES
 from kvpreflight._internal.probes.results import IsolationRun, Limits, ProbeRun
 from kvpreflight._internal.probes.scenarios import isolation_sizes
+from kvpreflight._internal.probes.tenant_prompts import open_tenants
 from kvpreflight._internal.request_plan import GroupPlan, GroupPreview
 from kvpreflight._internal.session import DeploymentSession, ProbeGroup, open_session
 from kvpreflight.check_plan import CheckPlan

@@ -13,7 +13,7 @@ from kvpreflight._internal.checkdata import load_thresholds
 from kvpreflight._internal.checks import CheckContext, run_checks, tenant_isolation
 from kvpreflight._internal.checks.probe_common import danger_entry
 from kvpreflight._internal.engines.http import HttpClient
-from kvpreflight._internal.probes import isolation, occurrence
+from kvpreflight._internal.probes import isolation, occurrence, tenant_prompts
 from kvpreflight._internal.probes.budget import Budget
 from kvpreflight._internal.probes.capacity import CapacityProber, ProbeSettings, deployment_limits
 from kvpreflight._internal.probes.disconnect import AFTER_FIRST_TOKEN, Departure, RawTarget
@@ -425,7 +425,7 @@ def test_near_limit_prompts_are_sent_once_and_are_the_boundary_and_load_scenario
     assert limits is not None and limits.max_accepted == 8185
     settings = IsolationSettings(churn_allowed=True, binding="a cache_salt per tenant")
     probing = session(adapter, engines, [engine.snap], limits)
-    with isolation.open_tenants(probing, ({}, {}), salted=True) as prompts:
+    with tenant_prompts.open_tenants(probing, ({}, {}), salted=True) as prompts:
         capacity = CapacityProber(probing, ProbeSettings(), tenants=prompts).run()
         by_capacity = len(engine.sent)
         run = run_isolation(probing, settings, prompts=prompts, shared=capacity)
@@ -471,7 +471,7 @@ def test_a_unified_engines_leaver_is_sized_from_the_prompt_at_the_limit(departur
     assert limits is not None
     probing = session(adapter, {URL: adapter}, [engine.snap], limits)
     settings = IsolationSettings(churn_allowed=True, binding="a cache_salt per tenant")
-    with isolation.open_tenants(probing, ({}, {}), salted=True) as prompts:
+    with tenant_prompts.open_tenants(probing, ({}, {}), salted=True) as prompts:
         capacity = CapacityProber(probing, ProbeSettings(), tenants=prompts).run()
         timed = tuple(replace(p, completion=replace(p.completion, ttft_s=first_token_s)) if p.name == "boundary-accept" else p
                       for p in capacity.probes)
@@ -521,7 +521,7 @@ def test_a_pair_that_refuses_tenant_b_leaves_the_boundary_scenario_its_own_reque
     assert limits is not None
     settings = IsolationSettings(churn_allowed=True, binding="a cache_salt per tenant")
     probing = session(adapter, engines, [engine.snap], limits)
-    with isolation.open_tenants(probing, ({}, {}), salted=True) as prompts:
+    with tenant_prompts.open_tenants(probing, ({}, {}), salted=True) as prompts:
         capacity = CapacityProber(probing, ProbeSettings(), tenants=prompts).run()
         run = run_isolation(probing, settings, prompts=prompts, shared=capacity)
     boundary = scenario(run, "boundary")
